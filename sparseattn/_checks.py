@@ -1,0 +1,126 @@
+"""Input validation shared by `edge_attention`, `EdgeAttention` and `Graph`.
+
+Every message names the argument and says what is wrong with it, so a user
+can fix the call without reading the source.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+_INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def check_edge_index(edge_index: object, name: str = "edge_index") -> Tensor:
+    """Check that `edge_index` is a (2, E) integer tensor; return it as int64."""
+    if not isinstance(edge_index, Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor of shape (2, E) or a sparseattn.Graph, "
+            f"got {type(edge_index).__name__}"
+        )
+    if edge_index.dtype not in _INT_DTYPES:
+        raise TypeError(f"{name} must have an integer dtype (int64 preferred), got {edge_index.dtype}")
+    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        raise ValueError(
+            f"{name} must have shape (2, E) (row 0 = source, row 1 = destination), "
+            f"got shape {tuple(edge_index.shape)}"
+        )
+    return edge_index.long()
+
+
+def check_node_ids(ids: Tensor, num_nodes: int, name: str) -> None:
+    """Raise IndexError if any id in `ids` is negative or >= num_nodes."""
+    if ids.numel() == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0:
+        raise IndexError(f"{name} contains a negative node id ({lo})")
+    if hi >= num_nodes:
+        raise IndexError(f"{name} contains node id {hi}, out of range for {num_nodes} nodes")
+
+
+def check_qkv(q: object, k: object, v: object) -> None:
+    """Check q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv) agree in shape, dtype and device."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must have 3 dimensions (nodes, heads, dim), got shape {tuple(t.shape)}")
+    assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+    if not (q.shape[1] == k.shape[1] == v.shape[1]):
+        raise ValueError(
+            f"q, k and v must have the same number of heads (dim 1), got "
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"q and k must have the same head dim D (dim 2), got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if k.shape[0] != v.shape[0]:
+        raise ValueError(f"k and v must have the same number of source nodes (dim 0), got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    check_same_device(q=q, k=k, v=v)
+
+
+def check_same_device(**tensors: Optional[Tensor]) -> None:
+    """Raise ValueError naming the tensors if they are not all on one device."""
+    present = {n: t for n, t in tensors.items() if t is not None}
+    devices = {t.device for t in present.values()}
+    if len(devices) > 1:
+        where = ", ".join(f"{n} on {t.device}" for n, t in present.items())
+        raise ValueError(f"all tensors must be on one device, got {where}")
+
+
+def check_bias(bias: Optional[Tensor], num_edges: int, num_heads: int) -> Optional[Tensor]:
+    """Check an edge bias of shape (E, H) or (E,); return it as (E, H) (a view, no copy)."""
+    if bias is None:
+        return None
+    if not isinstance(bias, Tensor):
+        raise TypeError(f"bias must be a torch.Tensor of shape (E, H) or (E,), got {type(bias).__name__}")
+    if not bias.is_floating_point():
+        raise TypeError(f"bias must be a floating-point tensor, got {bias.dtype}")
+    if bias.dim() == 1 and bias.shape[0] == num_edges:
+        return bias.unsqueeze(1).expand(num_edges, num_heads)
+    if bias.dim() == 2 and bias.shape == (num_edges, num_heads):
+        return bias
+    raise ValueError(
+        f"bias must have shape (E, H) = ({num_edges}, {num_heads}) or (E,) = ({num_edges},), "
+        f"got {tuple(bias.shape)}"
+    )
+
+
+def check_clamp(clamp: object) -> Optional[Tuple[float, float]]:
+    """Check clamp is None or (lo, hi) with lo <= hi; return it as floats."""
+    if clamp is None:
+        return None
+    if not isinstance(clamp, Sequence) or isinstance(clamp, str) or len(clamp) != 2:
+        raise TypeError(f"clamp must be None or a pair (lo, hi), got {clamp!r}")
+    lo, hi = float(clamp[0]), float(clamp[1])
+    if math.isnan(lo) or math.isnan(hi):
+        raise ValueError(f"clamp bounds must not be NaN, got {clamp!r}")
+    if lo > hi:
+        raise ValueError(f"clamp must satisfy lo <= hi, got lo={lo} > hi={hi}")
+    return lo, hi
+
+
+def check_scale(scale: object, head_dim: int) -> float:
+    """Resolve the score scale; None means 1/sqrt(D)."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return float(scale)
+
+
+def check_dropout(p: object, name: str = "dropout_p") -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise TypeError(f"{name} must be a float in [0, 1), got {type(p).__name__}")
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {p}")
+    return float(p)

@@ -1,0 +1,90 @@
+"""`edge_attention`: multi-head attention along the edges of a graph."""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from ._checks import check_bias, check_clamp, check_dropout, check_qkv, check_same_device, check_scale
+from .graphs import Graph
+from .kernels import get_backend
+
+GraphLike = Union[Graph, Tensor]
+
+
+def as_graph(graph: GraphLike, num_src: int, num_dst: int) -> Graph:
+    """Wrap a (2, E) tensor as a Graph with the given node counts (validated), or check a Graph's counts."""
+    if isinstance(graph, Graph):
+        if graph.num_src != num_src:
+            raise ValueError(f"graph has num_src={graph.num_src} but k and v have {num_src} source rows")
+        if graph.num_dst != num_dst:
+            raise ValueError(f"graph has num_dst={graph.num_dst} but q has {num_dst} destination rows")
+        return graph
+    return Graph(graph, num_src=num_src, num_dst=num_dst)
+
+
+def edge_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    graph: GraphLike,
+    *,
+    scale: Optional[float] = None,
+    clamp: Optional[Tuple[float, float]] = (-5.0, 5.0),
+    bias: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+    return_weights: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Attention along graph edges: out[t] = sum_e w_e v[s] / sum_e w_e over edges e = (s, t),
+    with w_e = exp(clamp(scale * <k[s], q[t]> + bias[e], lo, hi)).
+
+    Args:
+        q: (N_dst, H, D) queries, one row per destination node.
+        k: (N_src, H, D) keys, one row per source node.
+        v: (N_src, H, Dv) values.
+        graph: (2, E) integer tensor (row 0 source, row 1 destination; N_src and N_dst are
+            taken from k and q) or a `Graph` with matching node counts.
+        scale: score scale, default 1/sqrt(D).
+        clamp: (lo, hi) bounds on the scaled score (the DGL tutorial's scaled_exp), or None for
+            exact softmax (max-subtracted; equal to dense masked softmax at any score magnitude).
+        bias: optional additive score per edge, (E, H) or (E,); differentiable.
+        dropout_p: probability of dropping each normalized edge weight (attention dropout);
+            survivors are scaled by 1/(1 - dropout_p). Deterministic under `torch.manual_seed`.
+        backend: "auto" or a name from `sparseattn.kernels.backend_names()`.
+        return_weights: also return the normalized weights (before dropout).
+
+    Returns:
+        out: (N_dst, H, Dv) in q's dtype. A destination with no in-edges gets exactly 0 (and zero
+        gradient). With return_weights=True also weights: (E, H) in the caller's edge order,
+        summing to 1 over each destination's in-edges.
+
+    Duplicate edges count once each. Half-precision inputs accumulate in float32. NaN or inf in
+    q, k or v reaches only the destinations whose edges touch it; in clamp mode a score of +inf
+    or -inf is clamped to hi or lo like any other score.
+    """
+    check_qkv(q, k, v)
+    if not isinstance(graph, (Graph, Tensor)):
+        raise TypeError(f"graph must be a (2, E) tensor or a sparseattn.Graph, got {type(graph).__name__}")
+    edge_index = graph.edge_index if isinstance(graph, Graph) else graph
+    check_same_device(q=q, k=k, v=v, graph=edge_index, bias=bias)
+    g = as_graph(graph, num_src=k.shape[0], num_dst=q.shape[0])
+    num_heads = q.shape[1]
+    bias = check_bias(bias, g.num_edges, num_heads)
+    clamp = check_clamp(clamp)
+    scale = check_scale(scale, q.shape[2])
+    dropout_p = check_dropout(dropout_p)
+    if not isinstance(return_weights, bool):
+        raise TypeError(f"return_weights must be a bool, got {type(return_weights).__name__}")
+    dropout_mask = None
+    if dropout_p > 0.0:
+        keep = torch.rand(g.num_edges, num_heads, device=q.device) >= dropout_p
+        dropout_mask = keep.to(q.dtype) / (1.0 - dropout_p)
+    fn = get_backend(backend, q, g).fn
+    out, weights = fn(q, k, v, g, scale=scale, clamp=clamp, bias=bias, dropout_mask=dropout_mask,
+                      return_weights=return_weights)
+    return (out, weights) if return_weights else out
+
+
+__all__ = ["edge_attention", "as_graph"]

@@ -1,0 +1,145 @@
+"""Graph builders for the Transformer's graphs, local windows, random graphs and batches.
+
+Every builder lists edges destination-major (for each destination in order, its
+sources in increasing order) and returns a `Graph`. The dense patterns (complete,
+causal, bipartite) also record their `Block` so a dense backend can use them.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from .graph import Block, Graph, block_num_edges
+
+Device = Union[str, torch.device, None]
+
+
+def _check_count(name: str, n: object) -> int:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"{name} must be an int, got {type(n).__name__}")
+    if n < 0:
+        raise ValueError(f"{name} must be >= 0, got {n}")
+    return n
+
+
+def block_edges(kind: str, n_src: int, n_dst: int, device: Device = None) -> Tensor:
+    """(2, E) local edge index of one dense block, destination-major."""
+    dst = torch.arange(n_dst, device=device).repeat_interleave(n_src)
+    src = torch.arange(n_src, device=device).repeat(n_dst)
+    if kind == "full":
+        keep = None
+    elif kind == "full_no_self":
+        keep = src != dst
+    elif kind == "causal":
+        keep = src <= dst
+    elif kind == "causal_no_self":
+        keep = src < dst
+    else:
+        raise ValueError(f"unknown block kind {kind!r}")
+    ei = torch.stack([src, dst])
+    return ei if keep is None else ei[:, keep]
+
+
+def _dense_graph(kind: str, n_src: int, n_dst: int, device: Device) -> Graph:
+    ei = block_edges(kind, n_src, n_dst, device)
+    return Graph._trusted(ei, n_src, n_dst, blocks=[Block(kind, 0, 0, n_src, n_dst, 0)], sorted_by_dst=True)
+
+
+def complete(n: int, self_loops: bool = True, *, device: Device = None) -> Graph:
+    """Every token attends to every token (the encoder's graph): n*n edges, n*(n-1) without self-loops."""
+    n = _check_count("n", n)
+    return _dense_graph("full" if self_loops else "full_no_self", n, n, device)
+
+
+def causal(n: int, self_loops: bool = True, *, device: Device = None) -> Graph:
+    """Token i attends to tokens j <= i (the decoder's graph); j < i without self-loops."""
+    n = _check_count("n", n)
+    return _dense_graph("causal" if self_loops else "causal_no_self", n, n, device)
+
+
+def bipartite(n_src: int, n_dst: int, *, device: Device = None) -> Graph:
+    """Every destination attends to every source (cross attention, encoder -> decoder)."""
+    n_src, n_dst = _check_count("n_src", n_src), _check_count("n_dst", n_dst)
+    return _dense_graph("full", n_src, n_dst, device)
+
+
+def window(n: int, radius: int, causal: bool = False, *, device: Device = None) -> Graph:
+    """Local attention: token i attends to j with |i - j| <= radius (i - radius <= j <= i if causal)."""
+    n, radius = _check_count("n", n), _check_count("radius", radius)
+    offsets = torch.arange(-radius, 1 if causal else radius + 1, device=device)
+    dst = torch.arange(n, device=device).repeat_interleave(offsets.numel())
+    src = dst + offsets.repeat(n)
+    keep = (src >= 0) & (src < n)
+    return Graph._trusted(torch.stack([src[keep], dst[keep]]), n, n, sorted_by_dst=True)
+
+
+def random(n_src: int, n_dst: int, num_edges: int, seed: int = 0, *, device: Device = None) -> Graph:
+    """`num_edges` edges drawn uniformly (with replacement, so duplicates can occur) from a seeded generator."""
+    n_src, n_dst = _check_count("n_src", n_src), _check_count("n_dst", n_dst)
+    num_edges = _check_count("num_edges", num_edges)
+    if num_edges and (n_src == 0 or n_dst == 0):
+        raise ValueError(f"cannot draw {num_edges} edges with n_src={n_src}, n_dst={n_dst}")
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, max(n_src, 1), (num_edges,), generator=gen)
+    dst = torch.randint(0, max(n_dst, 1), (num_edges,), generator=gen)
+    order = torch.argsort(dst * max(n_src, 1) + src, stable=True)
+    ei = torch.stack([src[order], dst[order]]).to(device)
+    return Graph._trusted(ei, n_src, n_dst, sorted_by_dst=True)
+
+
+def batch(graphs: Sequence[Graph]) -> Graph:
+    """Join graphs into one block-diagonal graph with no padding.
+
+    Graph b's sources are shifted by the number of sources before it, its destinations
+    likewise; `src_ptr`/`dst_ptr` keep the per-graph node ranges (use `split_dst` to
+    split outputs back). Blocks are kept when every input has them.
+    """
+    graphs = list(graphs)
+    for i, g in enumerate(graphs):
+        if not isinstance(g, Graph):
+            raise TypeError(f"graphs[{i}] must be a sparseattn.Graph, got {type(g).__name__}")
+    if not graphs:
+        return Graph._trusted(torch.empty(2, 0, dtype=torch.long), 0, 0, src_ptr=[0], dst_ptr=[0], blocks=[],
+                              sorted_by_dst=True)
+    device = graphs[0].device
+    if any(g.device != device for g in graphs):
+        raise ValueError("all graphs passed to batch() must be on one device")
+    src_ptr, dst_ptr, edge_ptr = [0], [0], [0]
+    for g in graphs:
+        src_ptr.append(src_ptr[-1] + g.num_src)
+        dst_ptr.append(dst_ptr[-1] + g.num_dst)
+        edge_ptr.append(edge_ptr[-1] + g.num_edges)
+    shift = torch.tensor([src_ptr[:-1], dst_ptr[:-1]], device=device)  # (2, B)
+    counts = torch.tensor([g.num_edges for g in graphs], device=device)
+    ei = torch.cat([g.edge_index for g in graphs], dim=1) + shift.repeat_interleave(counts, dim=1)
+    blocks: Optional[list] = []
+    for g, s0, d0, e0 in zip(graphs, src_ptr, dst_ptr, edge_ptr):
+        if g.blocks is None:
+            blocks = None
+            break
+        blocks.extend(Block(b.kind, b.src_start + s0, b.dst_start + d0, b.n_src, b.n_dst, b.edge_start + e0)
+                      for b in g.blocks)
+    return Graph._trusted(
+        ei,
+        src_ptr[-1],
+        dst_ptr[-1],
+        blocks=blocks,
+        src_ptr=src_ptr,
+        dst_ptr=dst_ptr,
+        sorted_by_dst=all(g.is_sorted_by_dst for g in graphs),
+    )
+
+
+def from_blocks(blocks: Sequence[tuple], *, device: Device = None) -> Graph:
+    """A block-diagonal graph of dense blocks given as (kind, n_src, n_dst) triples; the fastest
+    way to build a Transformer batch (kinds as in `Block`)."""
+    parts = []
+    for i, spec in enumerate(blocks):
+        kind, n_src, n_dst = spec
+        block_num_edges(kind, n_src, n_dst)  # validates the kind
+        if kind != "full" and n_src != n_dst:
+            raise ValueError(f"blocks[{i}]: a {kind!r} block must be square, got {n_src} x {n_dst}")
+        parts.append(_dense_graph(kind, n_src, n_dst, device))
+    return batch(parts)

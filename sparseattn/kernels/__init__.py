@@ -1,0 +1,85 @@
+"""Backend registry: names for `edge_attention(..., backend=...)` and the "auto" rule.
+
+A backend is a function with the signature of `reference_attention`:
+    fn(q, k, v, graph, *, scale, clamp, bias, dropout_mask, return_weights) -> (out, weights)
+with q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv), bias and dropout_mask (E, H)
+or None, out (N_dst, H, Dv) and weights (E, H) in the graph's edge order or None.
+Optional dependencies are probed once, when a backend is first asked for.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional
+
+from torch import Tensor
+
+from ..graphs import Graph
+from .reference import reference_attention
+
+
+@dataclass
+class Backend:
+    name: str
+    fn: Callable
+    description: str
+    probe: Callable[[], Optional[str]] = lambda: None  # returns why it is unavailable, or None
+    devices: tuple = ("cpu", "cuda")  # device types whose tensors it accepts
+    _unavailable: Optional[str] = field(default=None, init=False)
+    _probed: bool = field(default=False, init=False)
+
+    def unavailable_reason(self) -> Optional[str]:
+        if not self._probed:
+            self._unavailable, self._probed = self.probe(), True
+        return self._unavailable
+
+    @property
+    def available(self) -> bool:
+        return self.unavailable_reason() is None
+
+
+_BACKENDS: Dict[str, Backend] = {}
+
+
+def register_backend(backend: Backend) -> None:
+    _BACKENDS[backend.name] = backend
+
+
+def backend_names() -> list:
+    """All registered names, plus "auto"."""
+    return ["auto", *_BACKENDS]
+
+
+def available_backends() -> list:
+    """Registered backends whose dependencies are importable here."""
+    return [name for name, b in _BACKENDS.items() if b.available]
+
+
+def backends_for(device_type: str) -> list:
+    """Available backends that accept tensors on this device type ("cpu", "cuda")."""
+    return [name for name, b in _BACKENDS.items() if b.available and device_type in b.devices]
+
+
+def choose_auto(q: Tensor, graph: Graph) -> str:
+    """The backend "auto" picks for these inputs (see README, "Backends")."""
+    return "reference"
+
+
+def get_backend(name: str, q: Tensor, graph: Graph) -> Backend:
+    """Resolve a backend name ("auto" included) to a usable Backend, or raise."""
+    if not isinstance(name, str):
+        raise TypeError(f"backend must be a str, got {type(name).__name__}")
+    if name == "auto":
+        name = choose_auto(q, graph)
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; valid names are {', '.join(map(repr, backend_names()))}")
+    backend = _BACKENDS[name]
+    reason = backend.unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"backend {name!r} is not available: {reason}")
+    return backend
+
+
+register_backend(Backend("reference", reference_attention, "gather, clamp-exp, index_add: the definition"))
+
+__all__ = ["Backend", "register_backend", "backend_names", "available_backends", "backends_for", "choose_auto", "get_backend",
+           "reference_attention"]

@@ -1,0 +1,60 @@
+"""The reference backend: the definition of edge attention in plain torch.
+
+For each edge e = (s, t):
+    score_e = scale * <k[s], q[t]> (+ bias[e])
+    w_e     = exp(clamp(score_e, lo, hi))             (clamp mode, DGL's scaled_exp)
+            = exp(score_e - max_{e' -> t} score_e')   (clamp=None: exact softmax)
+    wv[t]   = sum_{e -> t} w_e * v[s],   z[t] = sum_{e -> t} w_e,   out[t] = wv[t] / z[t]
+Autograd is torch's own. Every fast backend is tested against this file.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..graphs import Graph
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half types accumulate in float32; float32/float64 in themselves."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def reference_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    graph: Graph,
+    *,
+    scale: float,
+    clamp: Optional[Tuple[float, float]],
+    bias: Optional[Tensor],
+    dropout_mask: Optional[Tensor],
+    return_weights: bool,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv), bias/dropout_mask: (E, H).
+    Returns out (N_dst, H, Dv) and, if asked, weights (E, H) in the graph's edge order."""
+    src, dst = graph.src, graph.dst
+    acc = accumulation_dtype(q.dtype)
+    score = (k[src].to(acc) * q[dst].to(acc)).sum(-1) * scale  # (E, H)
+    if bias is not None:
+        score = score + bias.to(acc)
+    if clamp is not None:
+        w = torch.exp(score.clamp(clamp[0], clamp[1]))
+    else:
+        # Subtracting any per-destination constant leaves out = wv / z unchanged, so the max
+        # is detached; a destination whose scores are all -inf gets max 0 and then w = 0.
+        m = torch.full((graph.num_dst, score.shape[1]), float("-inf"), dtype=acc, device=q.device)
+        m = m.scatter_reduce(0, dst[:, None].expand_as(score), score.detach(), "amax")
+        m = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
+        w = torch.exp(score - m[dst])
+    z = torch.zeros(graph.num_dst, w.shape[1], dtype=acc, device=q.device).index_add_(0, dst, w)
+    w_v = w if dropout_mask is None else w * dropout_mask.to(acc)
+    wv = torch.zeros(graph.num_dst, *v.shape[1:], dtype=acc, device=q.device)
+    wv = wv.index_add_(0, dst, w_v[..., None] * v[src].to(acc))  # (N_dst, H, Dv)
+    z_safe = torch.where(z > 0, z, torch.ones_like(z))  # no in-edges: wv = 0, so out = 0
+    out = (wv / z_safe[..., None]).to(q.dtype)
+    weights = (w / z_safe[dst]).to(q.dtype) if return_weights else None
+    return out, weights

@@ -1,0 +1,59 @@
+"""Hypothesis strategies: small random graphs with the awkward cases (E = 0, duplicate edges,
+isolated destinations, bipartite sizes) and matching attention inputs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+from hypothesis import strategies as st
+
+
+@dataclass
+class Case:
+    edge_index: torch.Tensor  # (2, E)
+    n_src: int
+    n_dst: int
+    heads: int
+    d: int
+    dv: int
+    scale: Optional[float]
+    clamp: Optional[Tuple[float, float]]
+    use_bias: bool
+    seed: int
+
+    def tensors(self, dtype=torch.float64, device="cpu", magnitude=1.0):
+        """q, k, v and a bias table (N_dst, N_src, H), all leaves requiring grad."""
+        gen = torch.Generator().manual_seed(self.seed)
+        q = torch.randn(self.n_dst, self.heads, self.d, generator=gen, dtype=torch.float64) * magnitude
+        k = torch.randn(self.n_src, self.heads, self.d, generator=gen, dtype=torch.float64) * magnitude
+        v = torch.randn(self.n_src, self.heads, self.dv, generator=gen, dtype=torch.float64)
+        table = torch.randn(self.n_dst, self.n_src, self.heads, generator=gen, dtype=torch.float64)
+        return [t.to(dtype=dtype, device=device).requires_grad_() for t in (q, k, v, table)]
+
+
+@st.composite
+def graph_cases(draw, max_nodes=10, max_edges=48, bipartite=None):
+    is_bip = draw(st.booleans()) if bipartite is None else bipartite
+    n_src = draw(st.integers(1, max_nodes))
+    n_dst = draw(st.integers(1, max_nodes)) if is_bip else n_src
+    num_edges = draw(st.integers(0, max_edges))
+    seed = draw(st.integers(0, 2**16))
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(0, n_src, (num_edges,), generator=gen)
+    dst = torch.randint(0, n_dst, (num_edges,), generator=gen)
+    if num_edges and draw(st.booleans()):  # force duplicates
+        src = torch.cat([src, src[: num_edges // 2 + 1]])
+        dst = torch.cat([dst, dst[: num_edges // 2 + 1]])
+    return Case(
+        edge_index=torch.stack([src, dst]),
+        n_src=n_src,
+        n_dst=n_dst,
+        heads=draw(st.integers(1, 3)),
+        d=draw(st.sampled_from([1, 3, 4, 8])),
+        dv=draw(st.sampled_from([1, 2, 5, 8])),
+        scale=draw(st.sampled_from([None, 0.3, 2.0])),
+        clamp=draw(st.sampled_from([(-5.0, 5.0), None, (-1.0, 0.5)])),
+        use_bias=draw(st.booleans()),
+        seed=seed,
+    )

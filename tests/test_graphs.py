@@ -1,0 +1,88 @@
+import pytest
+import torch
+
+from sparseattn import Graph, graphs
+
+
+def edge_set(g):
+    return set(map(tuple, g.edge_index.t().tolist()))
+
+
+@pytest.mark.parametrize("n", [0, 1, 4])
+def test_complete_and_causal(n):
+    assert edge_set(graphs.complete(n)) == {(s, t) for s in range(n) for t in range(n)}
+    assert edge_set(graphs.complete(n, self_loops=False)) == {(s, t) for s in range(n) for t in range(n) if s != t}
+    assert edge_set(graphs.causal(n)) == {(s, t) for s in range(n) for t in range(n) if s <= t}
+    assert edge_set(graphs.causal(n, self_loops=False)) == {(s, t) for s in range(n) for t in range(n) if s < t}
+
+
+def test_bipartite_window_random():
+    g = graphs.bipartite(7, 5)
+    assert (g.num_src, g.num_dst, g.num_edges) == (7, 5, 35)
+    w = graphs.window(10, 2)
+    assert edge_set(w) == {(s, t) for s in range(10) for t in range(10) if abs(s - t) <= 2}
+    wc = graphs.window(10, 2, causal=True)
+    assert edge_set(wc) == {(s, t) for s in range(10) for t in range(10) if 0 <= t - s <= 2}
+    r1, r2 = graphs.random(50, 40, 300, seed=3), graphs.random(50, 40, 300, seed=3)
+    assert torch.equal(r1.edge_index, r2.edge_index) and r1.num_edges == 300
+    assert not torch.equal(r1.edge_index, graphs.random(50, 40, 300, seed=4).edge_index)
+
+
+@pytest.mark.parametrize("g", [graphs.complete(5), graphs.causal(4), graphs.window(9, 2), graphs.random(6, 8, 30),
+                               graphs.bipartite(3, 4)])
+def test_builders_are_destination_major_with_valid_blocks(g):
+    """Builders promise destination-major order; recorded blocks must describe the edges exactly."""
+    ei = g.edge_index
+    key = ei[1] * g.num_src + ei[0]
+    assert g.is_sorted_by_dst and torch.equal(key, torch.sort(key).values)
+    for b in g.blocks or ():
+        local = graphs.block_edges(b.kind, b.n_src, b.n_dst)
+        got = ei[:, b.edge_start:b.edge_start + b.num_edges]
+        assert torch.equal(got, local + torch.tensor([[b.src_start], [b.dst_start]]))
+
+
+def test_batch_offsets_blocks_and_split():
+    parts = [graphs.complete(3), graphs.causal(2), graphs.bipartite(4, 1)]
+    g = graphs.batch(parts)
+    assert (g.num_src, g.num_dst, g.num_edges, g.num_graphs) == (9, 6, 9 + 3 + 4, 3)
+    assert g.src_ptr == (0, 3, 5, 9) and g.dst_ptr == (0, 3, 5, 6)
+    assert [b.kind for b in g.blocks] == ["full", "causal", "full"]
+    assert [b.edge_start for b in g.blocks] == [0, 9, 12]
+    assert [x.shape[0] for x in g.split_dst(torch.zeros(6))] == [3, 2, 1]
+    # a graph without blocks drops the block structure
+    assert graphs.batch([graphs.complete(2), graphs.window(5, 1)]).blocks is None
+    assert graphs.batch([]).num_edges == 0
+
+
+def test_csr_and_csc_are_consistent_with_the_edges():
+    ei = torch.tensor([[2, 0, 1, 2, 0], [1, 1, 0, 1, 2]])
+    g = Graph(ei, num_src=3, num_dst=4)
+    ptr, col, perm = g.csr()
+    assert ptr.tolist() == [0, 1, 4, 5, 5]
+    assert torch.equal(col, ei[0, perm]) and torch.equal(ei[1, perm], torch.tensor([0, 1, 1, 1, 2]))
+    assert g.in_degree().tolist() == [1, 3, 1, 0]
+    cptr, row, cperm = g.csc()
+    assert cptr.tolist() == [0, 2, 3, 5]
+    assert torch.equal(row, ei[1, cperm]) and torch.equal(ei[0, cperm], torch.tensor([0, 0, 1, 2, 2]))
+    assert g.csr() is g.csr()  # cached
+
+
+def test_subgraphs():
+    g = graphs.complete(4)
+    mask = torch.tensor([True, False, True, False])
+    sub = g.dst_subgraph(mask)
+    assert (sub.num_src, sub.num_dst) == (4, 4)
+    assert set(sub.dst.tolist()) == {0, 2} and sub.num_edges == 8
+    assert sub.in_degree().tolist() == [4, 0, 4, 0]
+    e = g.edge_subgraph(g.src == 1)
+    assert e.num_edges == 4 and (e.src == 1).all()
+
+
+def test_graph_defaults_and_to():
+    g = Graph(torch.tensor([[0, 3], [1, 1]]))
+    assert (g.num_src, g.num_dst) == (4, 2)
+    g.csr()
+    assert g.to("cpu") is g
+    gm = g.to("meta")
+    assert gm.device.type == "meta" and gm.num_edges == 2 and gm.csr().ptr.device.type == "meta"
+    assert "num_edges=2" in repr(g)
