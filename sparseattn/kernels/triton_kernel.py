@@ -1,0 +1,310 @@
+"""The triton backend: edge attention fused into one forward and two backward Triton kernels.
+
+Forward (`_fwd_kernel`): one program per (destination t, head h) walks t's in-edges in the
+destination-sorted CSR in tiles of BLOCK_E, gathers k[s, h] and v[s, h], and accumulates
+z = sum w_e and wv = sum w_e m_e v[s] in registers in float32 (float64 for float64 inputs), with
+w_e = exp(clamp(score_e)) or, for clamp=None, an online max as in FlashAttention. It writes
+out[t, h] = wv / z once (0 without in-edges) and one statistic per destination and head,
+lse = log z (clamp) or max + log z (exact), so that p_e = w_e / z = exp(logit_e - lse[t]).
+Bias, dropout mask and returned weights stay in the caller's edge order, indexed through perm.
+
+Backward recomputes the weights; nothing of shape (E, H, D) is ever stored:
+    dscore_e = p_e (m_e <do[t], v[s]> + dweights_e - delta[t]) (* clamp's gradient indicator),
+    delta[t] = <do[t], out[t]> + sum_{e -> t} p_e dweights_e.
+`_bwd_dq_kernel` walks the CSR: dq[t] = scale sum_e dscore_e k[s], and writes dscore (E, H) in
+caller order (it is dbias). `_bwd_dkdv_kernel` walks the transposed CSR (per source):
+dk[s] = scale sum_e dscore_e q[t], dv[s] = sum_e p_e m_e do[t]. No atomics, so every run gives
+bit-identical gradients.
+
+Runs on CUDA tensors, or on CPU tensors when TRITON_INTERPRET=1 was set before this module was
+imported (tests do that). Degenerate inputs (E = 0, or D, Dv = 0) go to the reference backend.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ..graphs import Graph
+from .reference import accumulation_dtype, reference_attention
+
+MAX_HEAD_DIM = 256
+_TL_DTYPE = {torch.float32: tl.float32, torch.float64: tl.float64}
+
+
+@triton.jit
+def _logit(s, lo, hi, CLAMP: tl.constexpr):
+    """clamp(s, lo, hi) with NaN kept NaN (like torch.clamp); s itself in exact mode."""
+    if CLAMP:
+        s = tl.where(s < lo, lo, tl.where(s > hi, hi, s))
+    return s
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, BIAS, MASK, OUT, LSE, W, PTR, IDX, PERM,
+                sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, so_n, so_h, sb_e, sb_h, sm_e, sm_h,
+                H, D, DV, scale: "fp64", lo: "fp64", hi: "fp64",
+                BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CLAMP: tl.constexpr,
+                HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, RETURN_WEIGHTS: tl.constexpr, ACC: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    sc, lo, hi = tl.full([], scale, ACC), tl.full([], lo, ACC), tl.full([], hi, ACC)
+    offs_e, offs_d, offs_dv = tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+    start, end = tl.load(PTR + t), tl.load(PTR + t + 1)
+    q = tl.load(Q + t * sq_n + h * sq_h + offs_d, mask=offs_d < D, other=0.0).to(ACC)  # (BLOCK_D,)
+    m_i = tl.full([], float("-inf"), ACC)  # running max of the scores (exact mode)
+    z_i = tl.zeros([], ACC)
+    acc = tl.zeros([BLOCK_DV], ACC)
+    for e0 in range(start, end, BLOCK_E):
+        e = e0 + offs_e
+        live = e < end
+        src = tl.load(IDX + e, mask=live, other=0)
+        kt = tl.load(K + src[:, None] * sk_n + h * sk_h + offs_d[None, :],
+                     mask=live[:, None] & (offs_d[None, :] < D), other=0.0).to(ACC)  # (BLOCK_E, BLOCK_D)
+        s = tl.sum(kt * q[None, :], 1) * sc
+        if HAS_BIAS or HAS_MASK:
+            pos = tl.load(PERM + e, mask=live, other=0)  # caller-order position of each edge
+        if HAS_BIAS:
+            s += tl.load(BIAS + pos * sb_e + h * sb_h, mask=live, other=0.0).to(ACC)
+        if CLAMP:
+            w = tl.where(live, tl.exp(_logit(s, lo, hi, CLAMP)), 0.0)
+        else:
+            s = tl.where(live, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 0))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: w = 0, no NaN
+            alpha = tl.exp(m_i - m_use)
+            w = tl.exp(s - m_use)
+            z_i, acc, m_i = z_i * alpha, acc * alpha, m_new
+        z_i += tl.sum(w, 0)
+        if HAS_MASK:
+            w = w * tl.load(MASK + pos * sm_e + h * sm_h, mask=live, other=0.0).to(ACC)
+        vt = tl.load(V + src[:, None] * sv_n + h * sv_h + offs_dv[None, :],
+                     mask=live[:, None] & (offs_dv[None, :] < DV), other=0.0).to(ACC)  # (BLOCK_E, BLOCK_DV)
+        acc += tl.sum(w[:, None] * vt, 0)
+    z_safe = tl.where(z_i > 0, z_i, 1.0)  # no in-edges: acc = 0, so out = 0
+    tl.store(OUT + t * so_n + h * so_h + offs_dv, (acc / z_safe).to(OUT.dtype.element_ty), mask=offs_dv < DV)
+    lse = tl.log(z_safe)
+    if not CLAMP:
+        lse += tl.where(m_i == float("-inf"), 0.0, m_i)
+    tl.store(LSE + t * H + h, lse)
+    if RETURN_WEIGHTS:  # second pass over the scores, now that lse is known
+        for e0 in range(start, end, BLOCK_E):
+            e = e0 + offs_e
+            live = e < end
+            src = tl.load(IDX + e, mask=live, other=0)
+            pos = tl.load(PERM + e, mask=live, other=0)
+            kt = tl.load(K + src[:, None] * sk_n + h * sk_h + offs_d[None, :],
+                         mask=live[:, None] & (offs_d[None, :] < D), other=0.0).to(ACC)
+            s = tl.sum(kt * q[None, :], 1) * sc
+            if HAS_BIAS:
+                s += tl.load(BIAS + pos * sb_e + h * sb_h, mask=live, other=0.0).to(ACC)
+            p = tl.exp(_logit(s, lo, hi, CLAMP) - lse)
+            tl.store(W + pos * H + h, p.to(W.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, BIAS, MASK, DO, LSE, DELTA, DW, DQ, DS, PTR, IDX, PERM,
+                   sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, sdo_n, sdo_h, sb_e, sb_h, sm_e, sm_h, sw_e, sw_h,
+                   H, D, DV, scale: "fp64", lo: "fp64", hi: "fp64",
+                   BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CLAMP: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DW: tl.constexpr, ACC: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    sc, lo, hi = tl.full([], scale, ACC), tl.full([], lo, ACC), tl.full([], hi, ACC)
+    offs_e, offs_d, offs_dv = tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+    start, end = tl.load(PTR + t), tl.load(PTR + t + 1)
+    q = tl.load(Q + t * sq_n + h * sq_h + offs_d, mask=offs_d < D, other=0.0).to(ACC)
+    do = tl.load(DO + t * sdo_n + h * sdo_h + offs_dv, mask=offs_dv < DV, other=0.0).to(ACC)
+    lse, delta = tl.load(LSE + t * H + h), tl.load(DELTA + t * H + h)
+    dq = tl.zeros([BLOCK_D], ACC)
+    for e0 in range(start, end, BLOCK_E):
+        e = e0 + offs_e
+        live = e < end
+        src = tl.load(IDX + e, mask=live, other=0)
+        pos = tl.load(PERM + e, mask=live, other=0)
+        kt = tl.load(K + src[:, None] * sk_n + h * sk_h + offs_d[None, :],
+                     mask=live[:, None] & (offs_d[None, :] < D), other=0.0).to(ACC)
+        s = tl.sum(kt * q[None, :], 1) * sc
+        if HAS_BIAS:
+            s += tl.load(BIAS + pos * sb_e + h * sb_h, mask=live, other=0.0).to(ACC)
+        p = tl.exp(_logit(s, lo, hi, CLAMP) - lse)
+        vt = tl.load(V + src[:, None] * sv_n + h * sv_h + offs_dv[None, :],
+                     mask=live[:, None] & (offs_dv[None, :] < DV), other=0.0).to(ACC)
+        dp = tl.sum(vt * do[None, :], 1)  # <do[t], v[s]>
+        if HAS_MASK:
+            dp *= tl.load(MASK + pos * sm_e + h * sm_h, mask=live, other=0.0).to(ACC)
+        if HAS_DW:
+            dp += tl.load(DW + pos * sw_e + h * sw_h, mask=live, other=0.0).to(ACC)
+        ds = p * (dp - delta)
+        if CLAMP:  # torch.clamp's gradient passes where lo <= s <= hi
+            ds = tl.where((s >= lo) & (s <= hi), ds, 0.0)
+        ds = tl.where(live, ds, 0.0)
+        dq += tl.sum(ds[:, None] * kt, 0)
+        tl.store(DS + pos * H + h, ds, mask=live)
+    tl.store(DQ + t * sq_n + h * sq_h + offs_d, (dq * sc).to(DQ.dtype.element_ty), mask=offs_d < D)
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, BIAS, MASK, DO, LSE, DS, DK, DV_OUT, PTR, IDX, PERM,
+                     sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, sdo_n, sdo_h, sb_e, sb_h, sm_e, sm_h,
+                     H, D, DV, scale: "fp64", lo: "fp64", hi: "fp64",
+                     BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CLAMP: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, ACC: tl.constexpr):
+    u = tl.program_id(0).to(tl.int64)  # a source node; PTR/IDX/PERM are the transposed CSR
+    h = tl.program_id(1).to(tl.int64)
+    sc, lo, hi = tl.full([], scale, ACC), tl.full([], lo, ACC), tl.full([], hi, ACC)
+    offs_e, offs_d, offs_dv = tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+    start, end = tl.load(PTR + u), tl.load(PTR + u + 1)
+    k = tl.load(K + u * sk_n + h * sk_h + offs_d, mask=offs_d < D, other=0.0).to(ACC)
+    dk = tl.zeros([BLOCK_D], ACC)
+    dv = tl.zeros([BLOCK_DV], ACC)
+    for e0 in range(start, end, BLOCK_E):
+        e = e0 + offs_e
+        live = e < end
+        dst = tl.load(IDX + e, mask=live, other=0)
+        pos = tl.load(PERM + e, mask=live, other=0)
+        qt = tl.load(Q + dst[:, None] * sq_n + h * sq_h + offs_d[None, :],
+                     mask=live[:, None] & (offs_d[None, :] < D), other=0.0).to(ACC)  # (BLOCK_E, BLOCK_D)
+        s = tl.sum(qt * k[None, :], 1) * sc
+        if HAS_BIAS:
+            s += tl.load(BIAS + pos * sb_e + h * sb_h, mask=live, other=0.0).to(ACC)
+        lse = tl.load(LSE + dst * H + h, mask=live, other=0.0)
+        p = tl.where(live, tl.exp(_logit(s, lo, hi, CLAMP) - lse), 0.0)
+        if HAS_MASK:
+            p *= tl.load(MASK + pos * sm_e + h * sm_h, mask=live, other=0.0).to(ACC)
+        dot = tl.load(DO + dst[:, None] * sdo_n + h * sdo_h + offs_dv[None, :],
+                      mask=live[:, None] & (offs_dv[None, :] < DV), other=0.0).to(ACC)  # (BLOCK_E, BLOCK_DV)
+        dv += tl.sum(p[:, None] * dot, 0)
+        ds = tl.load(DS + pos * H + h, mask=live, other=0.0)
+        dk += tl.sum(ds[:, None] * qt, 0)
+    tl.store(DK + u * sk_n + h * sk_h + offs_d, (dk * sc).to(DK.dtype.element_ty), mask=offs_d < D)
+    tl.store(DV_OUT + u * sv_n + h * sv_h + offs_dv, dv.to(DV_OUT.dtype.element_ty), mask=offs_dv < DV)
+
+
+def _config(d: int, dv: int, mean_degree: float) -> dict:
+    """Tile sizes: BLOCK_D/BLOCK_DV pad D/Dv to powers of two; an edge tile covers the mean degree
+    (16 to 64 edges) but at most ~2048 elements per gathered tile, so registers do not spill."""
+    block_d, block_dv = triton.next_power_of_2(max(d, 1)), triton.next_power_of_2(max(dv, 1))
+    widest = max(block_d, block_dv)
+    block_e = min(triton.next_power_of_2(max(16, math.ceil(mean_degree))), 64, max(16, 2048 // widest))
+    return dict(BLOCK_E=block_e, BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=4 if block_e * widest >= 2048 else 2)
+
+
+def _strides(t: Optional[Tensor]) -> Tuple[int, int]:
+    return (t.stride(0), t.stride(1)) if t is not None else (0, 0)
+
+
+def _shared_args(q, v, scale, clamp, bias, dropout_mask):
+    """What every kernel takes: bias and mask (a never-read stand-in when absent), the dims and
+    scalars (H, D, Dv, scale, lo, hi), and the compile-time flags."""
+    dummy = q.new_empty(1)
+    lo, hi = clamp if clamp is not None else (0.0, 0.0)
+    flags = dict(CLAMP=clamp is not None, HAS_BIAS=bias is not None, HAS_MASK=dropout_mask is not None,
+                 ACC=_TL_DTYPE[accumulation_dtype(q.dtype)])
+    return (bias if bias is not None else dummy, dropout_mask if dropout_mask is not None else dummy,
+            (q.shape[1], q.shape[2], v.shape[2], scale, lo, hi), flags)
+
+
+def _triton_forward(q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights):
+    """q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv) contiguous; bias, mask (E, H) or None.
+    Returns out (N_dst, H, Dv), lse (N_dst, H) in the accumulation dtype, weights (E, H) or None."""
+    (n_dst, h), num_edges = q.shape[:2], graph.num_edges
+    bias_t, mask_t, dims, flags = _shared_args(q, v, scale, clamp, bias, dropout_mask)
+    out = torch.empty(n_dst, h, v.shape[2], dtype=q.dtype, device=q.device)
+    lse = torch.empty(n_dst, h, dtype=accumulation_dtype(q.dtype), device=q.device)
+    weights = torch.empty(num_edges, h, dtype=q.dtype, device=q.device) if return_weights else lse
+    _fwd_kernel[(n_dst, h)](
+        q, k, v, bias_t, mask_t, out, lse, weights, *graph.csr(),
+        *_strides(q), *_strides(k), *_strides(v), *_strides(out), *_strides(bias), *_strides(dropout_mask), *dims,
+        RETURN_WEIGHTS=return_weights, **flags, **_config(q.shape[2], v.shape[2], num_edges / n_dst))
+    return out, lse, (weights if return_weights else None)
+
+
+def _triton_backward(q, k, v, graph, scale, clamp, bias, dropout_mask, out, lse, weights, d_out, d_weights):
+    """Gradients (dq, dk, dv, dscore) of out (and of weights, if d_weights is given); dscore is
+    (E, H) in caller order and the accumulation dtype: it is dbias."""
+    (n_dst, h), n_src, num_edges = q.shape[:2], k.shape[0], graph.num_edges
+    acc = accumulation_dtype(q.dtype)
+    bias_t, mask_t, dims, flags = _shared_args(q, v, scale, clamp, bias, dropout_mask)
+    d_out = d_out.contiguous()
+    delta = (d_out.to(acc) * out.to(acc)).sum(-1)  # (N_dst, H)
+    if d_weights is not None:
+        delta = delta.index_add(0, graph.dst, weights.to(acc) * d_weights.to(acc))
+    ds = torch.empty(num_edges, h, dtype=acc, device=q.device)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    _bwd_dq_kernel[(n_dst, h)](
+        q, k, v, bias_t, mask_t, d_out, lse, delta, d_weights if d_weights is not None else ds, dq, ds, *graph.csr(),
+        *_strides(q), *_strides(k), *_strides(v), *_strides(d_out), *_strides(bias), *_strides(dropout_mask),
+        *_strides(d_weights), *dims, HAS_DW=d_weights is not None, **flags,
+        **_config(q.shape[2], v.shape[2], num_edges / n_dst))
+    _bwd_dkdv_kernel[(n_src, h)](
+        q, k, bias_t, mask_t, d_out, lse, ds, dk, dv, *graph.csc(),
+        *_strides(q), *_strides(k), *_strides(v), *_strides(d_out), *_strides(bias), *_strides(dropout_mask), *dims,
+        **flags, **_config(q.shape[2], v.shape[2], num_edges / n_src))
+    return dq, dk, dv, ds
+
+
+class _TritonEdgeAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, bias, dropout_mask, graph, scale, clamp, return_weights):
+        out, lse, weights = _triton_forward(q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights)
+        ctx.save_for_backward(q, k, v, bias, dropout_mask, out, lse, weights)
+        ctx.graph, ctx.scale, ctx.clamp = graph, scale, clamp
+        return out, weights
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_out, d_weights):
+        q, k, v, bias, dropout_mask, out, lse, weights = ctx.saved_tensors
+        if d_out is None:
+            d_out = torch.zeros_like(out)
+        dq, dk, dv, ds = _triton_backward(q, k, v, ctx.graph, ctx.scale, ctx.clamp, bias, dropout_mask, out, lse,
+                                          weights, d_out, d_weights)
+        dbias = ds.to(bias.dtype) if bias is not None and ctx.needs_input_grad[3] else None
+        return dq, dk, dv, dbias, None, None, None, None, None
+
+
+def _check_runnable(q: Tensor) -> None:
+    if q.device.type == "cuda":
+        return
+    if q.device.type == "cpu" and not isinstance(_fwd_kernel, triton.runtime.jit.JITFunction):
+        return  # interpreted (TRITON_INTERPRET=1 at import): runs on CPU tensors
+    raise RuntimeError(f"the triton backend needs CUDA tensors, got {q.device.type} (on CPU it runs only in "
+                       "Triton's interpreter: set TRITON_INTERPRET=1 before importing sparseattn)")
+
+
+def triton_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    graph: Graph,
+    *,
+    scale: float,
+    clamp: Optional[Tuple[float, float]],
+    bias: Optional[Tensor],
+    dropout_mask: Optional[Tensor],
+    return_weights: bool,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """The fused Triton backend, with the signature of `reference_attention`.
+    q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv) with D, Dv <= 256; bias, dropout_mask:
+    (E, H) in caller edge order or None. float16/bfloat16/float32 accumulate in float32, float64
+    in float64. Returns out (N_dst, H, Dv) and, if asked, weights (E, H) in caller order."""
+    _check_runnable(q)
+    if max(q.shape[2], v.shape[2]) > MAX_HEAD_DIM:
+        raise ValueError(f"the triton backend supports head dims up to {MAX_HEAD_DIM}, got D={q.shape[2]}, "
+                         f"Dv={v.shape[2]}; use another backend")
+    if graph.num_edges == 0 or min(q.shape[2], v.shape[2], q.shape[1]) == 0:
+        return reference_attention(q, k, v, graph, scale=scale, clamp=clamp, bias=bias, dropout_mask=dropout_mask,
+                                   return_weights=return_weights)
+    if dropout_mask is not None:
+        dropout_mask = dropout_mask.detach()
+    out, weights = _TritonEdgeAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), bias, dropout_mask,
+                                                 graph, scale, clamp, return_weights)
+    return out, weights
+
+
+__all__ = ["triton_attention", "MAX_HEAD_DIM"]
