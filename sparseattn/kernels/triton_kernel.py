@@ -21,6 +21,7 @@ imported (tests do that). Degenerate inputs (E = 0, or D, Dv = 0) go to the refe
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Optional, Tuple
 
@@ -248,10 +249,16 @@ def _triton_backward(q, k, v, graph, scale, clamp, bias, dropout_mask, out, lse,
     return dq, dk, dv, ds
 
 
+def _on(device: torch.device):
+    """Launch on the tensors' GPU (Triton launches on the current CUDA device)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 class _TritonEdgeAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, dropout_mask, graph, scale, clamp, return_weights):
-        out, lse, weights = _triton_forward(q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights)
+        with _on(q.device):
+            out, lse, weights = _triton_forward(q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights)
         ctx.save_for_backward(q, k, v, bias, dropout_mask, out, lse, weights)
         ctx.graph, ctx.scale, ctx.clamp = graph, scale, clamp
         return out, weights
@@ -262,8 +269,9 @@ class _TritonEdgeAttention(torch.autograd.Function):
         q, k, v, bias, dropout_mask, out, lse, weights = ctx.saved_tensors
         if d_out is None:
             d_out = torch.zeros_like(out)
-        dq, dk, dv, ds = _triton_backward(q, k, v, ctx.graph, ctx.scale, ctx.clamp, bias, dropout_mask, out, lse,
-                                          weights, d_out, d_weights)
+        with _on(q.device):
+            dq, dk, dv, ds = _triton_backward(q, k, v, ctx.graph, ctx.scale, ctx.clamp, bias, dropout_mask, out,
+                                              lse, weights, d_out, d_weights)
         dbias = ds.to(bias.dtype) if bias is not None and ctx.needs_input_grad[3] else None
         return dq, dk, dv, dbias, None, None, None, None, None
 
@@ -274,7 +282,7 @@ def _check_runnable(q: Tensor) -> None:
     if q.device.type == "cpu" and not isinstance(_fwd_kernel, triton.runtime.jit.JITFunction):
         return  # interpreted (TRITON_INTERPRET=1 at import): runs on CPU tensors
     raise RuntimeError(f"the triton backend needs CUDA tensors, got {q.device.type} (on CPU it runs only in "
-                       "Triton's interpreter: set TRITON_INTERPRET=1 before importing sparseattn)")
+                       "Triton's interpreter: set TRITON_INTERPRET=1 before the backend is first used)")
 
 
 def triton_attention(
@@ -294,6 +302,8 @@ def triton_attention(
     (E, H) in caller edge order or None. float16/bfloat16/float32 accumulate in float32, float64
     in float64. Returns out (N_dst, H, Dv) and, if asked, weights (E, H) in caller order."""
     _check_runnable(q)
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"the triton backend supports float16, bfloat16, float32 and float64, got {q.dtype}")
     if max(q.shape[2], v.shape[2]) > MAX_HEAD_DIM:
         raise ValueError(f"the triton backend supports head dims up to {MAX_HEAD_DIM}, got D={q.shape[2]}, "
                          f"Dv={v.shape[2]}; use another backend")

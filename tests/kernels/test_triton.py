@@ -197,6 +197,17 @@ def test_dropout_equals_reference_under_the_same_seed(clamp):
     assert torch.equal(out, again)
 
 
+def test_bias_of_shape_e_is_shared_by_heads():
+    ei, n_src, n_dst = awkward_graph()
+    q, k, v, _ = (t.to(DEVICE) for t in inputs(n_src, n_dst, 2, 4, 4))
+    grads = []
+    for backend in ("triton", "reference"):
+        bias = torch.linspace(-2, 2, ei.shape[1], dtype=torch.float64, device=DEVICE).requires_grad_()
+        edge_attention(q, k, v, ei.to(DEVICE), bias=bias, clamp=None, backend=backend).pow(2).sum().backward()
+        grads.append(bias.grad)
+    assert_close(grads[0], grads[1], torch.float64, "dbias (E,)")
+
+
 def test_backward_is_deterministic():
     """No atomics: two backward passes give bit-identical gradients."""
     ei, n_src, n_dst = awkward_graph(num_edges=60)
