@@ -61,10 +61,10 @@ def backends_for(device_type: str) -> list:
 
 def choose_auto(q: Tensor, graph: Graph) -> str:
     """The backend "auto" picks for these inputs (see README, "Backends")."""
-    # Triton hook: CUDA tensors go to the fused Triton kernel when it is available. Keep this
-    # check first when merging the CPU rules (and let dense-block rules, e.g. SDPA for batched
-    # complete graphs, come before it once measured faster on the GPU).
-    if q.device.type == "cuda" and _BACKENDS["triton"].available:
+    # Triton hook: CUDA tensors go to the fused Triton kernel (head dims up to 256) when it is
+    # available. Keep this check first when merging the CPU rules (and let dense-block rules, e.g.
+    # SDPA for batched complete graphs, come before it once measured faster on the GPU).
+    if q.device.type == "cuda" and q.shape[-1] <= 256 and _BACKENDS["triton"].available:
         return "triton"
     return "reference"
 

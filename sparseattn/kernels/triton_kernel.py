@@ -312,9 +312,8 @@ def triton_attention(
                                    return_weights=return_weights)
     if dropout_mask is not None:
         dropout_mask = dropout_mask.detach()
-    out, weights = _TritonEdgeAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), bias, dropout_mask,
-                                                 graph, scale, clamp, return_weights)
-    return out, weights
+    return _TritonEdgeAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), bias, dropout_mask, graph,
+                                      scale, clamp, return_weights)
 
 
 __all__ = ["triton_attention", "MAX_HEAD_DIM"]

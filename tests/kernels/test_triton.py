@@ -15,6 +15,7 @@ import torch.nn.functional as F
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # read when the @triton.jit kernels are defined
 triton = pytest.importorskip("triton", reason="triton is not importable (pip install triton)")
+tl = triton.language
 
 from sparseattn import Graph, edge_attention, graphs  # noqa: E402
 from sparseattn.kernels import triton_kernel  # noqa: E402
@@ -23,6 +24,32 @@ from sparseattn.kernels.triton_kernel import triton_attention  # noqa: E402
 from ..dense import dense_attention  # noqa: E402
 from ..tolerances import assert_close, assert_within_reference_error  # noqa: E402
 
+
+def _round_bf16_to_nearest_in_interpreter():
+    """Triton's interpreter truncates float32 -> bfloat16 casts, where GPUs round to nearest even
+    (arith.truncf); make the interpreter round like the GPU, so bf16 outputs are judged as they
+    will run. Skipped (harmlessly) if a future Triton moves the method."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    if builder is None or not hasattr(builder, "cast_impl") or getattr(builder, "_rounds_bf16", False):
+        return
+    truncating = builder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            bits = src.data.astype(np.float32).view(np.uint32).astype(np.uint64)
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            rounded = np.where(np.isnan(src.data), np.uint16(0x7FC0), rounded)
+            return interpreter.TensorHandle(rounded, tl.bfloat16)
+        return truncating(self, src, dst_type)
+
+    builder.cast_impl, builder._rounds_bf16 = cast_impl, True
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _round_bf16_to_nearest_in_interpreter()
 pytestmark = pytest.mark.triton
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
@@ -239,12 +266,36 @@ def test_node_counts_and_graph_spellings():
     assert_close(a, edge_attention(q, k, v, g, backend="reference"), torch.float64, "vs reference")
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="auto picks triton only for CUDA tensors")
+def test_auto_picks_triton_on_cuda():
+    from sparseattn.kernels import choose_auto
+    g = graphs.window(8, 2, device="cuda")
+    assert choose_auto(torch.randn(8, 2, 16, device="cuda"), g) == "triton"
+
+
 def test_head_dim_limit_and_registration():
     from sparseattn.kernels import backend_names, backends_for
     assert "triton" in backend_names() and "triton" not in backends_for("cpu")
     q = torch.randn(2, 1, 257, device=DEVICE)
     with pytest.raises(ValueError, match="head dims up to 256"):
         edge_attention(q, q, q, torch.tensor([[0], [1]], device=DEVICE), backend="triton")
+
+
+@triton.jit
+def _cast_kernel(X, Y, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(Y + offs, tl.load(X + offs).to(Y.dtype.element_ty))
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="checks the interpreter's rounding")
+def test_interpreter_rounds_bfloat16_like_the_gpu():
+    x = torch.cat([torch.randn(4000) * 100, torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, float("inf"), float("nan")])])
+    x = torch.cat([x, torch.zeros(4096 - x.numel())])
+    y = torch.empty(4096, dtype=torch.bfloat16)
+    _cast_kernel[(1,)](x, y, N=4096)
+    nan = x.isnan()
+    assert torch.equal(y.isnan(), nan) and torch.equal(y[~nan], x[~nan].to(torch.bfloat16))
 
 
 # ---- the kernels compile for a real GPU (sm_90) without one: ahead-of-time compilation ----------
@@ -307,13 +358,13 @@ def test_kernels_compile_for_sm90(dtype, d):
 
 # ---- a wider sweep (slow): hypothesis graphs against the dense reference ------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_hypothesis_sweep(dtype):
     from hypothesis import given, settings
 
     from ..strategies import graph_cases
 
-    @settings(max_examples=25, deadline=None)
+    @settings(max_examples=60, deadline=None)
     @given(case=graph_cases(max_nodes=8, max_edges=32))
     def check(case):
         base = [t.detach() for t in case.tensors(torch.float64)]
