@@ -8,13 +8,14 @@ out[t, h] = wv / z once (0 without in-edges) and one statistic per destination a
 lse = log z (clamp) or max + log z (exact), so that p_e = w_e / z = exp(logit_e - lse[t]).
 Bias, dropout mask and returned weights stay in the caller's edge order, indexed through perm.
 
-Backward recomputes the weights; nothing of shape (E, H, D) is ever stored:
-    dscore_e = p_e (m_e <do[t], v[s]> + dweights_e - delta[t]) (* clamp's gradient indicator),
-    delta[t] = <do[t], out[t]> + sum_{e -> t} p_e dweights_e.
-`_bwd_dq_kernel` walks the CSR: dq[t] = scale sum_e dscore_e k[s], and writes dscore (E, H) in
-caller order (it is dbias). `_bwd_dkdv_kernel` walks the transposed CSR (per source):
-dk[s] = scale sum_e dscore_e q[t], dv[s] = sum_e p_e m_e do[t]. No atomics, so every run gives
-bit-identical gradients.
+Backward recomputes the weights; nothing of shape (E, H, D) is ever stored. With
+dp_e = m_e <do[t], v[s]> + dweights_e and g_e clamp's gradient indicator (1 in exact mode):
+    dscore_e = g_e p_e (dp_e - delta[t]),   delta[t] = sum_{e -> t} p_e dp_e  (= <do[t], out[t]> + ...).
+`_bwd_dq_kernel` walks the CSR once: delta in float32 (not from the rounded output, which costs
+half-precision gradients accuracy), dq[t] = scale (sum g p dp k[s] - delta sum g p k[s]), and p dp
+per edge into an (E, H) buffer in caller order. `_bwd_dkdv_kernel` walks the transposed CSR (per
+source): dscore, which it leaves in that buffer as dbias, dk[s] = scale sum_e dscore_e q[t] and
+dv[s] = sum_e p_e m_e do[t]. No atomics, so every run gives bit-identical gradients.
 
 Runs on CUDA tensors, or on CPU tensors when TRITON_INTERPRET=1 was set before this module was
 imported (tests do that). Degenerate inputs (E = 0, or D, Dv = 0) go to the reference backend.
@@ -108,11 +109,12 @@ def _fwd_kernel(Q, K, V, BIAS, MASK, OUT, LSE, W, PTR, IDX, PERM,
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, BIAS, MASK, DO, LSE, DELTA, DW, DQ, DS, PTR, IDX, PERM,
+def _bwd_dq_kernel(Q, K, V, BIAS, MASK, DO, LSE, DW, DQ, DELTA, PDP, PTR, IDX, PERM,
                    sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, sdo_n, sdo_h, sb_e, sb_h, sm_e, sm_h, sw_e, sw_h,
                    H, D, DV, scale: "fp64", lo: "fp64", hi: "fp64",
                    BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CLAMP: tl.constexpr,
                    HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DW: tl.constexpr, ACC: tl.constexpr):
+    """One pass: with g = clamp indicator, dq = scale (sum g p dp k - delta sum g p k), delta = sum p dp."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     sc, lo, hi = tl.full([], scale, ACC), tl.full([], lo, ACC), tl.full([], hi, ACC)
@@ -120,8 +122,10 @@ def _bwd_dq_kernel(Q, K, V, BIAS, MASK, DO, LSE, DELTA, DW, DQ, DS, PTR, IDX, PE
     start, end = tl.load(PTR + t), tl.load(PTR + t + 1)
     q = tl.load(Q + t * sq_n + h * sq_h + offs_d, mask=offs_d < D, other=0.0).to(ACC)
     do = tl.load(DO + t * sdo_n + h * sdo_h + offs_dv, mask=offs_dv < DV, other=0.0).to(ACC)
-    lse, delta = tl.load(LSE + t * H + h), tl.load(DELTA + t * H + h)
-    dq = tl.zeros([BLOCK_D], ACC)
+    lse = tl.load(LSE + t * H + h)
+    delta = tl.zeros([], ACC)
+    gpdp_k = tl.zeros([BLOCK_D], ACC)
+    gp_k = tl.zeros([BLOCK_D], ACC)
     for e0 in range(start, end, BLOCK_E):
         e = e0 + offs_e
         live = e < end
@@ -132,7 +136,7 @@ def _bwd_dq_kernel(Q, K, V, BIAS, MASK, DO, LSE, DELTA, DW, DQ, DS, PTR, IDX, PE
         s = tl.sum(kt * q[None, :], 1) * sc
         if HAS_BIAS:
             s += tl.load(BIAS + pos * sb_e + h * sb_h, mask=live, other=0.0).to(ACC)
-        p = tl.exp(_logit(s, lo, hi, CLAMP) - lse)
+        p = tl.where(live, tl.exp(_logit(s, lo, hi, CLAMP) - lse), 0.0)
         vt = tl.load(V + src[:, None] * sv_n + h * sv_h + offs_dv[None, :],
                      mask=live[:, None] & (offs_dv[None, :] < DV), other=0.0).to(ACC)
         dp = tl.sum(vt * do[None, :], 1)  # <do[t], v[s]>
@@ -140,21 +144,28 @@ def _bwd_dq_kernel(Q, K, V, BIAS, MASK, DO, LSE, DELTA, DW, DQ, DS, PTR, IDX, PE
             dp *= tl.load(MASK + pos * sm_e + h * sm_h, mask=live, other=0.0).to(ACC)
         if HAS_DW:
             dp += tl.load(DW + pos * sw_e + h * sw_h, mask=live, other=0.0).to(ACC)
-        ds = p * (dp - delta)
+        pdp = p * dp
+        delta += tl.sum(pdp, 0)
         if CLAMP:  # torch.clamp's gradient passes where lo <= s <= hi
-            ds = tl.where((s >= lo) & (s <= hi), ds, 0.0)
-        ds = tl.where(live, ds, 0.0)
-        dq += tl.sum(ds[:, None] * kt, 0)
-        tl.store(DS + pos * H + h, ds, mask=live)
-    tl.store(DQ + t * sq_n + h * sq_h + offs_d, (dq * sc).to(DQ.dtype.element_ty), mask=offs_d < D)
+            inside = (s >= lo) & (s <= hi)
+            gp_k += tl.sum(tl.where(inside, p, 0.0)[:, None] * kt, 0)
+            gpdp_k += tl.sum(tl.where(inside, pdp, 0.0)[:, None] * kt, 0)
+        else:
+            gp_k += tl.sum(p[:, None] * kt, 0)
+            gpdp_k += tl.sum(pdp[:, None] * kt, 0)
+        tl.store(PDP + pos * H + h, pdp, mask=live)
+    tl.store(DELTA + t * H + h, delta)
+    tl.store(DQ + t * sq_n + h * sq_h + offs_d, ((gpdp_k - delta * gp_k) * sc).to(DQ.dtype.element_ty),
+             mask=offs_d < D)
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, BIAS, MASK, DO, LSE, DS, DK, DV_OUT, PTR, IDX, PERM,
+def _bwd_dkdv_kernel(Q, K, BIAS, MASK, DO, LSE, DELTA, DS, DK, DV_OUT, PTR, IDX, PERM,
                      sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, sdo_n, sdo_h, sb_e, sb_h, sm_e, sm_h,
                      H, D, DV, scale: "fp64", lo: "fp64", hi: "fp64",
                      BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CLAMP: tl.constexpr,
                      HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, ACC: tl.constexpr):
+    """DS holds p dp from `_bwd_dq_kernel` and leaves holding dscore = g (p dp - p delta)."""
     u = tl.program_id(0).to(tl.int64)  # a source node; PTR/IDX/PERM are the transposed CSR
     h = tl.program_id(1).to(tl.int64)
     sc, lo, hi = tl.full([], scale, ACC), tl.full([], lo, ACC), tl.full([], hi, ACC)
@@ -175,13 +186,16 @@ def _bwd_dkdv_kernel(Q, K, BIAS, MASK, DO, LSE, DS, DK, DV_OUT, PTR, IDX, PERM,
             s += tl.load(BIAS + pos * sb_e + h * sb_h, mask=live, other=0.0).to(ACC)
         lse = tl.load(LSE + dst * H + h, mask=live, other=0.0)
         p = tl.where(live, tl.exp(_logit(s, lo, hi, CLAMP) - lse), 0.0)
+        ds = tl.load(DS + pos * H + h, mask=live, other=0.0) - p * tl.load(DELTA + dst * H + h, mask=live, other=0.0)
+        if CLAMP:
+            ds = tl.where((s >= lo) & (s <= hi), ds, 0.0)
+        tl.store(DS + pos * H + h, ds, mask=live)
+        dk += tl.sum(ds[:, None] * qt, 0)
         if HAS_MASK:
             p *= tl.load(MASK + pos * sm_e + h * sm_h, mask=live, other=0.0).to(ACC)
         dot = tl.load(DO + dst[:, None] * sdo_n + h * sdo_h + offs_dv[None, :],
                       mask=live[:, None] & (offs_dv[None, :] < DV), other=0.0).to(ACC)  # (BLOCK_E, BLOCK_DV)
         dv += tl.sum(p[:, None] * dot, 0)
-        ds = tl.load(DS + pos * H + h, mask=live, other=0.0)
-        dk += tl.sum(ds[:, None] * qt, 0)
     tl.store(DK + u * sk_n + h * sk_h + offs_d, (dk * sc).to(DK.dtype.element_ty), mask=offs_d < D)
     tl.store(DV_OUT + u * sv_n + h * sv_h + offs_dv, dv.to(DV_OUT.dtype.element_ty), mask=offs_dv < DV)
 
@@ -225,25 +239,23 @@ def _triton_forward(q, k, v, graph, scale, clamp, bias, dropout_mask, return_wei
     return out, lse, (weights if return_weights else None)
 
 
-def _triton_backward(q, k, v, graph, scale, clamp, bias, dropout_mask, out, lse, weights, d_out, d_weights):
+def _triton_backward(q, k, v, graph, scale, clamp, bias, dropout_mask, lse, d_out, d_weights):
     """Gradients (dq, dk, dv, dscore) of out (and of weights, if d_weights is given); dscore is
     (E, H) in caller order and the accumulation dtype: it is dbias."""
     (n_dst, h), n_src, num_edges = q.shape[:2], k.shape[0], graph.num_edges
     acc = accumulation_dtype(q.dtype)
     bias_t, mask_t, dims, flags = _shared_args(q, v, scale, clamp, bias, dropout_mask)
     d_out = d_out.contiguous()
-    delta = (d_out.to(acc) * out.to(acc)).sum(-1)  # (N_dst, H)
-    if d_weights is not None:
-        delta = delta.index_add(0, graph.dst, weights.to(acc) * d_weights.to(acc))
-    ds = torch.empty(num_edges, h, dtype=acc, device=q.device)
+    delta = torch.empty(n_dst, h, dtype=acc, device=q.device)  # sum_e p_e dp_e = <do, out> (+ p . dweights)
+    ds = torch.empty(num_edges, h, dtype=acc, device=q.device)  # p dp, then dscore; caller order
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _bwd_dq_kernel[(n_dst, h)](
-        q, k, v, bias_t, mask_t, d_out, lse, delta, d_weights if d_weights is not None else ds, dq, ds, *graph.csr(),
+        q, k, v, bias_t, mask_t, d_out, lse, d_weights if d_weights is not None else ds, dq, delta, ds, *graph.csr(),
         *_strides(q), *_strides(k), *_strides(v), *_strides(d_out), *_strides(bias), *_strides(dropout_mask),
         *_strides(d_weights), *dims, HAS_DW=d_weights is not None, **flags,
         **_config(q.shape[2], v.shape[2], num_edges / n_dst))
     _bwd_dkdv_kernel[(n_src, h)](
-        q, k, bias_t, mask_t, d_out, lse, ds, dk, dv, *graph.csc(),
+        q, k, bias_t, mask_t, d_out, lse, delta, ds, dk, dv, *graph.csc(),
         *_strides(q), *_strides(k), *_strides(v), *_strides(d_out), *_strides(bias), *_strides(dropout_mask), *dims,
         **flags, **_config(q.shape[2], v.shape[2], num_edges / n_src))
     return dq, dk, dv, ds
@@ -259,19 +271,19 @@ class _TritonEdgeAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, bias, dropout_mask, graph, scale, clamp, return_weights):
         with _on(q.device):
             out, lse, weights = _triton_forward(q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights)
-        ctx.save_for_backward(q, k, v, bias, dropout_mask, out, lse, weights)
+        ctx.save_for_backward(q, k, v, bias, dropout_mask, lse)
         ctx.graph, ctx.scale, ctx.clamp = graph, scale, clamp
         return out, weights
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_out, d_weights):
-        q, k, v, bias, dropout_mask, out, lse, weights = ctx.saved_tensors
-        if d_out is None:
-            d_out = torch.zeros_like(out)
+        q, k, v, bias, dropout_mask, lse = ctx.saved_tensors
+        if d_out is None:  # only the weights were used
+            d_out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
         with _on(q.device):
-            dq, dk, dv, ds = _triton_backward(q, k, v, ctx.graph, ctx.scale, ctx.clamp, bias, dropout_mask, out,
-                                              lse, weights, d_out, d_weights)
+            dq, dk, dv, ds = _triton_backward(q, k, v, ctx.graph, ctx.scale, ctx.clamp, bias, dropout_mask, lse,
+                                              d_out, d_weights)
         dbias = ds.to(bias.dtype) if bias is not None and ctx.needs_input_grad[3] else None
         return dq, dk, dv, dbias, None, None, None, None, None
 

@@ -18,7 +18,6 @@ triton = pytest.importorskip("triton", reason="triton is not importable (pip ins
 tl = triton.language
 
 from sparseattn import Graph, edge_attention, graphs  # noqa: E402
-from sparseattn.kernels import triton_kernel  # noqa: E402
 from sparseattn.kernels.triton_kernel import triton_attention  # noqa: E402
 
 from ..dense import dense_attention  # noqa: E402
