@@ -289,12 +289,10 @@ class _TritonEdgeAttention(torch.autograd.Function):
 
 
 def _check_runnable(q: Tensor) -> None:
-    if q.device.type == "cuda":
-        return
-    if q.device.type == "cpu" and not isinstance(_fwd_kernel, triton.runtime.jit.JITFunction):
-        return  # interpreted (TRITON_INTERPRET=1 at import): runs on CPU tensors
-    raise RuntimeError(f"the triton backend needs CUDA tensors, got {q.device.type} (on CPU it runs only in "
-                       "Triton's interpreter: set TRITON_INTERPRET=1 before the backend is first used)")
+    interpreted = not isinstance(_fwd_kernel, triton.runtime.jit.JITFunction)  # TRITON_INTERPRET=1 at import
+    if q.device.type != "cuda" and not (q.device.type == "cpu" and interpreted):
+        raise RuntimeError(f"the triton backend needs CUDA tensors, got {q.device.type} (on CPU it runs only in "
+                           "Triton's interpreter: set TRITON_INTERPRET=1 before the backend is first used)")
 
 
 def triton_attention(
