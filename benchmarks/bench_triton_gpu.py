@@ -12,7 +12,8 @@ Cases (H=8, D=64, bfloat16, median of --rep timed runs after --warmup, CUDA even
            Target: at least FlexAttention's speed.
   complete 16 sequences of 512 tokens (a batch of complete graphs) against SDPA on the padded
            (B, H, L, D) batch; "auto" is timed too. Target: auto within 1.3x of SDPA.
-Every contender's output is compared with the triton backend's before timing (max |err|). A missing
+Before timing, the triton output is checked against the reference backend on the first 4096
+destinations and every other contender against the triton output (max |err|). A missing
 peer or an out-of-memory becomes a null row with its reason. Without CUDA it prints "no CUDA device"
 and exits 0.
 """
@@ -34,6 +35,7 @@ from sparseattn import __version__, edge_attention, graphs  # noqa: E402
 
 H, D = 8, 64
 DTYPE = torch.bfloat16
+DEVICE = "cuda"
 
 
 def bench(fn, warmup, rep):
@@ -56,15 +58,15 @@ def bench(fn, warmup, rep):
 
 def copy_bandwidth_gbs(rep=20):
     """Device copy bandwidth (read + write) of a 1 GiB buffer: the memory roofline."""
-    x = torch.empty(2**29, dtype=torch.int16, device="cuda")
+    x = torch.empty(2**29, dtype=torch.int16, device=DEVICE)
     y = torch.empty_like(x)
     ms, _ = bench(lambda: y.copy_(x), 3, rep)
     return 2 * x.numel() * x.element_size() / ms / 1e6
 
 
 def qkv(n_dst, n_src, requires_grad):
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    return [torch.randn(n, H, D, device="cuda", dtype=DTYPE, generator=gen).requires_grad_(requires_grad)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    return [torch.randn(n, H, D, device=DEVICE, dtype=DTYPE, generator=gen).requires_grad_(requires_grad)
             for n in (n_dst, n_src, n_src)]
 
 
@@ -87,7 +89,7 @@ def flex_window(L, radius):
     def mask_mod(b, h, q_idx, kv_idx):
         return (q_idx - kv_idx).abs() <= radius
 
-    block_mask = create_block_mask(mask_mod, 1, 1, L, L, device="cuda")
+    block_mask = create_block_mask(mask_mod, 1, 1, L, L, device=DEVICE)
     compiled = torch.compile(flex_attention)
     return lambda q, k, v: compiled(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                     block_mask=block_mask)[0].transpose(0, 1)
@@ -102,6 +104,26 @@ def sdpa_batch(B, L):
     return run
 
 
+def triton_output(q, k, v, g):
+    """The triton backend's output, with its error against the reference backend on the first 4096
+    destinations (the reference gathers (E, H, D) tensors, so it runs on that subgraph only)."""
+    try:
+        with torch.no_grad():
+            out = edge_attention(q, k, v, g, clamp=None, backend="triton")
+            sub = g.dst_subgraph(torch.arange(g.num_dst, device=DEVICE) < 4096)
+            ref = edge_attention(q, k, v, sub, clamp=None, backend="reference")
+        return out, (out[:4096].float() - ref[:4096].float()).abs().max().item()
+    except Exception as e:
+        print(f"triton failed: {type(e).__name__}: {e}")
+        return None, None
+
+
+def ratio(rows, a, b, key):
+    """rows[a][key] / rows[b][key] by contender name, or None if either is missing."""
+    by = {r["contender"]: r.get(key) for r in rows}
+    return by[a] / by[b] if by.get(a) and by.get(b) else None
+
+
 def measure(name, fn, inputs, ref, args, backward):
     """One row: check fn against ref, then time forward (and forward+backward)."""
     row = dict(contender=name, ms_fwd=None, ms_fwd_bwd=None, peak_extra_mib=None, max_err=None, note="")
@@ -113,7 +135,7 @@ def measure(name, fn, inputs, ref, args, backward):
         with torch.no_grad():
             row["ms_fwd"], row["peak_extra_mib"] = bench(lambda: fn(*inputs), args.warmup, args.rep)
         if backward:
-            grad = torch.randn(inputs[0].shape[0], H, D, device="cuda", dtype=DTYPE)
+            grad = torch.randn(inputs[0].shape[0], H, D, device=DEVICE, dtype=DTYPE)
 
             def step():
                 for t in inputs:
@@ -133,43 +155,49 @@ def measure(name, fn, inputs, ref, args, backward):
 
 def case_random(args, roofline):
     n = 2**20 // args.shrink
-    g = graphs.random(n, n, 16 * n, seed=0, device="cuda")
+    g = graphs.random(n, n, 16 * n, seed=0, device=DEVICE)
     q, k, v = qkv(n, n, True)
     g.csr(), g.csc()  # built once per graph, as a model's layers share them
 
     def triton(q, k, v):
         return edge_attention(q, k, v, g, clamp=None, backend="triton")
-    ref = triton(q, k, v).detach()
+    ref, err = triton_output(q, k, v, g)
     rows = [measure("triton", triton, (q, k, v), ref, args, True),
             measure("pyg-style", lambda q, k, v: pyg_style(q, k, v, g), (q, k, v), ref, args, True)]
+    rows[0]["max_err"] = err
     moved = g.num_edges * H * 3 * D * q.element_size() + n * H * D * q.element_size()
     for row in rows:
         if row["ms_fwd"]:
             row["gb_s"] = moved / row["ms_fwd"] / 1e6
             row["roofline_frac"] = row["gb_s"] / roofline
             row["edges_per_s"] = g.num_edges / row["ms_fwd"] * 1e3
-    return dict(case=f"random N={n}, mean in-degree 16, E={g.num_edges}", rows=rows)
+    targets = {"triton fwd / roofline (>= 0.5)": rows[0].get("roofline_frac"),
+               "pyg-style / triton fwd+bwd time (>= 3)": ratio(rows, "pyg-style", "triton", "ms_fwd_bwd")}
+    return dict(case=f"random N={n}, mean in-degree 16, E={g.num_edges}", rows=rows, targets=targets)
 
 
 def case_window(args):
     L, radius = 65536 // args.shrink, 64
-    g = graphs.window(L, radius, device="cuda")
+    g = graphs.window(L, radius, device=DEVICE)
     q, k, v = qkv(L, L, True)
 
     def triton(q, k, v):
         return edge_attention(q, k, v, g, clamp=None, backend="triton")
-    ref = triton(q, k, v).detach()
+    ref, err = triton_output(q, k, v, g)
     rows = [measure("triton", triton, (q, k, v), ref, args, True)]
+    rows[0]["max_err"] = err
     try:
         rows.append(measure("flex_attention", flex_window(L, radius), (q, k, v), ref, args, True))
     except Exception as e:
         rows.append(dict(contender="flex_attention", ms_fwd=None, ms_fwd_bwd=None, note=f"skipped: {e}"))
-    return dict(case=f"window L={L}, r={radius}, E={g.num_edges}", rows=rows)
+    targets = {f"triton / flex_attention {what} time (<= 1)": ratio(rows, "triton", "flex_attention", key)
+               for what, key in (("fwd", "ms_fwd"), ("fwd+bwd", "ms_fwd_bwd"))}
+    return dict(case=f"window L={L}, r={radius}, E={g.num_edges}", rows=rows, targets=targets)
 
 
 def case_complete(args):
     B, L = 16, 512 // max(1, args.shrink // 4)
-    g = graphs.from_blocks([("full", L, L)] * B, device="cuda")
+    g = graphs.from_blocks([("full", L, L)] * B, device=DEVICE)
     q, k, v = qkv(B * L, B * L, True)
     sdpa = sdpa_batch(B, L)
     ref = sdpa(q, k, v).detach()
@@ -177,7 +205,9 @@ def case_complete(args):
     for backend in ("triton", "auto"):
         rows.append(measure(backend, lambda q, k, v, b=backend: edge_attention(q, k, v, g, clamp=None, backend=b),
                             (q, k, v), ref, args, True))
-    return dict(case=f"batched complete B={B}, L={L}, E={g.num_edges}", rows=rows)
+    targets = {"auto / sdpa fwd+bwd time (<= 1.3)": ratio(rows, "auto", "sdpa", "ms_fwd_bwd"),
+               "triton / sdpa fwd+bwd time": ratio(rows, "triton", "sdpa", "ms_fwd_bwd")}
+    return dict(case=f"batched complete B={B}, L={L}, E={g.num_edges}", rows=rows, targets=targets)
 
 
 def _fmt(row, key, spec):
@@ -212,6 +242,8 @@ def main(argv=None):
             print(f"{r['contender']:16}{_fmt(r, 'ms_fwd', '10.3f')}{_fmt(r, 'ms_fwd_bwd', '12.3f')}"
                   f"{_fmt(r, 'gb_s', '8.0f')}{_fmt(r, 'roofline_frac', '10.0%')}{_fmt(r, 'peak_extra_mib', '10.0f')}"
                   f"{_fmt(r, 'max_err', '10.2g')}  {r.get('note', '')}")
+        for name, value in res["targets"].items():
+            print(f"  {name}: {'-' if value is None else format(value, '.2f')}")
     os.makedirs(args.out, exist_ok=True)
     name = "".join(c if c.isalnum() else "_" for c in device).strip("_")
     path = os.path.join(args.out, f"bench_triton_gpu_{name}{'_quick' if args.quick else ''}.json")
