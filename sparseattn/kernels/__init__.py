@@ -61,6 +61,11 @@ def backends_for(device_type: str) -> list:
 
 def choose_auto(q: Tensor, graph: Graph) -> str:
     """The backend "auto" picks for these inputs (see README, "Backends")."""
+    # Triton hook: CUDA tensors go to the fused Triton kernel (head dims up to 256) when it is
+    # available. Keep this check first when merging the CPU rules (and let dense-block rules, e.g.
+    # SDPA for batched complete graphs, come before it once measured faster on the GPU).
+    if q.device.type == "cuda" and q.shape[-1] <= 256 and _BACKENDS["triton"].available:
+        return "triton"
     return "reference"
 
 
@@ -80,6 +85,27 @@ def get_backend(name: str, q: Tensor, graph: Graph) -> Backend:
 
 
 register_backend(Backend("reference", reference_attention, "gather, clamp-exp, index_add: the definition"))
+
+
+def _triton_attention(*args, **kwargs):
+    # Imported on first use: Triton reads TRITON_INTERPRET when the kernels are defined.
+    from .triton_kernel import triton_attention
+    return triton_attention(*args, **kwargs)
+
+
+def _probe_triton() -> Optional[str]:
+    try:
+        import triton  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install failing at import
+        return f"triton is not importable ({type(e).__name__}: {e}); pip install triton"
+    return None
+
+
+register_backend(Backend(
+    "triton", _triton_attention, "fused Triton kernels over the CSR: one pass forward, recomputing backward",
+    # CUDA only: CPU tensors run (slowly) in Triton's interpreter when TRITON_INTERPRET=1 was set
+    # before first use; tests ask for backend="triton" by name, "auto" never picks it on CPU.
+    probe=_probe_triton, devices=("cuda",)))
 
 __all__ = ["Backend", "register_backend", "backend_names", "available_backends", "backends_for", "choose_auto", "get_backend",
            "reference_attention"]
