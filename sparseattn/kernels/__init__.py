@@ -14,6 +14,7 @@ from typing import Callable, Dict, Optional
 from torch import Tensor
 
 from ..graphs import Graph
+from .csr import csr_attention
 from .reference import reference_attention
 
 
@@ -80,6 +81,7 @@ def get_backend(name: str, q: Tensor, graph: Graph) -> Backend:
 
 
 register_backend(Backend("reference", reference_attention, "gather, clamp-exp, index_add: the definition"))
+register_backend(Backend("csr", csr_attention, "SDDMM + CSR SpMM with a hand-written backward"))
 
 __all__ = ["Backend", "register_backend", "backend_names", "available_backends", "backends_for", "choose_auto", "get_backend",
            "reference_attention"]
