@@ -14,7 +14,9 @@ from typing import Callable, Dict, Optional
 from torch import Tensor
 
 from ..graphs import Graph
+from . import scatter
 from .csr import csr_attention
+from .dense import dense_attention, plan
 from .reference import reference_attention
 
 
@@ -60,9 +62,22 @@ def backends_for(device_type: str) -> list:
     return [name for name, b in _BACKENDS.items() if b.available and device_type in b.devices]
 
 
+# "auto" picks "dense" for block graphs whose blocks average at least this many edges
+DENSE_MIN_EDGES_PER_BLOCK = 64
+
+
 def choose_auto(q: Tensor, graph: Graph) -> str:
-    """The backend "auto" picks for these inputs (see README, "Backends")."""
-    return "reference"
+    """The backend "auto" picks for these inputs (see README, "Backends"):
+    "dense" when the graph records dense blocks averaging >= DENSE_MIN_EDGES_PER_BLOCK edges
+    (batched matmuls beat any sparse kernel there); otherwise "triton" for CUDA tensors once that
+    backend is registered and available; otherwise "csr". Never "reference" or "scatter"."""
+    blocks = graph.blocks
+    if blocks and graph.num_edges >= DENSE_MIN_EDGES_PER_BLOCK * len(blocks):
+        return "dense"
+    triton = _BACKENDS.get("triton")
+    if q.device.type == "cuda" and triton is not None and triton.available:
+        return "triton"
+    return "csr"
 
 
 def get_backend(name: str, q: Tensor, graph: Graph) -> Backend:
@@ -82,6 +97,10 @@ def get_backend(name: str, q: Tensor, graph: Graph) -> Backend:
 
 register_backend(Backend("reference", reference_attention, "gather, clamp-exp, index_add: the definition"))
 register_backend(Backend("csr", csr_attention, "SDDMM + CSR SpMM with a hand-written backward"))
+register_backend(Backend("dense", dense_attention, "bucketed batched matmuls over the graph's dense blocks"))
+register_backend(Backend("scatter", scatter.scatter_attention, "the reference math on torch_scatter segments",
+                         probe=scatter.probe))
 
-__all__ = ["Backend", "register_backend", "backend_names", "available_backends", "backends_for", "choose_auto", "get_backend",
-           "reference_attention"]
+__all__ = ["Backend", "register_backend", "backend_names", "available_backends", "backends_for", "choose_auto",
+           "get_backend", "reference_attention", "csr_attention", "dense_attention", "plan",
+           "DENSE_MIN_EDGES_PER_BLOCK"]
