@@ -62,17 +62,21 @@ def backends_for(device_type: str) -> list:
     return [name for name, b in _BACKENDS.items() if b.available and device_type in b.devices]
 
 
-# "auto" picks "dense" for block graphs whose blocks average at least this many edges
-DENSE_MIN_EDGES_PER_BLOCK = 64
+# "auto" picks "dense" for block graphs whose blocks average at least this many edges and come
+# in at most DENSE_MAX_SHAPES distinct shapes (each shape is one more padded batch to gather)
+DENSE_MIN_EDGES_PER_BLOCK = 512
+DENSE_MAX_SHAPES = 4
 
 
 def choose_auto(q: Tensor, graph: Graph) -> str:
     """The backend "auto" picks for these inputs (see README, "Backends"):
-    "dense" when the graph records dense blocks averaging >= DENSE_MIN_EDGES_PER_BLOCK edges
-    (batched matmuls beat any sparse kernel there); otherwise "triton" for CUDA tensors once that
-    backend is registered and available; otherwise "csr". Never "reference" or "scatter"."""
+    "dense" when the graph records dense blocks averaging >= DENSE_MIN_EDGES_PER_BLOCK edges in at
+    most DENSE_MAX_SHAPES distinct (kind, n_src, n_dst) shapes: batched matmuls beat any sparse
+    kernel there. Otherwise "triton" for CUDA tensors once that backend is registered and
+    available, else "csr". Never "reference" or "scatter" (both are slower everywhere)."""
     blocks = graph.blocks
-    if blocks and graph.num_edges >= DENSE_MIN_EDGES_PER_BLOCK * len(blocks):
+    if blocks and graph.num_edges >= DENSE_MIN_EDGES_PER_BLOCK * len(blocks) \
+            and len({(b.kind, b.n_src, b.n_dst) for b in blocks}) <= DENSE_MAX_SHAPES:
         return "dense"
     triton = _BACKENDS.get("triton")
     if q.device.type == "cuda" and triton is not None and triton.available:
@@ -103,4 +107,4 @@ register_backend(Backend("scatter", scatter.scatter_attention, "the reference ma
 
 __all__ = ["Backend", "register_backend", "backend_names", "available_backends", "backends_for", "choose_auto",
            "get_backend", "reference_attention", "csr_attention", "dense_attention", "plan",
-           "DENSE_MIN_EDGES_PER_BLOCK"]
+           "DENSE_MIN_EDGES_PER_BLOCK", "DENSE_MAX_SHAPES"]
