@@ -88,9 +88,12 @@ def _pattern(graph: Graph, heads: int) -> _Pattern:
             to_caller = slot[caller_to_csr]  # (E, H)
             from_caller = torch.empty(num_edges * heads, dtype=torch.long, device=device)
             from_caller[to_caller.reshape(-1)] = torch.arange(num_edges * heads, device=device)
-        if max(num_edges, graph.num_src, graph.num_dst) * heads < 2**31 - 1:
-            crow, col, ccrow, ccol = (t.int() for t in (crow, col, ccrow, ccol))
-        return _Pattern(crow, col, ccrow, ccol, crow.long(), row, to_csc, from_caller, to_caller,
+        offsets = crow
+        if max(num_edges, graph.num_src, graph.num_dst) * heads < 2**31 - 1:  # int32 indices: less traffic
+            crow, col, ccrow, ccol, row, to_csc = (t.int() for t in (crow, col, ccrow, ccol, row, to_csc))
+            if to_caller is not None:
+                from_caller, to_caller = from_caller.int(), to_caller.int()
+        return _Pattern(crow, col, ccrow, ccol, offsets, row, to_csc, from_caller, to_caller,
                         (graph.num_dst * heads, graph.num_src * heads))
 
     return graph.cached(f"csr_pattern_h{heads}", build)
@@ -122,6 +125,11 @@ def _spmm(crow: Tensor, col: Tensor, values: Tensor, x: Tensor, shape: Tuple[int
     return torch.addmm(out, mat, x, beta=0.0, alpha=alpha, out=out)  # beta=0: out is never read
 
 
+def _take(x: Tensor, index: Tensor) -> Tensor:
+    """x[index] for 1-D x: index_select is several times faster than advanced indexing on CPU."""
+    return torch.index_select(x, 0, index)
+
+
 def _segment(values: Tensor, pat: _Pattern, reduce: str) -> Tensor:
     """Per-head-row sum or max of slot values (H * E,) -> (N_dst * H,); empty rows give 0 / -inf."""
     return torch.segment_reduce(values, reduce, offsets=pat.offsets)
@@ -132,12 +140,12 @@ def _to_slots(x: Optional[Tensor], pat: _Pattern) -> Optional[Tensor]:
     if x is None:
         return None
     x = x.reshape(-1)
-    return x.contiguous() if pat.from_caller is None else x[pat.from_caller]
+    return x.contiguous() if pat.from_caller is None else _take(x, pat.from_caller)
 
 
 def _to_caller(x: Tensor, pat: _Pattern, heads: int) -> Tensor:
     """(H * E,) in slot order -> (E, H) in caller order."""
-    return x.view(-1, heads) if pat.to_caller is None else x[pat.to_caller]
+    return x.view(-1, heads) if pat.to_caller is None else _take(x, pat.to_caller.view(-1)).view(-1, heads)
 
 
 def _csr_forward(q2: Tensor, k2: Tensor, v2: Tensor, pat: _Pattern, scale: float,
@@ -152,7 +160,7 @@ def _csr_forward(q2: Tensor, k2: Tensor, v2: Tensor, pat: _Pattern, scale: float
     else:
         m = _segment(score, pat, "max")  # (N_dst * H,)
         m.masked_fill_(torch.isneginf(m), 0.0)  # a head row whose scores are all -inf gets w = 0
-        w, score = score.sub_(m[pat.row]).exp_(), None
+        w, score = score.sub_(_take(m, pat.row)).exp_(), None
     z = _segment(w, pat, "sum")
     z_safe = z.masked_fill_(z == 0, 1.0)  # no in-edges: wv = 0, so out = 0
     out = _spmm(pat.crow, pat.col, w if mask is None else w * mask, v2, pat.shape)
@@ -169,23 +177,23 @@ def _csr_backward(grad_out: Tensor, grad_weights: Optional[Tensor], q2: Tensor, 
     dq = dk = dv = ds = None
     if need[2]:
         wm = w if mask is None else w * mask
-        dv = _spmm(pat.ccrow, pat.ccol, wm[pat.to_csc], g, transposed)
+        dv = _spmm(pat.ccrow, pat.ccol, _take(wm, pat.to_csc), g, transposed)
     if need[0] or need[1] or need[3]:
         dw = _sddmm(pat.crow, pat.col, g, v2)  # <g[t], v[s]>
         if mask is not None:
             dw *= mask
-        dw -= (g * out).sum(-1)[pat.row]
+        dw -= _take(torch.linalg.vecdot(g, out), pat.row)
         if grad_weights is not None:  # returned weights p = w / z: dw += (gp - sum_t gp * p) / z
-            zr = z_safe[pat.row]
+            zr = _take(z_safe, pat.row)
             corr = _segment(grad_weights * w / zr, pat, "sum")
-            dw += (grad_weights - corr[pat.row]) / zr
+            dw += (grad_weights - _take(corr, pat.row)) / zr
         ds = dw.mul_(w)
         if score is not None:  # clamp mode: no gradient where the clamp is active
             ds.masked_fill_((score < clamp[0]) | (score > clamp[1]), 0.0)
         if need[0]:
             dq = _spmm(pat.crow, pat.col, ds, k2, pat.shape, alpha=scale)
         if need[1]:
-            dk = _spmm(pat.ccrow, pat.ccol, ds[pat.to_csc], q2, transposed, alpha=scale)
+            dk = _spmm(pat.ccrow, pat.ccol, _take(ds, pat.to_csc), q2, transposed, alpha=scale)
     return dq, dk, dv, ds
 
 
@@ -204,7 +212,7 @@ class CSRAttention(torch.autograd.Function):
         q2, k2, v2 = (t.contiguous().view(-1, t.shape[2]) for t in (q, k, v))  # (N * H, D): views
         mask = _to_slots(dropout_mask, pat)
         out, w, score, z_safe = _csr_forward(q2, k2, v2, pat, scale, clamp, _to_slots(bias, pat), mask)
-        weights = _to_caller(w / z_safe[pat.row], pat, heads) if return_weights else None
+        weights = _to_caller(w / _take(z_safe, pat.row), pat, heads) if return_weights else None
         ctx.save_for_backward(q2, k2, v2, out, w, score, z_safe, mask)
         ctx.pat, ctx.scale, ctx.clamp, ctx.heads = pat, scale, clamp, heads
         ctx.set_materialize_grads(False)
