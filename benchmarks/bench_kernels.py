@@ -399,14 +399,14 @@ def main(argv=None) -> None:
     print(f"H={HEADS}, D={DIM}, float32; median of up to {args.reps} runs after {args.warmup} warmup; peak extra = "
           f"peak RSS during one call minus RSS before it")
     results: List[Result] = []
-    for fam in fams.values():
-        run_family(fam, args, results)
-    print("\n" + summary_table(results))
     stem = f"bench_kernels{'_quick' if args.quick else ''}_{machine_tag(info)}"
     config = {"heads": HEADS, "dim": DIM, "dtype": "float32", "reps": args.reps, "warmup": args.warmup,
               "quick": args.quick, "families": list(fams), "budget_gib": args.budget_gib,
               "peak_memory": "CPU: peak RSS (VmHWM, reset via /proc/self/clear_refs) during one call minus RSS before"}
-    write_json(os.path.join(args.out, stem + ".json"), info, config, results)
+    for fam in fams.values():
+        run_family(fam, args, results)
+        write_json(os.path.join(args.out, stem + ".json"), info, config, results)  # partial results survive a kill
+    print("\n" + summary_table(results))
     drawn = write_png(os.path.join(args.out, stem + ".png"), machine_header(info), results)
     print(f"\nwrote {os.path.join(args.out, stem)}.json" + (" and .png" if drawn else " (no matplotlib: no PNG)"))
 
