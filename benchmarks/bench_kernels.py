@@ -37,6 +37,7 @@ from .harness import Result, machine_header, machine_info, machine_tag, median, 
 
 HEADS, DIM = 8, 64
 GiB = 2**30
+FAMILY_INFO: Dict[str, dict] = {}  # per family: sizes, auto's pick, dense padding waste (written to the JSON)
 
 
 @dataclass
@@ -253,6 +254,9 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
     torch.manual_seed(0)
     q, k, v = (torch.randn(n, HEADS, DIM) * 0.5 for n in (g.num_dst, g.num_src, g.num_src))
     budget = args.budget_gib * GiB
+    FAMILY_INFO[fam.name] = {"num_dst": g.num_dst, "num_src": g.num_src, "edges": g.num_edges,
+                             "auto": choose_auto(q, g), "dense_waste": plan(g).waste if g.blocks else None,
+                             "dense_buckets": len(plan(g).buckets) if g.blocks else None}
     print(f"\n{fam.name}: N_dst={g.num_dst}, N_src={g.num_src}, E={g.num_edges}, H={HEADS}, D={DIM}, float32"
           + (f", dense padding waste {plan(g).waste:.1%}" if g.blocks else "") + f", auto -> {choose_auto(q, g)}")
 
@@ -381,6 +385,7 @@ def main(argv=None) -> None:
     ap.add_argument("--flex", choices=["none", "default", "all"], default="default")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--tag", default="", help="suffix for the result file names (e.g. a re-run of some families)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     if args.threads:
@@ -399,10 +404,11 @@ def main(argv=None) -> None:
     print(f"H={HEADS}, D={DIM}, float32; median of up to {args.reps} runs after {args.warmup} warmup; peak extra = "
           f"peak RSS during one call minus RSS before it")
     results: List[Result] = []
-    stem = f"bench_kernels{'_quick' if args.quick else ''}_{machine_tag(info)}"
+    stem = f"bench_kernels{'_quick' if args.quick else ''}_{machine_tag(info)}{'_' + args.tag if args.tag else ''}"
     config = {"heads": HEADS, "dim": DIM, "dtype": "float32", "reps": args.reps, "warmup": args.warmup,
               "quick": args.quick, "families": list(fams), "budget_gib": args.budget_gib,
-              "peak_memory": "CPU: peak RSS (VmHWM, reset via /proc/self/clear_refs) during one call minus RSS before"}
+              "peak_memory": "CPU: peak RSS (VmHWM, reset via /proc/self/clear_refs) during one call minus RSS before",
+              "family_info": FAMILY_INFO}
     for fam in fams.values():
         run_family(fam, args, results)
         write_json(os.path.join(args.out, stem + ".json"), info, config, results)  # partial results survive a kill
