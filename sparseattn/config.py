@@ -64,7 +64,8 @@ class TrainConfig:
     log_every: int = 50            # steps between train records in metrics.jsonl
     progress: bool = True          # tqdm bars
     plots: bool = True             # write plots when training finishes
-    threads: int = 0               # torch.set_num_threads; 0: leave torch's default
+    threads: int = 1               # torch.set_num_threads (0: torch's default); 1 is fastest on a shared
+                                   # 2-core machine, where oversubscribed OpenMP threads spin (~10x slower)
     device: str = "auto"           # auto: cuda if available, else cpu
 
     def to_dict(self) -> dict:

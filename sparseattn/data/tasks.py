@@ -144,7 +144,7 @@ class Seq2SeqTask(Task):
         if "act_steps_enc" in out.stats:  # ACT: histogram of steps per node, index = steps
             steps = torch.cat([out.stats["act_steps_enc"], out.stats["act_steps_dec"]])
             stats["act_steps_hist"] = np.bincount(steps.cpu().numpy(), minlength=model.max_steps + 1)
-            stats["act_loss"] = float(out.aux_loss) * tokens  # summed like loss
+            stats["act_loss"] = out.aux_loss.item() * tokens  # summed like loss
         return loss_sum / tokens + out.aux_loss, stats
 
     @torch.no_grad()
