@@ -78,7 +78,7 @@ PRESETS: Dict[Tuple[str, str], dict] = {
     ("reverse", "transformer"): {},
     ("sort", "transformer"): dict(num_layers=2, num_heads=4, d_ff=512, epochs=10),
     ("*", "ut"): dict(num_heads=4, d_ff=512, epochs=10),
-    ("sort", "ut"): dict(num_heads=4, d_ff=512, epochs=20, warmup=1000),
+    ("sort", "ut"): dict(num_heads=4, d_ff=256, dropout=0.0, batch_size=64, warmup=300, epochs=20, eval_decode=False),
 }
 
 

@@ -43,7 +43,7 @@ def attention_maps(record: AttentionRecorder, labels: dict, out_dir: Path, prefi
         if not recs:
             continue
         heads = recs[0][3].shape[1]
-        fig, axes = plt.subplots(len(recs), heads, figsize=(2.6 * heads + 0.5, 2.6 * len(recs) + 0.4), squeeze=False)
+        fig, axes = plt.subplots(len(recs), heads, figsize=(max(4.8, 2.6 * heads + 0.5), 2.6 * len(recs) + 0.5), squeeze=False)
         ylab, xlab = (labels[k] for k in axes_labels[kind])
         for row, (_, layer, graph, w) in enumerate(recs):
             maps = dense_weights(graph, w)
