@@ -76,6 +76,7 @@ def act_steps_map(enc_steps: Sequence[np.ndarray], dec_steps: Sequence[np.ndarra
             grid[i, :len(s)] = s
         im = ax.imshow(grid, cmap="magma", vmin=1, vmax=max_steps, aspect="auto")
         ax.set_ylabel("example")
+        ax.set_yticks(range(len(steps)))
         ax.set_xlabel("position")
         ax.set_title(f"ACT steps per {name} position (mean {np.nanmean(grid):.2f} of max {max_steps})", fontsize=9)
         fig.colorbar(im, ax=ax)
