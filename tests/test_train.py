@@ -8,6 +8,7 @@ import torch
 from sparseattn.__main__ import main
 from sparseattn.config import TrainConfig, make_config, parse_overrides
 from sparseattn.train import Trainer
+from tests.single_thread import one_thread  # noqa: F401  (autouse: one torch thread)
 
 TINY = dict(num_train=96, num_valid=16, num_test=16, seq_mean=6.0, seq_std=1.0, batch_size=16, d_model=32, d_ff=32,
             epochs=2, progress=False, plots=False, eval_decode=False, log_every=2, warmup=20)
@@ -29,7 +30,7 @@ def test_overrides_are_typed_and_unknown_keys_rejected():
 def test_presets_apply_before_overrides():
     assert make_config({}).d_model == 128 and make_config({}).num_heads == 1  # the seed's copy demo
     cfg = make_config({"task": "sort", "model": "ut", "num_heads": 2})
-    assert cfg.d_ff == 512 and cfg.num_heads == 2
+    assert cfg.d_ff == 256 and cfg.num_heads == 2 and cfg.act_max_steps == 8
 
 
 def test_cli_rejects_unknown_key(tmp_path, capsys):
