@@ -223,7 +223,10 @@ def train_main(argv: List[str]) -> int:
         print("config keys (defaults before presets):\n" + "\n".join(describe()))
         return 0
     resume = "--resume" in argv
-    overrides = parse_overrides([a for a in argv if a != "--resume"])
+    try:
+        overrides = parse_overrides([a for a in argv if a != "--resume"])
+    except ValueError as e:
+        raise SystemExit(f"sparseattn train: {e}") from None
     if resume:
         if "out" not in overrides:
             raise SystemExit("--resume needs --out RUN_DIR")

@@ -33,8 +33,8 @@ def test_presets_apply_before_overrides():
     assert cfg.d_ff == 256 and cfg.num_heads == 2 and cfg.act_max_steps == 8
 
 
-def test_cli_rejects_unknown_key(tmp_path, capsys):
-    with pytest.raises(ValueError, match="unknown config key"):
+def test_cli_rejects_unknown_key(tmp_path):
+    with pytest.raises(SystemExit, match="unknown config key 'bogus'"):
         main(["train", "--out", str(tmp_path / "x"), "--bogus=1"])
 
 
