@@ -24,6 +24,7 @@ import math
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import List, Optional
@@ -91,6 +92,8 @@ class Trainer:
                                                                                       cfg.warmup))
         self.position = {"epoch": 0, "batch": 0, "step": 0}
         self.history: list = []  # one record per finished epoch
+        self.train_seconds = 0.0  # wall time spent in fit(), summed over resumed runs
+        self._fit_start: Optional[float] = None
         self.rng = ckpt_io.rng_state()
         if resume:
             self._load(ckpt_io.load(self.ckpt_path, self.device))
@@ -104,7 +107,11 @@ class Trainer:
                 "model_kwargs": self.model_kwargs, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "rng": self.rng, "position": dict(self.position), "task_state": self.task.state_dict(),
-                "history": self.history}
+                "history": self.history, "train_seconds": self.elapsed()}
+
+    def elapsed(self) -> float:
+        running = time.perf_counter() - self._fit_start if self._fit_start is not None else 0.0
+        return self.train_seconds + running
 
     def save(self) -> None:
         ckpt_io.save_atomic(self.state(), self.ckpt_path)
@@ -114,6 +121,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.position, self.history, self.rng = dict(state["position"]), list(state["history"]), state["rng"]
+        self.train_seconds = float(state.get("train_seconds", 0.0))
         self.task.load_state_dict(state.get("task_state", {}))
         ckpt_io.set_rng_state(self.rng)
 
@@ -148,6 +156,14 @@ class Trainer:
         from tqdm.auto import tqdm
         cfg, pos = self.cfg, self.position
         self.model.train()
+        self._fit_start = time.perf_counter()
+        try:
+            return self._fit(tqdm)
+        finally:
+            self.train_seconds, self._fit_start = self.elapsed(), None
+
+    def _fit(self, tqdm) -> str:
+        cfg, pos = self.cfg, self.position
         with deferred_interrupt() as flag:
             try:
                 while pos["epoch"] < cfg.epochs:
@@ -195,7 +211,8 @@ class Trainer:
         pos = self.position
         train = meter.summary() if meter.sums else {}
         valid = self.task.evaluate(self.model, "valid", self.cfg, decode=self.cfg.eval_decode)
-        record = {"epoch": pos["epoch"] + 1, "step": pos["step"], "train": train, "valid": valid}
+        record = {"epoch": pos["epoch"] + 1, "step": pos["step"], "time_s": round(self.elapsed(), 1),
+                  "train": train, "valid": valid}
         self.log({"kind": "valid", **record})
         self.history.append(record)
         shown = {k: round(v, 4) for k, v in valid.items() if isinstance(v, float)}
@@ -208,7 +225,7 @@ class Trainer:
     def finish(self) -> dict:
         """Decoded test metrics (results.json) and plots."""
         results = self.task.evaluate(self.model, "test", self.cfg, decode=True)
-        results = {"split": "test", "beam": self.cfg.beam, **results}
+        results = {"split": "test", "beam": self.cfg.beam, "train_seconds": round(self.train_seconds, 1), **results}
         self.log({"kind": "test", "step": self.position["step"], **results})
         (self.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         if self.cfg.plots:
@@ -246,7 +263,7 @@ def train_main(argv: List[str]) -> int:
         return 0
     results = trainer.finish()
     print(f"test: token accuracy {results['token_accuracy']:.4f}, sequence accuracy "
-          f"{results['sequence_accuracy']:.4f} (decoded, beam {cfg.beam})")
+          f"{results['sequence_accuracy']:.4f} (decoded, beam {cfg.beam}); trained {results['train_seconds']:.0f} s")
     if results.get("plots"):
         print(f"plots: {cfg.out}/plots/ ({', '.join(Path(p).name for p in results['plots'])})")
     return 0
