@@ -28,7 +28,8 @@ def test_overrides_are_typed_and_unknown_keys_rejected():
 
 
 def test_presets_apply_before_overrides():
-    assert make_config({}).d_model == 128 and make_config({}).num_heads == 1  # the seed's copy demo
+    cfg = make_config({})  # copy + transformer: the seed's demo model
+    assert (cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.d_ff) == (1, 128, 1, 128) and cfg.batch_size == 16
     cfg = make_config({"task": "sort", "model": "ut", "num_heads": 2})
     assert cfg.d_ff == 256 and cfg.num_heads == 2 and cfg.act_max_steps == 8
 
