@@ -273,6 +273,8 @@ def load_for_eval(path: str, device: str = "auto"):
     """(cfg, task, model) from a checkpoint file, model in eval mode."""
     state = ckpt_io.load(path)
     cfg = TrainConfig(**state["config"])
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     task = get_task(cfg.task)
     task.setup(cfg)
     task.load_state_dict(state.get("task_state", {}))
