@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, fields
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 
 @dataclass
@@ -28,6 +28,7 @@ class TrainConfig:
     num_test: int = 1000
     seq_mean: float = 15.0
     seq_std: float = 3.0
+    src_eos: bool = True           # end each source with EOS (checkpoints without this key: False)
     # schedule
     epochs: int = 4
     max_steps: int = 0             # stop (with a checkpoint) after this many steps in all; 0: no limit
@@ -130,6 +131,15 @@ def parse_overrides(args: Sequence[str]) -> Dict[str, object]:
         out[key] = _convert(key, types[key], value)
         i += 1
     return out
+
+
+def config_from_checkpoint(saved: dict, overrides: Optional[Dict[str, object]] = None) -> TrainConfig:
+    """The TrainConfig saved in a checkpoint; keys added since default to their old behaviour."""
+    return TrainConfig(**{**BACKWARD_DEFAULTS, **saved, **(overrides or {})})
+
+
+# values of keys added after a checkpoint was written that reproduce how it was trained
+BACKWARD_DEFAULTS: Dict[str, object] = {"src_eos": False}
 
 
 def make_config(overrides: Dict[str, object]) -> TrainConfig:

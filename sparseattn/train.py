@@ -32,7 +32,7 @@ from typing import List, Optional
 import torch
 
 from . import checkpoint as ckpt_io
-from .config import TrainConfig, describe, make_config, parse_overrides
+from .config import TrainConfig, config_from_checkpoint, describe, make_config, parse_overrides
 from .data.tasks import get_task
 from .metrics import Meter
 from .models import build_model, model_from_checkpoint
@@ -248,7 +248,7 @@ def train_main(argv: List[str]) -> int:
         if "out" not in overrides:
             raise SystemExit("--resume needs --out RUN_DIR")
         saved = ckpt_io.load(Path(str(overrides["out"])) / "checkpoint.pt")["config"]
-        cfg = TrainConfig(**{**saved, **overrides})
+        cfg = config_from_checkpoint(saved, overrides)
     else:
         cfg = make_config(overrides)
     trainer = Trainer(cfg, resume=resume)
@@ -272,7 +272,7 @@ def train_main(argv: List[str]) -> int:
 def load_for_eval(path: str, device: str = "auto"):
     """(cfg, task, model) from a checkpoint file, model in eval mode."""
     state = ckpt_io.load(path)
-    cfg = TrainConfig(**state["config"])
+    cfg = config_from_checkpoint(state["config"])
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     task = get_task(cfg.task)

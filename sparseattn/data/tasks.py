@@ -191,7 +191,8 @@ def letter_sequences(num: int, seed: int, mean: float = 15.0, std: float = 3.0) 
 
 
 class LetterTask(Seq2SeqTask):
-    """A seeded letter task; subclasses define transform(source letters) -> target letters."""
+    """A seeded letter task; subclasses define transform(source letters) -> target letters.
+    Sources are the letters then EOS; targets the transformed letters (the decoder adds BOS/EOS)."""
 
     SPLITS = ("train", "valid", "test")
 
@@ -203,7 +204,10 @@ class LetterTask(Seq2SeqTask):
         sizes = {"train": cfg.num_train, "valid": cfg.num_valid, "test": cfg.num_test}
         for i, split in enumerate(self.SPLITS):
             seqs = letter_sequences(sizes[split], seed=cfg.data_seed * 10 + i, mean=cfg.seq_mean, std=cfg.seq_std)
-            self.splits[split] = ([self.src_vocab.encode(s) for s in seqs],
+            # sources end with EOS, so the decoder can see where the input stops (copying it is how
+            # the copy model learns to stop; without it most remaining errors were early stops)
+            end = [self.src_vocab.eos] if cfg.src_eos else []
+            self.splits[split] = ([self.src_vocab.encode(s) + end for s in seqs],
                                   [self.tgt_vocab.encode(self.transform(s)) for s in seqs])
 
 

@@ -8,7 +8,7 @@ from sparseattn.data.tasks import TASKS, get_task, letter_sequences
 
 
 def _cfg(**kw):
-    base = dict(num_train=9000, num_valid=1000, num_test=1000, seq_mean=15.0, seq_std=3.0, data_seed=0)
+    base = dict(src_eos=True, num_train=9000, num_valid=1000, num_test=1000, seq_mean=15.0, seq_std=3.0, data_seed=0)
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -26,7 +26,8 @@ def test_tasks_build_splits_and_targets(name, fn):
     task.setup(_cfg())
     assert [task.num_examples(s) for s in ("train", "valid", "test")] == [9000, 1000, 1000]
     src, tgt = task.splits["train"]
-    assert all(list(t) == list(fn(list(s))) for s, t in zip(src[:200], tgt[:200]))
+    assert all(s[-1] == task.src_vocab.eos for s in src)
+    assert all(list(t) == list(fn(list(s[:-1]))) for s, t in zip(src[:200], tgt[:200]))
     assert task.splits["train"][0][:3] != task.splits["test"][0][:3]
     assert task.model_kwargs() == dict(src_vocab_size=29, tgt_vocab_size=29, shared_vocab=True)
     again = get_task(name)
