@@ -1,8 +1,14 @@
 """Command-line entry: `sparseattn <command>` (also `python -m sparseattn <command>`).
 
 Commands:
-    demo    run EdgeAttention on a batch of variable-length sequences and check it against
-            dense masked attention (no training; a quick look at the API)
+    demo      run EdgeAttention on a batch of variable-length sequences and check it against
+              dense masked attention (no training; a quick look at the API)
+    train     train a model on a task: sparseattn train --task copy --out runs/copy
+    evaluate  decoded token/sequence accuracy of a checkpoint on the test split
+    plot      attention heatmaps (and ACT step plots for the UT) of a checkpoint
+
+Run `sparseattn train --help` for the config keys. Extension point: a new subcommand is a
+function taking the remaining argv, added to build_parser and _forward below.
 """
 from __future__ import annotations
 
@@ -47,10 +53,26 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--heads", type=int, default=8)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
+    for name, help_text in (("train", "train a model on a task (sparseattn train --help)"),
+                            ("evaluate", "decoded metrics of a checkpoint"),
+                            ("plot", "attention and ACT plots of a checkpoint")):
+        cmd = sub.add_parser(name, help=help_text, add_help=False)
+        cmd.add_argument("argv", nargs=argparse.REMAINDER)
+        cmd.set_defaults(func=_forward(name))
     return parser
 
 
+def _forward(name: str):
+    def run(args: argparse.Namespace) -> int:
+        from . import train
+        return {"train": train.train_main, "evaluate": train.evaluate_main, "plot": train.plot_main}[name](args.argv)
+    return run
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("train", "evaluate", "plot"):  # these parse their own flags
+        return _forward(argv[0])(argparse.Namespace(argv=argv[1:]))
     args = build_parser().parse_args(argv)
     return args.func(args)
 
