@@ -286,6 +286,8 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
     except Exception as exc:
         contenders["dgl"] = (None, f"skipped: dgl not importable ({type(exc).__name__})", 0)
 
+    if args.contenders:
+        contenders = {n: c for n, c in contenders.items() if n in args.contenders.split(",")}
     # the numbers every contender is checked against
     checker = "reference" if estimate_bytes("reference", g) / 7 * 3 <= budget else "csr"
     with torch.no_grad():
@@ -385,6 +387,7 @@ def main(argv=None) -> None:
     ap.add_argument("--flex", choices=["none", "default", "all"], default="default")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--contenders", default="", help="comma-separated contender names (default: all)")
     ap.add_argument("--tag", default="", help="suffix for the result file names (e.g. a re-run of some families)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
