@@ -61,6 +61,7 @@ class TrainConfig:
     max_len_a: float = 1.0         # decode at most a * source length + b tokens
     max_len_b: int = 10
     eval_decode: bool = True       # decode the validation split after each epoch
+    keep_best: bool = True         # final test metrics/plots use the best validation epoch's weights
     # run
     checkpoint_every: int = 0      # steps between checkpoints (also at each epoch end); 0: epochs only
     log_every: int = 50            # steps between train records in metrics.jsonl

@@ -6,7 +6,8 @@
     sparseattn evaluate --checkpoint runs/copy/checkpoint.pt [--beam 4] [--json]
     sparseattn plot --checkpoint runs/copy/checkpoint.pt [--out DIR]
 
-RUN_DIR holds config.json, checkpoint.pt (written atomically at each epoch end, every
+RUN_DIR holds config.json, best.pt (weights of the best validation epoch, used for the final test
+numbers and plots when keep_best is on), checkpoint.pt (written atomically at each epoch end, every
 checkpoint_every steps, at max_steps and on Ctrl-C), metrics.jsonl (one JSON object per line:
 kind "train" every log_every steps, "valid" each epoch, "test" at the end), results.json and plots/.
 
@@ -78,6 +79,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, resume: bool = False) -> None:
         self.cfg, self.out = cfg, Path(cfg.out)
         self.ckpt_path = self.out / "checkpoint.pt"
+        self.best_path = self.out / "best.pt"  # weights of the best validation epoch (keep_best)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.device = resolve_device(cfg.device)
@@ -214,6 +216,10 @@ class Trainer:
         record = {"epoch": pos["epoch"] + 1, "step": pos["step"], "time_s": round(self.elapsed(), 1),
                   "train": train, "valid": valid}
         self.log({"kind": "valid", **record})
+        score = best_score(valid)
+        if self.cfg.keep_best and all(score > best_score(r["valid"]) for r in self.history):
+            best = {k: v for k, v in self.state().items() if k not in ("optimizer", "scheduler", "rng")}
+            ckpt_io.save_atomic({**best, "epoch": pos["epoch"] + 1, "score": score}, self.best_path)  # evaluate/plot read it
         self.history.append(record)
         shown = {k: round(v, 4) for k, v in valid.items() if isinstance(v, float)}
         if self.cfg.progress:
@@ -223,14 +229,29 @@ class Trainer:
         self.save()
 
     def finish(self) -> dict:
-        """Decoded test metrics (results.json) and plots."""
+        """Decoded test metrics (results.json) and plots, with the best validation epoch's weights
+        when keep_best is on (checkpoint.pt keeps the last epoch's for resuming)."""
+        extra = {}
+        if self.cfg.keep_best and self.best_path.exists():
+            best = ckpt_io.load(self.best_path, self.device)
+            self.model.load_state_dict(best["model"])
+            extra = {"best_epoch": best["epoch"]}
         results = self.task.evaluate(self.model, "test", self.cfg, decode=True)
-        results = {"split": "test", "beam": self.cfg.beam, "train_seconds": round(self.train_seconds, 1), **results}
+        results = {"split": "test", "beam": self.cfg.beam, "train_seconds": round(self.train_seconds, 1), **extra,
+                   **results}
         self.log({"kind": "test", "step": self.position["step"], **results})
         (self.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         if self.cfg.plots:
             results["plots"] = [str(p) for p in self.task.plot(self.model, self.cfg, self.out / "plots", self.history)]
         return results
+
+
+def best_score(valid: dict) -> float:
+    """Validation score for keep_best: decoded sequence accuracy, else teacher-forced accuracy, else -loss."""
+    for key in ("sequence_accuracy", "f1", "bleu", "tf_accuracy"):
+        if key in valid:
+            return float(valid[key])
+    return -float(valid.get("loss", 0.0))
 
 
 # ---- commands -------------------------------------------------------------------------------
@@ -264,6 +285,8 @@ def train_main(argv: List[str]) -> int:
     results = trainer.finish()
     print(f"test: token accuracy {results['token_accuracy']:.4f}, sequence accuracy "
           f"{results['sequence_accuracy']:.4f} (decoded, beam {cfg.beam}); trained {results['train_seconds']:.0f} s")
+    if "best_epoch" in results:
+        print(f"(weights of epoch {results['best_epoch']}, the best on the validation split: {trainer.best_path})")
     if results.get("plots"):
         print(f"plots: {cfg.out}/plots/ ({', '.join(Path(p).name for p in results['plots'])})")
     return 0
