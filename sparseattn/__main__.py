@@ -3,6 +3,9 @@
 Commands:
     demo    run EdgeAttention on a batch of variable-length sequences and check it against
             dense masked attention (no training; a quick look at the API)
+    train-tagger     train a CoNLL-2000 chunking tagger (TransformerTagger or BiLSTM baseline);
+                     temporary, to be folded into the shared `train` command
+    evaluate-tagger  chunk precision/recall/F1 (seqeval, conlleval-compatible) of a tagger checkpoint
 """
 from __future__ import annotations
 
@@ -47,11 +50,36 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--heads", type=int, default=8)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
+    tt = sub.add_parser("train-tagger", help="train a chunking tagger: --model tagger|bilstm --data-dir D --out O "
+                        "[--resume] [--<config key> value ...] (see sparseattn/tagging_train.py)")
+    tt.set_defaults(func=_train_tagger)
+    ev = sub.add_parser("evaluate-tagger", help="chunk P/R/F1 of a tagger checkpoint")
+    ev.add_argument("--checkpoint", required=True)
+    ev.add_argument("--data-dir", default="")
+    ev.add_argument("--split", choices=["test", "dev"], default="test")
+    ev.add_argument("--output", default=None, help="also write the scores as JSON here")
+    ev.set_defaults(func=_evaluate_tagger)
     return parser
 
 
+def _train_tagger(args: argparse.Namespace) -> int:
+    from .tagging_train import train_main
+
+    return train_main(args.extra)
+
+
+def _evaluate_tagger(args: argparse.Namespace) -> int:
+    from .tagging_train import evaluate_main
+
+    return evaluate_main(args.checkpoint, args.data_dir, args.split, args.output)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "train-tagger":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
     return args.func(args)
 
 
