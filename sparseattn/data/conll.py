@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 PAD, UNK = "<pad>", "<unk>"
+IGNORE = -100  # target id of a gold tag absent from the training vocabulary
 CAPS_CLASSES = ("lower", "title", "upper", "mixed", "nocase")  # nocase: no letters (punctuation, digits)
 _DIGITS = re.compile(r"\d")
 
@@ -138,7 +139,7 @@ class TaggingBatch:
     """Several sentences' tokens concatenated, L tokens in all, B sentences; no token padding.
 
     words, pos, caps: (L,) int64.  chars: (L, C) int64, 0-padded along each word's characters.
-    tags: (L,) int64 gold tag ids, or None.  lengths: (B,) int64 sentence lengths (sum = L).
+    tags: (L,) int64 gold tag ids (IGNORE for tags unseen in training), or None.  lengths: (B,) int64 sentence lengths (sum = L).
     """
 
     words: Tensor
@@ -175,7 +176,9 @@ def encode(sentences: Sequence[Sentence], vocab: TaggingVocab, with_tags: bool =
     chars = torch.zeros(len(tokens), max(len(w) for w in tokens), dtype=torch.long)
     for i, w in enumerate(tokens):
         chars[i, :len(w)] = torch.tensor([vocab.chars(c) for c in w])
-    tags = torch.tensor([vocab.tags(t) for s in sentences for t in s.tags]) if with_tags else None
+    tags = None
+    if with_tags:  # a tag never seen in training gets IGNORE (cross_entropy's ignore_index)
+        tags = torch.tensor([vocab.tags.stoi.get(t, IGNORE) for s in sentences for t in s.tags])
     lengths = torch.tensor([len(s) for s in sentences])
     return TaggingBatch(words, pos, caps, chars, tags, lengths)
 

@@ -54,3 +54,11 @@ def test_batches_respect_token_budget_and_cover_everything():
         assert b.num_tokens <= 12 or len(ids) == 1
         seen += ids
     assert sorted(seen) == list(range(len(sentences)))
+
+
+def test_tag_unseen_in_training_is_ignored_by_the_loss():
+    from sparseattn.data.conll import IGNORE, Sentence
+
+    vocab = TaggingVocab.build(read_conll(SAMPLE))
+    b = encode([Sentence(("x", "y"), ("NN", "NN"), ("B-UCP", "O"))], vocab)
+    assert b.tags.tolist() == [IGNORE, vocab.tags("O")]
