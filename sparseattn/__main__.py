@@ -6,6 +6,7 @@ Commands:
     train-tagger     train a CoNLL-2000 chunking tagger (TransformerTagger or BiLSTM baseline);
                      temporary, to be folded into the shared `train` command
     evaluate-tagger  chunk precision/recall/F1 (seqeval, conlleval-compatible) of a tagger checkpoint
+    plot-tagger      dev F1 per epoch of tagger runs, as a PNG
 """
 from __future__ import annotations
 
@@ -59,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--split", choices=["test", "dev"], default="test")
     ev.add_argument("--output", default=None, help="also write the scores as JSON here")
     ev.set_defaults(func=_evaluate_tagger)
+    pt = sub.add_parser("plot-tagger", help="dev F1 per epoch of tagger runs to a PNG")
+    pt.add_argument("--run", action="append", required=True, help="label=<run dir or metrics.jsonl>; repeatable")
+    pt.add_argument("--output", required=True)
+    pt.set_defaults(func=_plot_tagger)
     return parser
 
 
@@ -72,6 +77,12 @@ def _evaluate_tagger(args: argparse.Namespace) -> int:
     from .tagging_train import evaluate_main
 
     return evaluate_main(args.checkpoint, args.data_dir, args.split, args.output)
+
+
+def _plot_tagger(args: argparse.Namespace) -> int:
+    from .tagging_train import plot_main
+
+    return plot_main(args.run, args.output)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

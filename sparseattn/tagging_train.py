@@ -260,3 +260,29 @@ def evaluate_main(checkpoint: str, data_dir: str, split: str, output: Optional[s
     if output:
         Path(output).write_text(json.dumps(scores, indent=1) + "\n")
     return 0
+
+
+def plot_main(runs: Sequence[str], output: str, title: str = "CoNLL-2000 dev chunk F1 per epoch") -> int:
+    """Dev F1 per epoch of several runs (`label=<out dir or metrics.jsonl>`) in one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for spec in runs:
+        label, _, path = spec.partition("=")
+        if not path:
+            raise SystemExit(f"--run expects label=path, got {spec!r}")
+        metrics = Path(path) / "metrics.jsonl" if Path(path).is_dir() else Path(path)
+        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        ax.plot([r["epoch"] for r in records], [100 * r["dev_f1"] for r in records], marker="o", label=label)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("dev chunk F1 (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(output, dpi=120)
+    print(f"wrote {output}")
+    return 0

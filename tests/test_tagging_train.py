@@ -51,6 +51,9 @@ def test_cli_trains_checkpoints_and_evaluates(data_dir, tmp_path, capsys, model)
                  "--output", str(scores)]) == 0
     assert "overall" in capsys.readouterr().out
     assert set(json.loads(scores.read_text())["overall"]) == {"precision", "recall", "f1", "support"}
+    png = tmp_path / "dev_f1.png"
+    assert main(["plot-tagger", "--run", f"{model}={out}", "--output", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_resumed_equals_uninterrupted(data_dir, tmp_path):
