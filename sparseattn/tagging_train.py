@@ -34,7 +34,7 @@ class TaggingConfig:
     data_dir: str = ""               # holds conll2000/{train,test}.txt; default ../shared/data if present
     out: str = "runs/tagging"
     epochs: int = 30
-    time_budget_min: float = 0.0     # > 0: stop after the epoch that crosses this many minutes
+    time_budget_min: float = 0.0     # > 0: skip an epoch that (timed like the last one) would end past this
     max_tokens: int = 800            # tokens per batch (whole sentences, no padding)
     lr: float = 1e-3
     warmup_steps: int = 0            # linear warmup over the first steps
@@ -152,7 +152,11 @@ def train(cfg: TaggingConfig, resume: bool = False) -> Dict[str, Any]:
         epoch, step, best, elapsed = state["epoch"], state["step"], state["best_dev_f1"], state["elapsed_s"]
     print(f"{cfg.model}: {model.num_parameters():,} parameters; train {len(train_set)} / dev {len(dev_set)} "
           f"sentences; vocab {len(vocab.words)} words; threads {torch.get_num_threads()}")
-    while epoch < cfg.epochs and not (cfg.time_budget_min and elapsed >= 60 * cfg.time_budget_min):
+    last_epoch_s = state["last_epoch_s"] if state is not None else 0.0
+    while epoch < cfg.epochs:
+        if cfg.time_budget_min and elapsed + last_epoch_s > 60 * cfg.time_budget_min:
+            print(f"stopping: another epoch (~{last_epoch_s:.0f} s) would exceed the {cfg.time_budget_min} min budget")
+            break
         start = time.perf_counter()
         model.train()
         total, tokens = 0.0, 0
@@ -175,7 +179,8 @@ def train(cfg: TaggingConfig, resume: bool = False) -> Dict[str, Any]:
         train_time = time.perf_counter() - start
         dev = evaluate(model, dev_set, vocab)["overall"]
         epoch += 1
-        elapsed += time.perf_counter() - start
+        last_epoch_s = time.perf_counter() - start
+        elapsed += last_epoch_s
         record = {"epoch": epoch, "step": step, "train_loss": total / tokens, "dev_precision": dev["precision"],
                   "dev_recall": dev["recall"], "dev_f1": dev["f1"], "epoch_train_s": round(train_time, 1),
                   "elapsed_s": round(elapsed, 1)}
@@ -186,7 +191,7 @@ def train(cfg: TaggingConfig, resume: bool = False) -> Dict[str, Any]:
         best = max(best, dev["f1"])
         ckpt = {"config": asdict(cfg), "vocab": vocab.state_dict(), "model": model.state_dict(),
                 "optimizer": opt.state_dict(), "rng": torch.get_rng_state(),
-                "epoch": epoch, "step": step, "best_dev_f1": best, "elapsed_s": elapsed,
+                "epoch": epoch, "step": step, "best_dev_f1": best, "elapsed_s": elapsed, "last_epoch_s": last_epoch_s,
                 "num_parameters": model.num_parameters()}
         save_atomic(ckpt, out / "last.pt")
         if improved:
