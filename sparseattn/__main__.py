@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--data-dir", default="")
     ev.add_argument("--split", choices=["test", "dev"], default="test")
     ev.add_argument("--output", default=None, help="also write the scores as JSON here")
+    ev.add_argument("--threads", type=int, default=0, help="torch threads (default: the run's setting)")
     ev.set_defaults(func=_evaluate_tagger)
     pt = sub.add_parser("plot-tagger", help="dev F1 per epoch of tagger runs to a PNG")
     pt.add_argument("--run", action="append", required=True, help="label=<run dir or metrics.jsonl>; repeatable")
@@ -76,7 +77,7 @@ def _train_tagger(args: argparse.Namespace) -> int:
 def _evaluate_tagger(args: argparse.Namespace) -> int:
     from .tagging_train import evaluate_main
 
-    return evaluate_main(args.checkpoint, args.data_dir, args.split, args.output)
+    return evaluate_main(args.checkpoint, args.data_dir, args.split, args.output, args.threads)
 
 
 def _plot_tagger(args: argparse.Namespace) -> int:
