@@ -26,7 +26,7 @@ def dense_attention(q, k, v, edge_index, *, scale=None, clamp=(-5.0, 5.0), bias_
         weights = torch.exp(scores.clamp(clamp[0], clamp[1]))
     else:
         masked = scores.masked_fill(~mask, float("-inf"))
-        row_max = masked.amax(-1, keepdim=True).detach()
+        row_max = masked.amax(-1, keepdim=True).detach() if n_src else masked.new_zeros(h, n_dst, 1)
         row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
         weights = torch.exp(masked - row_max)
     weights = weights * count  # duplicates count once each; non-edges count 0

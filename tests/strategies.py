@@ -8,6 +8,8 @@ from typing import Optional, Tuple
 import torch
 from hypothesis import strategies as st
 
+from sparseattn import graphs
+
 
 @dataclass
 class Case:
@@ -21,6 +23,11 @@ class Case:
     clamp: Optional[Tuple[float, float]]
     use_bias: bool
     seed: int
+    blocks: Optional[list] = None  # (kind, n_src, n_dst) specs when the graph is built from dense blocks
+
+    def graph(self):
+        """What to pass as the graph: a block-recording Graph for block cases, else the raw (2, E) index."""
+        return graphs.from_blocks(self.blocks) if self.blocks is not None else self.edge_index
 
     def tensors(self, dtype=torch.float64, device="cpu", magnitude=1.0):
         """q, k, v and a bias table (N_dst, N_src, H), all leaves requiring grad."""
@@ -56,4 +63,31 @@ def graph_cases(draw, max_nodes=10, max_edges=48, bipartite=None):
         clamp=draw(st.sampled_from([(-5.0, 5.0), None, (-1.0, 0.5)])),
         use_bias=draw(st.booleans()),
         seed=seed,
+    )
+
+
+BLOCK_KINDS = ["full", "full_no_self", "causal", "causal_no_self", "bipartite"]
+
+
+@st.composite
+def block_cases(draw, max_blocks=5, max_size=7):
+    """Batches of complete / causal / bipartite blocks (sizes include 0 and 1), as the dense
+    backend needs; duplicates cannot occur in such graphs."""
+    specs = []
+    for kind in draw(st.lists(st.sampled_from(BLOCK_KINDS), min_size=0, max_size=max_blocks)):
+        n = draw(st.integers(0, max_size))
+        specs.append(("full", draw(st.integers(0, max_size)), n) if kind == "bipartite" else (kind, n, n))
+    g = graphs.from_blocks(specs)
+    return Case(
+        edge_index=g.edge_index,
+        n_src=g.num_src,
+        n_dst=g.num_dst,
+        heads=draw(st.integers(1, 3)),
+        d=draw(st.sampled_from([1, 3, 4, 8])),
+        dv=draw(st.sampled_from([1, 2, 5, 8])),
+        scale=draw(st.sampled_from([None, 0.3, 2.0])),
+        clamp=draw(st.sampled_from([(-5.0, 5.0), None, (-1.0, 0.5)])),
+        use_bias=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**16)),
+        blocks=specs,
     )

@@ -4,7 +4,7 @@ import torch
 from sparseattn.data import TaggingVocab, batches, encode, read_conll, split_dev
 from sparseattn.data.conll import CAPS_CLASSES, caps_class, normalize_word
 
-from .models.helpers import SAMPLE
+from .models.tagging_helpers import SAMPLE
 
 
 def test_read_sample():

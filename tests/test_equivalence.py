@@ -12,11 +12,16 @@ from sparseattn import Graph, edge_attention, graphs
 from sparseattn.kernels import backends_for
 
 from .dense import dense_attention
-from .strategies import graph_cases
+from .strategies import block_cases, graph_cases
 from .tolerances import assert_close, assert_within_reference_error
 
 BACKENDS = backends_for("cpu")
 HALF = [torch.float16, torch.bfloat16]
+# "dense" runs only on graphs that record dense blocks; the raw-edge-index tests skip it with this
+# reason and the block tests at the end of this file run it (and every other backend) instead.
+BLOCK_ONLY = {"dense": "dense needs a Graph with recorded blocks; covered by the *_on_blocks tests"}
+EDGE_BACKENDS = [pytest.param(b, marks=pytest.mark.skip(reason=BLOCK_ONLY[b])) if b in BLOCK_ONLY else b
+                 for b in BACKENDS]
 
 
 def run(case, backend, dtype=torch.float64, magnitude=1.0):
@@ -24,7 +29,7 @@ def run(case, backend, dtype=torch.float64, magnitude=1.0):
     q, k, v, table = case.tensors(dtype, magnitude=magnitude)
     ei = case.edge_index
     bias = table[ei[1], ei[0]] if case.use_bias else None  # (E, H): duplicates share a bias value
-    out = edge_attention(q, k, v, ei, scale=case.scale, clamp=case.clamp, bias=bias, backend=backend)
+    out = edge_attention(q, k, v, case.graph(), scale=case.scale, clamp=case.clamp, bias=bias, backend=backend)
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(case.seed + 1), dtype=torch.float64)
     out.backward(grad_out.to(dtype))
     grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in (q, k, v, table)]
@@ -42,7 +47,7 @@ def dense_run(case, grad_out, magnitude=1.0):
     return out.detach(), grads
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", EDGE_BACKENDS)
 @given(case=graph_cases())
 def test_matches_dense_float64(backend, case):
     out, grads, grad_out = run(case, backend)
@@ -52,7 +57,7 @@ def test_matches_dense_float64(backend, case):
         assert_close(g, gg, torch.float64, f"d{name}")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", EDGE_BACKENDS)
 @given(case=graph_cases(max_nodes=8, max_edges=32))
 def test_matches_dense_float32(backend, case):
     out, grads, grad_out = run(case, backend, torch.float32)
@@ -64,7 +69,7 @@ def test_matches_dense_float32(backend, case):
 
 
 @pytest.mark.parametrize("dtype", HALF)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", EDGE_BACKENDS)
 @given(case=graph_cases(max_nodes=8, max_edges=32))
 def test_half_precision_within_reference_error(backend, dtype, case):
     out, grads, grad_out = run(case, backend, dtype)
@@ -76,7 +81,7 @@ def test_half_precision_within_reference_error(backend, dtype, case):
         assert_within_reference_error(g, rg, gg, 3.0, f"d{name}")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", EDGE_BACKENDS)
 @given(case=graph_cases(max_nodes=8, max_edges=32, bipartite=True), magnitude=st.sampled_from([30.0, 100.0]))
 def test_exact_softmax_equals_sdpa_at_large_scores(backend, case, magnitude):
     """clamp=None must match masked SDPA even when scores reach ~1e4 (no overflow)."""
@@ -93,7 +98,7 @@ def test_exact_softmax_equals_sdpa_at_large_scores(backend, case, magnitude):
     assert (out[~has_in] == 0).all()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", EDGE_BACKENDS)
 @given(cases=st.lists(graph_cases(max_nodes=6, max_edges=20), min_size=1, max_size=4))
 def test_batched_equals_one_by_one(backend, cases):
     heads, d, dv = 2, 4, 3
@@ -107,7 +112,7 @@ def test_batched_equals_one_by_one(backend, cases):
         assert_close(o, edge_attention(qq, kk, vv, part, backend=backend), torch.float64, "batched")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", EDGE_BACKENDS)
 @given(case=graph_cases())
 def test_edge_order_and_node_labels_do_not_matter(backend, case):
     q, k, v, table = case.tensors(torch.float64)
@@ -129,7 +134,7 @@ def test_edge_order_and_node_labels_do_not_matter(backend, case):
     assert_close(out_r, out[pd], torch.float64, "node relabeling")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", EDGE_BACKENDS)
 @given(case=graph_cases())
 def test_weights_sum_to_one(backend, case):
     q, k, v, _ = case.tensors(torch.float64)
@@ -145,7 +150,7 @@ def test_weights_sum_to_one(backend, case):
     assert_close(out, recon, torch.float64, "out vs weights @ v")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", EDGE_BACKENDS)
 @pytest.mark.parametrize("clamp", [(-5.0, 5.0), None])
 def test_isolated_destinations_get_zero_and_zero_grad(backend, clamp):
     ei = torch.tensor([[0, 1, 1], [0, 0, 2]])  # destinations 1 and 3 have no in-edges
@@ -159,7 +164,7 @@ def test_isolated_destinations_get_zero_and_zero_grad(backend, clamp):
     assert (q.grad[[1, 3]] == 0).all()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", EDGE_BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, *HALF])
 def test_empty_graph(backend, dtype):
     q = torch.randn(3, 2, 4, dtype=dtype, requires_grad=True)
@@ -177,7 +182,7 @@ def test_empty_graph(backend, dtype):
     assert out.shape == (3, 2, 6) and (out == 0).all()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", EDGE_BACKENDS)
 def test_graph_and_tensor_spellings_agree(backend):
     g = graphs.window(20, 3)
     q, k, v = (torch.randn(20, 2, 8, dtype=torch.float64) for _ in range(3))
@@ -226,8 +231,62 @@ def test_dropout_matches_reference_mask_across_backends():
     g = graphs.window(30, 4)
     q, k, v = (torch.randn(30, 2, 4, dtype=torch.float64) for _ in range(3))
     outs = []
-    for backend in BACKENDS:
+    for backend in [b for b in BACKENDS if b not in BLOCK_ONLY]:
         torch.manual_seed(7)
         outs.append(edge_attention(q, k, v, g, dropout_p=0.5, backend=backend))
     for o in outs[1:]:
         assert_close(o, outs[0], torch.float64, "dropout across backends")
+
+
+# ---- graphs built from dense blocks: every backend, "dense" included --------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@given(case=block_cases())
+def test_matches_dense_float64_on_blocks(backend, case):
+    out, grads, grad_out = run(case, backend)
+    gold, gold_grads = dense_run(case, grad_out)
+    assert_close(out, gold, torch.float64, "out")
+    for name, g, gg in zip("q k v bias".split(), grads, gold_grads):
+        assert_close(g, gg, torch.float64, f"d{name}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@given(case=block_cases(max_size=5))
+def test_matches_dense_float32_on_blocks(backend, case):
+    out, grads, grad_out = run(case, backend, torch.float32)
+    gold, gold_grads = dense_run(case, grad_out)
+    assert out.dtype == torch.float32
+    assert_close(out, gold, torch.float32, "out")
+    for name, g, gg in zip("q k v bias".split(), grads, gold_grads):
+        assert_close(g, gg, torch.float32, f"d{name}")
+
+
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("backend", BACKENDS)
+@given(case=block_cases(max_size=5))
+def test_half_precision_within_reference_error_on_blocks(backend, dtype, case):
+    out, grads, grad_out = run(case, backend, dtype)
+    ref, ref_grads, _ = run(case, "reference", dtype)
+    gold, gold_grads = dense_run(case, grad_out.to(dtype).double())
+    assert out.dtype == dtype
+    assert_within_reference_error(out, ref, gold, 2.0, "out")
+    for name, g, rg, gg in zip("q k v bias".split(), grads, ref_grads, gold_grads):
+        assert_within_reference_error(g, rg, gg, 3.0, f"d{name}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@given(case=block_cases())
+def test_weights_and_dropout_match_reference_on_blocks(backend, case):
+    q, k, v, table = (t.detach() for t in case.tensors(torch.float64))
+    g, ei = case.graph(), case.edge_index
+    bias = table[ei[1], ei[0]] if case.use_bias else None
+    kw = dict(scale=case.scale, clamp=case.clamp, bias=bias, return_weights=True)
+    out, w = edge_attention(q, k, v, g, backend=backend, **kw)
+    ref, ref_w = edge_attention(q, k, v, g, backend="reference", **kw)
+    assert_close(out, ref, torch.float64, "out")
+    assert_close(w, ref_w, torch.float64, "weights")
+    torch.manual_seed(case.seed)
+    out = edge_attention(q, k, v, g, backend=backend, dropout_p=0.4, **kw)[0]
+    torch.manual_seed(case.seed)
+    ref = edge_attention(q, k, v, g, backend="reference", dropout_p=0.4, **kw)[0]
+    assert_close(out, ref, torch.float64, "dropout")

@@ -7,7 +7,7 @@ import torch
 from sparseattn.__main__ import main
 from sparseattn.tagging_train import TaggingConfig, load_checkpoint, parse_overrides, train
 
-from .models.helpers import SAMPLE
+from .models.tagging_helpers import SAMPLE
 
 TINY = ["--word_dim", "8", "--pos_dim", "4", "--caps_dim", "2", "--char_out", "4", "--dim", "8", "--heads", "2",
         "--layers", "1", "--ffn_dim", "16", "--hidden", "8", "--dev_fraction", "0.25", "--max_tokens", "20"]

@@ -14,6 +14,9 @@ from typing import Callable, Dict, Optional
 from torch import Tensor
 
 from ..graphs import Graph
+from . import scatter
+from .csr import csr_attention
+from .dense import dense_attention, plan
 from .reference import reference_attention
 
 
@@ -56,12 +59,29 @@ def available_backends() -> list:
 
 def backends_for(device_type: str) -> list:
     """Available backends that accept tensors on this device type ("cpu", "cuda")."""
-    return [name for name, b in _BACKENDS.items() if b.available and device_type in b.devices]
+    return [name for name, b in _BACKENDS.items() if device_type in b.devices and b.available]
+
+
+# "auto" picks "dense" for block graphs whose blocks average at least this many edges and come
+# in at most DENSE_MAX_SHAPES distinct shapes (each shape is one more padded batch to gather)
+DENSE_MIN_EDGES_PER_BLOCK = 512
+DENSE_MAX_SHAPES = 4
 
 
 def choose_auto(q: Tensor, graph: Graph) -> str:
-    """The backend "auto" picks for these inputs (see README, "Backends")."""
-    return "reference"
+    """The backend "auto" picks for these inputs (see README, "Backends"):
+    "dense" when the graph records dense blocks averaging >= DENSE_MIN_EDGES_PER_BLOCK edges in at
+    most DENSE_MAX_SHAPES distinct (kind, n_src, n_dst) shapes: batched matmuls beat any sparse
+    kernel there. Otherwise "triton" for CUDA tensors with D <= 256 when triton is importable,
+    else "csr". Never "reference" or "scatter" (both are slower everywhere)."""
+    blocks = graph.blocks
+    if blocks and graph.num_edges >= DENSE_MIN_EDGES_PER_BLOCK * len(blocks) \
+            and len({(b.kind, b.n_src, b.n_dst) for b in blocks}) <= DENSE_MAX_SHAPES:
+        return "dense"
+    triton = _BACKENDS.get("triton")
+    if q.device.type == "cuda" and q.shape[-1] <= 256 and triton is not None and triton.available:
+        return "triton"
+    return "csr"
 
 
 def get_backend(name: str, q: Tensor, graph: Graph) -> Backend:
@@ -80,6 +100,32 @@ def get_backend(name: str, q: Tensor, graph: Graph) -> Backend:
 
 
 register_backend(Backend("reference", reference_attention, "gather, clamp-exp, index_add: the definition"))
+register_backend(Backend("csr", csr_attention, "SDDMM + CSR SpMM with a hand-written backward"))
+register_backend(Backend("dense", dense_attention, "bucketed batched matmuls over the graph's dense blocks"))
+register_backend(Backend("scatter", scatter.scatter_attention, "the reference math on torch_scatter segments",
+                         probe=scatter.probe))
 
-__all__ = ["Backend", "register_backend", "backend_names", "available_backends", "backends_for", "choose_auto", "get_backend",
-           "reference_attention"]
+
+def _triton_attention(*args, **kwargs):
+    # Imported on first use: Triton reads TRITON_INTERPRET when the kernels are defined.
+    from .triton_kernel import triton_attention
+    return triton_attention(*args, **kwargs)
+
+
+def _probe_triton() -> Optional[str]:
+    try:
+        import triton  # noqa: F401
+    except Exception as e:  # ImportError, or a broken install failing at import
+        return f"triton is not importable ({type(e).__name__}: {e}); pip install triton"
+    return None
+
+
+register_backend(Backend(
+    "triton", _triton_attention, "fused Triton kernels over the CSR: one pass forward, recomputing backward",
+    # CUDA only: CPU tensors run (slowly) in Triton's interpreter when TRITON_INTERPRET=1 was set
+    # before first use; tests ask for backend="triton" by name, "auto" never picks it on CPU.
+    probe=_probe_triton, devices=("cuda",)))
+
+__all__ = ["Backend", "register_backend", "backend_names", "available_backends", "backends_for", "choose_auto",
+           "get_backend", "reference_attention", "csr_attention", "dense_attention", "plan",
+           "DENSE_MIN_EDGES_PER_BLOCK", "DENSE_MAX_SHAPES"]

@@ -22,10 +22,10 @@ class EncoderLayer(nn.Module):
     """Pre-norm: x + attn(norm(x)), then x + ffn(norm(x)). Shapes: x (L, dim) -> (L, dim)."""
 
     def __init__(self, dim: int, heads: int, ffn_dim: int, ffn: str, dropout: float, rel_pos: int,
-                 clamp: Optional[Tuple[float, float]]) -> None:
+                 clamp: Optional[Tuple[float, float]], backend: str = "auto") -> None:
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.attn = EdgeAttention(dim, heads, dropout=dropout, clamp=clamp)
+        self.attn = EdgeAttention(dim, heads, dropout=dropout, clamp=clamp, backend=backend)
         self.ffn = FeedForward(dim, ffn_dim, ffn, dropout)
         self.dropout = nn.Dropout(dropout)
         self.rel_pos = rel_pos
@@ -51,7 +51,7 @@ class TransformerTagger(Tagger):
         ffn: "linear" or "conv" (width-3 convolutions along each sentence, see `FeedForward`).
         window: None for complete graphs, else attend only to |i - j| <= window.
         rel_pos: clip distance of a learned per-head relative-position bias (0: none).
-        clamp: score clamp passed to EdgeAttention (None: exact softmax).
+        clamp: score clamp passed to EdgeAttention (None: exact softmax).  backend: its kernel backend.
         features: keyword arguments of `TokenFeatures`.
 
     Shapes: batch of L tokens -> logits (L, num_tags).
@@ -60,14 +60,15 @@ class TransformerTagger(Tagger):
     def __init__(self, num_words: int, num_pos: int, num_chars: int, num_tags: int, *, dim: int = 128,
                  heads: int = 4, layers: int = 2, ffn_dim: int = 256, ffn: str = "conv",
                  window: Optional[int] = None, rel_pos: int = 0, dropout: float = 0.1,
-                 clamp: Optional[Tuple[float, float]] = None, features: Optional[Dict] = None) -> None:
+                 clamp: Optional[Tuple[float, float]] = None, backend: str = "auto",
+                 features: Optional[Dict] = None) -> None:
         super().__init__()
         self.num_tags = num_tags
         self.window = window
         self.features = TokenFeatures(num_words, num_pos, num_chars, **(features or {}))
         self.input = nn.Linear(self.features.out_dim, dim)
         self.layers = nn.ModuleList(
-            EncoderLayer(dim, heads, ffn_dim, ffn, dropout, rel_pos, clamp) for _ in range(layers))
+            EncoderLayer(dim, heads, ffn_dim, ffn, dropout, rel_pos, clamp, backend) for _ in range(layers))
         self.norm = nn.LayerNorm(dim)
         self.classifier = nn.Linear(dim, num_tags)
         self.dim = dim

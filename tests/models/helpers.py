@@ -1,32 +1,35 @@
-"""The sample CoNLL file, its vocabulary and a small model builder shared by the tagger tests."""
-from pathlib import Path
-
+"""Small seq2seq batches and models shared by the model tests."""
 import torch
 
-from sparseattn.data import TaggingVocab, encode, read_conll
+from sparseattn.data.batching import GraphPool
+from sparseattn.models import GraphTransformer, UniversalTransformer
 
-SAMPLE = Path(__file__).resolve().parents[1] / "data" / "conll_sample.txt"
-SMALL_FEATURES = dict(word_dim=16, pos_dim=8, caps_dim=3, char_dim=8, char_out=8, dropout=0.0, word_dropout=0.0)
-
-
-def sample():
-    sentences = read_conll(SAMPLE)
-    vocab = TaggingVocab.build(sentences, min_freq=1)
-    return sentences, vocab, encode(sentences, vocab)
+V = 12  # vocabulary: 0 unk, 1 bos, 2 eos, 3.. tokens
+BOS, EOS = 1, 2
 
 
-def sizes(vocab):
-    return len(vocab.words), len(vocab.pos), len(vocab.chars), len(vocab.tags)
+def random_pairs(num, seed=0, lo=1, hi=9):
+    gen = torch.Generator().manual_seed(seed)
+    src, tgt = [], []
+    for _ in range(num):
+        n = int(torch.randint(lo, hi, (1,), generator=gen))
+        m = int(torch.randint(lo, hi, (1,), generator=gen))
+        src.append(torch.randint(3, V, (n,), generator=gen).tolist())
+        tgt.append(torch.randint(3, V, (m,), generator=gen).tolist())
+    return src, tgt
 
 
-def fit(model, batch, steps=60, lr=1e-2):
-    """Full-batch Adam steps on one batch; returns the final loss."""
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    model.train()
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = model.loss(batch)
-        loss.backward()
-        opt.step()
-    model.eval()
-    return loss.item()
+def make_batch(num=4, seed=0):
+    src, tgt = random_pairs(num, seed)
+    return GraphPool().batch(src, tgt, bos=BOS, eos=EOS)
+
+
+def make_model(kind, dtype=torch.float64, seed=0, **kw):
+    torch.manual_seed(seed)
+    common = dict(d_model=16, num_heads=2, d_ff=32, dropout=0.0)
+    common.update(kw)
+    if kind == "transformer":
+        model = GraphTransformer(V, V, num_layers=2, **common)
+    else:
+        model = UniversalTransformer(V, V, max_steps=4, **common)
+    return model.to(dtype).eval()

@@ -5,7 +5,7 @@ from sparseattn.chunk_metrics import chunk_f1
 from sparseattn.data import encode
 from sparseattn.models import TransformerTagger
 
-from .helpers import SMALL_FEATURES, fit, sample, sizes
+from .tagging_helpers import SMALL_FEATURES, fit, sample, sizes
 
 
 def small(vocab, **kw):

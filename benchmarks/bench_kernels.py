@@ -1,0 +1,421 @@
+"""Edge-attention kernels vs the reference and their peers, per graph family, forward and fwd+bwd.
+
+    python -m benchmarks.bench_kernels                      # every family (~30 min on 2 cores)
+    python -m benchmarks.bench_kernels --quick              # small graphs, a minute
+    python -m benchmarks.bench_kernels --families window-8192,causal-32x128 --flex all
+
+Contenders: every registered backend and "auto"; "sdpa-masked" (padded batch + boolean mask, as a
+user would write it with F.scaled_dot_product_attention); "dense bmm" (block families: padded
+bmm + clamp-exp computed directly, no graph: the floor a dense-block kernel can reach);
+"pyg-style" (gather -> torch_geometric.utils.softmax -> scatter_add; reimplemented faithfully
+when torch_geometric is not importable, on torch_scatter when it is); FlexAttention (compiled,
+block mask) on the families in FLEX_FAMILIES; DGL when importable. Inputs are N(0, 0.25), so no
+score reaches the clamp and clamp-mode and exact-softmax contenders compute the same numbers;
+every output is checked against the reference (or, where the reference would not fit the memory
+budget, against "csr") before it is timed. A contender whose estimated memory exceeds
+--budget-gib, or that fails, gets a null time and the reason.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from sparseattn import edge_attention, graphs
+from sparseattn.kernels import available_backends, choose_auto, plan
+
+from .harness import Result, machine_header, machine_info, machine_tag, median, peak_extra_mib, time_ms, write_json, \
+    write_png
+
+HEADS, DIM = 8, 64
+GiB = 2**30
+FAMILY_INFO: Dict[str, dict] = {}  # per family: sizes, auto's pick, dense padding waste (written to the JSON)
+
+
+@dataclass
+class Family:
+    """A benchmark graph. `lengths` (n_src, n_dst) per graph and `kind` describe the padded batch
+    the dense peers use; None for single non-block graphs (window, random)."""
+
+    name: str
+    build: Callable[[], graphs.Graph]
+    kind: Optional[str] = None  # "full" or "causal" for block families
+    lengths: Optional[List[Tuple[int, int]]] = None
+
+
+def _blocks(kind: str, sizes: List[Tuple[int, int]]) -> Family:
+    return Family("", lambda: graphs.from_blocks([(kind, s, d) for s, d in sizes]), kind, sizes)
+
+
+def _varlen(total: int, lo: int, hi: int, seed: int = 0) -> List[int]:
+    rng, lengths = random.Random(seed), []
+    while sum(lengths) < total:
+        lengths.append(min(rng.randint(lo, hi), total - sum(lengths)))
+    return lengths
+
+
+def families(quick: bool) -> Dict[str, Family]:
+    def fam(name, f: Family) -> Tuple[str, Family]:
+        f.name = name
+        return name, f
+
+    if quick:
+        return dict([
+            fam("window-2048", Family("", lambda: graphs.window(2048, 8))),
+            fam("random-5k", Family("", lambda: graphs.random(5000, 5000, 5000 * 16, seed=0))),
+            fam("complete-16x32", _blocks("full", [(32, 32)] * 16)),
+            fam("causal-8x64", _blocks("causal", [(64, 64)] * 8)),
+            fam("bipartite-8x40x40", _blocks("full", [(40, 40)] * 8)),
+            fam("varlen-5..50-512", _blocks("full", [(n, n) for n in _varlen(512, 5, 50)])),
+        ])
+    return dict([
+        fam("window-8192", Family("", lambda: graphs.window(8192, 8))),
+        fam("window-65536", Family("", lambda: graphs.window(65536, 8))),
+        fam("random-50k", Family("", lambda: graphs.random(50_000, 50_000, 50_000 * 16, seed=0))),
+        fam("complete-64x32", _blocks("full", [(32, 32)] * 64)),
+        fam("complete-32x128", _blocks("full", [(128, 128)] * 32)),
+        fam("complete-8x512", _blocks("full", [(512, 512)] * 8)),
+        fam("causal-32x128", _blocks("causal", [(128, 128)] * 32)),
+        fam("bipartite-32x40x40", _blocks("full", [(40, 40)] * 32)),
+        fam("varlen-5..50-4096", _blocks("full", [(n, n) for n in _varlen(4096, 5, 50)])),
+        fam("complete-2x2048", _blocks("full", [(2048, 2048)] * 2)),
+    ])
+
+
+FLEX_FAMILIES = ("window-8192", "causal-32x128", "window-2048", "causal-8x64")
+
+
+# ---- peers -------------------------------------------------------------------------------------
+
+def _padded_index(fam: Family, g: graphs.Graph):
+    """For block families: (B, L) gather indices and validity of destinations and sources."""
+    b = len(fam.lengths)
+    lq, lk = max(d for _, d in fam.lengths), max(s for s, _ in fam.lengths)
+    qi, ki = torch.zeros(b, lq, dtype=torch.long), torch.zeros(b, lk, dtype=torch.long)
+    qv, kv = torch.zeros(b, lq, dtype=torch.bool), torch.zeros(b, lk, dtype=torch.bool)
+    for i, ((ns, nd), s0, d0) in enumerate(zip(fam.lengths, g.src_ptr, g.dst_ptr)):
+        qi[i, :nd], qv[i, :nd] = torch.arange(d0, d0 + nd), True
+        ki[i, :ns], kv[i, :ns] = torch.arange(s0, s0 + ns), True
+    return qi, qv, ki, kv
+
+
+def make_sdpa(fam: Family, g: graphs.Graph, q, k, v):
+    """Masked SDPA on a padded batch as a user would write it; returns (fn, bytes estimate)."""
+    if fam.lengths is None:  # one graph: a (N_dst, N_src) boolean mask
+        mask = torch.zeros(g.num_dst, g.num_src, dtype=torch.bool)
+        mask[g.dst, g.src] = True
+
+        def fn():
+            o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                               v.transpose(0, 1)[None], attn_mask=mask)
+            return o[0].transpose(0, 1)
+        return fn, g.num_dst * g.num_src * (HEADS * 4 * 5 + 1)
+    qi, qv, ki, kv = _padded_index(fam, g)
+    mask = qv[:, None, :, None] & kv[:, None, None, :]  # (B, 1, Lq, Lk)
+    if fam.kind == "causal":
+        mask = mask & torch.ones(qi.shape[1], ki.shape[1], dtype=torch.bool).tril()
+    rows = qi[qv]
+
+    def fn():
+        qb, kb, vb = (x[i].transpose(1, 2) for x, i in ((q, qi), (k, ki), (v, ki)))  # (B, H, L, D)
+        o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)  # (B, H, Lq, Dv)
+        out = torch.zeros(g.num_dst, HEADS, v.shape[2], dtype=q.dtype)
+        return out.index_put((rows,), o.transpose(1, 2)[qv])
+    return fn, mask.numel() * HEADS * 4 * 5
+
+
+def make_dense_bmm(fam: Family, g: graphs.Graph, q, k, v, clamp=(-5.0, 5.0)):
+    """Padded bmm + clamp-exp directly on (B, H, L, D) tensors, no graph. Inputs are reshaped
+    views when the batch is uniform; otherwise gathered into a padded batch."""
+    b = len(fam.lengths)
+    lq, lk = max(d for _, d in fam.lengths), max(s for s, _ in fam.lengths)
+    uniform = all(x == fam.lengths[0] for x in fam.lengths)
+    scale = DIM ** -0.5
+    mask = None
+    if not uniform:
+        qi, qv, ki, kv = _padded_index(fam, g)
+        mask = qv[:, None, :, None] & kv[:, None, None, :]
+    if fam.kind == "causal":
+        tril = torch.ones(lq, lk, dtype=torch.bool).tril()
+        mask = tril if mask is None else mask & tril
+
+    def fn():
+        if uniform:
+            qb, kb, vb = (x.view(b, -1, HEADS, x.shape[2]).transpose(1, 2) for x in (q, k, v))
+        else:
+            qb, kb, vb = (x[i].transpose(1, 2) for x, i in ((q, qi), (k, ki), (v, ki)))
+        s = torch.matmul(qb, kb.transpose(-1, -2)) * scale
+        w = torch.exp(s.clamp(*clamp))
+        if mask is not None:
+            w = w.masked_fill(~mask, 0.0)
+        z = w.sum(-1, keepdim=True)
+        o = torch.matmul(w, vb) / z.clamp_min(1e-30)  # (B, H, Lq, Dv)
+        o = o.transpose(1, 2)
+        return o.reshape(-1, HEADS, o.shape[-1]) if uniform else o[qv]
+    return fn, b * HEADS * lq * lk * 4 * 3
+
+
+def _pyg_softmax():
+    try:
+        from torch_geometric.utils import softmax
+        return softmax, "torch_geometric"
+    except Exception:
+        pass
+    try:
+        from torch_scatter import scatter
+
+        def seg(src, index, n, reduce):
+            return scatter(src, index, dim=0, dim_size=n, reduce=reduce)
+        where = "reimplemented on torch_scatter"
+    except Exception:
+        def seg(src, index, n, reduce):
+            out = src.new_zeros(n, *src.shape[1:])
+            idx = index.view(-1, *[1] * (src.dim() - 1)).expand_as(src)
+            return out.scatter_reduce(0, idx, src, "amax" if reduce == "max" else "sum", include_self=False)
+        where = "reimplemented on torch.scatter_reduce"
+
+    def softmax(src, index, num_nodes):
+        """torch_geometric.utils.softmax (the index path): subtract the per-group max, exp, divide
+        by the per-group sum + 1e-16."""
+        src_max = seg(src.detach(), index, num_nodes, "max")
+        out = (src - src_max.index_select(0, index)).exp()
+        out_sum = seg(out, index, num_nodes, "sum") + 1e-16
+        return out / out_sum.index_select(0, index)
+    return softmax, where
+
+
+def make_pyg(g: graphs.Graph, q, k, v):
+    softmax, where = _pyg_softmax()
+    src, dst, scale = g.src, g.dst, DIM ** -0.5
+
+    def fn():  # TransformerConv's message passing: gather, softmax over dst, weight, scatter-add
+        alpha = (q[dst] * k[src]).sum(-1) * scale  # (E, H)
+        alpha = softmax(alpha, dst, num_nodes=g.num_dst)
+        msg = v[src] * alpha[..., None]  # (E, H, Dv)
+        return torch.zeros(g.num_dst, HEADS, v.shape[2], dtype=q.dtype).index_add_(0, dst, msg)
+    return fn, g.num_edges * HEADS * DIM * 4 * 4, where
+
+
+def make_flex(fam: Family, g: graphs.Graph, q, k, v):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    compiled = torch.compile(flex_attention, dynamic=False)
+    if fam.lengths is None:  # window: one sequence, |i - j| <= radius
+        n, radius = g.num_dst, 8
+
+        def mask_mod(b, h, qi, ki):
+            return (qi - ki <= radius) & (ki - qi <= radius)
+        bm = create_block_mask(mask_mod, 1, 1, n, n, device="cpu")
+
+        def fn():
+            o = compiled(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=bm)
+            return o[0].transpose(0, 1)
+        return fn
+    b, length = len(fam.lengths), fam.lengths[0][0]
+    if not all(x == (length, length) for x in fam.lengths):
+        raise ValueError("flex benchmark implemented for uniform batches only")
+
+    def causal(b_, h, qi, ki):
+        return qi >= ki
+    bm = create_block_mask(causal, b, 1, length, length, device="cpu") if fam.kind == "causal" else None
+
+    def fn():
+        qb, kb, vb = (x.view(b, length, HEADS, DIM).transpose(1, 2) for x in (q, k, v))
+        o = compiled(qb, kb, vb, block_mask=bm)
+        return o.transpose(1, 2).reshape(-1, HEADS, DIM)
+    return fn
+
+
+# ---- runner ------------------------------------------------------------------------------------
+
+def estimate_bytes(name: str, g: graphs.Graph) -> float:
+    """Rough fwd+bwd peak of a contender on this graph (used only to skip hopeless runs)."""
+    e, n = g.num_edges, g.num_src + g.num_dst
+    if name in ("reference", "scatter", "pyg-style"):
+        return e * HEADS * DIM * 4 * 7
+    if name in ("csr", "auto"):
+        return e * HEADS * 4 * 12 + n * HEADS * DIM * 4 * 10
+    if name == "dense":
+        p = plan(g)
+        return sum(bk.b * bk.lq * bk.lk for bk in p.buckets) * HEADS * 4 * 6
+    return 0.0
+
+
+def run_family(fam: Family, args, results: List[Result]) -> None:
+    g = fam.build()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(n, HEADS, DIM) * 0.5 for n in (g.num_dst, g.num_src, g.num_src))
+    budget = args.budget_gib * GiB
+    FAMILY_INFO[fam.name] = {"num_dst": g.num_dst, "num_src": g.num_src, "edges": g.num_edges,
+                             "auto": choose_auto(q, g), "dense_waste": plan(g).waste if g.blocks else None,
+                             "dense_buckets": len(plan(g).buckets) if g.blocks else None}
+    print(f"\n{fam.name}: N_dst={g.num_dst}, N_src={g.num_src}, E={g.num_edges}, H={HEADS}, D={DIM}, float32"
+          + (f", dense padding waste {plan(g).waste:.1%}" if g.blocks else "") + f", auto -> {choose_auto(q, g)}")
+
+    contenders: Dict[str, Tuple[Optional[Callable], str, float]] = {}  # name -> (fn(q, k, v), note, bytes)
+    for name in available_backends() + ["auto"]:
+        if name == "dense" and not g.blocks:
+            contenders[name] = (None, "not applicable: graph has no dense blocks", 0)
+            continue
+        note = f"-> {choose_auto(q, g)}" if name == "auto" else ""
+        contenders[name] = ((lambda b: lambda q_, k_, v_: edge_attention(q_, k_, v_, g, backend=b))(name), note,
+                            estimate_bytes(name, g))
+    for name in ("scatter",):
+        if name not in contenders:
+            contenders[name] = (None, "skipped: torch_scatter not importable", 0)
+    contenders["sdpa-masked"] = ("sdpa", "padded batch + boolean mask", 0)
+    if fam.lengths is not None:
+        contenders["dense bmm"] = ("bmm", "padded bmm + clamp-exp, no graph", 0)
+    contenders["pyg-style"] = ("pyg", "", estimate_bytes("pyg-style", g))
+    if args.flex == "all" or (args.flex == "default" and fam.name in FLEX_FAMILIES):
+        contenders["flex_attention"] = ("flex", "torch.compile(flex_attention) + block mask", 0)
+    else:
+        contenders["flex_attention"] = (None, "skipped: compiling takes ~1 min per shape and pass on this machine; "
+                                              "run with --flex all", 0)
+    try:
+        import dgl  # noqa: F401
+        contenders["dgl"] = (None, "importable but not wired into this benchmark", 0)
+    except Exception as exc:
+        contenders["dgl"] = (None, f"skipped: dgl not importable ({type(exc).__name__})", 0)
+
+    # the numbers every contender is checked against
+    checker = "reference" if estimate_bytes("reference", g) / 7 * 3 <= budget else "csr"
+    with torch.no_grad():
+        gold = edge_attention(q, k, v, g, backend=checker)
+
+    for mode in ("fwd", "fwd+bwd"):
+        leaves = [x.clone().requires_grad_(mode == "fwd+bwd") for x in (q, k, v)]
+        gout = torch.randn_like(gold)
+        ref_ms = None
+        for name, (spec, note, est) in contenders.items():
+            r = Result(fam.name, g.num_edges, name, mode, note=note)
+            results.append(r)
+            if spec is None:
+                _print_row(r)
+                continue
+            try:
+                if spec == "sdpa":
+                    call, est = make_sdpa(fam, g, *leaves)
+                elif spec == "bmm":
+                    call, est = make_dense_bmm(fam, g, *leaves)
+                elif spec == "pyg":
+                    call, est, where = make_pyg(g, *leaves)
+                    r.note = f"pyg-style ({where})" if where != "torch_geometric" else "torch_geometric.utils.softmax"
+                elif spec == "flex":
+                    call = make_flex(fam, g, *leaves)
+                else:
+                    call = (lambda fn_: lambda: fn_(*leaves))(spec)
+                factor = 1.0 if mode == "fwd+bwd" else 0.5
+                if est * factor > budget:
+                    r.note = f"skipped: needs ~{est * factor / GiB:.0f} GiB > --budget-gib {args.budget_gib:g}"
+                    _print_row(r)
+                    continue
+                if mode == "fwd":
+                    def fn(call=call):
+                        with torch.no_grad():
+                            return call()
+                else:
+                    def fn(call=call):
+                        out = call()
+                        out.backward(gout)
+                        for x in leaves:
+                            x.grad = None
+                        return out
+                with torch.no_grad():
+                    out = call()
+                r.max_err_vs_reference = (out.float() - gold).abs().max().item()
+                if checker != "reference":
+                    r.note = (r.note + "; " if r.note else "") + "error vs csr (reference exceeds the budget)"
+                if not r.max_err_vs_reference <= 1e-3:
+                    raise AssertionError(f"max |err| vs {checker} = {r.max_err_vs_reference:.3g}")
+                del out
+                r.peak_extra_mib = peak_extra_mib(fn)
+                r.times_ms = time_ms(fn, warmup=args.warmup, reps=args.reps, budget_s=args.budget_s)
+                r.ms = median(r.times_ms)
+                traffic = (g.num_dst * HEADS * DIM * 2 + g.num_src * HEADS * DIM * 2) * 4 + g.num_edges * 8
+                r.gb_per_s = traffic * (1 if mode == "fwd" else 3) / (r.ms * 1e-3) / 1e9
+                if name == "reference":
+                    ref_ms = r.ms
+            except Exception as exc:  # OOM, unsupported op, wrong answer: a null with the reason
+                r.ms, r.note = None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                if args.verbose:
+                    traceback.print_exc()
+            _print_row(r)
+        for r in results:
+            if r.family == fam.name and r.mode == mode and r.ms and ref_ms:
+                r.speedup_vs_reference = ref_ms / r.ms
+        if ref_ms is None:
+            print(f"  ({mode}: reference skipped, no speedup column)")
+
+
+def _print_row(r: Result) -> None:
+    fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
+    print(f"  {r.mode:8s} {r.contender:15s} {fmt(r.ms, '10.2f')} ms  peak +{fmt(r.peak_extra_mib, '8.1f')} MiB  "
+          f"{fmt(r.gb_per_s, '6.2f')} GB/s  err {fmt(r.max_err_vs_reference, '.1e')}  {r.note}", flush=True)
+
+
+def summary_table(results: List[Result]) -> str:
+    lines = ["family               pass     contender        ms         x vs ref   peak extra MiB  max|err|"]
+    for r in results:
+        if r.ms is None:
+            continue
+        sp = "-" if r.speedup_vs_reference is None else f"{r.speedup_vs_reference:.1f}x"
+        pk = "-" if r.peak_extra_mib is None else f"{r.peak_extra_mib:.0f}"
+        lines.append(f"{r.family:20s} {r.mode:8s} {r.contender:15s} {r.ms:10.2f} {sp:>10s} {pk:>15s}  "
+                     f"{r.max_err_vs_reference:.1e}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small graphs, few repetitions (a smoke test)")
+    ap.add_argument("--families", default="", help="comma-separated family names (default: all)")
+    ap.add_argument("--reps", type=int, default=5, help="timed runs per contender (median reported)")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--budget-s", type=float, default=8.0, help="max seconds of timed runs per contender")
+    ap.add_argument("--budget-gib", type=float, default=8.0, help="skip contenders estimated to need more")
+    ap.add_argument("--flex", choices=["none", "default", "all"], default="default")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--tag", default="", help="suffix for the result file names (e.g. a re-run of some families)")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.quick:
+        args.reps, args.warmup, args.budget_s = min(args.reps, 3), 1, 3.0
+        args.flex = "none" if args.flex == "default" else args.flex
+    fams = families(args.quick)
+    if args.families:
+        unknown = [f for f in args.families.split(",") if f not in fams]
+        if unknown:
+            sys.exit(f"unknown families {unknown}; choose from {list(fams)}")
+        fams = {f: fams[f] for f in args.families.split(",")}
+    info = machine_info()
+    print(machine_header(info))
+    print(f"H={HEADS}, D={DIM}, float32; median of up to {args.reps} runs after {args.warmup} warmup; peak extra = "
+          f"peak RSS during one call minus RSS before it")
+    results: List[Result] = []
+    stem = f"bench_kernels{'_quick' if args.quick else ''}_{machine_tag(info)}{'_' + args.tag if args.tag else ''}"
+    config = {"heads": HEADS, "dim": DIM, "dtype": "float32", "reps": args.reps, "warmup": args.warmup,
+              "quick": args.quick, "families": list(fams), "budget_gib": args.budget_gib,
+              "peak_memory": "CPU: peak RSS (VmHWM, reset via /proc/self/clear_refs) during one call minus RSS before",
+              "family_info": FAMILY_INFO}
+    for fam in fams.values():
+        run_family(fam, args, results)
+        write_json(os.path.join(args.out, stem + ".json"), info, config, results)  # partial results survive a kill
+    print("\n" + summary_table(results))
+    drawn = write_png(os.path.join(args.out, stem + ".png"), machine_header(info), results)
+    print(f"\nwrote {os.path.join(args.out, stem)}.json" + (" and .png" if drawn else " (no matplotlib: no PNG)"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""The "dense" backend: batched matmuls over the dense blocks a builder recorded in `graph.blocks`.
+
+A Transformer batch is a block-diagonal union of complete, causal or complete-bipartite blocks
+(`Block`). Blocks of one kind are sorted by size and bucketed; each bucket is padded to its
+largest block (only inside this kernel) and runs as one batched matmul:
+    scores (B, H, Lq, Lk) = scale * q @ k^T (+ bias scattered to its dense positions)
+    w = exp(clamp(scores)) or exp(scores - row max), 0 outside the block's edges
+    out = (w * dropout_mask) @ v / sum(w)
+with torch's own autograd. A bucket accepts a block while its padded area stays within
+`MAX_WASTE` of the blocks' own areas, so padding costs at most that fraction of extra work
+(`plan(graph).waste` reports it). In exact mode (clamp=None) with no bias, dropout or returned
+weights, uniform full/causal buckets call `F.scaled_dot_product_attention`, which is then the
+same computation. Half types run in float32. Inside a block every destination sees every
+source value, so NaN/inf in one source row reaches the whole block (the sparse backends keep it
+to the destinations with an edge from that row).
+
+Shapes: q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv), bias/dropout_mask (E, H).
+"""
+from __future__ import annotations
+
+from typing import List, NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..graphs import Graph, block_edges
+from .reference import accumulation_dtype
+
+MAX_WASTE = 0.25  # a bucket's padded area may exceed its blocks' areas by at most this fraction
+MAX_BUCKET_PAIRS = 2**24  # B * Lq * Lk per bucket (times H in memory)
+
+
+class _Bucket(NamedTuple):
+    """Blocks of one kind padded to (lq, lk). Rows of the padded (B * lq) query axis at `qpos`
+    hold destinations `qrows` (likewise keys); `pos` is the flat (B * lq * lk) position of edge
+    `eids[i]`. `q0`/`k0` >= 0 when the rows are one contiguous unpadded range starting there."""
+
+    kind: str
+    b: int
+    lq: int
+    lk: int
+    qpos: Tensor
+    qrows: Tensor
+    kpos: Tensor
+    krows: Tensor
+    pos: Tensor
+    eids: Tensor
+    mask: Optional[Tensor]  # (B, 1, lq, lk) bool, None when every position is an edge
+    padded: bool
+    q0: int
+    k0: int
+
+
+class Plan(NamedTuple):
+    buckets: Tuple[_Bucket, ...]
+    waste: float  # padded block area / block area - 1
+    contiguous_out: bool  # one bucket covering destinations 0..N_dst in order
+
+
+def _contiguous_start(starts: List[int], step: int, padded: bool) -> int:
+    ok = not padded and all(s == starts[0] + i * step for i, s in enumerate(starts))
+    return starts[0] if ok else -1
+
+
+def _make_bucket(kind: str, blocks: list, device) -> _Bucket:
+    lq, lk = max(b.n_dst for b in blocks), max(b.n_src for b in blocks)
+    qpos, qrows, kpos, krows, pos, eids = [], [], [], [], [], []
+    local = {}
+    for i, blk in enumerate(blocks):
+        if (blk.n_src, blk.n_dst) not in local:
+            src, dst = block_edges(kind, blk.n_src, blk.n_dst, device)
+            local[blk.n_src, blk.n_dst] = dst * lk + src  # (e,) position inside one (lq, lk) tile
+        pos.append(local[blk.n_src, blk.n_dst] + i * lq * lk)
+        eids.append(torch.arange(blk.edge_start, blk.edge_start + blk.num_edges, device=device))
+        qpos.append(torch.arange(i * lq, i * lq + blk.n_dst, device=device))
+        qrows.append(torch.arange(blk.dst_start, blk.dst_start + blk.n_dst, device=device))
+        kpos.append(torch.arange(i * lk, i * lk + blk.n_src, device=device))
+        krows.append(torch.arange(blk.src_start, blk.src_start + blk.n_src, device=device))
+    padded = any(b.n_dst != lq or b.n_src != lk for b in blocks)
+    pos_t = torch.cat(pos)
+    mask = None
+    if padded or kind != "full":
+        mask = torch.zeros(len(blocks) * lq * lk, dtype=torch.bool, device=device)
+        mask[pos_t] = True
+        mask = mask.view(len(blocks), 1, lq, lk)
+    return _Bucket(kind, len(blocks), lq, lk, torch.cat(qpos), torch.cat(qrows), torch.cat(kpos), torch.cat(krows),
+                   pos_t, torch.cat(eids), mask, padded,
+                   _contiguous_start([b.dst_start for b in blocks], lq, padded),
+                   _contiguous_start([b.src_start for b in blocks], lk, padded))
+
+
+def plan(graph: Graph) -> Plan:
+    """Buckets of the graph's blocks (cached on the graph). Raises ValueError without blocks."""
+    if graph.blocks is None:
+        raise ValueError("the dense backend needs a graph built from dense blocks (graphs.complete, causal, "
+                         "bipartite, from_blocks or a batch of them); this graph has no recorded blocks, "
+                         "use backend='csr' or 'auto'")
+
+    def build() -> Plan:
+        buckets = []
+        for kind in sorted({b.kind for b in graph.blocks}):
+            blocks = sorted((b for b in graph.blocks if b.kind == kind and b.num_edges > 0),
+                            key=lambda b: (b.n_dst * b.n_src, b.n_dst), reverse=True)
+            current: list = []
+            for blk in blocks:
+                grown = current + [blk]
+                lq, lk = max(b.n_dst for b in grown), max(b.n_src for b in grown)
+                own = sum(b.n_dst * b.n_src for b in grown)
+                if current and (len(grown) * lq * lk > (1 + MAX_WASTE) * own
+                                or len(grown) * lq * lk > MAX_BUCKET_PAIRS):
+                    buckets.append(_make_bucket(kind, current, graph.device))
+                    grown = [blk]
+                current = grown
+            if current:
+                buckets.append(_make_bucket(kind, current, graph.device))
+        padded_area = sum(bk.b * bk.lq * bk.lk for bk in buckets)
+        area = sum(b.n_dst * b.n_src for b in graph.blocks if b.num_edges > 0)
+        contiguous = len(buckets) == 1 and buckets[0].q0 == 0 and buckets[0].b * buckets[0].lq == graph.num_dst
+        return Plan(tuple(buckets), padded_area / area - 1.0 if area else 0.0, contiguous)
+
+    return graph.cached("dense_plan", build)
+
+
+def _pad(x: Tensor, rows: Tensor, pos: Tensor, start: int, b: int, length: int) -> Tensor:
+    """Rows of x (N, H, D) -> (B, H, length, D), zeros in the padding."""
+    if start >= 0:
+        xb = x[start:start + b * length]
+    else:
+        xb = x.new_zeros(b * length, *x.shape[1:]).index_put((pos,), x[rows])
+    return xb.view(b, length, *x.shape[1:]).transpose(1, 2)
+
+
+def _scatter_edges(values: Tensor, bk: _Bucket) -> Tensor:
+    """(E, H) per-edge values -> (B, H, lq, lk) at the bucket's dense positions, 0 elsewhere."""
+    heads = values.shape[1]
+    dense = values.new_zeros(bk.b * bk.lq * bk.lk, heads).index_put((bk.pos,), values[bk.eids])
+    return dense.view(bk.b, bk.lq, bk.lk, heads).permute(0, 3, 1, 2)
+
+
+def _bucket_attention(q, k, v, bk: _Bucket, scale, clamp, bias, dropout_mask, return_weights):
+    """One bucket: returns out (B * lq, H, Dv) and normalized weights (B, H, lq, lk) or None."""
+    qb = _pad(q, bk.qrows, bk.qpos, bk.q0, bk.b, bk.lq)  # (B, H, lq, D)
+    kb = _pad(k, bk.krows, bk.kpos, bk.k0, bk.b, bk.lk)  # (B, H, lk, D)
+    vb = _pad(v, bk.krows, bk.kpos, bk.k0, bk.b, bk.lk)  # (B, H, lk, Dv)
+    plain = bias is None and dropout_mask is None and not return_weights and clamp is None
+    if plain and (bk.kind == "full" and not bk.padded or bk.kind == "causal" and not bk.padded and bk.lq == bk.lk):
+        out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=bk.kind == "causal", scale=scale)
+        return out.transpose(1, 2).reshape(bk.b * bk.lq, *out.shape[1::2]), None
+    scores = torch.matmul(qb, kb.transpose(-1, -2)) * scale  # (B, H, lq, lk)
+    if bias is not None:
+        scores = scores + _scatter_edges(bias, bk)
+    if clamp is not None:
+        w = torch.exp(scores.clamp(clamp[0], clamp[1]))
+        if bk.mask is not None:
+            w = w.masked_fill(~bk.mask, 0.0)
+    else:
+        if bk.mask is not None:
+            scores = scores.masked_fill(~bk.mask, float("-inf"))
+        m = scores.detach().amax(-1, keepdim=True)
+        m = m.masked_fill(torch.isneginf(m), 0.0)  # a row without edges (or all -inf) gets w = 0
+        w = torch.exp(scores - m)
+    z = w.sum(-1, keepdim=True)
+    z = torch.where(z > 0, z, torch.ones_like(z))
+    wm = w if dropout_mask is None else w * _scatter_edges(dropout_mask, bk)
+    out = torch.matmul(wm, vb) / z  # (B, H, lq, Dv)
+    out = out.transpose(1, 2).reshape(bk.b * bk.lq, out.shape[1], out.shape[3])
+    return out, (w / z if return_weights else None)
+
+
+def dense_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    graph: Graph,
+    *,
+    scale: float,
+    clamp: Optional[Tuple[float, float]],
+    bias: Optional[Tensor],
+    dropout_mask: Optional[Tensor],
+    return_weights: bool,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """The "dense" backend (graphs with recorded blocks only; ValueError otherwise).
+    q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv), bias/dropout_mask (E, H) or None.
+    Returns out (N_dst, H, Dv) in q's dtype and, if asked, weights (E, H) in the graph's edge order."""
+    p = plan(graph)
+    heads, dtype, acc = q.shape[1], q.dtype, accumulation_dtype(q.dtype)
+    q, k, v = (t.to(acc) for t in (q, k, v))
+    bias = None if bias is None else bias.to(acc)
+    dropout_mask = None if dropout_mask is None else dropout_mask.to(acc)
+    rows, outs, eids, ws = [], [], [], []
+    for bk in p.buckets:
+        out, w = _bucket_attention(q, k, v, bk, scale, clamp, bias, dropout_mask, return_weights)
+        rows.append(bk.qrows)
+        outs.append(out if bk.q0 >= 0 else out[bk.qpos])
+        if return_weights:
+            eids.append(bk.eids)
+            ws.append(w.permute(0, 2, 3, 1).reshape(-1, heads)[bk.pos])
+    if p.contiguous_out:
+        result = outs[0]
+    else:
+        linked = q[:0].sum() + k[:0].sum() + v[:0].sum()  # keeps q, k, v in the graph when there are no blocks
+        result = q.new_zeros(graph.num_dst, heads, v.shape[2]) + linked
+        if outs:
+            result = result.index_put((torch.cat(rows),), torch.cat(outs))
+    weights = None
+    if return_weights:
+        weights = q.new_zeros(graph.num_edges, heads)
+        if ws:
+            weights = weights.index_put((torch.cat(eids),), torch.cat(ws))
+        weights = weights.to(dtype)
+    return result.to(dtype), weights
+
+
+__all__ = ["dense_attention", "plan", "Plan", "MAX_WASTE"]

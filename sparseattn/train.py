@@ -1,0 +1,320 @@
+"""Training, evaluation and plotting commands.
+
+    sparseattn train --task copy --model transformer --out runs/copy            # the seed's demo
+    sparseattn train --task sort --model ut --out runs/sort --epochs=30         # presets + overrides
+    sparseattn train --out runs/copy --resume [--epochs=8]                     # continue exactly
+    sparseattn evaluate --checkpoint runs/copy/checkpoint.pt [--beam 4] [--json]
+    sparseattn plot --checkpoint runs/copy/checkpoint.pt [--out DIR]
+
+RUN_DIR holds config.json, checkpoint.pt (written atomically at each epoch end, every
+checkpoint_every steps, at max_steps and on Ctrl-C), metrics.jsonl (one JSON object per line:
+kind "train" every log_every steps, "valid" each epoch, "test" at the end), results.json and plots/.
+
+The loop is generic: it asks the task (data/tasks.py) for batches and for a batch's loss and
+stats, so any registered task/model pair (models/__init__.py) gets the progress bar, metrics
+log, checkpoints and exact resume. A checkpoint stores the data position (epoch, batch, step);
+each epoch's batch order is a function of (seed, epoch), and the RNG states are those after the
+last completed step, so a resumed run takes the same steps as an uninterrupted one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+
+from . import checkpoint as ckpt_io
+from .config import TrainConfig, config_from_checkpoint, describe, make_config, parse_overrides
+from .data.tasks import get_task
+from .metrics import Meter
+from .models import build_model, model_from_checkpoint
+
+
+class NoamLambda:
+    """lr multiplier factor * d^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1."""
+
+    def __init__(self, d_model: int, factor: float, warmup: int) -> None:
+        self.d_model, self.factor, self.warmup = d_model, factor, max(warmup, 1)
+
+    def __call__(self, step: int) -> float:
+        step += 1
+        return self.factor * self.d_model ** -0.5 * min(step ** -0.5, step * self.warmup ** -1.5)
+
+
+def resolve_device(name: str) -> torch.device:
+    return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu" if name == "auto" else name)
+
+
+@contextmanager
+def deferred_interrupt():
+    """First Ctrl-C sets flag["stop"] (the loop finishes its step, saves, exits); a second raises."""
+    flag = {"stop": False}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):
+        if flag["stop"]:
+            raise KeyboardInterrupt
+        flag["stop"] = True
+        print("\ninterrupt: finishing this step and saving a checkpoint (Ctrl-C again to abort)", file=sys.stderr)
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, resume: bool = False) -> None:
+        self.cfg, self.out = cfg, Path(cfg.out)
+        self.ckpt_path = self.out / "checkpoint.pt"
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.device = resolve_device(cfg.device)
+        self.task = get_task(cfg.task)
+        self.task.setup(cfg)
+        torch.manual_seed(cfg.seed)
+        self.model, self.model_kwargs = build_model(cfg.model, cfg, self.task)
+        self.model.to(self.device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1.0, betas=(cfg.beta1, cfg.beta2),
+                                          eps=cfg.adam_eps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, NoamLambda(cfg.d_model, cfg.lr_factor,
+                                                                                      cfg.warmup))
+        self.position = {"epoch": 0, "batch": 0, "step": 0}
+        self.history: list = []  # one record per finished epoch
+        self.train_seconds = 0.0  # wall time spent in fit(), summed over resumed runs
+        self._fit_start: Optional[float] = None
+        self.rng = ckpt_io.rng_state()
+        if resume:
+            self._load(ckpt_io.load(self.ckpt_path, self.device))
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        self._trim_metrics()
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def state(self) -> dict:
+        return {"version": 1, "config": self.cfg.to_dict(), "model_name": self.cfg.model,
+                "model_kwargs": self.model_kwargs, "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "rng": self.rng, "position": dict(self.position), "task_state": self.task.state_dict(),
+                "history": self.history, "train_seconds": self.elapsed()}
+
+    def elapsed(self) -> float:
+        running = time.perf_counter() - self._fit_start if self._fit_start is not None else 0.0
+        return self.train_seconds + running
+
+    def save(self) -> None:
+        ckpt_io.save_atomic(self.state(), self.ckpt_path)
+
+    def _load(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.position, self.history, self.rng = dict(state["position"]), list(state["history"]), state["rng"]
+        self.train_seconds = float(state.get("train_seconds", 0.0))
+        self.task.load_state_dict(state.get("task_state", {}))
+        ckpt_io.set_rng_state(self.rng)
+
+    def _trim_metrics(self) -> None:
+        """Drop metrics records past the checkpoint (a resumed run writes them again)."""
+        path = self.out / "metrics.jsonl"
+        if not path.exists():
+            return
+        keep = [line for line in path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= self.position["step"]]
+        if self.position["step"] == 0:
+            keep = []
+        path.write_text("".join(line + "\n" for line in keep))
+
+    def log(self, record: dict) -> None:
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def train_step(self, batch) -> dict:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, stats = self.task.loss(self.model, batch, self.cfg)
+        loss.backward()
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        return stats
+
+    def fit(self) -> str:
+        """Train to cfg.epochs (or cfg.max_steps). Returns "finished", "max_steps" or "interrupted"."""
+        from tqdm.auto import tqdm
+        cfg, pos = self.cfg, self.position
+        self.model.train()
+        self._fit_start = time.perf_counter()
+        try:
+            return self._fit(tqdm)
+        finally:
+            self.train_seconds, self._fit_start = self.elapsed(), None
+
+    def _fit(self, tqdm) -> str:
+        cfg, pos = self.cfg, self.position
+        with deferred_interrupt() as flag:
+            try:
+                while pos["epoch"] < cfg.epochs:
+                    batches = self.task.batch_indices("train", cfg, pos["epoch"])
+                    meter, log_meter = Meter(), Meter()
+                    bar = tqdm(total=len(batches), initial=pos["batch"], disable=not cfg.progress,
+                               desc=f"epoch {pos['epoch'] + 1}/{cfg.epochs}", dynamic_ncols=True, leave=True)
+                    while pos["batch"] < len(batches):
+                        if cfg.max_steps and pos["step"] >= cfg.max_steps:
+                            bar.close()
+                            self.save()
+                            return "max_steps"
+                        batch = self.task.make_batch("train", batches[pos["batch"]], self.device)
+                        stats = self.train_step(batch)
+                        pos["batch"] += 1
+                        pos["step"] += 1
+                        self.rng = ckpt_io.rng_state()  # the state a resumed run must start from
+                        meter.add(stats)
+                        log_meter.add(stats)
+                        bar.update(1)
+                        if pos["step"] % 10 == 0 or pos["batch"] == len(batches):
+                            s = meter.summary()
+                            bar.set_postfix(loss=f"{s['loss']:.3f}", acc=f"{s['accuracy']:.3f}",
+                                            tok_s=f"{s['tokens_per_s']:.0f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}")
+                        if cfg.log_every and pos["step"] % cfg.log_every == 0:
+                            self.log({"kind": "train", "epoch": pos["epoch"], "step": pos["step"],
+                                      "lr": self.scheduler.get_last_lr()[0], **log_meter.summary()})
+                            log_meter = Meter()
+                        if cfg.checkpoint_every and pos["step"] % cfg.checkpoint_every == 0:
+                            self.save()
+                        if flag["stop"]:
+                            raise KeyboardInterrupt
+                    bar.close()
+                    self.end_epoch(meter)
+                if cfg.max_steps and pos["step"] >= cfg.max_steps:
+                    self.save()
+                return "finished"
+            except KeyboardInterrupt:
+                self.save()  # weights, optimizer and RNG as after the last completed step
+                print(f"interrupted at step {pos['step']}; checkpoint saved to {self.ckpt_path}; "
+                      f"continue with: sparseattn train --out {cfg.out} --resume", file=sys.stderr)
+                return "interrupted"
+
+    def end_epoch(self, meter: Meter) -> None:
+        pos = self.position
+        train = meter.summary() if meter.sums else {}
+        valid = self.task.evaluate(self.model, "valid", self.cfg, decode=self.cfg.eval_decode)
+        record = {"epoch": pos["epoch"] + 1, "step": pos["step"], "time_s": round(self.elapsed(), 1),
+                  "train": train, "valid": valid}
+        self.log({"kind": "valid", **record})
+        self.history.append(record)
+        shown = {k: round(v, 4) for k, v in valid.items() if isinstance(v, float)}
+        if self.cfg.progress:
+            print(f"epoch {pos['epoch'] + 1}: valid {shown}", file=sys.stderr)
+        pos["epoch"] += 1
+        pos["batch"] = 0
+        self.save()
+
+    def finish(self) -> dict:
+        """Decoded test metrics (results.json) and plots."""
+        results = self.task.evaluate(self.model, "test", self.cfg, decode=True)
+        results = {"split": "test", "beam": self.cfg.beam, "train_seconds": round(self.train_seconds, 1), **results}
+        self.log({"kind": "test", "step": self.position["step"], **results})
+        (self.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        if self.cfg.plots:
+            results["plots"] = [str(p) for p in self.task.plot(self.model, self.cfg, self.out / "plots", self.history)]
+        return results
+
+
+# ---- commands -------------------------------------------------------------------------------
+def train_main(argv: List[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        print("config keys (defaults before presets):\n" + "\n".join(describe()))
+        return 0
+    resume = "--resume" in argv
+    try:
+        overrides = parse_overrides([a for a in argv if a != "--resume"])
+    except ValueError as e:
+        raise SystemExit(f"sparseattn train: {e}") from None
+    if resume:
+        if "out" not in overrides:
+            raise SystemExit("--resume needs --out RUN_DIR")
+        saved = ckpt_io.load(Path(str(overrides["out"])) / "checkpoint.pt")["config"]
+        cfg = config_from_checkpoint(saved, overrides)
+    else:
+        cfg = make_config(overrides)
+    trainer = Trainer(cfg, resume=resume)
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    print(f"task {cfg.task}, model {cfg.model} ({n_params:,} parameters), {trainer.device}, out {cfg.out}",
+          file=sys.stderr)
+    status = trainer.fit()
+    if status == "interrupted":
+        return 130
+    if status == "max_steps":
+        print(f"stopped at max_steps={cfg.max_steps}; checkpoint {trainer.ckpt_path}", file=sys.stderr)
+        return 0
+    results = trainer.finish()
+    print(f"test: token accuracy {results['token_accuracy']:.4f}, sequence accuracy "
+          f"{results['sequence_accuracy']:.4f} (decoded, beam {cfg.beam}); trained {results['train_seconds']:.0f} s")
+    if results.get("plots"):
+        print(f"plots: {cfg.out}/plots/ ({', '.join(Path(p).name for p in results['plots'])})")
+    return 0
+
+
+def load_for_eval(path: str, device: str = "auto"):
+    """(cfg, task, model) from a checkpoint file, model in eval mode."""
+    state = ckpt_io.load(path)
+    cfg = config_from_checkpoint(state["config"])
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    task = get_task(cfg.task)
+    task.setup(cfg)
+    task.load_state_dict(state.get("task_state", {}))
+    model = model_from_checkpoint(state["model_name"], state["model_kwargs"])
+    model.load_state_dict(state["model"])
+    model.to(resolve_device(device)).eval()
+    return cfg, task, model, state
+
+
+def evaluate_main(argv: List[str]) -> int:
+    p = argparse.ArgumentParser(prog="sparseattn evaluate", description="decoded metrics of a checkpoint")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--split", default="test")
+    p.add_argument("--beam", type=int, default=None, help="beam size (default: the run's, 1 = greedy)")
+    p.add_argument("--alpha", type=float, default=None, help="length penalty exponent")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", action="store_true", help="print one JSON object of metrics")
+    args = p.parse_args(argv)
+    cfg, task, model, _ = load_for_eval(args.checkpoint, args.device)
+    if args.beam is not None:
+        cfg.beam = args.beam
+    if args.alpha is not None:
+        cfg.alpha = args.alpha
+    metrics = task.evaluate(model, args.split, cfg, decode=True)
+    if args.json:
+        print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, list)}))
+    else:
+        for k, v in metrics.items():
+            if not isinstance(v, list):
+                print(f"{k:>18}: {v:.4f}")
+    return 0
+
+
+def plot_main(argv: List[str]) -> int:
+    p = argparse.ArgumentParser(prog="sparseattn plot", description="attention and ACT plots of a checkpoint")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--out", default=None, help="folder for the PNGs (default: RUN_DIR/plots)")
+    args = p.parse_args(argv)
+    cfg, task, model, state = load_for_eval(args.checkpoint, "cpu")
+    out = Path(args.out) if args.out else Path(args.checkpoint).parent / "plots"
+    for path in task.plot(model, cfg, out, state.get("history", [])):
+        print(path)
+    return 0

@@ -1,0 +1,1 @@
+from tests.single_thread import one_thread  # noqa: F401  (autouse)

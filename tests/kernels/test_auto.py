@@ -1,0 +1,55 @@
+"""The "auto" rule (README, "Backends"): which backend it picks, and that the pick computes the same."""
+import types
+
+import pytest
+import torch
+
+from sparseattn import edge_attention, graphs
+from sparseattn.kernels import DENSE_MAX_SHAPES, DENSE_MIN_EDGES_PER_BLOCK, Backend, _BACKENDS, choose_auto
+
+CPU_Q = torch.zeros(1, 1, 1)
+
+
+@pytest.mark.parametrize("graph, expected", [
+    (graphs.window(100, 8), "csr"),                                    # no blocks
+    (graphs.random(50, 50, 400), "csr"),
+    (graphs.batch([graphs.complete(32)] * 4), "dense"),                # 1024 edges per block, one shape
+    (graphs.batch([graphs.causal(64)] * 2), "dense"),
+    (graphs.from_blocks([("full", 40, 40)] * 3), "dense"),             # cross attention
+    (graphs.batch([graphs.complete(8)] * 6), "csr"),                   # blocks too small to pay for padding
+    (graphs.from_blocks([("full", n, n) for n in range(30, 40)]), "csr"),  # too many shapes (variable lengths)
+    (graphs.batch([]), "csr"),                                         # empty
+])
+def test_rule(graph, expected):
+    assert choose_auto(CPU_Q, graph) == expected
+
+
+def test_thresholds_are_the_documented_ones():
+    assert DENSE_MIN_EDGES_PER_BLOCK == 512 and DENSE_MAX_SHAPES == 4
+
+
+def test_a_subgraph_loses_its_blocks_and_gets_csr():
+    g = graphs.batch([graphs.complete(32)] * 4)
+    assert choose_auto(CPU_Q, g.edge_subgraph(torch.ones(g.num_edges, dtype=torch.bool))) == "csr"
+
+
+def test_cuda_prefers_triton_when_available_and_head_dim_fits(monkeypatch):
+    g = graphs.window(100, 8)
+    cuda_q = types.SimpleNamespace(device=torch.device("cuda"), shape=(100, 2, 64))  # only device/shape are read
+    wide_q = types.SimpleNamespace(device=torch.device("cuda"), shape=(100, 2, 300))
+    stand_in = Backend("triton", lambda *a, **k: None, "test stand-in")
+    monkeypatch.setitem(_BACKENDS, "triton", stand_in)
+    assert choose_auto(cuda_q, g) == "triton"
+    assert choose_auto(wide_q, g) == "csr"  # D > 256: the kernel's limit
+    assert choose_auto(CPU_Q, g) == "csr"
+    monkeypatch.setitem(_BACKENDS, "triton", Backend("triton", stand_in.fn, "absent", probe=lambda: "not installed"))
+    assert choose_auto(cuda_q, g) == "csr"
+
+
+@pytest.mark.parametrize("graph", [graphs.window(60, 4), graphs.batch([graphs.causal(32)] * 3),
+                                   graphs.from_blocks([("full", n, n) for n in (5, 9, 17, 3)])])
+def test_auto_equals_reference(graph):
+    q, k, v = (torch.randn(n, 2, 8, dtype=torch.float64) for n in (graph.num_dst, graph.num_src, graph.num_src))
+    out = edge_attention(q, k, v, graph, backend="auto")
+    ref = edge_attention(q, k, v, graph, backend="reference")
+    assert torch.allclose(out, ref, atol=1e-12)

@@ -1,0 +1,118 @@
+"""The csr backend: hand-computed cases, float64 gradcheck of CSRAttention, no (E, H, D) tensors."""
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from sparseattn import Graph, edge_attention, graphs
+from sparseattn.kernels.csr import CSRAttention, _pattern, csr_attention
+
+
+def test_hand_computed_with_a_duplicate_edge():
+    """One destination, sources 0 and 1 (1 twice), D=1, scale 1: scores 2, 8, 8 clamp to 2, 5, 5."""
+    q = torch.tensor([[[2.0]]], dtype=torch.float64)
+    k = torch.tensor([[[1.0]], [[4.0]]], dtype=torch.float64)
+    v = torch.tensor([[[10.0]], [[20.0]]], dtype=torch.float64)
+    ei = torch.tensor([[1, 0, 1], [0, 0, 0]])
+    out, w = edge_attention(q, k, v, ei, scale=1.0, backend="csr", return_weights=True)
+    wa, wb = math.exp(2.0), math.exp(5.0)
+    assert out.item() == pytest.approx((wa * 10 + 2 * wb * 20) / (wa + 2 * wb), rel=1e-12)
+    assert w[:, 0].tolist() == pytest.approx([wb / (wa + 2 * wb), wa / (wa + 2 * wb), wb / (wa + 2 * wb)], rel=1e-12)
+    exact = edge_attention(q, k, v, ei, scale=1.0, clamp=None, backend="csr")
+    wa, wb = math.exp(2.0 - 8.0), 1.0
+    assert exact.item() == pytest.approx((wa * 10 + 2 * wb * 20) / (wa + 2 * wb), rel=1e-12)
+
+
+def test_more_duplicates_than_matrix_entries():
+    """sampled_addmm rejects nnz > rows * cols; the kernel pads around it (1 x 1 graph, 5 edges)."""
+    q, k = torch.randn(1, 1, 3, dtype=torch.float64), torch.randn(1, 1, 3, dtype=torch.float64)
+    v = torch.randn(1, 1, 2, dtype=torch.float64)
+    ei = torch.zeros(2, 5, dtype=torch.long)
+    bias = torch.arange(5.0, dtype=torch.float64)[:, None] * 0.1  # each duplicate keeps its own bias
+    out, w = edge_attention(q, k, v, ei, bias=bias, backend="csr", return_weights=True)
+    ref, ref_w = edge_attention(q, k, v, ei, bias=bias, backend="reference", return_weights=True)
+    assert torch.allclose(out, ref) and torch.allclose(w, ref_w)
+    assert torch.allclose(out, v[0])
+
+
+def _gradcheck_inputs(clamp, heads=2):
+    gen = torch.Generator().manual_seed(0)
+    ei = torch.tensor([[0, 2, 1, 1, 3, 0, 2, 2], [1, 0, 1, 1, 2, 2, 0, 4]])  # unsorted, duplicates, dst 3 isolated
+    g = Graph(ei, num_src=4, num_dst=5)
+    q = torch.randn(5, heads, 3, generator=gen, dtype=torch.float64).requires_grad_()
+    k = torch.randn(4, heads, 3, generator=gen, dtype=torch.float64).requires_grad_()
+    v = torch.randn(4, heads, 2, generator=gen, dtype=torch.float64).requires_grad_()
+    bias = (0.5 * torch.randn(8, heads, generator=gen, dtype=torch.float64)).requires_grad_()
+    mask = (torch.rand(8, heads, generator=gen) > 0.3).double() / 0.7
+    return g, q, k, v, bias, mask
+
+
+@pytest.mark.parametrize("clamp", [(-5.0, 5.0), (-0.4, 0.4), None])
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_gradcheck_autograd_function(clamp, use_mask):
+    g, q, k, v, bias, mask = _gradcheck_inputs(clamp)
+    pat = _pattern(g, heads=2)
+
+    def f(q, k, v, bias):
+        out, w = CSRAttention.apply(q, k, v, bias, mask if use_mask else None, pat, 0.7, clamp, True)
+        return out, w  # both outputs: the weights carry their own gradient
+
+    assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7)
+
+
+def test_weights_gradient_matches_reference():
+    g, q, k, v, bias, _ = _gradcheck_inputs(None)
+    grads = []
+    for backend in ("csr", "reference"):
+        out, w = edge_attention(q, k, v, g, bias=bias, clamp=None, backend=backend, return_weights=True)
+        loss = (out ** 2).sum() + (w * torch.arange(w.numel(), dtype=w.dtype).view_as(w)).sum()
+        grads.append(torch.autograd.grad(loss, (q, k, v, bias)))
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
+class _LargestIntermediate(TorchDispatchMode):
+    """Records the largest dense tensor any op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_never_allocates_an_edge_by_feature_tensor():
+    """Forward and backward stay within O(E * H + N * H * D): no (E, H, D) tensor."""
+    n, heads, d = 64, 2, 16
+    g = graphs.window(n, radius=12)  # E ~ 25 N, so E * H * D dwarfs everything else
+    q, k, v = (torch.randn(n, heads, d, requires_grad=True) for _ in range(3))
+    bias = torch.randn(g.num_edges, heads, requires_grad=True)
+    _pattern(g, heads)  # the cached index build may use (E, H) int tensors; not what we measure
+    with _LargestIntermediate() as mode:
+        out, w = csr_attention(q, k, v, g, scale=0.25, clamp=(-5.0, 5.0), bias=bias, dropout_mask=None,
+                               return_weights=True)
+        (out.sum() + w.sum()).backward()
+    assert mode.largest <= max(g.num_edges * heads, n * heads * d)
+    assert mode.largest < g.num_edges * heads * d
+
+
+def test_pattern_is_cached_per_head_count():
+    g = graphs.window(10, 2)
+    assert _pattern(g, 2) is _pattern(g, 2)
+    assert _pattern(g, 3) is not _pattern(g, 2)
+
+
+def test_half_inputs_return_half_and_match_float32():
+    g = graphs.random(30, 20, 120, seed=1)
+    q, k, v = (torch.randn(n, 2, 8) for n in (20, 30, 30))
+    for dtype in (torch.float16, torch.bfloat16):
+        out = edge_attention(q.to(dtype), k.to(dtype), v.to(dtype), g, backend="csr")
+        assert out.dtype == dtype
+        ref = edge_attention(q.to(dtype).float(), k.to(dtype).float(), v.to(dtype).float(), g, backend="csr")
+        assert torch.allclose(out.float(), ref, atol=1e-2)

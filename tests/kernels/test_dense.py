@@ -1,0 +1,84 @@
+"""The dense backend: hand-computed cases, gradcheck, bucketing and padding waste, its limits."""
+import math
+
+import pytest
+import torch
+
+from sparseattn import edge_attention, graphs
+from sparseattn.kernels.dense import MAX_WASTE, dense_attention, plan
+
+
+def test_hand_computed_complete_pair():
+    """complete(2), D=1, scale 1: destination 0 sees scores q0*k0, q0*k1 (clamped)."""
+    q = torch.tensor([[[2.0]], [[0.5]]], dtype=torch.float64)
+    k = torch.tensor([[[1.0]], [[4.0]]], dtype=torch.float64)
+    v = torch.tensor([[[10.0]], [[20.0]]], dtype=torch.float64)
+    out = edge_attention(q, k, v, graphs.complete(2), scale=1.0, backend="dense")
+    wa, wb = math.exp(2.0), math.exp(5.0)  # 8 clamps to 5
+    assert out[0].item() == pytest.approx((wa * 10 + wb * 20) / (wa + wb), rel=1e-12)
+    wa, wb = math.exp(0.5), math.exp(2.0)
+    assert out[1].item() == pytest.approx((wa * 10 + wb * 20) / (wa + wb), rel=1e-12)
+
+
+def test_graph_without_blocks_is_rejected():
+    q = torch.randn(10, 1, 4)
+    with pytest.raises(ValueError, match="blocks"):
+        edge_attention(q, q, q, graphs.window(10, 2), backend="dense")
+    with pytest.raises(ValueError, match="blocks"):
+        edge_attention(q, q, q, torch.tensor([[0, 1], [1, 0]]), backend="dense")
+
+
+@pytest.mark.parametrize("clamp", [(-5.0, 5.0), (-0.3, 0.3), None])
+def test_gradcheck(clamp):
+    g = graphs.from_blocks([("full", 3, 2), ("causal", 3, 3), ("full_no_self", 2, 2), ("causal_no_self", 1, 1)])
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(g.num_dst, 2, 3, generator=gen, dtype=torch.float64).requires_grad_()
+    k = torch.randn(g.num_src, 2, 3, generator=gen, dtype=torch.float64).requires_grad_()
+    v = torch.randn(g.num_src, 2, 2, generator=gen, dtype=torch.float64).requires_grad_()
+    bias = (0.5 * torch.randn(g.num_edges, 2, generator=gen, dtype=torch.float64)).requires_grad_()
+
+    def f(q, k, v, bias):
+        return dense_attention(q, k, v, g, scale=0.7, clamp=clamp, bias=bias, dropout_mask=None, return_weights=True)
+
+    assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["full", "causal"])
+def test_sdpa_path_equals_reference(kind):
+    """clamp=None without bias/dropout/weights takes F.scaled_dot_product_attention on uniform buckets."""
+    g = graphs.from_blocks([(kind, 6, 6)] * 3)
+    q, k, v = (torch.randn(18, 2, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = edge_attention(q, k, v, g, clamp=None, backend="dense")
+    ref = edge_attention(q, k, v, g, clamp=None, backend="reference")
+    assert torch.allclose(out, ref, atol=1e-12)
+    ga = torch.autograd.grad(out.sum(), (q, k, v))
+    gb = torch.autograd.grad(ref.sum(), (q, k, v))
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(ga, gb))
+
+
+def test_variable_lengths_are_bucketed_with_bounded_waste():
+    lengths = list(range(5, 51)) * 2
+    p = plan(graphs.from_blocks([("full", n, n) for n in lengths]))
+    assert 0.0 < p.waste <= MAX_WASTE
+    assert 1 < len(p.buckets) < len(set(lengths))  # grouped, but not one padded batch
+    assert sum(bk.b for bk in p.buckets) == len(lengths)
+
+
+def test_uniform_batch_is_one_unpadded_bucket():
+    p = plan(graphs.batch([graphs.complete(8)] * 5))
+    assert len(p.buckets) == 1 and p.waste == 0.0 and p.contiguous_out
+    assert p.buckets[0].mask is None  # full blocks without padding need no mask
+
+
+def test_blocks_without_edges_and_rows_without_in_edges_give_zero():
+    g = graphs.from_blocks([("causal_no_self", 3, 3), ("full", 0, 2), ("full_no_self", 1, 1)])
+    q = torch.randn(g.num_dst, 2, 4, requires_grad=True)
+    k = torch.randn(g.num_src, 2, 4, requires_grad=True)
+    for clamp in [(-5.0, 5.0), None]:
+        out = edge_attention(q, k, k, g, clamp=clamp, backend="dense")
+        isolated = torch.tensor([0, 3, 4, 5])  # first causal row, the 0-source block, the 1-node block
+        assert (out[isolated] == 0).all()
+        q.grad = None
+        out.sum().backward()
+        assert (q.grad[isolated] == 0).all() and torch.isfinite(q.grad).all()
+

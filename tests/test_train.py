@@ -1,0 +1,117 @@
+"""Training CLI: config parsing, a tiny copy run that learns, exact resume, Ctrl-C checkpoints,
+evaluate --json and plot."""
+import json
+
+import pytest
+import torch
+
+from sparseattn.__main__ import main
+from sparseattn.config import TrainConfig, make_config, parse_overrides
+from sparseattn.train import Trainer
+from tests.single_thread import one_thread  # noqa: F401  (autouse: one torch thread)
+
+TINY = dict(num_train=96, num_valid=16, num_test=16, seq_mean=6.0, seq_std=1.0, batch_size=16, d_model=32, d_ff=32,
+            epochs=2, progress=False, plots=False, eval_decode=False, log_every=2, warmup=20)
+
+
+def tiny_config(tmp_path, name, **kw):
+    return make_config({**TINY, "out": str(tmp_path / name), **kw})
+
+
+def test_overrides_are_typed_and_unknown_keys_rejected():
+    over = parse_overrides(["--epochs=3", "--dropout", "0.2", "--progress=false", "--plots", "--task=sort"])
+    assert over == {"epochs": 3, "dropout": 0.2, "progress": False, "plots": True, "task": "sort"}
+    with pytest.raises(ValueError, match="unknown config key 'epoch'"):
+        parse_overrides(["--epoch=3"])
+    with pytest.raises(ValueError, match="expects a int"):
+        parse_overrides(["--epochs=x"])
+
+
+def test_presets_apply_before_overrides():
+    cfg = make_config({})  # copy + transformer: the seed's demo model
+    assert (cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.d_ff) == (1, 128, 1, 128) and cfg.batch_size == 16
+    cfg = make_config({"task": "sort", "model": "ut", "num_heads": 2})
+    assert cfg.d_ff == 256 and cfg.num_heads == 2 and cfg.act_max_steps == 8
+
+
+def test_cli_rejects_unknown_key(tmp_path):
+    with pytest.raises(SystemExit, match="unknown config key 'bogus'"):
+        main(["train", "--out", str(tmp_path / "x"), "--bogus=1"])
+
+
+def _weights(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("model", ["transformer", "ut"])
+def test_resume_after_max_steps_equals_uninterrupted(tmp_path, model):
+    full = Trainer(tiny_config(tmp_path, "full", model=model, num_heads=2))
+    assert full.fit() == "finished"
+    part = Trainer(tiny_config(tmp_path, "part", model=model, num_heads=2, max_steps=9))  # stops mid epoch 2
+    assert part.fit() == "max_steps"
+    assert part.position == {"epoch": 1, "batch": 3, "step": 9}
+    resumed = Trainer(tiny_config(tmp_path, "part", model=model, num_heads=2), resume=True)
+    assert resumed.position["step"] == 9
+    assert resumed.fit() == "finished"
+    _assert_same_weights(_weights(full.model), _weights(resumed.model))
+    assert resumed.optimizer.state_dict()["state"][0]["step"] == full.optimizer.state_dict()["state"][0]["step"]
+    lines = [json.loads(x) for x in (tmp_path / "part" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if r["kind"] == "valid"] == [6, 12]
+
+
+def test_keyboard_interrupt_saves_checkpoint_and_resume_is_exact(tmp_path, monkeypatch):
+    full = Trainer(tiny_config(tmp_path, "full", dropout=0.3))
+    full.fit()
+    run = Trainer(tiny_config(tmp_path, "run", dropout=0.3))
+    calls = {"n": 0}
+    original = run.task.loss
+
+    def flaky_loss(model, batch, cfg):
+        calls["n"] += 1
+        out = original(model, batch, cfg)  # draws dropout masks, then the "Ctrl-C" lands
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(run.task, "loss", flaky_loss)
+    assert run.fit() == "interrupted"
+    saved = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    assert saved["position"]["step"] == 4  # the last completed step
+    resumed = Trainer(tiny_config(tmp_path, "run", dropout=0.3), resume=True)
+    resumed.fit()
+    _assert_same_weights(_weights(full.model), _weights(resumed.model))
+
+
+def test_checkpoint_holds_everything_and_writes_atomically(tmp_path):
+    t = Trainer(tiny_config(tmp_path, "ck", epochs=1))
+    t.fit()
+    files = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    assert "checkpoint.pt" in files and not any(f.endswith(".tmp") for f in files)
+    state = torch.load(tmp_path / "ck" / "checkpoint.pt", weights_only=False)
+    for key in ("config", "model_name", "model_kwargs", "model", "optimizer", "scheduler", "rng", "position"):
+        assert key in state
+    assert TrainConfig(**state["config"]).d_model == 32
+
+
+def test_tiny_copy_run_learns_then_evaluate_and_plot(tmp_path, capsys):
+    out = tmp_path / "copy"
+    args = ["train", "--task=copy", f"--out={out}", "--num_train=1500", "--num_valid=50", "--num_test=100",
+            "--seq_mean=5", "--seq_std=1", "--batch_size=16", "--d_model=64", "--d_ff=64", "--epochs=3",
+            "--warmup=100", "--progress=false", "--dropout=0", "--eval_decode=false"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "test: token accuracy" in printed and "plots:" in printed
+    assert main(["evaluate", "--checkpoint", str(out / "checkpoint.pt"), "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["token_accuracy"] > 0.6, metrics  # chance is 1/26; ~0.88 measured
+    assert metrics["sequence_accuracy"] > 0.3, metrics  # ~0.78 measured
+    plot_dir = tmp_path / "plots"
+    assert main(["plot", "--checkpoint", str(out / "checkpoint.pt"), "--out", str(plot_dir)]) == 0
+    assert {p.name for p in plot_dir.glob("*.png")} == {"attention_encoder.png", "attention_decoder.png",
+                                                        "attention_cross.png"}
