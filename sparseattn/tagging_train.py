@@ -1,4 +1,9 @@
-"""Train and evaluate the CoNLL-2000 chunking taggers (TEMPORARY path, to fold into the shared CLI).
+"""The chunking taggers' own training loop, which produced docs/RESULTS.md.
+
+The shared path is `sparseattn train --task chunking --model tagger|bilstm` (data/chunking.py, same
+models and features). This loop adds what the shared one lacks so far: a wall-clock budget
+(`--time_budget_min`, stopping mid-epoch) and a per-epoch lr decay; fold these into train.py and
+retire this module.
 
     python -m sparseattn train-tagger --model bilstm --data-dir ../shared/data --out runs/bilstm
     python -m sparseattn train-tagger --model tagger --data-dir ../shared/data --out runs/tagger --window 3
@@ -22,7 +27,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .chunk_metrics import chunk_scores, format_scores
-from .data.conll import Sentence, TaggingVocab, batches, read_conll, split_dev
+from .data.chunking import default_data_dir, load_split
+from .data.conll import Sentence, TaggingVocab, batches, split_dev
 from .models import BiLSTMTagger, Tagger, TransformerTagger
 
 MODELS = ("tagger", "bilstm")
@@ -72,19 +78,6 @@ class TaggingConfig:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
         if self.ffn not in ("linear", "conv"):
             raise ValueError(f"ffn must be 'linear' or 'conv', got {self.ffn!r}")
-
-
-def default_data_dir() -> str:
-    return "../shared/data" if Path("../shared/data/conll2000").is_dir() else ""
-
-
-def load_split(data_dir: str, name: str) -> List[Sentence]:
-    if not data_dir:
-        raise SystemExit("no --data-dir given and ../shared/data does not exist")
-    path = Path(data_dir) / "conll2000" / f"{name}.txt"
-    if not path.is_file():
-        raise SystemExit(f"{path} not found (--data-dir should hold conll2000/{{train,test}}.txt)")
-    return read_conll(path)
 
 
 def build_model(cfg: TaggingConfig, vocab: TaggingVocab) -> Tagger:

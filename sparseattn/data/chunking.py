@@ -26,10 +26,11 @@ def default_data_dir() -> str:
 
 def load_split(data_dir: str, name: str) -> List[Sentence]:
     if not data_dir:
-        raise SystemExit("chunking needs --data_dir (the folder holding conll2000/); ../shared/data does not exist")
+        raise SystemExit("chunking needs a data folder holding conll2000/ (--data_dir, or --data-dir for "
+                         "train-tagger); ../shared/data does not exist")
     path = Path(data_dir) / "conll2000" / f"{name}.txt"
     if not path.is_file():
-        raise SystemExit(f"{path} not found (--data_dir should hold conll2000/{{train,test}}.txt)")
+        raise SystemExit(f"{path} not found (the data folder should hold conll2000/{{train,test}}.txt)")
     return read_conll(path)
 
 

@@ -139,7 +139,8 @@ class TaggingBatch:
     """Several sentences' tokens concatenated, L tokens in all, B sentences; no token padding.
 
     words, pos, caps: (L,) int64.  chars: (L, C) int64, 0-padded along each word's characters.
-    tags: (L,) int64 gold tag ids (IGNORE for tags unseen in training), or None.  lengths: (B,) int64 sentence lengths (sum = L).
+    tags: (L,) int64 gold tag ids (IGNORE for tags unseen in training), or None.
+    lengths: (B,) int64 sentence lengths (sum = L).
     """
 
     words: Tensor

@@ -77,5 +77,6 @@ register_model("bilstm", BiLSTMTagger, lambda cfg, task: dict(
     task.model_kwargs(), hidden=cfg.lstm_hidden, layers=cfg.lstm_layers, dropout=cfg.lstm_dropout,
     features=_token_features(cfg)))
 
-__all__ = ["TransformerTagger", "BiLSTMTagger", "Tagger", "TokenFeatures", "GraphTransformer", "UniversalTransformer", "Seq2SeqOutput", "AttentionRecorder", "greedy_decode",
+__all__ = ["TransformerTagger", "BiLSTMTagger", "Tagger", "TokenFeatures",
+           "GraphTransformer", "UniversalTransformer", "Seq2SeqOutput", "AttentionRecorder", "greedy_decode",
            "beam_search", "decode", "MODELS", "register_model", "build_model", "model_from_checkpoint"]

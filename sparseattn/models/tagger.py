@@ -77,8 +77,8 @@ class TransformerTagger(Tagger):
     def _sentence_graph(self, n: int, device: torch.device) -> Graph:
         key = (n, str(device))
         if key not in self._graphs:
-            g = graphs.complete(n, device=device) if self.window is None else graphs.window(n, self.window, device=device)
-            self._graphs[key] = g
+            self._graphs[key] = (graphs.complete(n, device=device) if self.window is None
+                                 else graphs.window(n, self.window, device=device))
         return self._graphs[key]
 
     def graph(self, lengths: List[int], device: torch.device) -> Graph:
