@@ -18,7 +18,6 @@ budget, against "csr") before it is timed. A contender whose estimated memory ex
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import random
 import sys
@@ -27,15 +26,14 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 
 from sparseattn import edge_attention, graphs
 from sparseattn.kernels import available_backends, choose_auto, plan
 
 from .harness import Result, machine_header, machine_info, machine_tag, median, peak_extra_mib, time_ms, write_json, \
     write_png
+from .peers import DIM, HEADS, make_dense_bmm, make_flex, make_pyg, make_sdpa
 
-HEADS, DIM = 8, 64
 GiB = 2**30
 FAMILY_INFO: Dict[str, dict] = {}  # per family: sizes, auto's pick, dense padding waste (written to the JSON)
 
@@ -93,147 +91,6 @@ def families(quick: bool) -> Dict[str, Family]:
 FLEX_FAMILIES = ("window-8192", "causal-32x128", "window-2048", "causal-8x64")
 
 
-# ---- peers -------------------------------------------------------------------------------------
-
-def _padded_index(fam: Family, g: graphs.Graph):
-    """For block families: (B, L) gather indices and validity of destinations and sources."""
-    b = len(fam.lengths)
-    lq, lk = max(d for _, d in fam.lengths), max(s for s, _ in fam.lengths)
-    qi, ki = torch.zeros(b, lq, dtype=torch.long), torch.zeros(b, lk, dtype=torch.long)
-    qv, kv = torch.zeros(b, lq, dtype=torch.bool), torch.zeros(b, lk, dtype=torch.bool)
-    for i, ((ns, nd), s0, d0) in enumerate(zip(fam.lengths, g.src_ptr, g.dst_ptr)):
-        qi[i, :nd], qv[i, :nd] = torch.arange(d0, d0 + nd), True
-        ki[i, :ns], kv[i, :ns] = torch.arange(s0, s0 + ns), True
-    return qi, qv, ki, kv
-
-
-def make_sdpa(fam: Family, g: graphs.Graph, q, k, v):
-    """Masked SDPA on a padded batch as a user would write it; returns (fn, bytes estimate)."""
-    if fam.lengths is None:  # one graph: a (N_dst, N_src) boolean mask
-        mask = torch.zeros(g.num_dst, g.num_src, dtype=torch.bool)
-        mask[g.dst, g.src] = True
-
-        def fn():
-            o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                               v.transpose(0, 1)[None], attn_mask=mask)
-            return o[0].transpose(0, 1)
-        return fn, g.num_dst * g.num_src * (HEADS * 4 * 5 + 1)
-    qi, qv, ki, kv = _padded_index(fam, g)
-    mask = qv[:, None, :, None] & kv[:, None, None, :]  # (B, 1, Lq, Lk)
-    if fam.kind == "causal":
-        mask = mask & torch.ones(qi.shape[1], ki.shape[1], dtype=torch.bool).tril()
-    rows = qi[qv]
-
-    def fn():
-        qb, kb, vb = (x[i].transpose(1, 2) for x, i in ((q, qi), (k, ki), (v, ki)))  # (B, H, L, D)
-        o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)  # (B, H, Lq, Dv)
-        out = torch.zeros(g.num_dst, HEADS, v.shape[2], dtype=q.dtype)
-        return out.index_put((rows,), o.transpose(1, 2)[qv])
-    return fn, mask.numel() * HEADS * 4 * 5
-
-
-def make_dense_bmm(fam: Family, g: graphs.Graph, q, k, v, clamp=(-5.0, 5.0)):
-    """Padded bmm + clamp-exp directly on (B, H, L, D) tensors, no graph. Inputs are reshaped
-    views when the batch is uniform; otherwise gathered into a padded batch."""
-    b = len(fam.lengths)
-    lq, lk = max(d for _, d in fam.lengths), max(s for s, _ in fam.lengths)
-    uniform = all(x == fam.lengths[0] for x in fam.lengths)
-    scale = DIM ** -0.5
-    mask = None
-    if not uniform:
-        qi, qv, ki, kv = _padded_index(fam, g)
-        mask = qv[:, None, :, None] & kv[:, None, None, :]
-    if fam.kind == "causal":
-        tril = torch.ones(lq, lk, dtype=torch.bool).tril()
-        mask = tril if mask is None else mask & tril
-
-    def fn():
-        if uniform:
-            qb, kb, vb = (x.view(b, -1, HEADS, x.shape[2]).transpose(1, 2) for x in (q, k, v))
-        else:
-            qb, kb, vb = (x[i].transpose(1, 2) for x, i in ((q, qi), (k, ki), (v, ki)))
-        s = torch.matmul(qb, kb.transpose(-1, -2)) * scale
-        w = torch.exp(s.clamp(*clamp))
-        if mask is not None:
-            w = w.masked_fill(~mask, 0.0)
-        z = w.sum(-1, keepdim=True)
-        o = torch.matmul(w, vb) / z.clamp_min(1e-30)  # (B, H, Lq, Dv)
-        o = o.transpose(1, 2)
-        return o.reshape(-1, HEADS, o.shape[-1]) if uniform else o[qv]
-    return fn, b * HEADS * lq * lk * 4 * 3
-
-
-def _pyg_softmax():
-    try:
-        from torch_geometric.utils import softmax
-        return softmax, "torch_geometric"
-    except Exception:
-        pass
-    try:
-        from torch_scatter import scatter
-
-        def seg(src, index, n, reduce):
-            return scatter(src, index, dim=0, dim_size=n, reduce=reduce)
-        where = "reimplemented on torch_scatter"
-    except Exception:
-        def seg(src, index, n, reduce):
-            out = src.new_zeros(n, *src.shape[1:])
-            idx = index.view(-1, *[1] * (src.dim() - 1)).expand_as(src)
-            return out.scatter_reduce(0, idx, src, "amax" if reduce == "max" else "sum", include_self=False)
-        where = "reimplemented on torch.scatter_reduce"
-
-    def softmax(src, index, num_nodes):
-        """torch_geometric.utils.softmax (the index path): subtract the per-group max, exp, divide
-        by the per-group sum + 1e-16."""
-        src_max = seg(src.detach(), index, num_nodes, "max")
-        out = (src - src_max.index_select(0, index)).exp()
-        out_sum = seg(out, index, num_nodes, "sum") + 1e-16
-        return out / out_sum.index_select(0, index)
-    return softmax, where
-
-
-def make_pyg(g: graphs.Graph, q, k, v):
-    softmax, where = _pyg_softmax()
-    src, dst, scale = g.src, g.dst, DIM ** -0.5
-
-    def fn():  # TransformerConv's message passing: gather, softmax over dst, weight, scatter-add
-        alpha = (q[dst] * k[src]).sum(-1) * scale  # (E, H)
-        alpha = softmax(alpha, dst, num_nodes=g.num_dst)
-        msg = v[src] * alpha[..., None]  # (E, H, Dv)
-        return torch.zeros(g.num_dst, HEADS, v.shape[2], dtype=q.dtype).index_add_(0, dst, msg)
-    return fn, g.num_edges * HEADS * DIM * 4 * 4, where
-
-
-def make_flex(fam: Family, g: graphs.Graph, q, k, v):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    compiled = torch.compile(flex_attention, dynamic=False)
-    if fam.lengths is None:  # window: one sequence, |i - j| <= radius
-        n, radius = g.num_dst, 8
-
-        def mask_mod(b, h, qi, ki):
-            return (qi - ki <= radius) & (ki - qi <= radius)
-        bm = create_block_mask(mask_mod, 1, 1, n, n, device="cpu")
-
-        def fn():
-            o = compiled(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=bm)
-            return o[0].transpose(0, 1)
-        return fn
-    b, length = len(fam.lengths), fam.lengths[0][0]
-    if not all(x == (length, length) for x in fam.lengths):
-        raise ValueError("flex benchmark implemented for uniform batches only")
-
-    def causal(b_, h, qi, ki):
-        return qi >= ki
-    bm = create_block_mask(causal, b, 1, length, length, device="cpu") if fam.kind == "causal" else None
-
-    def fn():
-        qb, kb, vb = (x.view(b, length, HEADS, DIM).transpose(1, 2) for x in (q, k, v))
-        o = compiled(qb, kb, vb, block_mask=bm)
-        return o.transpose(1, 2).reshape(-1, HEADS, DIM)
-    return fn
-
-
 # ---- runner ------------------------------------------------------------------------------------
 
 def estimate_bytes(name: str, g: graphs.Graph) -> float:
@@ -286,6 +143,8 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
     except Exception as exc:
         contenders["dgl"] = (None, f"skipped: dgl not importable ({type(exc).__name__})", 0)
 
+    if args.contenders:
+        contenders = {n: c for n, c in contenders.items() if n in args.contenders.split(",")}
     # the numbers every contender is checked against
     checker = "reference" if estimate_bytes("reference", g) / 7 * 3 <= budget else "csr"
     with torch.no_grad():
@@ -385,6 +244,7 @@ def main(argv=None) -> None:
     ap.add_argument("--flex", choices=["none", "default", "all"], default="default")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--contenders", default="", help="comma-separated contender names (default: all)")
     ap.add_argument("--tag", default="", help="suffix for the result file names (e.g. a re-run of some families)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)

@@ -182,12 +182,14 @@ def write_png(path: str, title: str, results: List[Result]) -> bool:
     except ImportError:
         return False
     modes = sorted({r.mode for r in results}, key=lambda m: m != "fwd")
+    names = list(dict.fromkeys(r.contender for r in results if r.ms is not None))
+    colors = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}  # one color per contender
     fig, axes = plt.subplots(1, len(modes), figsize=(7 * len(modes), 5.5), squeeze=False)
     for ax, mode in zip(axes[0], modes):
         rows = [r for r in results if r.mode == mode and r.ms is not None]
         for name in dict.fromkeys(r.contender for r in rows):
             pts = sorted((r.edges, r.ms, r.family) for r in rows if r.contender == name)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name, alpha=0.8)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name, alpha=0.8, color=colors[name])
         for e, fam in sorted({(r.edges, r.family) for r in rows}):
             ax.annotate(fam, (e, 1.0), fontsize=6, rotation=90, alpha=0.5,
                         xycoords=("data", "axes fraction"), va="top")
@@ -208,3 +210,17 @@ def write_png(path: str, title: str, results: List[Result]) -> bool:
 
 def median(xs: List[float]) -> float:
     return statistics.median(xs)
+
+
+def replot(json_path: str) -> None:
+    """Redraw the PNG beside a results JSON: python -m benchmarks.harness results/<file>.json"""
+    with open(json_path) as f:
+        data = json.load(f)
+    results = [Result(**r) for r in data["results"]]
+    write_png(json_path[: -len(".json")] + ".png", machine_header(data["machine"]), results)
+
+
+if __name__ == "__main__":
+    import sys
+
+    replot(sys.argv[1])

@@ -62,9 +62,11 @@ def backends_for(device_type: str) -> list:
     return [name for name, b in _BACKENDS.items() if device_type in b.devices and b.available]
 
 
-# "auto" picks "dense" for block graphs whose blocks average at least this many edges and come
-# in at most DENSE_MAX_SHAPES distinct shapes (each shape is one more padded batch to gather)
-DENSE_MIN_EDGES_PER_BLOCK = 512
+# "auto" picks "dense" for block graphs whose blocks average at least this many edges (a 128 x 128
+# complete block; measured: below it, e.g. 64 x 32 complete, 40 -> 40 cross or 128-token causal
+# blocks, csr is faster on CPU) and come in at most DENSE_MAX_SHAPES distinct shapes (each shape is
+# one more padded batch to gather)
+DENSE_MIN_EDGES_PER_BLOCK = 16384
 DENSE_MAX_SHAPES = 4
 
 

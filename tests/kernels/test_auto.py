@@ -13,11 +13,12 @@ CPU_Q = torch.zeros(1, 1, 1)
 @pytest.mark.parametrize("graph, expected", [
     (graphs.window(100, 8), "csr"),                                    # no blocks
     (graphs.random(50, 50, 400), "csr"),
-    (graphs.batch([graphs.complete(32)] * 4), "dense"),                # 1024 edges per block, one shape
-    (graphs.batch([graphs.causal(64)] * 2), "dense"),
-    (graphs.from_blocks([("full", 40, 40)] * 3), "dense"),             # cross attention
-    (graphs.batch([graphs.complete(8)] * 6), "csr"),                   # blocks too small to pay for padding
-    (graphs.from_blocks([("full", n, n) for n in range(30, 40)]), "csr"),  # too many shapes (variable lengths)
+    (graphs.batch([graphs.complete(128)] * 2), "dense"),               # 16384 edges per block, one shape
+    (graphs.from_blocks([("full", 200, 100)] * 2), "dense"),           # cross attention
+    (graphs.from_blocks([("causal", 256, 256)]), "dense"),
+    (graphs.batch([graphs.causal(128)] * 2), "csr"),                   # half the block is masked: csr wins
+    (graphs.batch([graphs.complete(32)] * 6), "csr"),                  # blocks too small to pay for padding
+    (graphs.from_blocks([("full", n, n) for n in range(130, 136)]), "csr"),  # too many shapes
     (graphs.batch([]), "csr"),                                         # empty
 ])
 def test_rule(graph, expected):
@@ -25,11 +26,12 @@ def test_rule(graph, expected):
 
 
 def test_thresholds_are_the_documented_ones():
-    assert DENSE_MIN_EDGES_PER_BLOCK == 512 and DENSE_MAX_SHAPES == 4
+    assert DENSE_MIN_EDGES_PER_BLOCK == 16384 and DENSE_MAX_SHAPES == 4
 
 
 def test_a_subgraph_loses_its_blocks_and_gets_csr():
-    g = graphs.batch([graphs.complete(32)] * 4)
+    g = graphs.batch([graphs.complete(128)] * 2)
+    assert choose_auto(CPU_Q, g) == "dense"
     assert choose_auto(CPU_Q, g.edge_subgraph(torch.ones(g.num_edges, dtype=torch.bool))) == "csr"
 
 
@@ -46,7 +48,7 @@ def test_cuda_prefers_triton_when_available_and_head_dim_fits(monkeypatch):
     assert choose_auto(cuda_q, g) == "csr"
 
 
-@pytest.mark.parametrize("graph", [graphs.window(60, 4), graphs.batch([graphs.causal(32)] * 3),
+@pytest.mark.parametrize("graph", [graphs.window(60, 4), graphs.batch([graphs.complete(128)] * 2),
                                    graphs.from_blocks([("full", n, n) for n in (5, 9, 17, 3)])])
 def test_auto_equals_reference(graph):
     q, k, v = (torch.randn(n, 2, 8, dtype=torch.float64) for n in (graph.num_dst, graph.num_src, graph.num_src))
