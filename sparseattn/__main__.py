@@ -6,6 +6,9 @@ Commands:
     train     train a model on a task: sparseattn train --task copy --out runs/copy
     evaluate  decoded token/sequence accuracy of a checkpoint on the test split
     plot      attention heatmaps (and ACT step plots for the UT) of a checkpoint
+    train-tagger, evaluate-tagger, plot-tagger
+              the chunking taggers' own loop (time budget, per-epoch lr decay) that produced
+              docs/RESULTS.md; `train --task chunking --model tagger|bilstm` is the shared path
 
 Run `sparseattn train --help` for the config keys. Extension point: a new subcommand is a
 function taking the remaining argv, added to build_parser and _forward below.
@@ -59,11 +62,40 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help_text, add_help=False)
         cmd.add_argument("argv", nargs=argparse.REMAINDER)
         cmd.set_defaults(func=_forward(name))
+    tt = sub.add_parser("train-tagger", help="chunking tagger loop with a time budget: --model tagger|bilstm "
+                        "--data-dir D --out O [--resume] [--<key> value ...] (sparseattn/tagging_train.py)",
+                        add_help=False)
+    tt.add_argument("argv", nargs=argparse.REMAINDER)
+    tt.set_defaults(func=_forward("train-tagger"))
+    ev = sub.add_parser("evaluate-tagger", help="chunk P/R/F1 of a train-tagger checkpoint")
+    ev.add_argument("--checkpoint", required=True)
+    ev.add_argument("--data-dir", default="")
+    ev.add_argument("--split", choices=["test", "dev"], default="test")
+    ev.add_argument("--output", default=None, help="also write the scores as JSON here")
+    ev.add_argument("--threads", type=int, default=0, help="torch threads (default: the run's setting)")
+    ev.set_defaults(func=_evaluate_tagger)
+    pt = sub.add_parser("plot-tagger", help="dev F1 of train-tagger runs per epoch and per minute, to a PNG")
+    pt.add_argument("--run", action="append", required=True, help="label=<run dir or metrics.jsonl>; repeatable")
+    pt.add_argument("--output", required=True)
+    pt.set_defaults(func=_plot_tagger)
     return parser
+
+
+def _evaluate_tagger(args: argparse.Namespace) -> int:
+    from .tagging_train import evaluate_main
+    return evaluate_main(args.checkpoint, args.data_dir, args.split, args.output, args.threads)
+
+
+def _plot_tagger(args: argparse.Namespace) -> int:
+    from .tagging_train import plot_main
+    return plot_main(args.run, args.output)
 
 
 def _forward(name: str):
     def run(args: argparse.Namespace) -> int:
+        if name == "train-tagger":
+            from .tagging_train import train_main as train_tagger
+            return train_tagger(args.argv)
         from . import train
         return {"train": train.train_main, "evaluate": train.evaluate_main, "plot": train.plot_main}[name](args.argv)
     return run
@@ -71,7 +103,7 @@ def _forward(name: str):
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("train", "evaluate", "plot"):  # these parse their own flags
+    if argv and argv[0] in ("train", "evaluate", "plot", "train-tagger"):  # these parse their own flags
         return _forward(argv[0])(argparse.Namespace(argv=argv[1:]))
     args = build_parser().parse_args(argv)
     return args.func(args)

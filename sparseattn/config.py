@@ -29,6 +29,24 @@ class TrainConfig:
     seq_mean: float = 15.0
     seq_std: float = 3.0
     src_eos: bool = True           # end each source with EOS (checkpoints without this key: False)
+    # chunking (task=chunking, models tagger and bilstm; see data/chunking.py)
+    data_dir: str = ""             # holds conll2000/{train,test}.txt; "": ../shared/data if it exists
+    dev_fraction: float = 0.1      # seeded (data_seed) share of train.txt held out as the valid split
+    min_freq: int = 2              # rarer training words map to <unk>
+    batch_tokens: int = 800        # tokens per batch of whole sentences, no padding
+    word_dim: int = 100            # token features: lowercased word, POS, capitalization, char CNN
+    pos_dim: int = 25
+    caps_dim: int = 5
+    use_chars: bool = True
+    char_out: int = 50
+    input_dropout: float = 0.2
+    word_dropout: float = 0.05     # training words replaced by <unk> with this probability
+    ffn: str = "linear"            # tagger feed-forward: "linear" or "conv" (width 3 within each sentence)
+    window: int = 0                # tagger attention: 0 complete graph per sentence, r: |i - j| <= r
+    rel_pos: int = 0               # tagger relative-position bias clip distance; 0: none
+    lstm_hidden: int = 200         # bilstm units per direction
+    lstm_layers: int = 1
+    lstm_dropout: float = 0.3
     # schedule
     epochs: int = 4
     max_steps: int = 0             # stop (with a checkpoint) after this many steps in all; 0: no limit
@@ -84,6 +102,10 @@ PRESETS: Dict[Tuple[str, str], dict] = {
     ("sort", "transformer"): dict(num_layers=2, num_heads=4, d_ff=512, epochs=10),
     ("*", "ut"): dict(num_heads=4, d_ff=512, epochs=10),
     ("sort", "ut"): dict(num_heads=4, d_ff=256, dropout=0.0, batch_size=16, warmup=300, epochs=20, eval_decode=False),
+    # CoNLL-2000 chunking (docs/RESULTS.md): Noam peak lr 0.32 * 128^-0.5 * 200^-0.5 = 2e-3 at step 200
+    ("chunking", "tagger"): dict(num_layers=2, num_heads=4, d_ff=256, ffn="conv", window=4, rel_pos=8, clamp=0.0,
+                                 dropout=0.1, label_smoothing=0.0, lr_factor=0.32, warmup=200, grad_clip=5.0, epochs=5),
+    ("chunking", "bilstm"): dict(label_smoothing=0.0, lr_factor=0.32, warmup=200, grad_clip=5.0, epochs=4),
 }
 
 

@@ -12,8 +12,11 @@ from typing import Callable, Dict, NamedTuple, Tuple
 
 from torch import nn
 
+from .bilstm import BiLSTMTagger
 from .decoding import beam_search, decode, greedy_decode
 from .layers import AttentionRecorder
+from .tagger import TransformerTagger
+from .tagging import Tagger, TokenFeatures
 from .transformer import GraphTransformer, Seq2SeqOutput
 from .universal import UniversalTransformer
 
@@ -59,5 +62,21 @@ register_model("ut", UniversalTransformer, lambda cfg, task: dict(
     _seq2seq_kwargs(cfg, task), max_steps=cfg.act_max_steps, threshold=cfg.act_threshold,
     act_loss_weight=cfg.act_loss_weight))
 
-__all__ = ["GraphTransformer", "UniversalTransformer", "Seq2SeqOutput", "AttentionRecorder", "greedy_decode",
+
+
+def _token_features(cfg) -> dict:
+    return dict(word_dim=cfg.word_dim, pos_dim=cfg.pos_dim, caps_dim=cfg.caps_dim, use_chars=cfg.use_chars,
+                char_out=cfg.char_out, dropout=cfg.input_dropout, word_dropout=cfg.word_dropout)
+
+
+register_model("tagger", TransformerTagger, lambda cfg, task: dict(
+    task.model_kwargs(), dim=cfg.d_model, heads=cfg.num_heads, layers=cfg.num_layers, ffn_dim=cfg.d_ff, ffn=cfg.ffn,
+    window=cfg.window or None, rel_pos=cfg.rel_pos, dropout=cfg.dropout,
+    clamp=(-cfg.clamp, cfg.clamp) if cfg.clamp > 0 else None, backend=cfg.backend, features=_token_features(cfg)))
+register_model("bilstm", BiLSTMTagger, lambda cfg, task: dict(
+    task.model_kwargs(), hidden=cfg.lstm_hidden, layers=cfg.lstm_layers, dropout=cfg.lstm_dropout,
+    features=_token_features(cfg)))
+
+__all__ = ["TransformerTagger", "BiLSTMTagger", "Tagger", "TokenFeatures",
+           "GraphTransformer", "UniversalTransformer", "Seq2SeqOutput", "AttentionRecorder", "greedy_decode",
            "beam_search", "decode", "MODELS", "register_model", "build_model", "model_from_checkpoint"]

@@ -1,0 +1,94 @@
+"""`TransformerTagger`: an encoder-only Transformer on `EdgeAttention` for sequence tagging.
+
+Each batch is one block-diagonal graph (`graphs.batch`) of every sentence's complete graph, or of
+its `graphs.window(n, r)` for local attention: no padding, no masks. Positions are sinusoidal and
+restart at 0 in every sentence; an optional learned relative-position bias per head (clipped
+distance src - dst) goes in through `EdgeAttention`'s `edge_bias`.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .. import EdgeAttention, Graph, graphs
+from ..data.conll import TaggingBatch
+from .sentence_ops import FeedForward, positions_in_sentence, sinusoidal
+from .tagging import Tagger, TokenFeatures
+
+
+class EncoderLayer(nn.Module):
+    """Pre-norm: x + attn(norm(x)), then x + ffn(norm(x)). Shapes: x (L, dim) -> (L, dim)."""
+
+    def __init__(self, dim: int, heads: int, ffn_dim: int, ffn: str, dropout: float, rel_pos: int,
+                 clamp: Optional[Tuple[float, float]], backend: str = "auto") -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = EdgeAttention(dim, heads, dropout=dropout, clamp=clamp, backend=backend)
+        self.ffn = FeedForward(dim, ffn_dim, ffn, dropout)
+        self.dropout = nn.Dropout(dropout)
+        self.rel_pos = rel_pos
+        self.rel_bias = nn.Embedding(2 * rel_pos + 1, heads) if rel_pos > 0 else None
+        if self.rel_bias is not None:
+            nn.init.zeros_(self.rel_bias.weight)
+
+    def forward(self, x: Tensor, graph: Graph, lengths: Tensor) -> Tensor:
+        bias = None
+        if self.rel_bias is not None:  # within a sentence, src - dst is the relative position
+            bias = self.rel_bias((graph.src - graph.dst).clamp(-self.rel_pos, self.rel_pos) + self.rel_pos)  # (E, H)
+        x = x + self.dropout(self.attn(self.norm1(x), graph, edge_bias=bias))
+        return x + self.dropout(self.ffn(self.norm2(x), lengths))
+
+
+class TransformerTagger(Tagger):
+    """Token features -> linear to `dim` + sinusoidal positions -> `layers` encoder layers of
+    EdgeAttention over each sentence (complete graph, or window `window`) -> per-token classifier.
+
+    Args:
+        num_words, num_pos, num_chars, num_tags: vocabulary sizes (`TaggingVocab`).
+        dim, heads, layers, ffn_dim: encoder width, heads, depth, feed-forward hidden size.
+        ffn: "linear" or "conv" (width-3 convolutions along each sentence, see `FeedForward`).
+        window: None for complete graphs, else attend only to |i - j| <= window.
+        rel_pos: clip distance of a learned per-head relative-position bias (0: none).
+        clamp: score clamp passed to EdgeAttention (None: exact softmax).  backend: its kernel backend.
+        features: keyword arguments of `TokenFeatures`.
+
+    Shapes: batch of L tokens -> logits (L, num_tags).
+    """
+
+    def __init__(self, num_words: int, num_pos: int, num_chars: int, num_tags: int, *, dim: int = 128,
+                 heads: int = 4, layers: int = 2, ffn_dim: int = 256, ffn: str = "conv",
+                 window: Optional[int] = None, rel_pos: int = 0, dropout: float = 0.1,
+                 clamp: Optional[Tuple[float, float]] = None, backend: str = "auto",
+                 features: Optional[Dict] = None) -> None:
+        super().__init__()
+        self.num_tags = num_tags
+        self.window = window
+        self.features = TokenFeatures(num_words, num_pos, num_chars, **(features or {}))
+        self.input = nn.Linear(self.features.out_dim, dim)
+        self.layers = nn.ModuleList(
+            EncoderLayer(dim, heads, ffn_dim, ffn, dropout, rel_pos, clamp, backend) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.classifier = nn.Linear(dim, num_tags)
+        self.dim = dim
+        self._graphs: Dict[Tuple[int, str], Graph] = {}
+
+    def _sentence_graph(self, n: int, device: torch.device) -> Graph:
+        key = (n, str(device))
+        if key not in self._graphs:
+            self._graphs[key] = (graphs.complete(n, device=device) if self.window is None
+                                 else graphs.window(n, self.window, device=device))
+        return self._graphs[key]
+
+    def graph(self, lengths: List[int], device: torch.device) -> Graph:
+        """The batch's block-diagonal graph: one complete (or window) graph per sentence."""
+        return graphs.batch([self._sentence_graph(n, device) for n in lengths])
+
+    def forward(self, batch: TaggingBatch) -> Tensor:
+        g = self.graph(batch.lengths.tolist(), batch.words.device)
+        x = self.input(self.features(batch))  # (L, dim)
+        x = x + sinusoidal(positions_in_sentence(batch.lengths), self.dim)
+        for layer in self.layers:
+            x = layer(x, g, batch.lengths)
+        return self.classifier(self.norm(x))  # (L, num_tags)

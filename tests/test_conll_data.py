@@ -1,0 +1,64 @@
+import pytest
+import torch
+
+from sparseattn.data import TaggingVocab, batches, encode, read_conll, split_dev
+from sparseattn.data.conll import CAPS_CLASSES, caps_class, normalize_word
+
+from .models.tagging_helpers import SAMPLE
+
+
+def test_read_sample():
+    sentences = read_conll(SAMPLE)
+    assert len(sentences) == 8 and len(sentences[1]) == 3
+    assert sentences[1].words == ("Dogs", "bark", ".") and sentences[1].tags == ("B-NP", "B-VP", "O")
+
+
+def test_bad_line_names_the_file_and_line(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_text("a DT B-NP\nb NN\n")
+    with pytest.raises(ValueError, match="bad.txt:2"):
+        read_conll(path)
+
+
+def test_split_dev_is_seeded_and_disjoint():
+    sentences = read_conll(SAMPLE)
+    train, dev = split_dev(sentences, 0.25, seed=3)
+    assert (train, dev) == split_dev(sentences, 0.25, seed=3)
+    assert len(dev) == 2 and len(train) == 6 and not set(dev) & set(train)
+
+
+def test_features():
+    assert normalize_word("May1989") == "may0000"
+    assert [CAPS_CLASSES[caps_class(w)] for w in ("dog", "Dog", "USA", "iPod", "3.5")] == \
+        ["lower", "title", "upper", "mixed", "nocase"]
+
+
+def test_vocab_and_encode():
+    sentences = read_conll(SAMPLE)
+    vocab = TaggingVocab.build(sentences, min_freq=2)
+    assert vocab.words.itos[:2] == ["<pad>", "<unk>"] and vocab.tags.itos[0] == "O"
+    assert vocab.words("cat") == 1  # seen once: <unk> at min_freq=2
+    b = encode(sentences[:2], vocab)
+    assert b.lengths.tolist() == [7, 3] and b.num_tokens == 10
+    assert b.chars.shape == (10, 4) and b.chars[1, 3] == 0  # "cat" padded along characters only
+    assert [vocab.tags.itos[i] for i in b.tags[7:]] == ["B-NP", "B-VP", "O"]
+    again = TaggingVocab.from_state_dict(vocab.state_dict())
+    assert torch.equal(encode(sentences, again).words, encode(sentences, vocab).words)
+
+
+def test_batches_respect_token_budget_and_cover_everything():
+    sentences = read_conll(SAMPLE)
+    vocab = TaggingVocab.build(sentences)
+    seen = []
+    for ids, b in batches(sentences, vocab, max_tokens=12, shuffle=True, seed=1):
+        assert b.num_tokens <= 12 or len(ids) == 1
+        seen += ids
+    assert sorted(seen) == list(range(len(sentences)))
+
+
+def test_tag_unseen_in_training_is_ignored_by_the_loss():
+    from sparseattn.data.conll import IGNORE, Sentence
+
+    vocab = TaggingVocab.build(read_conll(SAMPLE))
+    b = encode([Sentence(("x", "y"), ("NN", "NN"), ("B-UCP", "O"))], vocab)
+    assert b.tags.tolist() == [IGNORE, vocab.tags("O")]
