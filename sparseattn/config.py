@@ -10,6 +10,7 @@ fields here (with defaults that leave the others unchanged) and its presets to P
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, fields
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -125,13 +126,14 @@ def _convert(name: str, typ: type, text: str):
             raise ValueError
         return typ(text)
     except ValueError:
-        raise ValueError(f"--{name} expects a {typ.__name__}, got {text!r}") from None
+        raise ValueError(f"--{name} expects {typ.__name__}, got {text!r}") from None
 
 
-def parse_overrides(args: Sequence[str]) -> Dict[str, object]:
-    """`--key=value` / `--key value` (and `--flag` for booleans) -> {key: typed value};
-    raises ValueError naming an unknown key and the valid ones."""
-    types = {f.name: (f.type if isinstance(f.type, type) else eval(f.type)) for f in fields(TrainConfig)}
+def parse_overrides(args: Sequence[str], config_cls: type = TrainConfig) -> Dict[str, object]:
+    """`--key=value` / `--key value` (and `--flag` for booleans) -> {key: typed value} for the
+    fields of `config_cls` (a dataclass); raises ValueError naming an unknown key and the valid ones."""
+    hints = typing.get_type_hints(config_cls)
+    types = {f.name: hints[f.name] for f in fields(config_cls)}
     out: Dict[str, object] = {}
     i = 0
     args = list(args)

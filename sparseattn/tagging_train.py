@@ -26,6 +26,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from . import config
+from .checkpoint import save_atomic
 from .chunk_metrics import chunk_scores, format_scores
 from .data.chunking import default_data_dir, load_split
 from .data.conll import Sentence, TaggingVocab, batches, split_dev
@@ -104,12 +106,6 @@ def predict_tags(model: Tagger, sentences: Sequence[Sentence], vocab: TaggingVoc
 
 def evaluate(model: Tagger, sentences: Sequence[Sentence], vocab: TaggingVocab) -> Dict[str, Dict[str, float]]:
     return chunk_scores([list(s.tags) for s in sentences], predict_tags(model, sentences, vocab))
-
-
-def save_atomic(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 def load_checkpoint(path: str) -> Tuple[TaggingConfig, TaggingVocab, Tagger, Dict[str, Any]]:
@@ -193,37 +189,11 @@ def train(cfg: TaggingConfig, resume: bool = False) -> Dict[str, Any]:
 
 
 def parse_overrides(pairs: Sequence[str]) -> Dict[str, Any]:
-    """`--key value` / `--key=value` / `--flag` pairs -> typed TaggingConfig overrides."""
-    types = {f.name: f.type for f in fields(TaggingConfig)}
-    items: Dict[str, Any] = {}
-    i = 0
-    while i < len(pairs):
-        tok = pairs[i]
-        if not tok.startswith("--"):
-            raise SystemExit(f"expected --key value, got {tok!r}")
-        key, _, value = tok[2:].partition("=")
-        key = key.replace("-", "_")
-        if key not in types:
-            raise SystemExit(f"unknown config key {key!r}; valid keys: {', '.join(types)}")
-        if not value:
-            if i + 1 < len(pairs) and not pairs[i + 1].startswith("--"):
-                value, i = pairs[i + 1], i + 1
-            elif types[key] in ("bool", bool):
-                value = "true"
-            else:
-                raise SystemExit(f"--{key} needs a value")
-        kind = types[key] if isinstance(types[key], str) else types[key].__name__
-        if kind == "bool":
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise SystemExit(f"--{key} expects true/false, got {value!r}")
-            items[key] = value.lower() in ("true", "1")
-        else:
-            try:
-                items[key] = {"int": int, "float": float, "str": str}[kind](value)
-            except ValueError:
-                raise SystemExit(f"--{key} expects {kind}, got {value!r}") from None
-        i += 1
-    return items
+    """`--key value` / `--key=value` / `--flag` pairs -> typed TaggingConfig overrides (exits on bad keys)."""
+    try:
+        return config.parse_overrides(pairs, TaggingConfig)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def train_main(argv: Sequence[str]) -> int:

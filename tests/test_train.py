@@ -23,7 +23,7 @@ def test_overrides_are_typed_and_unknown_keys_rejected():
     assert over == {"epochs": 3, "dropout": 0.2, "progress": False, "plots": True, "task": "sort"}
     with pytest.raises(ValueError, match="unknown config key 'epoch'"):
         parse_overrides(["--epoch=3"])
-    with pytest.raises(ValueError, match="expects a int"):
+    with pytest.raises(ValueError, match="expects int"):
         parse_overrides(["--epochs=x"])
 
 
