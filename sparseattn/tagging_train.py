@@ -18,9 +18,8 @@ and saves `<out>/last.pt` atomically (temp file + os.replace); the best dev F1 a
 from __future__ import annotations
 
 import json
-import os
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
