@@ -6,6 +6,7 @@ Commands:
     train     train a model on a task: sparseattn train --task copy --out runs/copy
     evaluate  decoded token/sequence accuracy of a checkpoint on the test split
     plot      attention heatmaps (and ACT step plots for the UT) of a checkpoint
+    translate translate sentences with a multi30k checkpoint (arguments or stdin)
 
 Run `sparseattn train --help` for the config keys. Extension point: a new subcommand is a
 function taking the remaining argv, added to build_parser and _forward below.
@@ -55,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
     for name, help_text in (("train", "train a model on a task (sparseattn train --help)"),
                             ("evaluate", "decoded metrics of a checkpoint"),
-                            ("plot", "attention and ACT plots of a checkpoint")):
+                            ("plot", "attention and ACT plots of a checkpoint"),
+                            ("translate", "translate sentences with a checkpoint")):
         cmd = sub.add_parser(name, help=help_text, add_help=False)
         cmd.add_argument("argv", nargs=argparse.REMAINDER)
         cmd.set_defaults(func=_forward(name))
@@ -64,14 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _forward(name: str):
     def run(args: argparse.Namespace) -> int:
-        from . import train
-        return {"train": train.train_main, "evaluate": train.evaluate_main, "plot": train.plot_main}[name](args.argv)
+        from . import train, translate
+        commands = {"train": train.train_main, "evaluate": train.evaluate_main, "plot": train.plot_main,
+                    "translate": translate.translate_main}
+        return commands[name](args.argv)
     return run
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("train", "evaluate", "plot"):  # these parse their own flags
+    if argv and argv[0] in ("train", "evaluate", "plot", "translate"):  # these parse their own flags
         return _forward(argv[0])(argparse.Namespace(argv=argv[1:]))
     args = build_parser().parse_args(argv)
     return args.func(args)

@@ -29,10 +29,15 @@ class TrainConfig:
     seq_mean: float = 15.0
     seq_std: float = 3.0
     src_eos: bool = True           # end each source with EOS (checkpoints without this key: False)
+    # data (multi30k): Multi30k-format files, joint BPE size, valid sentences decoded each epoch
+    data_dir: str = ""
+    vocab_size: int = 8000
+    valid_bleu_sentences: int = 200
     # schedule
     epochs: int = 4
     max_steps: int = 0             # stop (with a checkpoint) after this many steps in all; 0: no limit
     batch_size: int = 128          # sentences per batch (bucketed by length)
+    max_tokens: int = 0            # multi30k: tokens per batch (source + target); 0: batch_size sentences
     eval_batch_size: int = 500
     # model
     num_layers: int = 1
@@ -83,6 +88,11 @@ PRESETS: Dict[Tuple[str, str], dict] = {
     ("sort", "transformer"): dict(num_layers=2, num_heads=4, d_ff=512, epochs=10),
     ("*", "ut"): dict(num_heads=4, d_ff=512, epochs=10),
     ("sort", "ut"): dict(num_heads=4, d_ff=256, dropout=0.0, batch_size=16, warmup=300, epochs=20, eval_decode=False),
+    # sized for a CPU run: ~11M parameters with the 8000-token joint BPE, embeddings shared and tied
+    ("multi30k", "transformer"): dict(num_layers=3, d_model=256, num_heads=4, d_ff=1024, dropout=0.1, clamp=0.0,
+                                      share_embeddings=True, tie_generator=True, max_tokens=4096, warmup=800,
+                                      epochs=10, beam=5, alpha=0.6, max_len_a=1.5, max_len_b=10, eval_batch_size=200,
+                                      checkpoint_every=200),
 }
 
 
