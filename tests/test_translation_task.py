@@ -95,3 +95,12 @@ def test_shared_multi30k_files():
     test_src, test_tgt = read_parallel(SHARED, "test")
     exact = [vocab.decode(vocab.encode(line)) == line for line in test_src + test_tgt]
     assert np.mean(exact) > 0.99  # characters never seen in training map to <unk> and are lost
+
+
+def test_multi30k_preset_leaves_other_tasks_alone():
+    from sparseattn.config import make_config
+    cfg = make_config({"task": "multi30k"})
+    assert (cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.d_ff, cfg.max_tokens) == (3, 256, 4, 1024, 4096)
+    assert cfg.tie_generator and cfg.share_embeddings and (cfg.beam, cfg.alpha) == (5, 0.6)
+    copy = make_config({})
+    assert copy.max_tokens == 0 and copy.data_dir == "" and copy.beam == 1
