@@ -64,6 +64,10 @@ def test_train_evaluate_translate_on_sample(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(isinstance(line, str) for line in lines)
 
+    assert main(["plot", "--checkpoint", str(run / "checkpoint.pt"), "--out", str(tmp_path / "plots")]) == 0
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "attention_cross.png", "attention_decoder.png", "attention_encoder.png"]
+
 
 def test_resume_reuses_the_runs_tokenizer(tmp_path):
     pytest.importorskip("tokenizers", reason="translation needs the 'translate' extra (tokenizers)")

@@ -113,8 +113,27 @@ class Multi30kTask(Seq2SeqTask):
             (self.out_dir / f"hyp.{split}.de").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
         return metrics
 
-    def plot(self, model, cfg, out_dir, history: list) -> list:
-        return []  # the letter-task plots assume single-character tokens
+    @torch.no_grad()
+    def plot(self, model, cfg, out_dir, history: list, sentence: Optional[str] = None) -> list:
+        """Attention maps (encoder, decoder, cross) of one sentence (default: the first test source)
+        and the model's own translation of it, axes labelled with the subword tokens."""
+        from ..models.layers import AttentionRecorder
+        from ..plots import attention_maps
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        sentence = self.text["test"][0][0] if sentence is None else sentence
+        was_training = model.training
+        hyp = self.translate(model, [sentence], cfg)[0]
+        src = self.vocab.encode(sentence) + [self.vocab.eos]
+        tgt = self.vocab.encode(hyp)
+        model.eval()
+        record = AttentionRecorder()
+        model(self.pool.batch([src], [tgt], bos=self.vocab.bos, eos=self.vocab.eos).to(
+            next(model.parameters()).device), record=record)
+        model.train(was_training)
+        token = self.vocab.tokenizer.id_to_token
+        labels = {"src": [token(i) for i in src], "tgt_in": ["<s>"] + [token(i) for i in tgt]}
+        return attention_maps(record, labels, out_dir)
 
     def state_dict(self) -> dict:
         return {"tokenizer": self.vocab.tokenizer.to_str()}
