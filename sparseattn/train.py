@@ -302,9 +302,9 @@ def _run(trainer: Trainer) -> int:
     if "bleu" in results:
         print(f"test: BLEU {results['bleu']:.2f} (beam {cfg.beam}, alpha {cfg.alpha}); "
               f"trained {results['train_seconds']:.0f} s")
-        return 0
-    print(f"test: token accuracy {results['token_accuracy']:.4f}, sequence accuracy "
-          f"{results['sequence_accuracy']:.4f} (decoded, beam {cfg.beam}); trained {results['train_seconds']:.0f} s")
+    else:
+        print(f"test: token accuracy {results['token_accuracy']:.4f}, sequence accuracy "
+              f"{results['sequence_accuracy']:.4f} (decoded, beam {cfg.beam}); trained {results['train_seconds']:.0f} s")
     if results.get("plots"):
         print(f"plots: {cfg.out}/plots/ ({', '.join(Path(p).name for p in results['plots'])})")
     return 0
