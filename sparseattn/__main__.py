@@ -9,6 +9,7 @@ Commands:
     train-tagger, evaluate-tagger, plot-tagger
               the chunking taggers' own loop (time budget, per-epoch lr decay) that produced
               docs/RESULTS.md; `train --task chunking --model tagger|bilstm` is the shared path
+    translate translate sentences with a multi30k checkpoint (arguments or stdin)
 
 Run `sparseattn train --help` for the config keys. Extension point: a new subcommand is a
 function taking the remaining argv, added to build_parser and _forward below.
@@ -58,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
     for name, help_text in (("train", "train a model on a task (sparseattn train --help)"),
                             ("evaluate", "decoded metrics of a checkpoint"),
-                            ("plot", "attention and ACT plots of a checkpoint")):
+                            ("plot", "attention and ACT plots of a checkpoint"),
+                            ("translate", "translate sentences with a checkpoint")):
         cmd = sub.add_parser(name, help=help_text, add_help=False)
         cmd.add_argument("argv", nargs=argparse.REMAINDER)
         cmd.set_defaults(func=_forward(name))
@@ -96,14 +98,16 @@ def _forward(name: str):
         if name == "train-tagger":
             from .tagging_train import train_main as train_tagger
             return train_tagger(args.argv)
-        from . import train
-        return {"train": train.train_main, "evaluate": train.evaluate_main, "plot": train.plot_main}[name](args.argv)
+        from . import train, translate
+        commands = {"train": train.train_main, "evaluate": train.evaluate_main, "plot": train.plot_main,
+                    "translate": translate.translate_main}
+        return commands[name](args.argv)
     return run
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("train", "evaluate", "plot", "train-tagger"):  # these parse their own flags
+    if argv and argv[0] in ("train", "evaluate", "plot", "train-tagger", "translate"):  # these parse their own flags
         return _forward(argv[0])(argparse.Namespace(argv=argv[1:]))
     args = build_parser().parse_args(argv)
     return args.func(args)

@@ -30,8 +30,9 @@ class TrainConfig:
     seq_mean: float = 15.0
     seq_std: float = 3.0
     src_eos: bool = True           # end each source with EOS (checkpoints without this key: False)
+    data_dir: str = ""             # chunking: holds conll2000/{train,test}.txt (""; ../shared/data if it exists);
+                                   # multi30k: holds Multi30k-format files {train,val,test_2016_flickr}.{en,de}
     # chunking (task=chunking, models tagger and bilstm; see data/chunking.py)
-    data_dir: str = ""             # holds conll2000/{train,test}.txt; "": ../shared/data if it exists
     dev_fraction: float = 0.1      # seeded (data_seed) share of train.txt held out as the valid split
     min_freq: int = 2              # rarer training words map to <unk>
     batch_tokens: int = 800        # tokens per batch of whole sentences, no padding
@@ -48,10 +49,14 @@ class TrainConfig:
     lstm_hidden: int = 200         # bilstm units per direction
     lstm_layers: int = 1
     lstm_dropout: float = 0.3
+    # data (multi30k): Multi30k-format files, joint BPE size, valid sentences decoded each epoch
+    vocab_size: int = 8000
+    valid_bleu_sentences: int = 200
     # schedule
     epochs: int = 4
     max_steps: int = 0             # stop (with a checkpoint) after this many steps in all; 0: no limit
     batch_size: int = 128          # sentences per batch (bucketed by length)
+    max_tokens: int = 0            # multi30k: tokens per batch (source + target); 0: batch_size sentences
     eval_batch_size: int = 500
     # model
     num_layers: int = 1
@@ -107,6 +112,11 @@ PRESETS: Dict[Tuple[str, str], dict] = {
     ("chunking", "tagger"): dict(num_layers=2, num_heads=4, d_ff=256, ffn="conv", window=4, rel_pos=8, clamp=0.0,
                                  dropout=0.1, label_smoothing=0.0, lr_factor=0.32, warmup=200, grad_clip=5.0, epochs=5),
     ("chunking", "bilstm"): dict(label_smoothing=0.0, lr_factor=0.32, warmup=200, grad_clip=5.0, epochs=4),
+    # sized for a CPU run: 7.6M parameters with the 8000-token joint BPE, embeddings shared and tied
+    ("multi30k", "transformer"): dict(num_layers=3, d_model=256, num_heads=4, d_ff=1024, dropout=0.1, clamp=0.0,
+                                      share_embeddings=True, tie_generator=True, max_tokens=4096, warmup=800,
+                                      epochs=10, beam=5, alpha=0.6, max_len_a=1.5, max_len_b=10, eval_batch_size=200,
+                                      checkpoint_every=200),
 }
 
 

@@ -5,6 +5,7 @@
     sparseattn train --out runs/copy --resume [--epochs=8]                     # continue exactly
     sparseattn evaluate --checkpoint runs/copy/checkpoint.pt [--beam 4] [--json]
     sparseattn plot --checkpoint runs/copy/checkpoint.pt [--out DIR]
+    torchrun --nproc_per_node=N -m sparseattn train ...                        # DDP (distributed.py)
 
 RUN_DIR holds config.json, best.pt (weights of the best validation epoch, used for the final test
 numbers and plots when keep_best is on), checkpoint.pt (written atomically at each epoch end, every
@@ -76,6 +77,8 @@ def deferred_interrupt():
 
 
 class Trainer:
+    main_process = True  # writes checkpoints, logs and progress (False on ranks > 0 under torchrun)
+
     def __init__(self, cfg: TrainConfig, resume: bool = False) -> None:
         self.cfg, self.out = cfg, Path(cfg.out)
         self.ckpt_path = self.out / "checkpoint.pt"
@@ -99,9 +102,10 @@ class Trainer:
         self.rng = ckpt_io.rng_state()
         if resume:
             self._load(ckpt_io.load(self.ckpt_path, self.device))
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-        self._trim_metrics()
+        if self.main_process:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+            self._trim_metrics()
 
     # ---- checkpoints ------------------------------------------------------------------------
     def state(self) -> dict:
@@ -116,7 +120,8 @@ class Trainer:
         return self.train_seconds + running
 
     def save(self) -> None:
-        ckpt_io.save_atomic(self.state(), self.ckpt_path)
+        if self.main_process:
+            ckpt_io.save_atomic(self.state(), self.ckpt_path)
 
     def _load(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
@@ -139,13 +144,24 @@ class Trainer:
         path.write_text("".join(line + "\n" for line in keep))
 
     def log(self, record: dict) -> None:
+        if not self.main_process:
+            return
         with open(self.out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
     # ---- the loop ---------------------------------------------------------------------------
+    def epoch_batches(self, epoch: int) -> list:
+        """This process's training batches of `epoch` (lists of example indices)."""
+        return self.task.batch_indices("train", self.cfg, epoch)
+
+    def autocast(self):
+        """bf16 autocast on CUDA; CPU trains in fp32."""
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda")
+
     def train_step(self, batch) -> dict:
         self.optimizer.zero_grad(set_to_none=True)
-        loss, stats = self.task.loss(self.model, batch, self.cfg)
+        with self.autocast():
+            loss, stats = self.task.loss(self.model, batch, self.cfg)
         loss.backward()
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
@@ -169,9 +185,10 @@ class Trainer:
         with deferred_interrupt() as flag:
             try:
                 while pos["epoch"] < cfg.epochs:
-                    batches = self.task.batch_indices("train", cfg, pos["epoch"])
+                    batches = self.epoch_batches(pos["epoch"])
                     meter, log_meter = Meter(), Meter()
-                    bar = tqdm(total=len(batches), initial=pos["batch"], disable=not cfg.progress,
+                    bar = tqdm(total=len(batches), initial=pos["batch"],
+                               disable=not (cfg.progress and self.main_process),
                                desc=f"epoch {pos['epoch'] + 1}/{cfg.epochs}", dynamic_ncols=True, leave=True)
                     while pos["batch"] < len(batches):
                         if cfg.max_steps and pos["step"] >= cfg.max_steps:
@@ -212,7 +229,9 @@ class Trainer:
     def end_epoch(self, meter: Meter) -> None:
         pos = self.position
         train = meter.summary() if meter.sums else {}
-        valid = self.task.evaluate(self.model, "valid", self.cfg, decode=self.cfg.eval_decode)
+        valid = {}
+        if self.main_process:  # under torchrun the other ranks go on to the next collective and wait
+            valid = self.task.evaluate(self.model, "valid", self.cfg, decode=self.cfg.eval_decode)
         record = {"epoch": pos["epoch"] + 1, "step": pos["step"], "time_s": round(self.elapsed(), 1),
                   "train": train, "valid": valid}
         self.log({"kind": "valid", **record})
@@ -222,7 +241,7 @@ class Trainer:
             ckpt_io.save_atomic({**best, "epoch": pos["epoch"] + 1, "score": score}, self.best_path)  # evaluate/plot read it
         self.history.append(record)
         shown = {k: round(v, 4) for k, v in valid.items() if isinstance(v, float)}
-        if self.cfg.progress:
+        if self.cfg.progress and self.main_process:
             print(f"epoch {pos['epoch'] + 1}: valid {shown}", file=sys.stderr)
         pos["epoch"] += 1
         pos["batch"] = 0
@@ -272,19 +291,41 @@ def train_main(argv: List[str]) -> int:
         cfg = config_from_checkpoint(saved, overrides)
     else:
         cfg = make_config(overrides)
-    trainer = Trainer(cfg, resume=resume)
+    from . import distributed
+    if distributed.launched_by_torchrun():
+        distributed.init_from_env(cfg)
+        trainer: Trainer = distributed.DistributedTrainer(cfg, resume=resume)
+    else:
+        trainer = Trainer(cfg, resume=resume)
+    try:
+        return _run(trainer)
+    finally:
+        distributed.cleanup()
+
+
+def _run(trainer: Trainer) -> int:
+    cfg = trainer.cfg
     n_params = sum(p.numel() for p in trainer.model.parameters())
-    print(f"task {cfg.task}, model {cfg.model} ({n_params:,} parameters), {trainer.device}, out {cfg.out}",
-          file=sys.stderr)
+    if trainer.main_process:
+        world = getattr(trainer, "world_size", 1)
+        print(f"task {cfg.task}, model {cfg.model} ({n_params:,} parameters), {trainer.device}"
+              f"{f' x {world} processes' if world > 1 else ''}, out {cfg.out}", file=sys.stderr)
     status = trainer.fit()
     if status == "interrupted":
         return 130
     if status == "max_steps":
-        print(f"stopped at max_steps={cfg.max_steps}; checkpoint {trainer.ckpt_path}", file=sys.stderr)
+        if trainer.main_process:
+            print(f"stopped at max_steps={cfg.max_steps}; checkpoint {trainer.ckpt_path}", file=sys.stderr)
+        return 0
+    if not trainer.main_process:
         return 0
     results = trainer.finish()
-    print(f"test: token accuracy {results['token_accuracy']:.4f}, sequence accuracy "
-          f"{results['sequence_accuracy']:.4f} (decoded, beam {cfg.beam}); trained {results['train_seconds']:.0f} s")
+    if "bleu" in results:
+        print(f"test: BLEU {results['bleu']:.2f} (beam {cfg.beam}, alpha {cfg.alpha}); "
+              f"trained {results['train_seconds']:.0f} s")
+    else:
+        print(f"test: token accuracy {results['token_accuracy']:.4f}, sequence accuracy "
+              f"{results['sequence_accuracy']:.4f} (decoded, beam {cfg.beam}); trained {results['train_seconds']:.0f} s")
     if "best_epoch" in results:
         print(f"(weights of epoch {results['best_epoch']}, the best on the validation split: {trainer.best_path})")
     if results.get("plots"):
@@ -296,6 +337,7 @@ def load_for_eval(path: str, device: str = "auto"):
     """(cfg, task, model) from a checkpoint file, model in eval mode."""
     state = ckpt_io.load(path)
     cfg = config_from_checkpoint(state["config"])
+    cfg.out = str(Path(path).parent)  # run files (tokenizer.json, hypotheses) live next to the checkpoint
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     task = get_task(cfg.task)

@@ -56,7 +56,8 @@ def test_train_evaluate_resume_on_the_sample(data_dir, tmp_path, capsys, model):
     test = json.load(open(f"{out}/results.json"))
     assert {"precision", "recall", "f1", "NP_f1", "token_accuracy"} <= set(test)
     capsys.readouterr()
-    assert main(["evaluate", "--checkpoint", f"{out}/checkpoint.pt", "--json"]) == 0
+    # results.json holds the best validation epoch's test scores: evaluate those weights
+    assert main(["evaluate", "--checkpoint", f"{out}/best.pt", "--json"]) == 0
     scores = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert scores["f1"] == pytest.approx(test["f1"]) and "VP_precision" in scores
     # resumed == uninterrupted: train 1 epoch, resume to 2, same weights as the 2-epoch run

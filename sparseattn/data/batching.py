@@ -5,7 +5,8 @@ A batch of B (source, target) pairs becomes one row per token, all sentences end
     decoder graph  causal per target sentence                          (N_dec -> N_dec)
     cross graph    complete bipartite, sentence b's source -> target b (N_enc -> N_dec)
 `GraphPool` caches the per-sentence graphs for every length (and length pair), so building a
-batch is a `graphs.batch` of cached pieces; `bucket_batches` groups sentences of similar length.
+batch is a `graphs.batch` of cached pieces; `bucket_batches` groups sentences of similar length
+into batches of a fixed number of sentences, `token_batches` into batches under a token budget.
 """
 from __future__ import annotations
 
@@ -134,3 +135,41 @@ def bucket_batches(lengths: Sequence[int], batch_size: int, seed: Optional[int] 
         chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
         batches.extend(chunk[i:i + batch_size].tolist() for i in range(0, len(chunk), batch_size))
     return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def token_batches(sizes: Sequence[int], max_tokens: int, seed: Optional[int] = None,
+                  pool_factor: int = 50) -> List[List[int]]:
+    """Indices grouped into batches whose summed `sizes` (tokens per example) stay within
+    `max_tokens`; an example larger than the budget gets a batch of its own. Every index
+    appears exactly once.
+
+    With a seed: shuffle, sort within pools of about `pool_factor` batches by size, cut greedily,
+    and shuffle the batch order (deterministic in the seed). Without: sorted by size, in order.
+    """
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens must be > 0, got {max_tokens}")
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if seed is None:
+        chunks = [np.argsort(sizes, kind="stable")]
+    else:
+        rng = np.random.default_rng(seed)
+        order = rng.permutation(len(sizes))
+        per_batch = max(1, max_tokens // max(1, int(np.median(sizes)) if len(sizes) else 1))
+        pool = pool_factor * per_batch
+        chunks = [order[i:i + pool] for i in range(0, len(order), pool)]
+        chunks = [c[np.argsort(sizes[c], kind="stable")] for c in chunks]
+    batches: List[List[int]] = []
+    for chunk in chunks:
+        current: List[int] = []
+        total = 0
+        for i in chunk.tolist():
+            if current and total + sizes[i] > max_tokens:
+                batches.append(current)
+                current, total = [], 0
+            current.append(i)
+            total += int(sizes[i])
+        if current:
+            batches.append(current)
+    if seed is not None:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches

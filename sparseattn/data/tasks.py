@@ -16,7 +16,8 @@ decorate it with `@register_task("name")`. The training loop (train.py) only cal
     task.evaluate(model, split, cfg, decode=True)  dict of metrics (token_accuracy, ... later bleu, f1)
     task.plot(model, cfg, out_dir, history)        task-specific PNGs (list of paths)
     task.state_dict() / load_state_dict()          what must travel in a checkpoint (vocabularies)
-A translation task overrides setup (read files, BPE, vocab) and evaluate (add BLEU); a tagging
+A translation task overrides setup (read files, BPE, vocab) and evaluate (add BLEU), as
+`multi30k` does in translation_task.py; a tagging
 task implements make_batch/loss/evaluate for its own batch type (e.g. token F1).
 """
 from __future__ import annotations

@@ -1,0 +1,83 @@
+"""Multi-process training under torchrun: `torchrun --nproc_per_node=N -m sparseattn train ...`.
+
+DistributedDataParallel with gloo on CPU and nccl on CUDA (one GPU per LOCAL_RANK). Design:
+- Every rank builds the same global batch list for an epoch (a function of seed and epoch), groups
+  it into steps of N consecutive batches, and rank r takes batch r of each step; a last group of
+  fewer than N batches is dropped. So N ranks with per-rank batches of B sentences (or max_tokens
+  tokens) take the same steps as one process whose batch is the union of the N rank batches.
+- The loss is the per-token mean over that global batch: each rank scales its summed loss by
+  N / (tokens on all ranks) (an all_reduce of the token count), and DDP's gradient average
+  divides by N again. `global_batches` builds the equivalent single-process batch list
+  (tests/test_distributed.py checks the parameters match).
+- Rank 0 alone writes checkpoints, metrics, tokenizer and results and runs the per-epoch
+  validation; all ranks load the same checkpoint on --resume. Logged train stats are rank 0's.
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from .train import Trainer
+
+
+def launched_by_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init_from_env(cfg) -> None:
+    """Join the process group torchrun describes in the environment (gloo on CPU, nccl on CUDA)."""
+    use_cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        cfg.device = f"cuda:{local}"
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+
+
+def shard_batches(batches: Sequence[List[int]], rank: int, world_size: int) -> List[List[int]]:
+    """Batch `rank` of each group of `world_size` consecutive batches (incomplete last group dropped)."""
+    steps = len(batches) // world_size
+    return [list(batches[s * world_size + rank]) for s in range(steps)]
+
+
+def global_batches(batches: Sequence[List[int]], world_size: int) -> List[List[int]]:
+    """The single-process batches equivalent to `world_size` ranks: each group's union, in rank order."""
+    steps = len(batches) // world_size
+    return [[i for r in range(world_size) for i in batches[s * world_size + r]] for s in range(steps)]
+
+
+class DistributedTrainer(Trainer):
+    """Trainer for one rank of a torchrun job (call init_from_env first)."""
+
+    def __init__(self, cfg, resume: bool = False) -> None:
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.main_process = self.rank == 0
+        super().__init__(cfg, resume=resume)
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(self.model, device_ids=ids)
+
+    def epoch_batches(self, epoch: int) -> list:
+        return shard_batches(super().epoch_batches(epoch), self.rank, self.world_size)
+
+    def train_step(self, batch) -> dict:
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.autocast():
+            loss, stats = self.task.loss(self.ddp, batch, self.cfg)  # per-token mean of this rank's batch
+        total = torch.tensor([float(stats["tokens"])], device=self.device)
+        dist.all_reduce(total)
+        (loss * (stats["tokens"] * self.world_size / total.item())).backward()  # DDP averages over ranks
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        return stats
+
+
+def cleanup() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,82 @@
+"""torchrun DDP: two gloo processes take the same steps as one process with the global batch."""
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sparseattn import checkpoint as ckpt_io
+from sparseattn.config import make_config
+from sparseattn.distributed import global_batches, shard_batches
+from sparseattn.train import Trainer
+from tests.single_thread import one_thread  # noqa: F401  (autouse: one torch thread)
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = dict(task="copy", num_train=64, num_valid=8, num_test=8, seq_mean=6.0, seq_std=1.0, batch_size=8,
+            d_model=32, d_ff=32, num_heads=2, dropout=0.0, epochs=1, max_steps=3, warmup=5, progress=False,
+            plots=False, eval_decode=False, log_every=1, adam_eps=1e-4)
+# adam_eps: the key-projection bias has a zero gradient in exact arithmetic (softmax ignores a shift
+# shared by all keys of a query), so its gradient is rounding noise that Adam with eps 1e-9 would
+# scale up to +-lr, differently for a different summation order; eps 1e-4 keeps such noise at ~1e-6
+
+
+def test_shards_are_disjoint_and_unite_to_the_global_batches():
+    batches = [[i, i + 100] for i in range(7)]
+    shards = [shard_batches(batches, r, 3) for r in range(3)]
+    assert [len(s) for s in shards] == [2, 2, 2]  # the incomplete last group is dropped
+    assert global_batches(batches, 3) == [[s[k][j] for s in shards for j in range(2)] for k in range(2)]
+
+
+class GlobalBatchTrainer(Trainer):
+    """One process whose batches are the union of what 2 ranks take per step."""
+
+    def epoch_batches(self, epoch):
+        return global_batches(super().epoch_batches(epoch), 2)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(*args: str) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+           f"--master_port={_free_port()}", "-m", "sparseattn", "train", *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _check_equals_single_process(tmp_path):
+    ddp = ckpt_io.load(tmp_path / "ddp" / "checkpoint.pt")
+    assert ddp["position"]["step"] == 3
+
+    single = GlobalBatchTrainer(make_config({**TINY, "out": str(tmp_path / "single")}))
+    assert single.fit() == "max_steps"
+    ref = single.model.state_dict()
+    assert ddp["model"].keys() == ref.keys()
+    for k, v in ref.items():
+        torch.testing.assert_close(ddp["model"][k], v, rtol=1e-5, atol=1e-5, msg=k)
+    start = ckpt_io.load(tmp_path / "single" / "checkpoint.pt")["model"]
+    assert any(not torch.equal(start[k], Trainer(make_config({**TINY, "out": str(tmp_path / "init"),
+                                                                "max_steps": 0})).model.state_dict()[k])
+               for k in start)  # the steps changed the weights
+
+
+def test_two_gloo_processes_equal_one_process_with_the_global_batch(tmp_path):
+    _torchrun(*[f"--{k}={v}" for k, v in TINY.items()], f"--out={tmp_path / 'ddp'}")
+    _check_equals_single_process(tmp_path)
+
+
+@pytest.mark.slow
+def test_resume_under_torchrun(tmp_path):
+    """2 steps, a checkpoint, then --resume for the third: as one process with the global batch."""
+    args = [f"--{k}={v}" for k, v in TINY.items()] + [f"--out={tmp_path / 'ddp'}"]
+    _torchrun(*args, "--max_steps=2")
+    assert ckpt_io.load(tmp_path / "ddp" / "checkpoint.pt")["position"]["step"] == 2
+    _torchrun(*args, "--resume")
+    _check_equals_single_process(tmp_path)

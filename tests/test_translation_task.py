@@ -1,0 +1,110 @@
+"""The multi30k task on the tiny sample: training, BLEU evaluation with a hypotheses file, the
+translate command, the tokenizer travelling with the run, token-budget batching; the shared
+Multi30k files when present."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from sparseattn.__main__ import main
+from sparseattn.data.batching import token_batches
+from tests.single_thread import one_thread  # noqa: F401  (autouse: one torch thread)
+
+SAMPLE = os.path.join(os.path.dirname(__file__), "data", "multi30k_sample")
+SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
+TINY = ["--task=multi30k", f"--data-dir={SAMPLE}", "--vocab_size=200", "--num_layers=1", "--d_model=32",
+        "--d_ff=64", "--num_heads=2", "--max_tokens=64", "--epochs=2", "--progress=false", "--beam=2",
+        "--warmup=10", "--checkpoint_every=0"]
+
+
+@pytest.mark.parametrize("seed", [None, 0, 1, 7])
+@pytest.mark.parametrize("budget", [1, 20, 64, 500])
+def test_token_batches_respect_budget_and_cover_every_pair_once(seed, budget):
+    sizes = np.random.default_rng(3).integers(1, 60, size=300)
+    batches = token_batches(sizes, budget, seed)
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(len(sizes)))  # every pair exactly once
+    for b in batches:
+        assert sum(sizes[i] for i in b) <= budget or len(b) == 1  # only a single oversize pair exceeds it
+    if seed is not None:
+        assert token_batches(sizes, budget, seed) == batches  # deterministic in the seed
+
+
+def test_token_batches_rejects_bad_budget():
+    with pytest.raises(ValueError, match="max_tokens must be > 0"):
+        token_batches([1, 2], 0)
+
+
+def test_train_evaluate_translate_on_sample(tmp_path, capsys):
+    pytest.importorskip("tokenizers", reason="translation needs the 'translate' extra (tokenizers)")
+    pytest.importorskip("sacrebleu", reason="BLEU needs the 'translate' extra (sacrebleu)")
+    run = tmp_path / "run"
+    assert main(["train", *TINY, f"--out={run}"]) == 0
+    assert "test: BLEU" in capsys.readouterr().out
+    assert (run / "tokenizer.json").is_file() and (run / "hyp.test.de").is_file()
+    assert "bleu" in json.loads((run / "results.json").read_text())
+    valid = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "valid"]
+    assert len(valid) == 2 and "bleu" in valid[0]["valid"]  # greedy BLEU on val after each epoch
+
+    # evaluate on a copy of the checkpoint alone: the tokenizer comes from the checkpoint
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.copy(run / "checkpoint.pt", moved / "checkpoint.pt")
+    assert main(["evaluate", "--checkpoint", str(moved / "checkpoint.pt"), "--split", "val", "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert 0.0 <= metrics["bleu"] <= 100.0
+    hyps = (moved / "hyp.val.de").read_text().splitlines()
+    assert len(hyps) == 2
+
+    assert main(["translate", "--checkpoint", str(run / "checkpoint.pt"), "A dog runs on the beach.",
+                 "A man throws a ball."]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(isinstance(line, str) for line in lines)
+
+    assert main(["plot", "--checkpoint", str(run / "checkpoint.pt"), "--out", str(tmp_path / "plots")]) == 0
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "attention_cross.png", "attention_decoder.png", "attention_encoder.png"]
+
+
+def test_resume_reuses_the_runs_tokenizer(tmp_path):
+    pytest.importorskip("tokenizers", reason="translation needs the 'translate' extra (tokenizers)")
+    from sparseattn.config import make_config, parse_overrides
+    from sparseattn.train import Trainer
+    cfg = make_config({**parse_overrides(TINY), "out": str(tmp_path / "run"), "max_steps": 2})
+    first = Trainer(cfg)
+    assert first.fit() == "max_steps"
+    before = (tmp_path / "run" / "tokenizer.json").read_text()
+    resumed = Trainer(make_config({**parse_overrides(TINY), "out": str(tmp_path / "run")}), resume=True)
+    assert resumed.position["step"] == 2
+    assert (tmp_path / "run" / "tokenizer.json").read_text() == before
+    assert resumed.task.vocab.tokenizer.to_str() == first.task.vocab.tokenizer.to_str()
+
+
+def test_missing_data_dir_is_explained(tmp_path):
+    with pytest.raises(ValueError, match="needs --data-dir"):
+        main(["train", "--task=multi30k", f"--out={tmp_path / 'x'}", "--progress=false"])
+
+
+@pytest.mark.skipif(not os.path.isdir(SHARED), reason=f"shared Multi30k files absent ({SHARED})")
+def test_shared_multi30k_files():
+    pytest.importorskip("tokenizers", reason="translation needs the 'translate' extra (tokenizers)")
+    from sparseattn.data.translation import SubwordVocab, read_parallel
+    sizes = {split: len(read_parallel(SHARED, split)[0]) for split in ("train", "val", "test")}
+    assert sizes == {"train": 29000, "val": 1014, "test": 1000}
+    src, tgt = read_parallel(SHARED, "train")
+    vocab = SubwordVocab.train(src + tgt, vocab_size=8000)
+    test_src, test_tgt = read_parallel(SHARED, "test")
+    exact = [vocab.decode(vocab.encode(line)) == line for line in test_src + test_tgt]
+    assert np.mean(exact) > 0.99  # characters never seen in training map to <unk> and are lost
+
+
+def test_multi30k_preset_leaves_other_tasks_alone():
+    from sparseattn.config import make_config
+    cfg = make_config({"task": "multi30k"})
+    assert (cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.d_ff, cfg.max_tokens) == (3, 256, 4, 1024, 4096)
+    assert cfg.tie_generator and cfg.share_embeddings and (cfg.beam, cfg.alpha) == (5, 0.6)
+    copy = make_config({})
+    assert copy.max_tokens == 0 and copy.data_dir == "" and copy.beam == 1
