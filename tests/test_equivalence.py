@@ -47,25 +47,26 @@ def dense_run(case, grad_out, magnitude=1.0):
     return out.detach(), grads
 
 
+def check_against_dense(case, backend, dtype):
+    """Values and the q, k, v, bias gradients of `backend` in `dtype` against the float64 dense reference."""
+    out, grads, grad_out = run(case, backend, dtype)
+    gold, gold_grads = dense_run(case, grad_out)
+    assert out.dtype == dtype
+    assert_close(out, gold, dtype, "out")
+    for name, g, gg in zip("q k v bias".split(), grads, gold_grads):
+        assert_close(g, gg, dtype, f"d{name}")
+
+
 @pytest.mark.parametrize("backend", EDGE_BACKENDS)
 @given(case=graph_cases())
 def test_matches_dense_float64(backend, case):
-    out, grads, grad_out = run(case, backend)
-    gold, gold_grads = dense_run(case, grad_out)
-    assert_close(out, gold, torch.float64, "out")
-    for name, g, gg in zip("q k v bias".split(), grads, gold_grads):
-        assert_close(g, gg, torch.float64, f"d{name}")
+    check_against_dense(case, backend, torch.float64)
 
 
 @pytest.mark.parametrize("backend", EDGE_BACKENDS)
 @given(case=graph_cases(max_nodes=8, max_edges=32))
 def test_matches_dense_float32(backend, case):
-    out, grads, grad_out = run(case, backend, torch.float32)
-    gold, gold_grads = dense_run(case, grad_out)
-    assert out.dtype == torch.float32
-    assert_close(out, gold, torch.float32, "out")
-    for name, g, gg in zip("q k v bias".split(), grads, gold_grads):
-        assert_close(g, gg, torch.float32, f"d{name}")
+    check_against_dense(case, backend, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", HALF)
@@ -243,22 +244,13 @@ def test_dropout_matches_reference_mask_across_backends():
 @pytest.mark.parametrize("backend", BACKENDS)
 @given(case=block_cases())
 def test_matches_dense_float64_on_blocks(backend, case):
-    out, grads, grad_out = run(case, backend)
-    gold, gold_grads = dense_run(case, grad_out)
-    assert_close(out, gold, torch.float64, "out")
-    for name, g, gg in zip("q k v bias".split(), grads, gold_grads):
-        assert_close(g, gg, torch.float64, f"d{name}")
+    check_against_dense(case, backend, torch.float64)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @given(case=block_cases(max_size=5))
 def test_matches_dense_float32_on_blocks(backend, case):
-    out, grads, grad_out = run(case, backend, torch.float32)
-    gold, gold_grads = dense_run(case, grad_out)
-    assert out.dtype == torch.float32
-    assert_close(out, gold, torch.float32, "out")
-    for name, g, gg in zip("q k v bias".split(), grads, gold_grads):
-        assert_close(g, gg, torch.float32, f"d{name}")
+    check_against_dense(case, backend, torch.float32)
 
 
 @pytest.mark.parametrize("dtype", HALF)
