@@ -91,6 +91,17 @@ class Embeddings(nn.Module):
         return self.lut(tokens) * self.scale
 
 
+def source_target_embeddings(src_vocab_size: int, tgt_vocab_size: int, d_model: int,
+                             share: bool) -> "tuple[Embeddings, Embeddings]":
+    """(source, target) embeddings; one shared module when `share` (equal vocabularies required)."""
+    src = Embeddings(src_vocab_size, d_model)
+    if not share:
+        return src, Embeddings(tgt_vocab_size, d_model)
+    if src_vocab_size != tgt_vocab_size:
+        raise ValueError(f"share_embeddings needs equal vocabularies, got {src_vocab_size} and {tgt_vocab_size}")
+    return src, src
+
+
 class FeedForward(nn.Module):
     """Linear -> ReLU -> dropout -> Linear: (N, d) -> (N, d)."""
 

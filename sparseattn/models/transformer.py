@@ -24,8 +24,8 @@ from torch.nn import functional as F
 
 from .. import Graph
 from ..data.batching import GraphBatch
-from .layers import (AttentionRecorder, DecoderLayer, Embeddings, EncoderLayer, PositionalEncoding, attend,
-                     project_kv, project_q, xavier_init_)
+from .layers import (AttentionRecorder, DecoderLayer, EncoderLayer, PositionalEncoding, attend, project_kv, project_q,
+                     source_target_embeddings, xavier_init_)
 
 
 class Seq2SeqOutput(NamedTuple):
@@ -84,13 +84,8 @@ class GraphTransformer(nn.Module):
         super().__init__()
         attn_kw = dict(clamp=None if clamp is None else (-clamp, clamp), backend=backend)
         self.d_model, self.num_heads = d_model, num_heads
-        self.src_embed = Embeddings(src_vocab_size, d_model)
-        if share_embeddings:
-            if src_vocab_size != tgt_vocab_size:
-                raise ValueError(f"share_embeddings needs equal vocabularies, got {src_vocab_size} and {tgt_vocab_size}")
-            self.tgt_embed = self.src_embed
-        else:
-            self.tgt_embed = Embeddings(tgt_vocab_size, d_model)
+        self.src_embed, self.tgt_embed = source_target_embeddings(src_vocab_size, tgt_vocab_size, d_model,
+                                                                  share_embeddings)
         self.pos_enc = PositionalEncoding(d_model, max_len)
         self.dropout = nn.Dropout(dropout)
         self.encoder = nn.ModuleList(EncoderLayer(d_model, num_heads, d_ff, dropout, **attn_kw) for _ in range(num_layers))

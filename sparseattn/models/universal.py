@@ -28,8 +28,8 @@ from torch.nn import functional as F
 
 from .. import Graph, graphs
 from ..data.batching import GraphBatch
-from .layers import (AttentionRecorder, DecoderLayer, Embeddings, EncoderLayer, PositionalEncoding, attend,
-                     project_kv, project_q, xavier_init_)
+from .layers import (AttentionRecorder, DecoderLayer, EncoderLayer, PositionalEncoding, attend, project_kv, project_q,
+                     source_target_embeddings, xavier_init_)
 from .transformer import DecodeState, Seq2SeqOutput, cross_graph_for_hyps
 
 
@@ -60,13 +60,8 @@ class UniversalTransformer(nn.Module):
         attn_kw = dict(clamp=None if clamp is None else (-clamp, clamp), backend=backend)
         self.d_model, self.num_heads = d_model, num_heads
         self.max_steps, self.threshold, self.act_loss_weight = max_steps, threshold, act_loss_weight
-        self.src_embed = Embeddings(src_vocab_size, d_model)
-        if share_embeddings:
-            if src_vocab_size != tgt_vocab_size:
-                raise ValueError(f"share_embeddings needs equal vocabularies, got {src_vocab_size} and {tgt_vocab_size}")
-            self.tgt_embed = self.src_embed
-        else:
-            self.tgt_embed = Embeddings(tgt_vocab_size, d_model)
+        self.src_embed, self.tgt_embed = source_target_embeddings(src_vocab_size, tgt_vocab_size, d_model,
+                                                                  share_embeddings)
         self.pos_enc = PositionalEncoding(d_model, max_len)
         self.time_enc = PositionalEncoding(d_model, max_steps)
         self.dropout = nn.Dropout(dropout)
