@@ -101,17 +101,13 @@ class ChunkingTask(Task):
     @torch.no_grad()
     def evaluate(self, model, split: str, cfg, decode: bool = True) -> dict:
         """loss, token and sentence accuracy, chunk precision/recall/f1 overall and `<TYPE>_f1` etc. per type."""
-        from ..metrics import Meter
         was_training = model.training
         model.eval()
-        device = next(model.parameters()).device
-        meter = Meter()
-        for idx in self.batch_indices(split, cfg, None):
-            meter.add(self.loss(model, self.make_batch(split, idx, device), cfg)[1])
+        summary = self.loss_summary(model, split, cfg)
         gold = [list(s.tags) for s in self.splits[split]]
         pred = self.predict(model, split, cfg)
         scores = chunk_scores(gold, pred)
-        metrics = {"loss": meter.summary()["loss"], "token_accuracy": meter.summary()["accuracy"],
+        metrics = {"loss": summary["loss"], "token_accuracy": summary["accuracy"],
                    "sequence_accuracy": sum(p == g for p, g in zip(pred, gold)) / max(len(gold), 1)}
         metrics.update({k: scores["overall"][k] for k in ("precision", "recall", "f1")})
         for name in sorted((n for n in scores if n != "overall"), key=lambda n: -scores[n]["support"]):

@@ -97,6 +97,17 @@ class Task:
     def evaluate(self, model, split: str, cfg, decode: bool = True) -> dict:
         raise NotImplementedError
 
+    @torch.no_grad()
+    def loss_summary(self, model, split: str, cfg) -> dict:
+        """`Meter.summary()` of this task's loss stats over every batch of `split` (the model's mode
+        is left to the caller: evaluate() puts it in eval mode first)."""
+        from ..metrics import Meter
+        device = next(model.parameters()).device
+        meter = Meter()
+        for idx in self.batch_indices(split, cfg, None):
+            meter.add(self.loss(model, self.make_batch(split, idx, device), cfg)[1])
+        return meter.summary()
+
     def plot(self, model, cfg, out_dir, history: list) -> list:
         return []
 
@@ -151,15 +162,11 @@ class Seq2SeqTask(Task):
     @torch.no_grad()
     def evaluate(self, model, split: str, cfg, decode: bool = True) -> dict:
         """Teacher-forced loss/accuracy, and (decode=True) token and sequence accuracy of decoded outputs."""
-        from ..metrics import Meter
         from ..models.decoding import decode as decode_all
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
-        meter = Meter()
-        for idx in self.batch_indices(split, cfg, None):
-            meter.add(self.loss(model, self.make_batch(split, idx, device), cfg)[1])
-        summary = meter.summary()
+        summary = self.loss_summary(model, split, cfg)
         metrics = {"loss": summary["loss"], "tf_accuracy": summary["accuracy"]}
         if "act_steps_hist" in summary:
             hist = np.asarray(summary["act_steps_hist"], dtype=float)
