@@ -4,11 +4,9 @@ Commands:
     demo      run EdgeAttention on a batch of variable-length sequences and check it against
               dense masked attention (no training; a quick look at the API)
     train     train a model on a task: sparseattn train --task copy --out runs/copy
-    evaluate  decoded token/sequence accuracy of a checkpoint on the test split
+    evaluate  a checkpoint's decoded metrics on the test split (accuracy, BLEU or chunk F1)
     plot      attention heatmaps (and ACT step plots for the UT) of a checkpoint
-    train-tagger, evaluate-tagger, plot-tagger
-              the chunking taggers' own loop (time budget, per-epoch lr decay) that produced
-              docs/RESULTS.md; `train --task chunking --model tagger|bilstm` is the shared path
+    compare   one validation metric of several runs per epoch and per minute, as a PNG
     translate translate sentences with a multi30k checkpoint (arguments or stdin)
 
 Run `sparseattn train --help` for the config keys. Extension point: a new subcommand is a
@@ -60,54 +58,26 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in (("train", "train a model on a task (sparseattn train --help)"),
                             ("evaluate", "decoded metrics of a checkpoint"),
                             ("plot", "attention and ACT plots of a checkpoint"),
-                            ("translate", "translate sentences with a checkpoint")):
+                            ("translate", "translate sentences with a checkpoint"),
+                            ("compare", "a validation metric of several runs, per epoch and per minute")):
         cmd = sub.add_parser(name, help=help_text, add_help=False)
         cmd.add_argument("argv", nargs=argparse.REMAINDER)
         cmd.set_defaults(func=_forward(name))
-    tt = sub.add_parser("train-tagger", help="chunking tagger loop with a time budget: --model tagger|bilstm "
-                        "--data-dir D --out O [--resume] [--<key> value ...] (sparseattn/tagging_train.py)",
-                        add_help=False)
-    tt.add_argument("argv", nargs=argparse.REMAINDER)
-    tt.set_defaults(func=_forward("train-tagger"))
-    ev = sub.add_parser("evaluate-tagger", help="chunk P/R/F1 of a train-tagger checkpoint")
-    ev.add_argument("--checkpoint", required=True)
-    ev.add_argument("--data-dir", default="")
-    ev.add_argument("--split", choices=["test", "dev"], default="test")
-    ev.add_argument("--output", default=None, help="also write the scores as JSON here")
-    ev.add_argument("--threads", type=int, default=0, help="torch threads (default: the run's setting)")
-    ev.set_defaults(func=_evaluate_tagger)
-    pt = sub.add_parser("plot-tagger", help="dev F1 of train-tagger runs per epoch and per minute, to a PNG")
-    pt.add_argument("--run", action="append", required=True, help="label=<run dir or metrics.jsonl>; repeatable")
-    pt.add_argument("--output", required=True)
-    pt.set_defaults(func=_plot_tagger)
     return parser
-
-
-def _evaluate_tagger(args: argparse.Namespace) -> int:
-    from .tagging_train import evaluate_main
-    return evaluate_main(args.checkpoint, args.data_dir, args.split, args.output, args.threads)
-
-
-def _plot_tagger(args: argparse.Namespace) -> int:
-    from .tagging_train import plot_main
-    return plot_main(args.run, args.output)
 
 
 def _forward(name: str):
     def run(args: argparse.Namespace) -> int:
-        if name == "train-tagger":
-            from .tagging_train import train_main as train_tagger
-            return train_tagger(args.argv)
-        from . import train, translate
-        commands = {"train": train.train_main, "evaluate": train.evaluate_main, "plot": train.plot_main,
-                    "translate": translate.translate_main}
-        return commands[name](args.argv)
+        from . import commands, translate
+        table = {"train": commands.train_main, "evaluate": commands.evaluate_main, "plot": commands.plot_main,
+                 "compare": commands.compare_main, "translate": translate.translate_main}
+        return table[name](args.argv)
     return run
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("train", "evaluate", "plot", "train-tagger", "translate"):  # these parse their own flags
+    if argv and argv[0] in ("train", "evaluate", "plot", "compare", "translate"):  # these parse their own flags
         return _forward(argv[0])(argparse.Namespace(argv=argv[1:]))
     args = build_parser().parse_args(argv)
     return args.func(args)

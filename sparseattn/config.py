@@ -35,7 +35,6 @@ class TrainConfig:
     # chunking (task=chunking, models tagger and bilstm; see data/chunking.py)
     dev_fraction: float = 0.1      # seeded (data_seed) share of train.txt held out as the valid split
     min_freq: int = 2              # rarer training words map to <unk>
-    batch_tokens: int = 800        # tokens per batch of whole sentences, no padding
     word_dim: int = 100            # token features: lowercased word, POS, capitalization, char CNN
     pos_dim: int = 25
     caps_dim: int = 5
@@ -56,7 +55,10 @@ class TrainConfig:
     epochs: int = 4
     max_steps: int = 0             # stop (with a checkpoint) after this many steps in all; 0: no limit
     batch_size: int = 128          # sentences per batch (bucketed by length)
-    max_tokens: int = 0            # multi30k: tokens per batch (source + target); 0: batch_size sentences
+    max_tokens: int = 0            # > 0: batches by a token budget instead of batch_size sentences (multi30k:
+                                   # source + target tokens; chunking: whole sentences, no padding)
+    time_budget_min: float = 0.0   # > 0: stop after this many minutes of training (mid-epoch), then validate,
+                                   # test and plot as at the end; a resume with a larger budget goes on
     eval_batch_size: int = 500
     # model
     num_layers: int = 1
@@ -110,8 +112,10 @@ PRESETS: Dict[Tuple[str, str], dict] = {
     ("sort", "ut"): dict(num_heads=4, d_ff=256, dropout=0.0, batch_size=16, warmup=300, epochs=20, eval_decode=False),
     # CoNLL-2000 chunking (docs/RESULTS.md): Noam peak lr 0.32 * 128^-0.5 * 200^-0.5 = 2e-3 at step 200
     ("chunking", "tagger"): dict(num_layers=2, num_heads=4, d_ff=256, ffn="conv", window=4, rel_pos=8, clamp=0.0,
-                                 dropout=0.1, label_smoothing=0.0, lr_factor=0.32, warmup=200, grad_clip=5.0, epochs=5),
-    ("chunking", "bilstm"): dict(label_smoothing=0.0, lr_factor=0.32, warmup=200, grad_clip=5.0, epochs=4),
+                                 dropout=0.1, label_smoothing=0.0, lr_factor=0.32, warmup=200, grad_clip=5.0, epochs=5,
+                                 max_tokens=800),
+    ("chunking", "bilstm"): dict(label_smoothing=0.0, lr_factor=0.32, warmup=200, grad_clip=5.0, epochs=4,
+                                 max_tokens=800),
     # sized for a CPU run: 7.6M parameters with the 8000-token joint BPE, embeddings shared and tied
     ("multi30k", "transformer"): dict(num_layers=3, d_model=256, num_heads=4, d_ff=1024, dropout=0.1, clamp=0.0,
                                       share_embeddings=True, tie_generator=True, max_tokens=4096, warmup=800,
@@ -169,8 +173,13 @@ def parse_overrides(args: Sequence[str], config_cls: type = TrainConfig) -> Dict
 
 
 def config_from_checkpoint(saved: dict, overrides: Optional[Dict[str, object]] = None) -> TrainConfig:
-    """The TrainConfig saved in a checkpoint; keys added since default to their old behaviour."""
+    """The TrainConfig saved in a checkpoint; keys added since default to their old behaviour,
+    renamed keys are read under their new names."""
+    saved = {RENAMED.get(k, k): v for k, v in saved.items()}
     return TrainConfig(**{**BACKWARD_DEFAULTS, **saved, **(overrides or {})})
+
+
+RENAMED: Dict[str, str] = {"batch_tokens": "max_tokens"}  # old key -> new key
 
 
 # values of keys added after a checkpoint was written that reproduce how it was trained

@@ -64,6 +64,12 @@ class DistributedTrainer(Trainer):
     def epoch_batches(self, epoch: int) -> list:
         return shard_batches(super().epoch_batches(epoch), self.rank, self.world_size)
 
+    def agree(self, flag: bool) -> bool:
+        """True on every rank when it is true on any (so all ranks stop at the same step)."""
+        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
     def train_step(self, batch) -> dict:
         self.optimizer.zero_grad(set_to_none=True)
         with self.autocast():

@@ -6,11 +6,12 @@ attention_maps     one figure per attention kind (encoder self, decoder self, cr
                    dense (N_dst, N_src) map from the graph's own edge index, so subgraphs work.
 act_steps_map      steps per position for a few test examples, encoder and decoder.
 act_steps_epochs   the distribution of steps over nodes, per training epoch.
+compare_runs       one validation metric of several runs, per epoch and per minute of training.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -112,6 +113,34 @@ def act_steps_epochs(history: list, path: Path) -> Path:
     axes[1].grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def compare_runs(runs: Dict[str, list], metric: str, path: Path, title: Optional[str] = None) -> Path:
+    """Validation `metric` of each run (label -> its "valid" metrics records) against the epoch
+    and against the training wall-clock minutes (validation included); fractions in [0, 1] are
+    shown as percentages. Raises KeyError naming a run whose records lack the metric."""
+    plt = _pyplot()
+    fig, (by_epoch, by_time) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for label, records in runs.items():
+        if not records or any(metric not in r["valid"] for r in records):
+            raise KeyError(f"run {label!r} has no validation records with that key")
+        values = np.array([float(r["valid"][metric]) for r in records])
+        scale = 100.0 if values.min() >= 0 and values.max() <= 1 else 1.0
+        by_epoch.plot([r["epoch"] for r in records], scale * values, marker="o", label=label)
+        by_time.plot([r["time_s"] / 60 for r in records], scale * values, marker="o", label=label)
+    by_epoch.set_xlabel("epoch (the last one may be cut short by a time budget)")
+    by_epoch.set_ylabel(f"validation {metric}" + (" (%)" if scale == 100.0 else ""))
+    by_time.set_xlabel("training wall-clock (min, validation included)")
+    for ax in (by_epoch, by_time):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 

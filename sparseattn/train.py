@@ -1,43 +1,37 @@
-"""Training, evaluation and plotting commands.
-
-    sparseattn train --task copy --model transformer --out runs/copy            # the seed's demo
-    sparseattn train --task sort --model ut --out runs/sort --epochs=30         # presets + overrides
-    sparseattn train --out runs/copy --resume [--epochs=8]                     # continue exactly
-    sparseattn evaluate --checkpoint runs/copy/checkpoint.pt [--beam 4] [--json]
-    sparseattn plot --checkpoint runs/copy/checkpoint.pt [--out DIR]
-    torchrun --nproc_per_node=N -m sparseattn train ...                        # DDP (distributed.py)
+"""The training loop: `Trainer` (the commands that drive it are in commands.py).
 
 RUN_DIR holds config.json, best.pt (weights of the best validation epoch, used for the final test
 numbers and plots when keep_best is on), checkpoint.pt (written atomically at each epoch end, every
-checkpoint_every steps, at max_steps and on Ctrl-C), metrics.jsonl (one JSON object per line:
-kind "train" every log_every steps, "valid" each epoch, "test" at the end), results.json and plots/.
+checkpoint_every steps, at max_steps, when the time budget runs out and on Ctrl-C), metrics.jsonl
+(one JSON object per line: kind "train" every log_every steps, "valid" each epoch, "test" at the
+end), results.json and plots/.
 
 The loop is generic: it asks the task (data/tasks.py) for batches and for a batch's loss and
 stats, so any registered task/model pair (models/__init__.py) gets the progress bar, metrics
 log, checkpoints and exact resume. A checkpoint stores the data position (epoch, batch, step);
 each epoch's batch order is a function of (seed, epoch), and the RNG states are those after the
-last completed step, so a resumed run takes the same steps as an uninterrupted one.
+last completed step, so a resumed run takes the same steps as an uninterrupted one. A run stopped
+by `time_budget_min` validates the cut-short epoch and counts it as done; resuming it with a larger
+budget starts the next epoch.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import signal
 import sys
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import torch
 
 from . import checkpoint as ckpt_io
-from .config import TrainConfig, config_from_checkpoint, describe, make_config, parse_overrides
+from .config import TrainConfig
 from .data.tasks import get_task
 from .metrics import Meter
-from .models import build_model, model_from_checkpoint
+from .models import build_model
 
 
 class NoamLambda:
@@ -170,9 +164,9 @@ class Trainer:
         return stats
 
     def fit(self) -> str:
-        """Train to cfg.epochs (or cfg.max_steps). Returns "finished", "max_steps" or "interrupted"."""
+        """Train to cfg.epochs (or cfg.max_steps, or cfg.time_budget_min). Returns "finished",
+        "max_steps", "time_budget" or "interrupted"."""
         from tqdm.auto import tqdm
-        cfg, pos = self.cfg, self.position
         self.model.train()
         self._fit_start = time.perf_counter()
         try:
@@ -185,6 +179,8 @@ class Trainer:
         with deferred_interrupt() as flag:
             try:
                 while pos["epoch"] < cfg.epochs:
+                    if self.out_of_time():  # a resumed run whose budget is already spent
+                        return "time_budget"
                     batches = self.epoch_batches(pos["epoch"])
                     meter, log_meter = Meter(), Meter()
                     bar = tqdm(total=len(batches), initial=pos["batch"],
@@ -215,6 +211,10 @@ class Trainer:
                             self.save()
                         if flag["stop"]:
                             raise KeyboardInterrupt
+                        if self.out_of_time():
+                            bar.close()
+                            self.end_epoch(meter)  # validate the cut-short epoch, checkpoint; resume starts the next
+                            return "time_budget"
                     bar.close()
                     self.end_epoch(meter)
                 if cfg.max_steps and pos["step"] >= cfg.max_steps:
@@ -225,6 +225,14 @@ class Trainer:
                 print(f"interrupted at step {pos['step']}; checkpoint saved to {self.ckpt_path}; "
                       f"continue with: sparseattn train --out {cfg.out} --resume", file=sys.stderr)
                 return "interrupted"
+
+    def out_of_time(self) -> bool:
+        budget = 60.0 * self.cfg.time_budget_min
+        return budget > 0 and self.agree(self.elapsed() >= budget)
+
+    def agree(self, flag: bool) -> bool:
+        """The decision every process takes (one process: its own; DistributedTrainer: any rank's)."""
+        return flag
 
     def end_epoch(self, meter: Meter) -> None:
         pos = self.position
@@ -266,120 +274,9 @@ class Trainer:
 
 
 def best_score(valid: dict) -> float:
-    """Validation score for keep_best: decoded sequence accuracy, else teacher-forced accuracy, else -loss."""
-    for key in ("sequence_accuracy", "f1", "bleu", "tf_accuracy"):
+    """Validation score for keep_best: chunk F1, else BLEU, else decoded sequence accuracy, else
+    teacher-forced accuracy, else -loss."""
+    for key in ("f1", "bleu", "sequence_accuracy", "tf_accuracy"):
         if key in valid:
             return float(valid[key])
     return -float(valid.get("loss", 0.0))
-
-
-# ---- commands -------------------------------------------------------------------------------
-def train_main(argv: List[str]) -> int:
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
-        print("config keys (defaults before presets):\n" + "\n".join(describe()))
-        return 0
-    resume = "--resume" in argv
-    try:
-        overrides = parse_overrides([a for a in argv if a != "--resume"])
-    except ValueError as e:
-        raise SystemExit(f"sparseattn train: {e}") from None
-    if resume:
-        if "out" not in overrides:
-            raise SystemExit("--resume needs --out RUN_DIR")
-        saved = ckpt_io.load(Path(str(overrides["out"])) / "checkpoint.pt")["config"]
-        cfg = config_from_checkpoint(saved, overrides)
-    else:
-        cfg = make_config(overrides)
-    from . import distributed
-    if distributed.launched_by_torchrun():
-        distributed.init_from_env(cfg)
-        trainer: Trainer = distributed.DistributedTrainer(cfg, resume=resume)
-    else:
-        trainer = Trainer(cfg, resume=resume)
-    try:
-        return _run(trainer)
-    finally:
-        distributed.cleanup()
-
-
-def _run(trainer: Trainer) -> int:
-    cfg = trainer.cfg
-    n_params = sum(p.numel() for p in trainer.model.parameters())
-    if trainer.main_process:
-        world = getattr(trainer, "world_size", 1)
-        print(f"task {cfg.task}, model {cfg.model} ({n_params:,} parameters), {trainer.device}"
-              f"{f' x {world} processes' if world > 1 else ''}, out {cfg.out}", file=sys.stderr)
-    status = trainer.fit()
-    if status == "interrupted":
-        return 130
-    if status == "max_steps":
-        if trainer.main_process:
-            print(f"stopped at max_steps={cfg.max_steps}; checkpoint {trainer.ckpt_path}", file=sys.stderr)
-        return 0
-    if not trainer.main_process:
-        return 0
-    results = trainer.finish()
-    if "bleu" in results:
-        print(f"test: BLEU {results['bleu']:.2f} (beam {cfg.beam}, alpha {cfg.alpha}); "
-              f"trained {results['train_seconds']:.0f} s")
-    else:
-        print(f"test: token accuracy {results['token_accuracy']:.4f}, sequence accuracy "
-              f"{results['sequence_accuracy']:.4f} (decoded, beam {cfg.beam}); trained {results['train_seconds']:.0f} s")
-    if "best_epoch" in results:
-        print(f"(weights of epoch {results['best_epoch']}, the best on the validation split: {trainer.best_path})")
-    if results.get("plots"):
-        print(f"plots: {cfg.out}/plots/ ({', '.join(Path(p).name for p in results['plots'])})")
-    return 0
-
-
-def load_for_eval(path: str, device: str = "auto"):
-    """(cfg, task, model) from a checkpoint file, model in eval mode."""
-    state = ckpt_io.load(path)
-    cfg = config_from_checkpoint(state["config"])
-    cfg.out = str(Path(path).parent)  # run files (tokenizer.json, hypotheses) live next to the checkpoint
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    task = get_task(cfg.task)
-    task.setup(cfg)
-    task.load_state_dict(state.get("task_state", {}))
-    model = model_from_checkpoint(state["model_name"], state["model_kwargs"])
-    model.load_state_dict(state["model"])
-    model.to(resolve_device(device)).eval()
-    return cfg, task, model, state
-
-
-def evaluate_main(argv: List[str]) -> int:
-    p = argparse.ArgumentParser(prog="sparseattn evaluate", description="decoded metrics of a checkpoint")
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--split", default="test")
-    p.add_argument("--beam", type=int, default=None, help="beam size (default: the run's, 1 = greedy)")
-    p.add_argument("--alpha", type=float, default=None, help="length penalty exponent")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--json", action="store_true", help="print one JSON object of metrics")
-    args = p.parse_args(argv)
-    cfg, task, model, _ = load_for_eval(args.checkpoint, args.device)
-    if args.beam is not None:
-        cfg.beam = args.beam
-    if args.alpha is not None:
-        cfg.alpha = args.alpha
-    metrics = task.evaluate(model, args.split, cfg, decode=True)
-    if args.json:
-        print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, list)}))
-    else:
-        for k, v in metrics.items():
-            if not isinstance(v, list):
-                print(f"{k:>18}: {v:.4f}")
-    return 0
-
-
-def plot_main(argv: List[str]) -> int:
-    p = argparse.ArgumentParser(prog="sparseattn plot", description="attention and ACT plots of a checkpoint")
-    p.add_argument("--checkpoint", required=True)
-    p.add_argument("--out", default=None, help="folder for the PNGs (default: RUN_DIR/plots)")
-    args = p.parse_args(argv)
-    cfg, task, model, state = load_for_eval(args.checkpoint, "cpu")
-    out = Path(args.out) if args.out else Path(args.checkpoint).parent / "plots"
-    for path in task.plot(model, cfg, out, state.get("history", [])):
-        print(path)
-    return 0

@@ -12,7 +12,7 @@ from typing import List
 
 
 def translate_main(argv: List[str]) -> int:
-    from .train import load_for_eval
+    from .commands import load_for_eval
     p = argparse.ArgumentParser(prog="sparseattn translate", description="translate sentences with a checkpoint")
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--beam", type=int, default=None, help="beam size (default: the run's)")

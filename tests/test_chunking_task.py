@@ -14,7 +14,7 @@ from .models.tagging_helpers import SAMPLE
 
 TINY = ["--word_dim", "8", "--pos_dim", "4", "--caps_dim", "2", "--char_out", "4", "--d_model", "8",
         "--num_heads", "2", "--num_layers", "1", "--d_ff", "16", "--lstm_hidden", "8", "--dev_fraction", "0.25",
-        "--batch_tokens", "20", "--progress", "false"]
+        "--max_tokens", "20", "--progress", "false"]
 
 
 @pytest.fixture
@@ -69,3 +69,11 @@ def test_train_evaluate_resume_on_the_sample(data_dir, tmp_path, capsys, model):
     b = torch.load(f"{out_b}/checkpoint.pt", weights_only=False)["model"]
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def test_chunking_needs_a_token_budget(data_dir):
+    cfg = make_config({"task": "chunking", "model": "bilstm", "data_dir": data_dir, "max_tokens": 0})
+    task = get_task("chunking")
+    task.setup(cfg)
+    with pytest.raises(ValueError, match="--max_tokens must be > 0"):
+        task.batch_indices("train", cfg, 0)

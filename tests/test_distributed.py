@@ -80,3 +80,30 @@ def test_resume_under_torchrun(tmp_path):
     assert ckpt_io.load(tmp_path / "ddp" / "checkpoint.pt")["position"]["step"] == 2
     _torchrun(*args, "--resume")
     _check_equals_single_process(tmp_path)
+
+
+def _agree_worker(rank: int, port: int, results) -> None:
+    import torch.distributed as dist
+    from types import SimpleNamespace
+
+    from sparseattn.distributed import DistributedTrainer
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        me = SimpleNamespace(device=torch.device("cpu"))
+        # rank 0's clock ran out, rank 1's did not: both must stop (else rank 0 waits forever)
+        results[rank] = (DistributedTrainer.agree(me, rank == 0), DistributedTrainer.agree(me, False))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_agree_on_stopping_for_the_time_budget():
+    ctx = torch.multiprocessing.get_context("spawn")
+    results = ctx.Manager().dict()
+    port = _free_port()
+    procs = [ctx.Process(target=_agree_worker, args=(r, port, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert dict(results) == {0: (True, False), 1: (True, False)}

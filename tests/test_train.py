@@ -115,3 +115,55 @@ def test_tiny_copy_run_learns_then_evaluate_and_plot(tmp_path, capsys):
     assert main(["plot", "--checkpoint", str(out / "checkpoint.pt"), "--out", str(plot_dir)]) == 0
     assert {p.name for p in plot_dir.glob("*.png")} == {"attention_encoder.png", "attention_decoder.png",
                                                         "attention_cross.png"}
+
+
+def _flags(**kw):
+    return [f"--{k}={v}" for k, v in kw.items()]
+
+
+def test_time_budget_stops_mid_epoch_then_validates_tests_and_resumes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(Trainer, "elapsed", lambda self: 10.0 * self.position["step"])  # a clock: 10 s per step
+    out = tmp_path / "budget"
+    assert main(["train", *_flags(**TINY), f"--out={out}", "--time_budget_min=0.5"]) == 0  # 30 s: 3 of 6 steps
+    assert "time budget of 0.5 min reached at step 3 (epoch 1)" in capsys.readouterr().err
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "valid"] == [3]  # the cut-short epoch is validated
+    assert [r["step"] for r in records if r["kind"] == "test"] == [3]
+    assert json.loads((out / "results.json").read_text())["best_epoch"] == 1
+    # a larger budget goes on with the next epoch (6 batches) and ends at epochs=2
+    assert main(["train", f"--out={out}", "--resume", "--time_budget_min=0"]) == 0
+    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert state["position"] == {"epoch": 2, "batch": 0, "step": 9}
+    # a resume whose budget is already spent trains no step
+    assert main(["train", f"--out={out}", "--resume", "--epochs=5", "--time_budget_min=0.5"]) == 0
+    assert torch.load(out / "checkpoint.pt", weights_only=False)["position"]["step"] == 9
+
+
+def test_best_score_prefers_task_metrics():
+    from sparseattn.train import best_score
+    assert best_score({"f1": 0.5, "sequence_accuracy": 0.9, "loss": 1.0}) == 0.5
+    assert best_score({"bleu": 20.0, "tf_accuracy": 0.9}) == 20.0
+    assert best_score({"sequence_accuracy": 0.7, "tf_accuracy": 0.9}) == 0.7
+    assert best_score({"loss": 2.0}) == -2.0
+
+
+def test_renamed_config_keys_load_from_old_checkpoints():
+    from sparseattn.config import config_from_checkpoint
+    old = {**TrainConfig().to_dict(), "task": "chunking"}
+    old["batch_tokens"] = old.pop("max_tokens") + 500
+    assert config_from_checkpoint(old).max_tokens == 500
+
+
+def test_compare_plots_runs_and_names_bad_arguments(tmp_path, capsys):
+    for name in ("a", "b"):
+        Trainer(tiny_config(tmp_path, name, seed=len(name))).fit()
+    png = tmp_path / "cmp" / "acc.png"
+    assert main(["compare", "--run", f"A={tmp_path / 'a'}", "--run", f"B={tmp_path / 'b'}",
+                 "--metric", "tf_accuracy", "--output", str(png)]) == 0
+    assert png.stat().st_size > 1000
+    with pytest.raises(SystemExit, match="--metric 'bleu'.*run 'A'"):
+        main(["compare", "--run", f"A={tmp_path / 'a'}", "--metric", "bleu", "--output", str(png)])
+    with pytest.raises(SystemExit, match="LABEL=RUN_DIR"):
+        main(["compare", "--run", str(tmp_path / "a"), "--output", str(png)])
+    with pytest.raises(SystemExit, match="no metrics.jsonl"):
+        main(["compare", "--run", f"A={tmp_path}", "--output", str(png)])

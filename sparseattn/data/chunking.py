@@ -2,7 +2,7 @@
 
 Reads `<data_dir>/conll2000/{train,test}.txt` (data_dir: the config's, else ../shared/data when it
 exists); "valid" is a seeded `dev_fraction` of train.txt (seed `data_seed`), "test" is test.txt.
-Batches hold whole sentences, about `batch_tokens` tokens each, concatenated with no padding
+Batches hold whole sentences, about `max_tokens` tokens each, concatenated with no padding
 (`TaggingBatch`); models: `tagger` (TransformerTagger) and `bilstm` (BiLSTMTagger). Scores are
 seqeval chunk precision/recall/F1 (conlleval-compatible IOB2), overall and per chunk type.
 """
@@ -73,8 +73,10 @@ class ChunkingTask(Task):
         return len(self.splits[split])
 
     def batch_indices(self, split: str, cfg, epoch: Optional[int]) -> List[List[int]]:
+        if cfg.max_tokens <= 0:
+            raise ValueError(f"task chunking batches by tokens: --max_tokens must be > 0, got {cfg.max_tokens}")
         seed = None if epoch is None else cfg.seed * 1_000_003 + epoch
-        return token_batches([len(s) for s in self.splits[split]], cfg.batch_tokens, seed)
+        return token_batches([len(s) for s in self.splits[split]], cfg.max_tokens, seed)
 
     def make_batch(self, split: str, indices: Sequence[int], device=None):
         batch = encode([self.splits[split][i] for i in indices], self.vocab)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Union
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 

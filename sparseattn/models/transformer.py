@@ -16,7 +16,7 @@ cached keys and values of all earlier steps.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, NamedTuple, Optional
 
 import torch
 from torch import Tensor, nn
