@@ -60,7 +60,8 @@ def edge_attention(
         gradient). With return_weights=True also weights: (E, H) in the caller's edge order,
         summing to 1 over each destination's in-edges.
 
-    Duplicate edges count once each. Half-precision inputs accumulate in float32. NaN or inf in
+    Duplicate edges count once each. Half-precision inputs accumulate in float32, also under
+    `torch.autocast` (which is off inside the kernels; q, k and v arrive as autocast made them). NaN or inf in
     q, k or v reaches only the destinations whose edges touch it; in clamp mode a score of +inf
     or -inf is clamped to hi or lo like any other score.
     """
@@ -82,8 +83,9 @@ def edge_attention(
         keep = torch.rand(g.num_edges, num_heads, device=q.device) >= dropout_p
         dropout_mask = keep.to(q.dtype) / (1.0 - dropout_p)
     fn = get_backend(backend, q, g).fn
-    out, weights = fn(q, k, v, g, scale=scale, clamp=clamp, bias=bias, dropout_mask=dropout_mask,
-                      return_weights=return_weights)
+    with torch.autocast(q.device.type, enabled=False):  # backends keep their own precision rules under autocast
+        out, weights = fn(q, k, v, g, scale=scale, clamp=clamp, bias=bias, dropout_mask=dropout_mask,
+                          return_weights=return_weights)
     return (out, weights) if return_weights else out
 
 

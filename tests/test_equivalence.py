@@ -282,3 +282,28 @@ def test_weights_and_dropout_match_reference_on_blocks(backend, case):
     torch.manual_seed(case.seed)
     ref = edge_attention(q, k, v, g, backend="reference", dropout_p=0.4, **kw)[0]
     assert_close(out, ref, torch.float64, "dropout")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_autocast_leaves_each_backend_its_own_precision(backend):
+    """Under torch.autocast (bf16) an EdgeAttention layer gives every backend bf16 q, k, v from its
+    projections; inside the kernel autocast is off, so the result equals the same layer fed the
+    projections' bf16 outputs without autocast, for every backend."""
+    from sparseattn import EdgeAttention
+    torch.manual_seed(0)
+    g = graphs.batch([graphs.complete(n) for n in (5, 3, 7)])  # with blocks, so "dense" runs too
+    attn = EdgeAttention(16, 4, backend=backend, clamp=None)
+    x = torch.randn(g.num_dst, 16, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attn(x, g)
+    out.float().square().sum().backward()
+    assert out.dtype == torch.bfloat16 and torch.isfinite(x.grad).all()
+    with torch.no_grad():
+        q, k, v = (torch.nn.functional.linear(x.bfloat16(), w.bfloat16(), b.bfloat16()).view(-1, 4, 4)
+                   for w, b in zip(attn.in_proj_weight.chunk(3), attn.in_proj_bias.chunk(3)))
+        ref = edge_attention(q, k, v, g, clamp=None, backend="reference").reshape(-1, 16)
+        ref = torch.nn.functional.linear(ref, attn.out_proj.weight.bfloat16(), attn.out_proj.bias.bfloat16())
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+    with torch.no_grad():
+        full = attn(x, g)  # float32
+    torch.testing.assert_close(out.float(), full, rtol=5e-2, atol=5e-2)
