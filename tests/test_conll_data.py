@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from sparseattn.data import TaggingVocab, batches, encode, read_conll, split_dev
+from sparseattn.data import TaggingVocab, encode, read_conll, split_dev
 from sparseattn.data.conll import CAPS_CLASSES, caps_class, normalize_word
 
 from .models.tagging_helpers import SAMPLE
@@ -44,16 +44,6 @@ def test_vocab_and_encode():
     assert [vocab.tags.itos[i] for i in b.tags[7:]] == ["B-NP", "B-VP", "O"]
     again = TaggingVocab.from_state_dict(vocab.state_dict())
     assert torch.equal(encode(sentences, again).words, encode(sentences, vocab).words)
-
-
-def test_batches_respect_token_budget_and_cover_everything():
-    sentences = read_conll(SAMPLE)
-    vocab = TaggingVocab.build(sentences)
-    seen = []
-    for ids, b in batches(sentences, vocab, max_tokens=12, shuffle=True, seed=1):
-        assert b.num_tokens <= 12 or len(ids) == 1
-        seen += ids
-    assert sorted(seen) == list(range(len(sentences)))
 
 
 def test_tag_unseen_in_training_is_ignored_by_the_loss():

@@ -17,7 +17,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -182,23 +182,3 @@ def encode(sentences: Sequence[Sentence], vocab: TaggingVocab, with_tags: bool =
         tags = torch.tensor([vocab.tags.stoi.get(t, IGNORE) for s in sentences for t in s.tags])
     lengths = torch.tensor([len(s) for s in sentences])
     return TaggingBatch(words, pos, caps, chars, tags, lengths)
-
-
-def batches(sentences: Sequence[Sentence], vocab: TaggingVocab, max_tokens: int = 1000,
-            shuffle: bool = False, seed: int = 0) -> Iterator[Tuple[List[int], TaggingBatch]]:
-    """Yield (sentence indices, batch) with at most `max_tokens` tokens per batch (a longer
-    sentence gets a batch of its own). shuffle: a seeded random order, else file order."""
-    order = list(range(len(sentences)))
-    if shuffle:
-        random.Random(seed).shuffle(order)
-    group: List[int] = []
-    count = 0
-    for i in order:
-        n = len(sentences[i])
-        if group and count + n > max_tokens:
-            yield group, encode([sentences[j] for j in group], vocab)
-            group, count = [], 0
-        group.append(i)
-        count += n
-    if group:
-        yield group, encode([sentences[j] for j in group], vocab)
