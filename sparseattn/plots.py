@@ -7,6 +7,7 @@ attention_maps     one figure per attention kind (encoder self, decoder self, cr
 act_steps_map      steps per position for a few test examples, encoder and decoder.
 act_steps_epochs   the distribution of steps over nodes, per training epoch.
 compare_runs       one validation metric of several runs, per epoch and per minute of training.
+loss_curve         a run's training loss (per logged interval) and validation loss (per epoch) by step.
 """
 from __future__ import annotations
 
@@ -138,6 +139,30 @@ def compare_runs(runs: Dict[str, list], metric: str, path: Path, title: Optional
         ax.legend()
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def loss_curve(records: Sequence[dict], path: Path) -> Path:
+    """Training loss of each "train" record and validation loss of each "valid" record of a run's
+    metrics.jsonl, against the optimizer step. Raises ValueError when there are no losses."""
+    train = [(r["step"], r["loss"]) for r in records if r.get("kind") == "train" and "loss" in r]
+    valid = [(r["step"], r["valid"]["loss"]) for r in records if r.get("kind") == "valid" and "loss" in r.get("valid", {})]
+    if not train and not valid:
+        raise ValueError("no training or validation losses in the records")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    if train:
+        ax.plot(*zip(*train), label="training (per logged interval)", lw=1)
+    if valid:
+        ax.plot(*zip(*valid), marker="o", label="validation (per epoch)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss per target token")
+    ax.grid(alpha=0.3)
+    ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -269,7 +269,10 @@ class Trainer:
         self.log({"kind": "test", "step": self.position["step"], **results})
         (self.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         if self.cfg.plots:
-            results["plots"] = [str(p) for p in self.task.plot(self.model, self.cfg, self.out / "plots", self.history)]
+            from .plots import loss_curve
+            records = [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines() if line]
+            paths = self.task.plot(self.model, self.cfg, self.out / "plots", self.history)
+            results["plots"] = [str(p) for p in [*paths, loss_curve(records, self.out / "plots" / "loss.png")]]
         return results
 
 

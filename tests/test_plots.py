@@ -1,5 +1,6 @@
 """plots: attention maps from recorded weights, ACT step maps and the per-epoch step distribution."""
 import numpy as np
+import pytest
 import torch
 
 from sparseattn import graphs
@@ -29,3 +30,11 @@ def test_ut_plots_write_attention_and_act_figures(tmp_path):
     assert names == {"attention_encoder.png", "attention_decoder.png", "attention_cross.png",
                      "act_steps_per_position.png", "act_steps_by_epoch.png"}
     assert all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_loss_curve_needs_losses(tmp_path):
+    from sparseattn.plots import loss_curve
+    records = [{"kind": "train", "step": 10, "loss": 2.0}, {"kind": "valid", "step": 20, "valid": {"loss": 1.5}}]
+    assert loss_curve(records, tmp_path / "a" / "loss.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="no training or validation losses"):
+        loss_curve([{"kind": "test", "step": 3}], tmp_path / "b.png")

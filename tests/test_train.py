@@ -106,7 +106,8 @@ def test_tiny_copy_run_learns_then_evaluate_and_plot(tmp_path, capsys):
             "--warmup=100", "--progress=false", "--dropout=0", "--eval_decode=false"]
     assert main(args) == 0
     printed = capsys.readouterr().out
-    assert "test: token accuracy" in printed and "plots:" in printed
+    assert "test: token accuracy" in printed and "plots:" in printed and "loss.png" in printed
+    assert (out / "plots" / "loss.png").stat().st_size > 1000
     assert main(["evaluate", "--checkpoint", str(out / "checkpoint.pt"), "--json"]) == 0
     metrics = json.loads(capsys.readouterr().out)
     assert metrics["token_accuracy"] > 0.6, metrics  # chance is 1/26; ~0.88 measured
