@@ -69,7 +69,7 @@ def _run(trainer: Trainer) -> int:
         return 130
     if status == "time_budget" and trainer.main_process:
         print(f"time budget of {cfg.time_budget_min:g} min reached at step {trainer.position['step']} "
-              f"(epoch {trainer.position['epoch']}); validating and testing", file=sys.stderr)
+              f"(epoch {trainer.position['epoch']}, cut short); testing", file=sys.stderr)
     if status == "max_steps":
         if trainer.main_process:
             print(f"stopped at max_steps={cfg.max_steps}; checkpoint {trainer.ckpt_path}", file=sys.stderr)
@@ -77,7 +77,10 @@ def _run(trainer: Trainer) -> int:
     if not trainer.main_process:
         return 0
     results = trainer.finish()
-    if "bleu" in results:
+    if "f1" in results:
+        print(f"test: chunk F1 {100 * results['f1']:.2f} (precision {100 * results['precision']:.2f}, recall "
+              f"{100 * results['recall']:.2f}); trained {results['train_seconds']:.0f} s")
+    elif "bleu" in results:
         print(f"test: BLEU {results['bleu']:.2f} (beam {cfg.beam}, alpha {cfg.alpha}); "
               f"trained {results['train_seconds']:.0f} s")
     else:

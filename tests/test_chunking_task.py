@@ -55,7 +55,7 @@ def test_train_evaluate_resume_on_the_sample(data_dir, tmp_path, capsys, model):
     assert len(valid) == 2 and 0.0 <= valid[-1]["valid"]["f1"] <= 1.0
     test = json.load(open(f"{out}/results.json"))
     assert {"precision", "recall", "f1", "NP_f1", "token_accuracy"} <= set(test)
-    capsys.readouterr()
+    assert f"test: chunk F1 {100 * test['f1']:.2f}" in capsys.readouterr().out
     # results.json holds the best validation epoch's test scores: evaluate those weights
     assert main(["evaluate", "--checkpoint", f"{out}/best.pt", "--json"]) == 0
     scores = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

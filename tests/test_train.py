@@ -126,7 +126,7 @@ def test_time_budget_stops_mid_epoch_then_validates_tests_and_resumes(tmp_path, 
     monkeypatch.setattr(Trainer, "elapsed", lambda self: 10.0 * self.position["step"])  # a clock: 10 s per step
     out = tmp_path / "budget"
     assert main(["train", *_flags(**TINY), f"--out={out}", "--time_budget_min=0.5"]) == 0  # 30 s: 3 of 6 steps
-    assert "time budget of 0.5 min reached at step 3 (epoch 1)" in capsys.readouterr().err
+    assert "time budget of 0.5 min reached at step 3 (epoch 1, cut short)" in capsys.readouterr().err
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "valid"] == [3]  # the cut-short epoch is validated
     assert [r["step"] for r in records if r["kind"] == "test"] == [3]
