@@ -72,7 +72,10 @@ def _forward(name: str):
         from . import commands, translate
         table = {"train": commands.train_main, "evaluate": commands.evaluate_main, "plot": commands.plot_main,
                  "compare": commands.compare_main, "translate": translate.translate_main}
-        return table[name](args.argv)
+        try:
+            return table[name](args.argv)
+        except FileNotFoundError as e:  # a missing checkpoint, run directory or data file: one line, no traceback
+            raise SystemExit(f"sparseattn {name}: {e}") from None
     return run
 
 

@@ -168,3 +168,10 @@ def test_compare_plots_runs_and_names_bad_arguments(tmp_path, capsys):
         main(["compare", "--run", str(tmp_path / "a"), "--output", str(png)])
     with pytest.raises(SystemExit, match="no metrics.jsonl"):
         main(["compare", "--run", f"A={tmp_path}", "--output", str(png)])
+
+
+def test_missing_checkpoint_is_a_one_line_error(tmp_path):
+    with pytest.raises(SystemExit, match=r"sparseattn train: no checkpoint at .*checkpoint\.pt"):
+        main(["train", f"--out={tmp_path / 'none'}", "--resume"])
+    with pytest.raises(SystemExit, match=r"sparseattn evaluate: no checkpoint at .*x\.pt"):
+        main(["evaluate", "--checkpoint", str(tmp_path / "x.pt")])
