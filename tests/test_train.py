@@ -31,7 +31,7 @@ def test_presets_apply_before_overrides():
     cfg = make_config({})  # copy + transformer: the seed's demo model
     assert (cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.d_ff) == (1, 128, 1, 128) and cfg.batch_size == 16
     cfg = make_config({"task": "sort", "model": "ut", "num_heads": 2})
-    assert cfg.d_ff == 256 and cfg.num_heads == 2 and cfg.act_max_steps == 8
+    assert cfg.d_ff == 1024 and cfg.num_heads == 2 and cfg.act_max_steps == 8
 
 
 def test_cli_rejects_unknown_key(tmp_path):
