@@ -61,8 +61,8 @@ def edge_attention(
         summing to 1 over each destination's in-edges.
 
     Duplicate edges count once each. Half-precision inputs accumulate in float32, also under
-    `torch.autocast` (which is off inside the kernels; q, k and v arrive as autocast made them). NaN or inf in
-    q, k or v reaches only the destinations whose edges touch it; in clamp mode a score of +inf
+    `torch.autocast` (which is off inside the kernels; q, k and v arrive as autocast made them).
+    NaN or inf in q, k or v reaches only the destinations whose edges touch it; in clamp mode a score of +inf
     or -inf is clamped to hi or lo like any other score.
     """
     check_qkv(q, k, v)

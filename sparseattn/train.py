@@ -270,9 +270,11 @@ class Trainer:
         (self.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         if self.cfg.plots:
             from .plots import loss_curve
-            records = [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines() if line]
-            paths = self.task.plot(self.model, self.cfg, self.out / "plots", self.history)
-            results["plots"] = [str(p) for p in [*paths, loss_curve(records, self.out / "plots" / "loss.png")]]
+            paths = list(self.task.plot(self.model, self.cfg, self.out / "plots", self.history))
+            if self.history:  # every trained epoch logged a validation loss
+                records = [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines() if line]
+                paths.append(loss_curve(records, self.out / "plots" / "loss.png"))
+            results["plots"] = [str(p) for p in paths]
         return results
 
 
