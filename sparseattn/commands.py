@@ -109,20 +109,32 @@ def load_for_eval(path: str, device: str = "auto"):
     return cfg, task, model, state
 
 
-def evaluate_main(argv: List[str]) -> int:
-    p = argparse.ArgumentParser(prog="sparseattn evaluate", description="decoded metrics of a checkpoint")
+def decoding_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A parser with the options of commands that decode with a checkpoint (see load_for_decoding)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--checkpoint", required=True)
-    p.add_argument("--split", default="test")
     p.add_argument("--beam", type=int, default=None, help="beam size (default: the run's, 1 = greedy)")
     p.add_argument("--alpha", type=float, default=None, help="length penalty exponent")
     p.add_argument("--device", default="auto")
-    p.add_argument("--json", action="store_true", help="print one JSON object of metrics")
-    args = p.parse_args(argv)
+    return p
+
+
+def load_for_decoding(args: argparse.Namespace):
+    """(cfg, task, model) of args.checkpoint on args.device, with --beam/--alpha applied to cfg."""
     cfg, task, model, _ = load_for_eval(args.checkpoint, args.device)
     if args.beam is not None:
         cfg.beam = args.beam
     if args.alpha is not None:
         cfg.alpha = args.alpha
+    return cfg, task, model
+
+
+def evaluate_main(argv: List[str]) -> int:
+    p = decoding_parser("sparseattn evaluate", "decoded metrics of a checkpoint")
+    p.add_argument("--split", default="test")
+    p.add_argument("--json", action="store_true", help="print one JSON object of metrics")
+    args = p.parse_args(argv)
+    cfg, task, model = load_for_decoding(args)
     metrics = task.evaluate(model, args.split, cfg, decode=True)
     if args.json:
         print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, list)}))
