@@ -1,7 +1,8 @@
 """Checkpoints: atomic writes (temp file + os.replace) and RNG state capture/restore.
 
 A checkpoint is a dict saved with torch.save; train.py writes keys config, model_name,
-model_kwargs, model, optimizer, scheduler, rng, position, task_state, history.
+model_kwargs, model, optimizer, scheduler, rng, position, task_state, history, and ema (the
+weight averages, ema.py) when ema_decay > 0.
 """
 from __future__ import annotations
 

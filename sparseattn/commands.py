@@ -46,11 +46,15 @@ def train_main(argv: List[str]) -> int:
     else:
         cfg = make_config(overrides)
     from . import distributed
-    if distributed.launched_by_torchrun():
-        distributed.init_from_env(cfg)
-        trainer: Trainer = distributed.DistributedTrainer(cfg, resume=resume)
-    else:
-        trainer = Trainer(cfg, resume=resume)
+    try:
+        if distributed.launched_by_torchrun():
+            distributed.init_from_env(cfg)
+            trainer: Trainer = distributed.DistributedTrainer(cfg, resume=resume)
+        else:
+            trainer = Trainer(cfg, resume=resume)
+    except ValueError as e:  # a setting the model, the EMA or the checkpoint rejects
+        distributed.cleanup()
+        raise SystemExit(f"sparseattn train: {e}") from None
     try:
         return _run(trainer)
     finally:
@@ -105,6 +109,8 @@ def load_for_eval(path: str, device: str = "auto"):
     task.load_state_dict(state.get("task_state", {}))
     model = model_from_checkpoint(state["model_name"], state["model_kwargs"])
     model.load_state_dict(state["model"])
+    if "ema" in state:  # checkpoint.pt of an --ema_decay run: evaluate the averaged weights, as training did
+        model.load_state_dict(state["ema"]["average"], strict=False)
     model.to(resolve_device(device)).eval()
     return cfg, task, model, state
 

@@ -81,6 +81,8 @@ class TrainConfig:
     beta2: float = 0.98
     adam_eps: float = 1e-9
     grad_clip: float = 1.0         # max gradient norm; 0: off
+    ema_decay: float = 0.0         # > 0: validate, keep_best and test an exponential moving average of the
+                                   # weights (per step; ema.py); checkpoint.pt holds both
     # evaluation and decoding
     beam: int = 1                  # 1: greedy
     alpha: float = 0.6             # length penalty ((5 + len) / 6) ** alpha

@@ -77,10 +77,7 @@ class DistributedTrainer(Trainer):
         total = torch.tensor([float(stats["tokens"])], device=self.device)
         dist.all_reduce(total)
         (loss * (stats["tokens"] * self.world_size / total.item())).backward()  # DDP averages over ranks
-        if self.cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        self.optimizer.step()
-        self.scheduler.step()
+        self.optimizer_step()
         return stats
 
 

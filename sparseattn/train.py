@@ -1,7 +1,8 @@
 """The training loop: `Trainer` (the commands that drive it are in commands.py).
 
 RUN_DIR holds config.json, best.pt (weights of the best validation epoch, used for the final test
-numbers and plots when keep_best is on), checkpoint.pt (written atomically at each epoch end, every
+numbers and plots when keep_best is on; with ema_decay > 0 every evaluation, best.pt included, uses
+the moving average of the weights), checkpoint.pt (written atomically at each epoch end, every
 checkpoint_every steps, at max_steps, when the time budget runs out and on Ctrl-C), metrics.jsonl
 (one JSON object per line: kind "train" every log_every steps, "valid" each epoch, "test" at the
 end), results.json and plots/.
@@ -21,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Optional
 
@@ -30,6 +31,7 @@ import torch
 from . import checkpoint as ckpt_io
 from .config import TrainConfig
 from .data.tasks import get_task
+from .ema import WeightEMA
 from .metrics import Meter
 from .models import build_model
 
@@ -94,6 +96,7 @@ class Trainer:
         self.train_seconds = 0.0  # wall time spent in fit(), summed over resumed runs
         self._fit_start: Optional[float] = None
         self.rng = ckpt_io.rng_state()
+        self.ema = WeightEMA(self.model, cfg.ema_decay) if cfg.ema_decay > 0 else None
         if resume:
             self._load(ckpt_io.load(self.ckpt_path, self.device))
         if self.main_process:
@@ -107,7 +110,8 @@ class Trainer:
                 "model_kwargs": self.model_kwargs, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "rng": self.rng, "position": dict(self.position), "task_state": self.task.state_dict(),
-                "history": self.history, "train_seconds": self.elapsed()}
+                "history": self.history, "train_seconds": self.elapsed(),
+                **({"ema": self.ema.state_dict()} if self.ema is not None else {})}
 
     def elapsed(self) -> float:
         running = time.perf_counter() - self._fit_start if self._fit_start is not None else 0.0
@@ -124,6 +128,10 @@ class Trainer:
         self.position, self.history, self.rng = dict(state["position"]), list(state["history"]), state["rng"]
         self.train_seconds = float(state.get("train_seconds", 0.0))
         self.task.load_state_dict(state.get("task_state", {}))
+        if self.ema is not None:
+            if "ema" not in state:
+                raise ValueError(f"--ema_decay={self.cfg.ema_decay} but {self.ckpt_path} was trained without it")
+            self.ema.load_state_dict(state["ema"])
         ckpt_io.set_rng_state(self.rng)
 
     def _trim_metrics(self) -> None:
@@ -157,11 +165,21 @@ class Trainer:
         with self.autocast():
             loss, stats = self.task.loss(self.model, batch, self.cfg)
         loss.backward()
+        self.optimizer_step()
+        return stats
+
+    def optimizer_step(self) -> None:
+        """Clip, step, schedule and average (the gradients are in .grad)."""
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
-        return stats
+        if self.ema is not None:
+            self.ema.update()
+
+    def eval_weights(self):
+        """Context in which the model holds the weights to evaluate (the EMA when ema_decay > 0)."""
+        return self.ema.applied() if self.ema is not None else nullcontext()
 
     def fit(self) -> str:
         """Train to cfg.epochs (or cfg.max_steps, or cfg.time_budget_min). Returns "finished",
@@ -238,15 +256,17 @@ class Trainer:
         pos = self.position
         train = meter.summary() if meter.sums else {}
         valid = {}
-        if self.main_process:  # under torchrun the other ranks go on to the next collective and wait
-            valid = self.task.evaluate(self.model, "valid", self.cfg, decode=self.cfg.eval_decode)
-        record = {"epoch": pos["epoch"] + 1, "step": pos["step"], "time_s": round(self.elapsed(), 1),
-                  "train": train, "valid": valid}
-        self.log({"kind": "valid", **record})
-        score = best_score(valid)
-        if self.cfg.keep_best and all(score > best_score(r["valid"]) for r in self.history):
-            best = {k: v for k, v in self.state().items() if k not in ("optimizer", "scheduler", "rng")}
-            ckpt_io.save_atomic({**best, "epoch": pos["epoch"] + 1, "score": score}, self.best_path)  # evaluate/plot read it
+        with self.eval_weights():
+            if self.main_process:  # under torchrun the other ranks go on to the next collective and wait
+                valid = self.task.evaluate(self.model, "valid", self.cfg, decode=self.cfg.eval_decode)
+            record = {"epoch": pos["epoch"] + 1, "step": pos["step"], "time_s": round(self.elapsed(), 1),
+                      "train": train, "valid": valid}
+            self.log({"kind": "valid", **record})
+            score = best_score(valid)
+            if self.cfg.keep_best and all(score > best_score(r["valid"]) for r in self.history):
+                best = {k: v for k, v in self.state().items() if k not in ("optimizer", "scheduler", "rng", "ema")}
+                ckpt_io.save_atomic({**best, "epoch": pos["epoch"] + 1, "score": score},
+                                    self.best_path)  # the evaluated weights, which evaluate/plot read
         self.history.append(record)
         shown = {k: round(v, 4) for k, v in valid.items() if isinstance(v, float)}
         if self.cfg.progress and self.main_process:
@@ -263,6 +283,8 @@ class Trainer:
             best = ckpt_io.load(self.best_path, self.device)
             self.model.load_state_dict(best["model"])
             extra = {"best_epoch": best["epoch"]}
+        elif self.ema is not None:  # training is over: keep the averaged weights
+            self.ema.copy_to_model()
         results = self.task.evaluate(self.model, "test", self.cfg, decode=True)
         results = {"split": "test", "beam": self.cfg.beam, "train_seconds": round(self.train_seconds, 1), **extra,
                    **results}

@@ -1,0 +1,96 @@
+"""WeightEMA and --ema_decay: the average's arithmetic, swapping weights in and out, exact resume,
+best.pt and evaluate using the averaged weights."""
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from sparseattn.__main__ import main
+from sparseattn.commands import load_for_eval
+from sparseattn.ema import WeightEMA
+from sparseattn.train import Trainer
+from tests.single_thread import one_thread  # noqa: F401  (autouse: one torch thread)
+from tests.test_train import _assert_same_weights, tiny_config
+
+
+def test_average_follows_the_warmed_up_decay():
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    ema = WeightEMA(model, decay=0.9)
+    expected = {k: p.detach().clone() for k, p in model.named_parameters()}
+    for n in range(30):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        d = min(0.9, (1 + n) / (10 + n))
+        for k, p in model.named_parameters():
+            expected[k] = d * expected[k] + (1 - d) * p.detach()
+        ema.update()
+    for k in expected:
+        torch.testing.assert_close(ema.average[k], expected[k])
+    assert ema.current_decay() == pytest.approx(31 / 40)  # still warming up
+    ema.num_updates = 1000
+    assert ema.current_decay() == 0.9
+
+
+def test_applied_swaps_the_average_in_and_restores_the_weights():
+    model = nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5))
+    model[1].weight = model[0].weight  # tied: averaged once
+    ema = WeightEMA(model, decay=0.5)
+    assert len(ema.average) == 2
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    ema.update()  # decay min(0.5, 1/10): the average moves 90% of the way
+    own = {k: v.clone() for k, v in model.state_dict().items()}
+    with ema.applied():
+        torch.testing.assert_close(model[0].weight, ema.average["0.weight"])
+        assert model[1].weight is model[0].weight
+        assert not torch.equal(model[0].weight, own["0.weight"])
+    _assert_same_weights(own, model.state_dict())
+
+
+def test_decay_outside_0_1_is_an_error():
+    with pytest.raises(ValueError, match="ema decay must be in"):
+        WeightEMA(nn.Linear(2, 2), decay=1.0)
+
+
+@pytest.mark.parametrize("model", ["transformer", "ut"])
+def test_resume_with_ema_is_exact_and_best_holds_the_average(tmp_path, model):
+    kw = dict(model=model, num_heads=2, ema_decay=0.95, dropout=0.1)
+    full = Trainer(tiny_config(tmp_path, "full", **kw))
+    assert full.fit() == "finished"
+    part = Trainer(tiny_config(tmp_path, "part", max_steps=9, **kw))
+    assert part.fit() == "max_steps"
+    resumed = Trainer(tiny_config(tmp_path, "part", **kw), resume=True)
+    assert resumed.fit() == "finished"
+    _assert_same_weights(full.model.state_dict(), resumed.model.state_dict())
+    _assert_same_weights(full.ema.average, resumed.ema.average)
+    assert resumed.ema.num_updates == 12
+    # the raw weights and the average differ; checkpoint.pt keeps both, best.pt the evaluated average
+    saved = torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=False)
+    assert not torch.equal(saved["model"]["generator.weight"], saved["ema"]["average"]["generator.weight"])
+    best = torch.load(tmp_path / "part" / "best.pt", weights_only=False)
+    assert "ema" not in best and "optimizer" not in best
+    if best["epoch"] == 2:
+        _assert_same_weights({k: best["model"][k] for k in resumed.ema.average}, resumed.ema.average)
+
+
+def test_validation_and_evaluate_use_the_average(tmp_path, capsys):
+    t = Trainer(tiny_config(tmp_path, "run", ema_decay=0.9, epochs=1, keep_best=False))
+    t.fit()
+    with t.ema.applied():
+        averaged = t.task.evaluate(t.model, "valid", t.cfg, decode=False)
+    raw = t.task.evaluate(t.model, "valid", t.cfg, decode=False)
+    logged = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    valid = [r["valid"] for r in logged if r["kind"] == "valid"][0]
+    assert valid["loss"] == pytest.approx(averaged["loss"]) and valid["loss"] != pytest.approx(raw["loss"])
+    _, _, model, _ = load_for_eval(str(tmp_path / "run" / "checkpoint.pt"), "cpu")
+    _assert_same_weights({k: v for k, v in model.state_dict().items() if k in t.ema.average}, t.ema.average)
+
+
+def test_resume_with_ema_from_a_run_without_it_names_the_problem(tmp_path):
+    out = tmp_path / "plain"
+    Trainer(tiny_config(tmp_path, "plain", epochs=1)).fit()
+    with pytest.raises(SystemExit, match="--ema_decay=0.9 but .*checkpoint.pt was trained without it"):
+        main(["train", f"--out={out}", "--resume", "--ema_decay=0.9", "--epochs=2"])
