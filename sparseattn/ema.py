@@ -1,9 +1,10 @@
 """WeightEMA: an exponential moving average of a model's parameters, for evaluation.
 
-After each optimizer step, avg <- d * avg + (1 - d) * weight with d = min(decay, (1 + n) / (10 + n))
-at update n, so the average follows the weights closely early on (when they move fast) and
-settles to `decay` later. Averaging the weights of a noisy small-batch run smooths the step
-noise out: on the sort task it removes most decoding errors (docs/RESULTS.md).
+After each optimizer step, avg <- d * avg + (1 - d) * weight with d = min(decay, n / (n + 1)) at
+update n (from 0): the plain mean of all weights so far until n reaches 1 / (1 - decay), then an
+exponential average over about the last 1 / (1 - decay) steps. The initial weights never count.
+Averaging the weights of a noisy small-batch run smooths the step noise out: on the sort task it
+removes about half of the decoding errors (docs/RESULTS.md).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class WeightEMA:
         self.average: Dict[str, Tensor] = {k: p.detach().clone() for k, p in self.params.items()}
 
     def current_decay(self) -> float:
-        return min(self.decay, (1 + self.num_updates) / (10 + self.num_updates))
+        return min(self.decay, self.num_updates / (self.num_updates + 1))
 
     @torch.no_grad()
     def update(self) -> None:

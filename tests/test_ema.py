@@ -23,15 +23,25 @@ def test_average_follows_the_warmed_up_decay():
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn_like(p))
-        d = min(0.9, (1 + n) / (10 + n))
+        d = min(0.9, n / (n + 1))
         for k, p in model.named_parameters():
             expected[k] = d * expected[k] + (1 - d) * p.detach()
         ema.update()
     for k in expected:
         torch.testing.assert_close(ema.average[k], expected[k])
-    assert ema.current_decay() == pytest.approx(31 / 40)  # still warming up
-    ema.num_updates = 1000
     assert ema.current_decay() == 0.9
+
+
+def test_the_average_starts_as_the_plain_mean_of_the_weights_so_far():
+    model = nn.Linear(2, 1, bias=False)
+    ema = WeightEMA(model, decay=0.99)
+    seen = []
+    for step in range(5):
+        with torch.no_grad():
+            model.weight.fill_(float(step + 1) ** 2)
+        seen.append(model.weight.detach().clone())
+        ema.update()
+        torch.testing.assert_close(ema.average["weight"], torch.stack(seen).mean(0))
 
 
 def test_applied_swaps_the_average_in_and_restores_the_weights():
@@ -39,9 +49,9 @@ def test_applied_swaps_the_average_in_and_restores_the_weights():
     model[1].weight = model[0].weight  # tied: averaged once
     ema = WeightEMA(model, decay=0.5)
     assert len(ema.average) == 2
+    ema.update()  # the first update: the average is the current weights
     with torch.no_grad():
-        model[0].weight.add_(1.0)
-    ema.update()  # decay min(0.5, 1/10): the average moves 90% of the way
+        model[0].weight.add_(1.0)  # the weights move on; the average stays
     own = {k: v.clone() for k, v in model.state_dict().items()}
     with ema.applied():
         torch.testing.assert_close(model[0].weight, ema.average["0.weight"])
