@@ -140,12 +140,14 @@ def test_time_budget_stops_mid_epoch_then_validates_tests_and_resumes(tmp_path, 
     assert torch.load(out / "checkpoint.pt", weights_only=False)["position"]["step"] == 9
 
 
-def test_best_score_prefers_task_metrics():
+def test_best_score_prefers_task_metrics_and_breaks_ties_by_loss():
     from sparseattn.train import best_score
-    assert best_score({"f1": 0.5, "sequence_accuracy": 0.9, "loss": 1.0}) == 0.5
-    assert best_score({"bleu": 20.0, "tf_accuracy": 0.9}) == 20.0
-    assert best_score({"sequence_accuracy": 0.7, "tf_accuracy": 0.9}) == 0.7
-    assert best_score({"loss": 2.0}) == -2.0
+    assert best_score({"f1": 0.5, "sequence_accuracy": 0.9, "loss": 1.0}) == (0.5, -1.0)
+    assert best_score({"bleu": 20.0, "tf_accuracy": 0.9}) == (20.0, 0.0)
+    assert best_score({"sequence_accuracy": 0.7, "tf_accuracy": 0.9, "loss": 0.3}) == (0.7, -0.3)
+    assert best_score({"loss": 2.0}) == (-2.0, 0.0)
+    assert best_score({"tf_accuracy": 0.9, "loss": 0.5}) > best_score({"tf_accuracy": 0.9, "loss": 0.6})
+    assert best_score({"tf_accuracy": 0.91, "loss": 0.9}) > best_score({"tf_accuracy": 0.9, "loss": 0.5})
 
 
 def test_renamed_config_keys_load_from_old_checkpoints():
