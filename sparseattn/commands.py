@@ -170,6 +170,7 @@ def compare_main(argv: List[str]) -> int:
     p.add_argument("--metric", default="f1", help="a key of the runs' validation records (default: f1)")
     p.add_argument("--output", required=True, help="PNG path")
     p.add_argument("--title", default=None)
+    p.add_argument("--error", action="store_true", help="plot 100 - metric (%%) on a log scale (for accuracies near 100%%)")
     args = p.parse_args(argv)
     from .plots import compare_runs
     runs = {}
@@ -182,7 +183,7 @@ def compare_main(argv: List[str]) -> int:
             raise SystemExit(f"sparseattn compare: --run {spec!r}: no metrics.jsonl in {run_dir}")
         runs[label] = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "valid"]
     try:
-        print(compare_runs(runs, args.metric, Path(args.output), args.title))
-    except KeyError as e:
+        print(compare_runs(runs, args.metric, Path(args.output), args.title, error=args.error))
+    except (KeyError, ValueError) as e:
         raise SystemExit(f"sparseattn compare: --metric {args.metric!r}: {e.args[0]}") from None
     return 0

@@ -111,9 +111,11 @@ PRESETS: Dict[Tuple[str, str], dict] = {
     ("reverse", "transformer"): {},
     ("sort", "transformer"): dict(num_layers=2, num_heads=4, d_ff=512, epochs=10),
     ("*", "ut"): dict(num_heads=4, d_ff=512, epochs=10),
-    # sort: 8 heads, d_ff 1024 and exact softmax decode 99.54% of test tokens vs 99.15% for 4 heads, d_ff 256, clamp 5
-    ("sort", "ut"): dict(num_heads=8, d_ff=1024, clamp=0.0, dropout=0.0, batch_size=16, warmup=300, epochs=36,
-                         eval_decode=False),
+    # sort (docs/RESULTS.md): 8 heads, d_ff 1024 and exact softmax; the average of the weights (ema_decay) decodes
+    # 99.74% of test tokens where the raw weights of the same run reach 99.54%. Its validation accuracy sits at
+    # 99.97-99.98% from epoch 25 on, too flat to pick an epoch by, so the last average is the model (keep_best off)
+    ("sort", "ut"): dict(num_heads=8, d_ff=1024, clamp=0.0, dropout=0.0, batch_size=16, warmup=300, epochs=40,
+                         eval_decode=False, ema_decay=0.9998, keep_best=False),
     # CoNLL-2000 chunking (docs/RESULTS.md): Noam peak lr 0.32 * 128^-0.5 * 200^-0.5 = 2e-3 at step 200;
     # the tagger overfits with dropout 0.1 / input dropout 0.2 (valid loss rises from epoch 8), hence 0.2 / 0.3
     ("chunking", "tagger"): dict(num_layers=2, num_heads=4, d_ff=256, ffn="conv", window=4, rel_pos=8, clamp=0.0,

@@ -118,25 +118,34 @@ def act_steps_epochs(history: list, path: Path) -> Path:
     return path
 
 
-def compare_runs(runs: Dict[str, list], metric: str, path: Path, title: Optional[str] = None) -> Path:
+def compare_runs(runs: Dict[str, list], metric: str, path: Path, title: Optional[str] = None,
+                 error: bool = False) -> Path:
     """Validation `metric` of each run (label -> its "valid" metrics records) against the epoch
     and against the training wall-clock minutes (validation included); fractions in [0, 1] are
-    shown as percentages. Raises KeyError naming a run whose records lack the metric."""
+    shown as percentages. error=True plots 100 * (1 - metric) on a log scale instead, which
+    separates runs whose accuracies all sit near 100%. Raises KeyError naming a run whose records
+    lack the metric, ValueError when error=True and the metric is not a fraction."""
     plt = _pyplot()
     fig, (by_epoch, by_time) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for label, records in runs.items():
         if not records or any(metric not in r["valid"] for r in records):
             raise KeyError(f"run {label!r} has no validation records with that key")
         values = np.array([float(r["valid"][metric]) for r in records])
-        scale = 100.0 if values.min() >= 0 and values.max() <= 1 else 1.0
-        by_epoch.plot([r["epoch"] for r in records], scale * values, marker="o", label=label)
-        by_time.plot([r["time_s"] / 60 for r in records], scale * values, marker="o", label=label)
+        fraction = values.min() >= 0 and values.max() <= 1
+        if error and not fraction:
+            raise ValueError(f"error=True needs a metric in [0, 1]; run {label!r} has {metric} up to {values.max():g}")
+        shown = 100.0 * (1.0 - values) if error else 100.0 * values if fraction else values
+        by_epoch.plot([r["epoch"] for r in records], shown, marker="o", label=label)
+        by_time.plot([r["time_s"] / 60 for r in records], shown, marker="o", label=label)
     by_epoch.set_xlabel("epoch (the last one may be cut short by a time budget)")
-    by_epoch.set_ylabel(f"validation {metric}" + (" (%)" if scale == 100.0 else ""))
+    by_epoch.set_ylabel(f"validation error, 100 - {metric} (%)" if error else
+                        f"validation {metric}" + (" (%)" if fraction else ""))
     by_time.set_xlabel("training wall-clock (min, validation included)")
     for ax in (by_epoch, by_time):
         ax.grid(alpha=0.3)
         ax.legend()
+        if error:
+            ax.set_yscale("log")
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -164,6 +164,11 @@ def test_compare_plots_runs_and_names_bad_arguments(tmp_path, capsys):
     assert main(["compare", "--run", f"A={tmp_path / 'a'}", "--run", f"B={tmp_path / 'b'}",
                  "--metric", "tf_accuracy", "--output", str(png)]) == 0
     assert png.stat().st_size > 1000
+    err = tmp_path / "cmp" / "err.png"
+    assert main(["compare", "--run", f"A={tmp_path / 'a'}", "--metric", "tf_accuracy", "--error", "--output", str(err)]) == 0
+    assert err.stat().st_size > 1000
+    with pytest.raises(SystemExit, match="--metric 'loss'.*needs a metric in \\[0, 1\\]"):
+        main(["compare", "--run", f"A={tmp_path / 'a'}", "--metric", "loss", "--error", "--output", str(err)])
     with pytest.raises(SystemExit, match="--metric 'bleu'.*run 'A'"):
         main(["compare", "--run", f"A={tmp_path / 'a'}", "--metric", "bleu", "--output", str(png)])
     with pytest.raises(SystemExit, match="LABEL=RUN_DIR"):
