@@ -6,7 +6,7 @@ pytest.importorskip("tokenizers", reason="translation needs the 'translate' extr
 
 from sparseattn.data.translation import SPECIALS, SubwordVocab, read_parallel  # noqa: E402
 
-SAMPLE = os.path.join(os.path.dirname(__file__), "data", "multi30k_sample")
+SAMPLE = os.path.join(os.path.dirname(__file__), "fixtures", "multi30k_sample")
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
 
 

@@ -12,7 +12,7 @@ from sparseattn.__main__ import main
 from sparseattn.data.batching import token_batches
 from tests.single_thread import one_thread  # noqa: F401  (autouse: one torch thread)
 
-SAMPLE = os.path.join(os.path.dirname(__file__), "data", "multi30k_sample")
+SAMPLE = os.path.join(os.path.dirname(__file__), "fixtures", "multi30k_sample")
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
 TINY = ["--task=multi30k", f"--data-dir={SAMPLE}", "--vocab_size=200", "--num_layers=1", "--d_model=32",
         "--d_ff=64", "--num_heads=2", "--max_tokens=64", "--epochs=2", "--progress=false", "--beam=2",

@@ -1,0 +1,93 @@
+"""Golden runs: a short training run per task and model, reduced to numbers that must not change
+when code moves (per-step losses, validation and decoded test metrics, a hash of the final weights).
+
+    python -m tests.golden_runs --write      # record tests/fixtures/golden_runs.json (one thread)
+
+tests/test_golden_runs.py reruns every case and asserts the numbers are equal bit for bit.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+GOLDEN = FIXTURES / "golden_runs.json"
+CONLL_SAMPLE = FIXTURES / "conll_sample.txt"
+MULTI30K_SAMPLE = FIXTURES / "multi30k_sample"
+
+LETTERS = dict(num_train=64, num_valid=16, num_test=16, seq_mean=6.0, seq_std=1.0, batch_size=16, d_model=32,
+               d_ff=32, num_heads=2, epochs=2, warmup=20, dropout=0.1)
+TAGGING = dict(word_dim=8, pos_dim=4, caps_dim=2, char_out=4, d_model=8, num_heads=2, num_layers=1, d_ff=16,
+               lstm_hidden=8, dev_fraction=0.25, max_tokens=20, epochs=2)
+CASES = {
+    "copy-transformer": dict(LETTERS, task="copy", model="transformer", num_layers=2, beam=2),
+    "sort-ut": dict(LETTERS, task="sort", model="ut", clamp=0.0, ema_decay=0.9, keep_best=False),
+    "reverse-transformer-reference": dict(LETTERS, task="reverse", model="transformer", backend="reference"),
+    "multi30k-transformer": dict(task="multi30k", model="transformer", vocab_size=200, num_layers=1, d_model=32,
+                                 d_ff=64, num_heads=2, max_tokens=64, epochs=1, beam=2, warmup=10,
+                                 checkpoint_every=0, valid_bleu_sentences=8),
+    "chunking-tagger": dict(TAGGING, task="chunking", model="tagger"),
+    "chunking-bilstm": dict(TAGGING, task="chunking", model="bilstm"),
+}
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def run_case(name: str) -> dict:
+    """Train case `name` in a temporary folder at one thread; return its numbers."""
+    from sparseattn.config import make_config
+    from sparseattn.train import Trainer
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        over = dict(CASES[name], out=str(Path(tmp) / "run"), progress=False, plots=False, log_every=1, threads=1)
+        if over["task"] == "chunking":
+            data = Path(tmp) / "data" / "conll2000"
+            data.mkdir(parents=True)
+            shutil.copy(CONLL_SAMPLE, data / "train.txt")
+            shutil.copy(CONLL_SAMPLE, data / "test.txt")
+            over["data_dir"] = str(data.parent)
+        if over["task"] == "multi30k":
+            over["data_dir"] = str(MULTI30K_SAMPLE)
+        trainer = Trainer(make_config(over))
+        trainer.fit()
+        results = trainer.finish()
+        records = [json.loads(line) for line in (Path(over["out"]) / "metrics.jsonl").read_text().splitlines()]
+        return {
+            "train_loss": [r["loss"] for r in records if r["kind"] == "train"],
+            "valid": [{k: v for k, v in r["valid"].items() if not isinstance(v, list)}
+                      for r in records if r["kind"] == "valid"],
+            "test": {k: v for k, v in results.items() if k not in ("train_seconds", "plots") and not isinstance(v, list)},
+            "weights": weights_digest(trainer.model),
+        }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--write", action="store_true", help="record the fixture (else print and compare)")
+    p.add_argument("cases", nargs="*", default=list(CASES))
+    args = p.parse_args()
+    got = {name: run_case(name) for name in args.cases}
+    if args.write:
+        GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {GOLDEN}")
+        return
+    want = json.loads(GOLDEN.read_text())
+    for name, numbers in got.items():
+        print(name, "same" if numbers == want[name] else "DIFFERENT")
+
+
+if __name__ == "__main__":
+    main()
