@@ -21,8 +21,8 @@ GOLDEN = FIXTURES / "golden_runs.json"
 CONLL_SAMPLE = FIXTURES / "conll_sample.txt"
 MULTI30K_SAMPLE = FIXTURES / "multi30k_sample"
 
-LETTERS = dict(num_train=64, num_valid=16, num_test=16, seq_mean=6.0, seq_std=1.0, batch_size=16, d_model=32,
-               d_ff=32, num_heads=2, epochs=2, warmup=20, dropout=0.1)
+LETTERS = dict(num_train=320, num_valid=16, num_test=16, seq_mean=5.0, seq_std=1.0, batch_size=16, d_model=32,
+               d_ff=64, num_heads=2, epochs=3, warmup=30, lr_factor=2.0, dropout=0.1)
 TAGGING = dict(word_dim=8, pos_dim=4, caps_dim=2, char_out=4, d_model=8, num_heads=2, num_layers=1, d_ff=16,
                lstm_hidden=8, dev_fraction=0.25, max_tokens=20, epochs=2)
 CASES = {
@@ -43,6 +43,17 @@ def weights_digest(model: torch.nn.Module) -> str:
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def decoded_test(trainer) -> list:
+    """The final model's test outputs: decoded token ids (seq2seq) or tag ids (tagging)."""
+    model, task, cfg = trainer.model, trainer.task, trainer.cfg
+    model.eval()
+    if cfg.task == "chunking":
+        return [[task.vocab.tags.stoi[t] for t in tags] for tags in task.predict(model, "test", cfg)]
+    from sparseattn.models import decode
+    return decode(model, task.splits["test"][0], task.tgt_vocab.bos, task.tgt_vocab.eos, beam=cfg.beam,
+                  alpha=cfg.alpha, max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b)
 
 
 def run_case(name: str) -> dict:
@@ -71,6 +82,7 @@ def run_case(name: str) -> dict:
                       for r in records if r["kind"] == "valid"],
             "test": {k: v for k, v in results.items() if k not in ("train_seconds", "plots") and not isinstance(v, list)},
             "weights": weights_digest(trainer.model),
+            "decoded": decoded_test(trainer),
         }
 
 
