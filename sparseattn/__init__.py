@@ -2,7 +2,10 @@
 from . import graphs
 from .functional import edge_attention
 from .graphs import Graph
+from .kv import KeyValue, KVCache, KVStore, NodeKV
 from .modules import EdgeAttention
+from .recording import AttentionRecord, record_attention
 
 __version__ = "0.1.0"
-__all__ = ["edge_attention", "EdgeAttention", "Graph", "graphs", "__version__"]
+__all__ = ["edge_attention", "EdgeAttention", "Graph", "graphs", "KeyValue", "KVStore", "KVCache", "NodeKV",
+           "record_attention", "AttentionRecord", "__version__"]

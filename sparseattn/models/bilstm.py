@@ -7,8 +7,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_sequence, pad_packed_sequence
 
-from ..data.conll import TaggingBatch
-from .tagging import Tagger, TokenFeatures
+from .token_features import Tagger, TaggingBatch, TokenFeatures
 
 
 class BiLSTMTagger(Tagger):

@@ -1,9 +1,5 @@
-"""Greedy and beam-search decoding, batched over sentences, for any model with the decoding
-protocol of `GraphTransformer` / `UniversalTransformer`:
-
-    state = model.start_decoding(batch, hyp_sent)   # encode once; hyp h continues sentence hyp_sent[h]
-    logp = model.decode_next(state, tokens)         # (Nh,) last tokens -> (Nh, V) next-token log-probs
-    model.reorder_state(state, index)               # keep hypotheses `index` (beam reordering, pruning)
+"""Greedy and beam-search decoding, batched over sentences, for any `Seq2SeqModel`
+(`GraphTransformer`, `UniversalTransformer`; the protocol is in seq2seq.py).
 
 Each step grows every hypothesis' causal graph by one node (the Transformer attends to cached
 keys/values; the UT recomputes its decoder on the prefix). Outputs exclude BOS and EOS. A
@@ -18,7 +14,7 @@ from typing import List, Optional, Sequence, Union
 import torch
 from torch import Tensor, nn
 
-from ..data.batching import GraphBatch, GraphPool, bucket_batches
+from .batch import GraphBatch, GraphPool, bucket_batches
 
 
 def _max_lens(batch: GraphBatch, max_len: Union[int, Sequence[int]]) -> Tensor:

@@ -6,8 +6,6 @@ zeros, exactly as if each sentence were zero-padded on its own.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -18,15 +16,6 @@ def positions_in_sentence(lengths: Tensor) -> Tensor:
     starts = torch.cumsum(lengths, 0) - lengths  # (B,) first row of each sentence
     total = int(lengths.sum())
     return torch.arange(total, device=lengths.device) - starts.repeat_interleave(lengths)
-
-
-def sinusoidal(positions: Tensor, dim: int) -> Tensor:
-    """(L,) positions -> (L, dim) sine/cosine encoding of Vaswani et al. (dim must be even)."""
-    if dim % 2:
-        raise ValueError(f"dim must be even, got {dim}")
-    freqs = torch.exp(torch.arange(0, dim, 2, device=positions.device) * (-math.log(10000.0) / dim))
-    angles = positions[:, None].float() * freqs[None]  # (L, dim / 2)
-    return torch.stack([angles.sin(), angles.cos()], dim=-1).reshape(-1, dim)  # interleaved sin, cos
 
 
 def shift_within_sentences(x: Tensor, lengths: Tensor, offset: int) -> Tensor:
@@ -66,25 +55,3 @@ class SentenceConv(nn.Module):
         stacked = torch.cat(shifted, dim=-1)  # (L, width * in), tap-major
         w = self.weight.permute(0, 2, 1).reshape(self.weight.shape[0], -1)  # (out, width * in), tap-major
         return F.linear(stacked, w, self.bias)
-
-
-class FeedForward(nn.Module):
-    """Position-wise feed-forward: linear -> ReLU -> dropout -> linear, or the same with both
-    linears replaced by `SentenceConv` of width 3 (`kind="conv"`) so neighbours interact.
-
-    Shapes: x (L, dim), lengths (B,) -> (L, dim).
-    """
-
-    def __init__(self, dim: int, hidden: int, kind: str = "linear", dropout: float = 0.1) -> None:
-        super().__init__()
-        if kind not in ("linear", "conv"):
-            raise ValueError(f"kind must be 'linear' or 'conv', got {kind!r}")
-        self.kind = kind
-        self.w1 = nn.Linear(dim, hidden) if kind == "linear" else SentenceConv(dim, hidden, 3)
-        self.w2 = nn.Linear(hidden, dim) if kind == "linear" else SentenceConv(hidden, dim, 3)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: Tensor, lengths: Tensor) -> Tensor:
-        if self.kind == "linear":
-            return self.w2(self.dropout(F.relu(self.w1(x))))
-        return self.w2(self.dropout(F.relu(self.w1(x, lengths))), lengths)

@@ -3,7 +3,11 @@
 Each batch is one block-diagonal graph (`graphs.batch`) of every sentence's complete graph, or of
 its `graphs.window(n, r)` for local attention: no padding, no masks. Positions are sinusoidal and
 restart at 0 in every sentence; an optional learned relative-position bias per head (clipped
-distance src - dst) goes in through `EdgeAttention`'s `edge_bias`.
+distance src - dst) goes in through `EdgeAttention`'s `edge_bias`. Its layers are the
+`EncoderLayer` of the seq2seq models, with a width-3 convolution feed-forward as an option.
+
+Checkpoints written before the layers were shared name a layer's attention `attn` and its
+feed-forward `ffn`; `load_state_dict` renames them to `self_attn` and `ff`.
 """
 from __future__ import annotations
 
@@ -12,33 +16,10 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from .. import EdgeAttention, Graph, graphs
-from ..data.conll import TaggingBatch
-from .sentence_ops import FeedForward, positions_in_sentence, sinusoidal
-from .tagging import Tagger, TokenFeatures
-
-
-class EncoderLayer(nn.Module):
-    """Pre-norm: x + attn(norm(x)), then x + ffn(norm(x)). Shapes: x (L, dim) -> (L, dim)."""
-
-    def __init__(self, dim: int, heads: int, ffn_dim: int, ffn: str, dropout: float, rel_pos: int,
-                 clamp: Optional[Tuple[float, float]], backend: str = "auto") -> None:
-        super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.attn = EdgeAttention(dim, heads, dropout=dropout, clamp=clamp, backend=backend)
-        self.ffn = FeedForward(dim, ffn_dim, ffn, dropout)
-        self.dropout = nn.Dropout(dropout)
-        self.rel_pos = rel_pos
-        self.rel_bias = nn.Embedding(2 * rel_pos + 1, heads) if rel_pos > 0 else None
-        if self.rel_bias is not None:
-            nn.init.zeros_(self.rel_bias.weight)
-
-    def forward(self, x: Tensor, graph: Graph, lengths: Tensor) -> Tensor:
-        bias = None
-        if self.rel_bias is not None:  # within a sentence, src - dst is the relative position
-            bias = self.rel_bias((graph.src - graph.dst).clamp(-self.rel_pos, self.rel_pos) + self.rel_pos)  # (E, H)
-        x = x + self.dropout(self.attn(self.norm1(x), graph, edge_bias=bias))
-        return x + self.dropout(self.ffn(self.norm2(x), lengths))
+from .. import Graph, graphs
+from .blocks import EncoderLayer, sinusoid
+from .sentence_ops import positions_in_sentence
+from .token_features import Tagger, TaggingBatch, TokenFeatures
 
 
 class TransformerTagger(Tagger):
@@ -68,11 +49,19 @@ class TransformerTagger(Tagger):
         self.features = TokenFeatures(num_words, num_pos, num_chars, **(features or {}))
         self.input = nn.Linear(self.features.out_dim, dim)
         self.layers = nn.ModuleList(
-            EncoderLayer(dim, heads, ffn_dim, ffn, dropout, rel_pos, clamp, backend) for _ in range(layers))
+            EncoderLayer(dim, heads, ffn_dim, dropout, ffn=ffn, rel_pos=rel_pos, clamp=clamp, backend=backend)
+            for _ in range(layers))
         self.norm = nn.LayerNorm(dim)
         self.classifier = nn.Linear(dim, num_tags)
         self.dim = dim
         self._graphs: Dict[Tuple[int, str], Graph] = {}
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        for key in [k for k in state_dict if k.startswith(prefix + "layers.")]:
+            renamed = current_key(key)
+            if renamed != key:
+                state_dict[renamed] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _sentence_graph(self, n: int, device: torch.device) -> Graph:
         key = (n, str(device))
@@ -88,7 +77,12 @@ class TransformerTagger(Tagger):
     def forward(self, batch: TaggingBatch) -> Tensor:
         g = self.graph(batch.lengths.tolist(), batch.words.device)
         x = self.input(self.features(batch))  # (L, dim)
-        x = x + sinusoidal(positions_in_sentence(batch.lengths), self.dim)
+        x = x + sinusoid(positions_in_sentence(batch.lengths), self.dim)
         for layer in self.layers:
             x = layer(x, g, batch.lengths)
         return self.classifier(self.norm(x))  # (L, num_tags)
+
+
+def current_key(key: str) -> str:
+    """A state-dict key of a tagger checkpoint written before the layers were shared, renamed."""
+    return key.replace(".attn.", ".self_attn.").replace(".ffn.", ".ff.")

@@ -1,8 +1,8 @@
 """UniversalTransformer: one shared encoder layer and one shared decoder layer applied
 repeatedly, with Adaptive Computation Time (ACT) deciding per token how many times.
 
-As in the seed (DGL's UTransformer), with its bugs fixed (cross attention has its own
-projections and is used; the model can decode). At ACT step t every still-active node gets
+As in DGL's UTransformer example, with cross attention that has its own projections and a
+model that can decode. At ACT step t every still-active node gets
 x <- dropout(x + pos_enc(position) + time_enc(t)), passes through the shared layer, and a
 halting unit p = sigmoid(Linear(LN(x))) (bias initialised to 1) updates
     sum_p += p;  continue while sum_p < threshold (0.99) and t < max_steps - 1 (8 steps at most)
@@ -10,27 +10,27 @@ halting unit p = sigmoid(Linear(LN(x))) (bias initialised to 1) updates
 so each node's weights over its steps sum to exactly 1; the stack output is LN(s). The ACT loss
 is act_loss_weight (0.01) * mean(r) over all encoder and decoder nodes.
 
-Halted nodes stop costing compute: queries, the feed-forward and the halting unit run on the
-active rows only, and attention runs on `graph.dst_subgraph(active)`, the edges into active
-destinations. Halted nodes keep their state and their last keys/values, which active nodes
-still attend to.
+Halted nodes stop costing compute: the layers run with `rows=` the active nodes, so queries, the
+feed-forward and the halting unit see the active rows only and attention runs along the edges
+into them. Halted nodes keep their state and their last keys and values (a `NodeKV`), which
+active nodes still attend to. The layers are the `EncoderLayer`/`DecoderLayer` of
+`GraphTransformer`, shared across steps.
 
 Shapes as in `GraphTransformer`; forward(batch).stats holds "act_steps_enc" (N_enc,) and
 "act_steps_dec" (N_dec,) int64 step counts.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .. import Graph, graphs
-from ..data.batching import GraphBatch
-from .layers import (AttentionRecorder, DecoderLayer, EncoderLayer, PositionalEncoding, attend, project_kv, project_q,
-                     source_target_embeddings, xavier_init_)
-from .transformer import DecodeState, Seq2SeqOutput, cross_graph_for_hyps
+from .. import Graph, KeyValue, NodeKV, graphs
+from .batch import GraphBatch
+from .blocks import DecoderLayer, EncoderLayer, PositionalEncoding
+from .seq2seq import DecodeState, Seq2SeqModel, Seq2SeqOutput, cross_graph_for_hyps
 
 
 class HaltingUnit(nn.Module):
@@ -48,39 +48,34 @@ class HaltingUnit(nn.Module):
         return torch.sigmoid(self.linear(self.norm(x))).squeeze(-1)
 
 
-class UniversalTransformer(nn.Module):
+LayerStep = Callable[[Tensor, Tensor], Tensor]  # (x of the active rows (R, d), their ids (R,)) -> (R, d)
+
+
+class UniversalTransformer(Seq2SeqModel):
     """Universal Transformer with ACT on graph batches (arguments as `GraphTransformer`, plus
     max_steps, threshold and act_loss_weight; there is one shared layer per stack)."""
 
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int = 128, num_heads: int = 4,
                  d_ff: int = 512, dropout: float = 0.1, max_steps: int = 8, threshold: float = 0.99,
                  act_loss_weight: float = 0.01, share_embeddings: bool = False, tie_generator: bool = False,
-                 clamp: Optional[float] = 5.0, backend: str = "auto", max_len: int = 1024) -> None:
-        super().__init__()
-        attn_kw = dict(clamp=None if clamp is None else (-clamp, clamp), backend=backend)
-        self.d_model, self.num_heads = d_model, num_heads
+                 clamp: Optional[Tuple[float, float]] = (-5.0, 5.0), backend: str = "auto",
+                 max_len: int = 1024) -> None:
+        super().__init__(src_vocab_size, tgt_vocab_size, d_model, num_heads, dropout, share_embeddings, max_len)
+        attn_kw = dict(clamp=clamp, backend=backend)
         self.max_steps, self.threshold, self.act_loss_weight = max_steps, threshold, act_loss_weight
-        self.src_embed, self.tgt_embed = source_target_embeddings(src_vocab_size, tgt_vocab_size, d_model,
-                                                                  share_embeddings)
-        self.pos_enc = PositionalEncoding(d_model, max_len)
         self.time_enc = PositionalEncoding(d_model, max_steps)
-        self.dropout = nn.Dropout(dropout)
         self.enc_layer = EncoderLayer(d_model, num_heads, d_ff, dropout, **attn_kw)
         self.dec_layer = DecoderLayer(d_model, num_heads, d_ff, dropout, **attn_kw)
         self.halt_enc, self.halt_dec = HaltingUnit(d_model), HaltingUnit(d_model)
-        self.enc_norm, self.dec_norm = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-        self.generator = nn.Linear(d_model, tgt_vocab_size)
-        if tie_generator:
-            self.generator.weight = self.tgt_embed.lut.weight
-        xavier_init_(self)
+        self.finish_init(tgt_vocab_size, tie_generator)
         self.halt_enc.reset_bias()
         self.halt_dec.reset_bias()
         self.trace: Optional[list] = None  # set to [] to record per-step ACT tensors (tests)
 
     # ---- ACT ----------------------------------------------------------------------------------
-    def _act(self, x: Tensor, pos: Tensor, layer_step: Callable[[Tensor, Tensor, Tensor, int], Tensor],
-             halt: HaltingUnit, name: str) -> Tuple[Tensor, Tensor, Tensor]:
-        """Run `layer_step(x_active, idx, active, t)` until every node halts.
+    def _act(self, x: Tensor, pos: Tensor, layer_step: LayerStep, halt: HaltingUnit,
+             name: str) -> Tuple[Tensor, Tensor, Tensor]:
+        """Run `layer_step(x_active, active_ids)` until every node halts.
         x: (N, d) embeddings, pos: (N,). Returns s (N, d) weighted states, steps (N,), r (N,)."""
         n = x.shape[0]
         s = torch.zeros_like(x)
@@ -93,7 +88,7 @@ class UniversalTransformer(nn.Module):
                 break
             time = self.time_enc(torch.full((1,), t, dtype=torch.long, device=x.device))  # (1, d)
             xa = self.dropout(x[idx] + self.pos_enc(pos[idx]) + time)  # (n_a, d)
-            xa = layer_step(xa, idx, active, t)
+            xa = layer_step(xa, idx)
             p = halt(xa)  # (n_a,)
             sp = sum_p[idx] + p
             cont = sp < self.threshold if t < self.max_steps - 1 else torch.zeros_like(sp, dtype=torch.bool)
@@ -110,68 +105,42 @@ class UniversalTransformer(nn.Module):
             active[idx] = cont
         return s, steps, r
 
-    def _self_attention_step(self, attn, norm: nn.Module, graph: Graph, kv: list, record, kind: str):
-        """Self-attention of the active nodes; kv holds every node's latest (k, v), updated in place."""
-        def step(xa: Tensor, idx: Tensor, active: Tensor, t: int) -> Tensor:
-            h = norm(xa)
-            q = project_q(attn, h)  # (n_a, H, D)
-            k, v = project_kv(attn, h)
-            kv[0] = k if kv[0] is None else kv[0].index_copy(0, idx, k)  # (N, H, D): halted keep theirs
-            kv[1] = v if kv[1] is None else kv[1].index_copy(0, idx, v)
-            q_all = q.new_zeros(graph.num_dst, *q.shape[1:]).index_copy(0, idx, q)
-            return _attend_active(attn, q_all, kv[0], kv[1], graph, active, idx, record, kind, t)
-        return step
-
-    def encode_with_stats(self, batch: GraphBatch, record: Optional[AttentionRecorder] = None):
-        layer, kv = self.enc_layer, [None, None]
-        attn_step = self._self_attention_step(layer.self_attn, layer.norm1, batch.enc_graph, kv, record, "encoder")
-
-        def step(xa, idx, active, t):
-            xa = xa + layer.dropout(attn_step(xa, idx, active, t))
-            return xa + layer.dropout(layer.ff(layer.norm2(xa)))
-
+    def encode_with_stats(self, batch: GraphBatch) -> Tuple[Tensor, Tensor, Tensor]:
+        """(memory (N_enc, d), ACT steps (N_enc,), remainders (N_enc,))."""
+        kv = NodeKV()
+        step = lambda xa, idx: self.enc_layer(xa, batch.enc_graph, cache=kv, rows=idx)  # noqa: E731
         s, steps, r = self._act(self.src_embed(batch.src), batch.src_pos, step, self.halt_enc, "enc")
         return self.enc_norm(s), steps, r
 
-    def encode(self, batch: GraphBatch, record: Optional[AttentionRecorder] = None) -> Tensor:
-        return self.encode_with_stats(batch, record)[0]
+    def encode(self, batch: GraphBatch) -> Tensor:
+        return self.encode_with_stats(batch)[0]
 
-    def _decode(self, memory_kv: Tuple[Tensor, Tensor], tgt_in: Tensor, tgt_pos: Tensor, dec_graph: Graph,
-                cross_graph: Graph, record: Optional[AttentionRecorder] = None):
-        layer, kv = self.dec_layer, [None, None]
-        attn_step = self._self_attention_step(layer.self_attn, layer.norm1, dec_graph, kv, record, "decoder")
-
-        def step(xa, idx, active, t):
-            xa = xa + layer.dropout(attn_step(xa, idx, active, t))
-            q = project_q(layer.cross_attn, layer.norm2(xa))
-            q_all = q.new_zeros(cross_graph.num_dst, *q.shape[1:]).index_copy(0, idx, q)
-            o = _attend_active(layer.cross_attn, q_all, *memory_kv, cross_graph, active, idx, record, "cross", t)
-            xa = xa + layer.dropout(o)
-            return xa + layer.dropout(layer.ff(layer.norm3(xa)))
-
+    def _decode(self, memory_kv: KeyValue, tgt_in: Tensor, tgt_pos: Tensor, dec_graph: Graph,
+                cross_graph: Graph) -> Tuple[Tensor, Tensor, Tensor]:
+        kv = NodeKV()
+        step = lambda xa, idx: self.dec_layer(xa, dec_graph, cross_graph, memory_kv, cache=kv, rows=idx)  # noqa: E731
         s, steps, r = self._act(self.tgt_embed(tgt_in), tgt_pos, step, self.halt_dec, "dec")
         return self.dec_norm(s), steps, r
 
-    def decode(self, memory: Tensor, batch: GraphBatch, record: Optional[AttentionRecorder] = None) -> Tensor:
-        kv = project_kv(self.dec_layer.cross_attn, memory)  # memory is fixed: project once for all steps
-        return self._decode(kv, batch.tgt_in, batch.tgt_pos, batch.dec_graph, batch.cross_graph, record)[0]
+    def decode(self, memory: Tensor, batch: GraphBatch) -> Tensor:
+        kv = self.dec_layer.cross_attn.project_kv(memory)  # memory is fixed: project once for all steps
+        return self._decode(kv, batch.tgt_in, batch.tgt_pos, batch.dec_graph, batch.cross_graph)[0]
 
-    def forward(self, batch: GraphBatch, record: Optional[AttentionRecorder] = None) -> Seq2SeqOutput:
-        memory, enc_steps, enc_r = self.encode_with_stats(batch, record)
-        kv = project_kv(self.dec_layer.cross_attn, memory)
-        states, dec_steps, dec_r = self._decode(kv, batch.tgt_in, batch.tgt_pos, batch.dec_graph,
-                                                batch.cross_graph, record)
+    def forward(self, batch: GraphBatch) -> Seq2SeqOutput:
+        memory, enc_steps, enc_r = self.encode_with_stats(batch)
+        kv = self.dec_layer.cross_attn.project_kv(memory)
+        states, dec_steps, dec_r = self._decode(kv, batch.tgt_in, batch.tgt_pos, batch.dec_graph, batch.cross_graph)
         act_loss = self.act_loss_weight * torch.cat([enc_r, dec_r]).mean()
         stats: Dict[str, object] = {"act_steps_enc": enc_steps, "act_steps_dec": dec_steps}
         return Seq2SeqOutput(self.generator(states), act_loss, stats)
 
     # ---- decoding: the decoder is recomputed on the prefix (ACT makes every step's depth differ) --
+    def decoder_cross_attentions(self) -> List[nn.Module]:
+        return [self.dec_layer.cross_attn]
+
     def start_decoding(self, batch: GraphBatch, hyp_sent: Tensor) -> DecodeState:
-        memory = self.encode(batch)
-        lens = torch.tensor(batch.src_lens, device=memory.device)
-        state = DecodeState(memory, torch.cumsum(lens, 0) - lens, lens, hyp_sent)
-        state.cross_kv = [project_kv(self.dec_layer.cross_attn, memory)]
-        state.prefix = torch.zeros(hyp_sent.numel(), 0, dtype=torch.long, device=memory.device)
+        state = super().start_decoding(batch, hyp_sent)
+        state.prefix = torch.zeros(hyp_sent.numel(), 0, dtype=torch.long, device=state.memory.device)
         return state
 
     def decode_next(self, state: DecodeState, tokens: Tensor) -> Tensor:
@@ -181,22 +150,7 @@ class UniversalTransformer(nn.Module):
         dec_graph = graphs.batch([graphs.causal(m, device=tokens.device)] * nh)
         cross = cross_graph_for_hyps(state.src_ptr, state.src_lens, state.hyp_sent, m, state.memory.shape[0])
         pos = torch.arange(m, device=tokens.device).repeat(nh)
-        states = self._decode(state.cross_kv[0], state.prefix.flatten(), pos, dec_graph, cross)[0]
+        states = self._decode(state.memory_kv[0], state.prefix.flatten(), pos, dec_graph, cross)[0]
         last = states.reshape(nh, m, -1)[:, -1]  # (Nh, d)
         state.step += 1
         return F.log_softmax(self.generator(last), dim=-1)
-
-    def reorder_state(self, state: DecodeState, index: Tensor) -> None:
-        state.hyp_sent = state.hyp_sent[index]
-        state.prefix = state.prefix[index]
-
-
-def _attend_active(attn, q_all: Tensor, k: Tensor, v: Tensor, graph: Graph, active: Tensor, idx: Tensor,
-                   record: Optional[AttentionRecorder], kind: str, t: int) -> Tensor:
-    """Attention along the edges into active destinations only; returns the active rows (n_a, d)."""
-    sub = graph.dst_subgraph(active)
-    if record is None:
-        return attend(attn, q_all, k, v, sub, rows=idx)
-    out, w = attend(attn, q_all, k, v, sub, return_weights=True, rows=idx)
-    record.add(kind, t, sub, w)
-    return out

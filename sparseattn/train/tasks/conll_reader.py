@@ -7,7 +7,7 @@ Token features (documented choices, no pretrained embeddings):
     caps   capitalization class of the original word (`CAPS_CLASSES`)
     chars  characters of the original word, for an optional character CNN
 
-A `TaggingBatch` holds the tokens of several sentences concatenated (L tokens in all) and the
+`encode` makes a `TaggingBatch` (sparseattn.models): it holds the tokens of several sentences concatenated (L tokens in all) and the
 sentence lengths: no token padding. Only `chars` is padded, along the character axis of a word.
 """
 from __future__ import annotations
@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-from torch import Tensor
+
+from ...models import CAPS_CLASSES, IGNORE, TaggingBatch
+from ..vocab import Vocab
 
 PAD, UNK = "<pad>", "<unk>"
-IGNORE = -100  # target id of a gold tag absent from the training vocabulary
-CAPS_CLASSES = ("lower", "title", "upper", "mixed", "nocase")  # nocase: no letters (punctuation, digits)
 _DIGITS = re.compile(r"\d")
 
 
@@ -87,30 +87,10 @@ def caps_class(word: str) -> int:
     return CAPS_CLASSES.index("mixed")
 
 
-class Vocab:
-    """Symbol <-> id for one field. Input fields (`unk=True`): id 0 is <pad>, id 1 <unk>, and
-    unknown symbols map to 1. Output fields (`unk=False`, the tags): no specials, unknown is an error."""
-
-    def __init__(self, symbols: Sequence[str], unk: bool = True) -> None:
-        specials = [PAD, UNK] if unk else []
-        self.itos: List[str] = specials + [s for s in symbols if s not in specials]
-        self.stoi: Dict[str, int] = {s: i for i, s in enumerate(self.itos)}
-        self.unk = unk
-
-    def __len__(self) -> int:
-        return len(self.itos)
-
-    def __call__(self, symbol: str) -> int:
-        if self.unk:
-            return self.stoi.get(symbol, 1)
-        if symbol not in self.stoi:
-            raise KeyError(f"symbol {symbol!r} is not in the vocabulary (and it has no <unk>)")
-        return self.stoi[symbol]
-
-
 @dataclass
 class TaggingVocab:
-    """The vocabularies of all token fields, built from the training sentences only."""
+    """The vocabularies of all token fields, built from the training sentences only. Input fields
+    map unknown symbols to <unk>; the tags have no specials (an unknown tag is a KeyError)."""
 
     words: Vocab
     pos: Vocab
@@ -124,44 +104,19 @@ class TaggingVocab:
         pos = sorted({p for s in sentences for p in s.pos})
         chars = sorted({c for s in sentences for w in s.words for c in w})
         tags = sorted({t for s in sentences for t in s.tags}, key=lambda t: (t != "O", t[2:], t))
-        return cls(Vocab(words), Vocab(pos), Vocab(chars), Vocab(tags, unk=False))
+        return cls(_inputs(words), _inputs(pos), _inputs(chars), Vocab(tags))
 
     def state_dict(self) -> Dict[str, List[str]]:
         return {"words": self.words.itos, "pos": self.pos.itos, "chars": self.chars.itos, "tags": self.tags.itos}
 
     @classmethod
     def from_state_dict(cls, state: Dict[str, List[str]]) -> "TaggingVocab":
-        return cls(Vocab(state["words"]), Vocab(state["pos"]), Vocab(state["chars"]), Vocab(state["tags"], unk=False))
+        return cls(_inputs(state["words"]), _inputs(state["pos"]), _inputs(state["chars"]), Vocab(state["tags"]))
 
 
-@dataclass
-class TaggingBatch:
-    """Several sentences' tokens concatenated, L tokens in all, B sentences; no token padding.
-
-    words, pos, caps: (L,) int64.  chars: (L, C) int64, 0-padded along each word's characters.
-    tags: (L,) int64 gold tag ids (IGNORE for tags unseen in training), or None.
-    lengths: (B,) int64 sentence lengths (sum = L).
-    """
-
-    words: Tensor
-    pos: Tensor
-    caps: Tensor
-    chars: Tensor
-    tags: Optional[Tensor]
-    lengths: Tensor
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.words.shape[0])
-
-    def to(self, device: Union[str, torch.device]) -> "TaggingBatch":
-        move = (lambda t: None if t is None else t.to(device))
-        return TaggingBatch(move(self.words), move(self.pos), move(self.caps), move(self.chars),
-                            move(self.tags), move(self.lengths))
-
-    def split(self, x: Tensor) -> Tuple[Tensor, ...]:
-        """Split a (L, ...) per-token tensor into per-sentence pieces."""
-        return torch.split(x, self.lengths.tolist())
+def _inputs(symbols: Sequence[str]) -> Vocab:
+    """An input field's vocabulary: <pad> (0), <unk> (1, what unknown symbols map to), symbols."""
+    return Vocab(symbols, specials=(PAD, UNK), unk=UNK)
 
 
 def encode(sentences: Sequence[Sentence], vocab: TaggingVocab, with_tags: bool = True) -> TaggingBatch:
@@ -171,12 +126,12 @@ def encode(sentences: Sequence[Sentence], vocab: TaggingVocab, with_tags: bool =
     if any(len(s) == 0 for s in sentences):
         raise ValueError("sentences must be non-empty")
     tokens = [w for s in sentences for w in s.words]
-    words = torch.tensor([vocab.words(normalize_word(w)) for w in tokens])
-    pos = torch.tensor([vocab.pos(p) for s in sentences for p in s.pos])
+    words = torch.tensor([vocab.words[normalize_word(w)] for w in tokens])
+    pos = torch.tensor([vocab.pos[p] for s in sentences for p in s.pos])
     caps = torch.tensor([caps_class(w) for w in tokens])
     chars = torch.zeros(len(tokens), max(len(w) for w in tokens), dtype=torch.long)
     for i, w in enumerate(tokens):
-        chars[i, :len(w)] = torch.tensor([vocab.chars(c) for c in w])
+        chars[i, :len(w)] = torch.tensor([vocab.chars[c] for c in w])
     tags = None
     if with_tags:  # a tag never seen in training gets IGNORE (cross_entropy's ignore_index)
         tags = torch.tensor([vocab.tags.stoi.get(t, IGNORE) for s in sentences for t in s.tags])

@@ -1,8 +1,8 @@
 """The `multi30k` task: English -> German translation on Multi30k-format files, scored by BLEU.
 
-    sparseattn train --task multi30k --data-dir DIR --out RUN
+    sparseattn train --task multi30k --data-dir data/multi30k --out runs/m30k
 
-Data: `cfg.data_dir` holds train/val/test_2016_flickr.{en,de} (data/translation.py). The joint
+Data: `--data-dir` holds train/val/test_2016_flickr.{en,de} (parallel_text.py). The joint
 BPE vocabulary is trained on both sides of the training split and saved as RUN/tokenizer.json;
 a resumed or evaluated run loads it from there, and its content also travels in the checkpoint's
 task state (so a checkpoint copied on its own still decodes). Sources end with `</s>`.
@@ -18,17 +18,30 @@ BLEU against the raw references.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ... import record_attention
+from ...models import token_batches
+from ..config import at_least, cfg_field
 from ..metrics import sequence_accuracy, token_accuracy
-from .batching import token_batches
-from .tasks import Seq2SeqTask, register_task
-from .translation import SubwordVocab, read_parallel
+from .base import Seq2SeqTask, epoch_seed, register_task
+from .parallel_text import SubwordVocab, read_parallel
 
 TOKENIZER_FILE = "tokenizer.json"
+
+
+@dataclass
+class Multi30kConfig:
+    """Where the Multi30k files are, and the subword vocabulary."""
+
+    data_dir: str = cfg_field("", "folder with Multi30k-format {train,val,test_2016_flickr}.{en,de}")
+    vocab_size: int = cfg_field(8000, "joint BPE vocabulary size", check=at_least(8))
+    valid_bleu_sentences: int = cfg_field(200, "val sentences greedily decoded for BLEU after each epoch",
+                                          check=at_least(1))
 
 
 def _is_main() -> bool:
@@ -41,7 +54,7 @@ def _barrier() -> None:
         torch.distributed.barrier()
 
 
-@register_task("multi30k")
+@register_task("multi30k", config=Multi30kConfig)
 class Multi30kTask(Seq2SeqTask):
     FILE_SPLITS = ("train", "val", "test")
 
@@ -52,43 +65,40 @@ class Multi30kTask(Seq2SeqTask):
         self.out_dir = Path(".")
 
     def setup(self, cfg) -> None:
-        if not cfg.data_dir:
+        data = cfg.task_cfg
+        if not data.data_dir:
             raise ValueError("task multi30k needs --data-dir DIR with train/val/test_2016_flickr.{en,de} "
                              "(see README, 'Translation')")
-        self.out_dir = Path(cfg.out)
-        self.text = {name: read_parallel(cfg.data_dir, name) for name in self.FILE_SPLITS}
+        self.out_dir = Path(cfg.run.out)
+        self.text = {name: read_parallel(data.data_dir, name) for name in self.FILE_SPLITS}
         path = self.out_dir / TOKENIZER_FILE
         if _is_main() and not path.exists():  # under torchrun rank 0 trains it, the others wait
             src, tgt = self.text["train"]
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            SubwordVocab.train(src + tgt, vocab_size=cfg.vocab_size, min_frequency=2).save(str(path))
+            SubwordVocab.train(src + tgt, vocab_size=data.vocab_size, min_frequency=2).save(str(path))
         _barrier()
         self._set_vocab(SubwordVocab.load(str(path)))
 
     def _set_vocab(self, vocab: SubwordVocab) -> None:
         self.vocab = self.src_vocab = self.tgt_vocab = vocab
+        self.bos, self.eos = vocab.bos, vocab.eos
         for name, (src, tgt) in self.text.items():
             self.splits[name] = ([ids + [vocab.eos] for ids in vocab.encode_batch(src)], vocab.encode_batch(tgt))
         self.splits["valid"] = self.splits["val"]
 
-    def model_kwargs(self) -> dict:
+    def model_info(self) -> dict:
         return dict(src_vocab_size=len(self.vocab), tgt_vocab_size=len(self.vocab), shared_vocab=True)
 
     def batch_indices(self, split: str, cfg, epoch: Optional[int]) -> List[List[int]]:
-        if not cfg.max_tokens:
+        if not cfg.run.max_tokens:
             return super().batch_indices(split, cfg, epoch)
         src, tgt = self.splits[split]
-        seed = None if epoch is None else cfg.seed * 1_000_003 + epoch
-        return token_batches([len(s) + len(t) + 1 for s, t in zip(src, tgt)], cfg.max_tokens, seed)
+        return token_batches([len(s) + len(t) + 1 for s, t in zip(src, tgt)], cfg.run.max_tokens, epoch_seed(cfg, epoch))
 
     def translate(self, model, sentences: Sequence[str], cfg, beam: Optional[int] = None) -> List[str]:
         """Detokenized translations of raw source sentences."""
-        from ..models.decoding import decode
         sources = [ids + [self.vocab.eos] for ids in self.vocab.encode_batch(list(sentences))]
-        preds = decode(model, sources, self.vocab.bos, self.vocab.eos, beam=cfg.beam if beam is None else beam,
-                       alpha=cfg.alpha, max_len_a=cfg.max_len_a, max_len_b=cfg.max_len_b,
-                       batch_size=cfg.eval_batch_size, device=next(model.parameters()).device, pool=self.pool)
-        return [self.vocab.decode(p) for p in preds]
+        return [self.vocab.decode(p) for p in self.decode(model, sources, cfg, beam)]
 
     @torch.no_grad()
     def evaluate(self, model, split: str, cfg, decode: bool = True) -> dict:
@@ -98,11 +108,11 @@ class Multi30kTask(Seq2SeqTask):
         if not decode:
             return metrics
         per_epoch = split == "valid"
-        n = min(cfg.valid_bleu_sentences, len(self.splits[split][0])) if per_epoch else len(self.splits[split][0])
+        n = min(cfg.task_cfg.valid_bleu_sentences, len(self.splits[split][0])) if per_epoch else len(self.splits[split][0])
         text_split = "val" if per_epoch else split
         sources, refs = self.text[text_split][0][:n], self.text[text_split][1][:n]
         was_training = model.training
-        hyps = self.translate(model, sources, cfg, beam=1 if per_epoch else cfg.beam)
+        hyps = self.translate(model, sources, cfg, beam=1 if per_epoch else cfg.run.beam)
         model.train(was_training)
         hyp_ids = self.vocab.encode_batch(hyps)
         metrics["bleu"] = sacrebleu.corpus_bleu(hyps, [refs]).score
@@ -117,7 +127,6 @@ class Multi30kTask(Seq2SeqTask):
     def plot(self, model, cfg, out_dir, history: list, sentence: Optional[str] = None) -> list:
         """Attention maps (encoder, decoder, cross) of one sentence (default: the first test source)
         and the model's own translation of it, axes labelled with the subword tokens."""
-        from ..models.layers import AttentionRecorder
         from ..plots import attention_maps
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -127,13 +136,13 @@ class Multi30kTask(Seq2SeqTask):
         src = self.vocab.encode(sentence) + [self.vocab.eos]
         tgt = self.vocab.encode(hyp)
         model.eval()
-        record = AttentionRecorder()
-        model(self.pool.batch([src], [tgt], bos=self.vocab.bos, eos=self.vocab.eos).to(
-            next(model.parameters()).device), record=record)
+        batch = self.pool.batch([src], [tgt], bos=self.vocab.bos, eos=self.vocab.eos)
+        with record_attention(model) as records:
+            model(batch.to(next(model.parameters()).device))
         model.train(was_training)
         token = self.vocab.tokenizer.id_to_token
         labels = {"src": [token(i) for i in src], "tgt_in": ["<s>"] + [token(i) for i in tgt]}
-        return attention_maps(record, labels, out_dir)
+        return attention_maps(records, labels, out_dir)
 
     def state_dict(self) -> dict:
         return {"tokenizer": self.vocab.tokenizer.to_str()}

@@ -1,17 +1,52 @@
-"""What both sequence taggers share: token-feature embeddings and the loss/predict interface.
+"""What both sequence taggers share: their input (`TaggingBatch`), token-feature embeddings and
+the loss/predict interface.
 
 A tagger is an `nn.Module` whose `forward(batch)` maps a `TaggingBatch` (L tokens of B
 sentences, concatenated, no padding) to per-token logits (L, num_tags).
 """
 from __future__ import annotations
 
-from typing import List
+from dataclasses import dataclass
+from typing import List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ..data.conll import CAPS_CLASSES, TaggingBatch
+CAPS_CLASSES = ("lower", "title", "upper", "mixed", "nocase")  # nocase: no letters (punctuation, digits)
+IGNORE = -100  # target id of a gold tag the model does not know (cross_entropy's ignore_index)
+
+
+@dataclass
+class TaggingBatch:
+    """Several sentences' tokens concatenated, L tokens in all, B sentences; no token padding.
+
+    words, pos, caps: (L,) int64 ids (caps: an index into CAPS_CLASSES).
+    chars: (L, C) int64, 0-padded along each word's characters.
+    tags: (L,) int64 gold tag ids (IGNORE where unknown), or None.
+    lengths: (B,) int64 sentence lengths (sum = L).
+    """
+
+    words: Tensor
+    pos: Tensor
+    caps: Tensor
+    chars: Tensor
+    tags: Optional[Tensor]
+    lengths: Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.words.shape[0])
+
+    def to(self, device: Union[str, torch.device]) -> "TaggingBatch":
+        def move(t: Optional[Tensor]) -> Optional[Tensor]:
+            return None if t is None else t.to(device)
+        return TaggingBatch(self.words.to(device), self.pos.to(device), self.caps.to(device), self.chars.to(device),
+                            move(self.tags), self.lengths.to(device))
+
+    def split(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """Split a (L, ...) per-token tensor into per-sentence pieces."""
+        return torch.split(x, self.lengths.tolist())
 
 
 class CharCNN(nn.Module):
@@ -74,13 +109,10 @@ class Tagger(nn.Module):
         """Mean token-level cross entropy against `batch.tags`."""
         if batch.tags is None:
             raise ValueError("batch.tags is None: loss() needs gold tags")
-        return F.cross_entropy(self(batch), batch.tags)
+        return F.cross_entropy(self(batch), batch.tags, ignore_index=IGNORE)
 
     @torch.no_grad()
     def predict(self, batch: TaggingBatch) -> List[List[int]]:
         """Argmax tag ids, one list per sentence (eval mode is the caller's choice)."""
         ids = self(batch).argmax(dim=-1)
         return [t.tolist() for t in batch.split(ids)]
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters() if p.requires_grad)

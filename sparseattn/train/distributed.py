@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from .train import Trainer
+from .trainer import Trainer
 
 
 def launched_by_torchrun() -> bool:
@@ -30,11 +30,12 @@ def launched_by_torchrun() -> bool:
 
 def init_from_env(cfg) -> None:
     """Join the process group torchrun describes in the environment (gloo on CPU, nccl on CUDA)."""
-    use_cuda = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+    run = cfg.run
+    use_cuda = run.device.startswith("cuda") or (run.device == "auto" and torch.cuda.is_available())
     if use_cuda:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
-        cfg.device = f"cuda:{local}"
+        run.device = f"cuda:{local}"
     if not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo")
 

@@ -2,7 +2,7 @@
 
 attention_maps     one figure per attention kind (encoder self, decoder self, cross): rows are
                    layers (ACT steps for the UT, where halted rows are blank), columns heads.
-                   Weights come from EdgeAttention(return_weights=True) and are scattered into a
+                   Weights come from `sparseattn.record_attention` and are scattered into a
                    dense (N_dst, N_src) map from the graph's own edge index, so subgraphs work.
 act_steps_map      steps per position for a few test examples, encoder and decoder.
 act_steps_epochs   the distribution of steps over nodes, per training epoch.
@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from .models.layers import AttentionRecorder
+from .. import AttentionRecord, record_attention
 
 
 def _pyplot():
@@ -35,13 +35,28 @@ def dense_weights(graph, weights: torch.Tensor) -> np.ndarray:
     return dense.numpy()
 
 
-def attention_maps(record: AttentionRecorder, labels: dict, out_dir: Path, prefix: str = "attention") -> List[Path]:
-    """labels: {"src": [...], "tgt_in": [...], "tgt_out": [...]} token strings for the axes."""
+def attention_kind(name: str) -> str:
+    """"encoder", "decoder" or "cross" for a seq2seq model's EdgeAttention module name."""
+    if name.endswith("cross_attn"):
+        return "cross"
+    return "encoder" if name.startswith("enc") else "decoder"
+
+
+def layer_of(record: AttentionRecord) -> int:
+    """The layer of a stack ("decoder.2.self_attn" -> 2), or the ACT step of a shared layer."""
+    parts = record.name.split(".")
+    return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else record.call
+
+
+def attention_maps(records: Sequence[AttentionRecord], labels: dict, out_dir: Path,
+                   prefix: str = "attention") -> List[Path]:
+    """records: from `record_attention` around one forward of a seq2seq model; labels: {"src": [...],
+    "tgt_in": [...]} token strings for the axes."""
     plt = _pyplot()
     axes_labels = {"encoder": ("src", "src"), "decoder": ("tgt_in", "tgt_in"), "cross": ("tgt_in", "src")}
     paths = []
     for kind in ("encoder", "decoder", "cross"):
-        recs = [r for r in record.records if r[0] == kind]
+        recs = [(kind, layer_of(r), r.graph, r.weights) for r in records if attention_kind(r.name) == kind]
         if not recs:
             continue
         heads = recs[0][3].shape[1]
@@ -190,11 +205,11 @@ def seq2seq_plots(task, model, cfg, out_dir, history: list, example: int = 0, nu
     device = next(model.parameters()).device
     src, tgt = task.splits["test"]
     batch = task.make_batch("test", [example], device)
-    record = AttentionRecorder()
-    out = model(batch, record=record)
+    with record_attention(model) as records:
+        out = model(batch)
     labels = {"src": task.src_vocab.decode(src[example]),
               "tgt_in": ["<s>"] + task.tgt_vocab.decode(tgt[example])}
-    paths = attention_maps(record, labels, out_dir)
+    paths = attention_maps(records, labels, out_dir)
     if "act_steps_enc" in out.stats:
         idx = list(range(min(num_examples, len(src))))
         many = task.make_batch("test", idx, device)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import random
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -138,16 +140,23 @@ def bucket_batches(lengths: Sequence[int], batch_size: int, seed: Optional[int] 
 
 
 def token_batches(sizes: Sequence[int], max_tokens: int, seed: Optional[int] = None,
-                  pool_factor: int = 50) -> List[List[int]]:
+                  pool_factor: int = 50, by_length: bool = True) -> List[List[int]]:
     """Indices grouped into batches whose summed `sizes` (tokens per example) stay within
     `max_tokens`; an example larger than the budget gets a batch of its own. Every index
     appears exactly once.
 
-    With a seed: shuffle, sort within pools of about `pool_factor` batches by size, cut greedily,
-    and shuffle the batch order (deterministic in the seed). Without: sorted by size, in order.
+    by_length=True: with a seed, shuffle, sort within pools of about `pool_factor` batches by size,
+    cut greedily and shuffle the batch order (deterministic in the seed); without, sorted by size.
+    by_length=False: examples in a seeded random order (or in order), cut greedily: batches mix
+    lengths, which the padding-free graph batches do not pay for.
     """
     if max_tokens <= 0:
         raise ValueError(f"max_tokens must be > 0, got {max_tokens}")
+    if not by_length:
+        order = list(range(len(sizes)))
+        if seed is not None:
+            random.Random(seed).shuffle(order)
+        return _cut(order, [int(n) for n in sizes], max_tokens)
     sizes = np.asarray(sizes, dtype=np.int64)
     if seed is None:
         chunks = [np.argsort(sizes, kind="stable")]
@@ -158,18 +167,23 @@ def token_batches(sizes: Sequence[int], max_tokens: int, seed: Optional[int] = N
         pool = pool_factor * per_batch
         chunks = [order[i:i + pool] for i in range(0, len(order), pool)]
         chunks = [c[np.argsort(sizes[c], kind="stable")] for c in chunks]
-    batches: List[List[int]] = []
-    for chunk in chunks:
-        current: List[int] = []
-        total = 0
-        for i in chunk.tolist():
-            if current and total + sizes[i] > max_tokens:
-                batches.append(current)
-                current, total = [], 0
-            current.append(i)
-            total += int(sizes[i])
-        if current:
-            batches.append(current)
+    batches = [b for chunk in chunks for b in _cut(chunk.tolist(), sizes.tolist(), max_tokens)]
     if seed is not None:
         batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+def _cut(order: Sequence[int], sizes: Sequence[int], max_tokens: int) -> List[List[int]]:
+    """Consecutive runs of `order` whose sizes sum to at most max_tokens (an oversize one alone)."""
+    batches: List[List[int]] = []
+    current: List[int] = []
+    total = 0
+    for i in order:
+        if current and total + sizes[i] > max_tokens:
+            batches.append(current)
+            current, total = [], 0
+        current.append(i)
+        total += sizes[i]
+    if current:
+        batches.append(current)
     return batches

@@ -1,4 +1,4 @@
-"""The training loop: `Trainer` (the commands that drive it are in commands.py).
+"""The training loop: `Trainer` (the commands that drive it are in cli.py).
 
 RUN_DIR holds config.json, best.pt (weights of the best validation epoch, used for the final test
 numbers and plots when keep_best is on; with ema_decay > 0 every evaluation, best.pt included, uses
@@ -7,8 +7,8 @@ checkpoint_every steps, at max_steps, when the time budget runs out and on Ctrl-
 (one JSON object per line: kind "train" every log_every steps, "valid" each epoch, "test" at the
 end), results.json and plots/.
 
-The loop is generic: it asks the task (data/tasks.py) for batches and for a batch's loss and
-stats, so any registered task/model pair (models/__init__.py) gets the progress bar, metrics
+The loop is generic: it asks the task (tasks/base.py) for batches and for a batch's loss and
+stats, so any registered task/model pair (model_configs.py) gets the progress bar, metrics
 log, checkpoints and exact resume. A checkpoint stores the data position (epoch, batch, step);
 each epoch's batch order is a function of (seed, epoch), and the RNG states are those after the
 last completed step, so a resumed run takes the same steps as an uninterrupted one. A run stopped
@@ -29,11 +29,11 @@ from typing import Optional, Tuple
 import torch
 
 from . import checkpoint as ckpt_io
-from .config import TrainConfig
-from .data.tasks import get_task
+from .config import Config
 from .ema import WeightEMA
 from .metrics import Meter
-from .models import build_model
+from .model_configs import lr_dim
+from .tasks import get_task
 
 
 class NoamLambda:
@@ -75,28 +75,29 @@ def deferred_interrupt():
 class Trainer:
     main_process = True  # writes checkpoints, logs and progress (False on ranks > 0 under torchrun)
 
-    def __init__(self, cfg: TrainConfig, resume: bool = False) -> None:
-        self.cfg, self.out = cfg, Path(cfg.out)
+    def __init__(self, cfg: Config, resume: bool = False) -> None:
+        run = cfg.run
+        self.cfg, self.out = cfg, Path(run.out)
         self.ckpt_path = self.out / "checkpoint.pt"
         self.best_path = self.out / "best.pt"  # weights of the best validation epoch (keep_best)
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        self.device = resolve_device(cfg.device)
+        if run.threads:
+            torch.set_num_threads(run.threads)
+        self.device = resolve_device(run.device)
         self.task = get_task(cfg.task)
         self.task.setup(cfg)
-        torch.manual_seed(cfg.seed)
-        self.model, self.model_kwargs = build_model(cfg.model, cfg, self.task)
+        torch.manual_seed(run.seed)
+        self.model = cfg.model_cfg.build(self.task.model_info())
         self.model.to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1.0, betas=(cfg.beta1, cfg.beta2),
-                                          eps=cfg.adam_eps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, NoamLambda(cfg.d_model, cfg.lr_factor,
-                                                                                      cfg.warmup))
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1.0, betas=(run.beta1, run.beta2),
+                                          eps=run.adam_eps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, NoamLambda(lr_dim(cfg), run.lr_factor,
+                                                                                      run.warmup))
         self.position = {"epoch": 0, "batch": 0, "step": 0}
         self.history: list = []  # one record per finished epoch
         self.train_seconds = 0.0  # wall time spent in fit(), summed over resumed runs
         self._fit_start: Optional[float] = None
         self.rng = ckpt_io.rng_state()
-        self.ema = WeightEMA(self.model, cfg.ema_decay) if cfg.ema_decay > 0 else None
+        self.ema = WeightEMA(self.model, run.ema_decay) if run.ema_decay > 0 else None
         if resume:
             self._load(ckpt_io.load(self.ckpt_path, self.device))
         if self.main_process:
@@ -106,8 +107,7 @@ class Trainer:
 
     # ---- checkpoints ------------------------------------------------------------------------
     def state(self) -> dict:
-        return {"version": 1, "config": self.cfg.to_dict(), "model_name": self.cfg.model,
-                "model_kwargs": self.model_kwargs, "model": self.model.state_dict(),
+        return {"version": 2, "config": self.cfg.to_dict(), "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "rng": self.rng, "position": dict(self.position), "task_state": self.task.state_dict(),
                 "history": self.history, "train_seconds": self.elapsed(),
@@ -130,7 +130,7 @@ class Trainer:
         self.task.load_state_dict(state.get("task_state", {}))
         if self.ema is not None:
             if "ema" not in state:
-                raise ValueError(f"--ema_decay={self.cfg.ema_decay} but {self.ckpt_path} was trained without it")
+                raise ValueError(f"--ema_decay={self.cfg.run.ema_decay} but {self.ckpt_path} was trained without it")
             self.ema.load_state_dict(state["ema"])
         ckpt_io.set_rng_state(self.rng)
 
@@ -170,8 +170,8 @@ class Trainer:
 
     def optimizer_step(self) -> None:
         """Clip, step, schedule and average (the gradients are in .grad)."""
-        if self.cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        if self.cfg.run.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.run.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
         if self.ema is not None:
@@ -193,7 +193,7 @@ class Trainer:
             self.train_seconds, self._fit_start = self.elapsed(), None
 
     def _fit(self, tqdm) -> str:
-        cfg, pos = self.cfg, self.position
+        cfg, pos = self.cfg.run, self.position
         with deferred_interrupt() as flag:
             try:
                 while pos["epoch"] < cfg.epochs:
@@ -245,7 +245,7 @@ class Trainer:
                 return "interrupted"
 
     def out_of_time(self) -> bool:
-        budget = 60.0 * self.cfg.time_budget_min
+        budget = 60.0 * self.cfg.run.time_budget_min
         return budget > 0 and self.agree(self.elapsed() >= budget)
 
     def agree(self, flag: bool) -> bool:
@@ -258,18 +258,18 @@ class Trainer:
         valid = {}
         with self.eval_weights():
             if self.main_process:  # under torchrun the other ranks go on to the next collective and wait
-                valid = self.task.evaluate(self.model, "valid", self.cfg, decode=self.cfg.eval_decode)
+                valid = self.task.evaluate(self.model, "valid", self.cfg, decode=self.cfg.run.eval_decode)
             record = {"epoch": pos["epoch"] + 1, "step": pos["step"], "time_s": round(self.elapsed(), 1),
                       "train": train, "valid": valid}
             self.log({"kind": "valid", **record})
             score = best_score(valid)
-            if self.cfg.keep_best and all(score > best_score(r["valid"]) for r in self.history):
+            if self.cfg.run.keep_best and all(score > best_score(r["valid"]) for r in self.history):
                 best = {k: v for k, v in self.state().items() if k not in ("optimizer", "scheduler", "rng", "ema")}
                 ckpt_io.save_atomic({**best, "epoch": pos["epoch"] + 1, "score": score},
                                     self.best_path)  # the evaluated weights, which evaluate/plot read
         self.history.append(record)
         shown = {k: round(v, 4) for k, v in valid.items() if isinstance(v, float)}
-        if self.cfg.progress and self.main_process:
+        if self.cfg.run.progress and self.main_process:
             print(f"epoch {pos['epoch'] + 1}: valid {shown}", file=sys.stderr)
         pos["epoch"] += 1
         pos["batch"] = 0
@@ -279,18 +279,18 @@ class Trainer:
         """Decoded test metrics (results.json) and plots, with the best validation epoch's weights
         when keep_best is on (checkpoint.pt keeps the last epoch's for resuming)."""
         extra = {}
-        if self.cfg.keep_best and self.best_path.exists():
+        if self.cfg.run.keep_best and self.best_path.exists():
             best = ckpt_io.load(self.best_path, self.device)
             self.model.load_state_dict(best["model"])
             extra = {"best_epoch": best["epoch"]}
         elif self.ema is not None:  # training is over: keep the averaged weights
             self.ema.copy_to_model()
         results = self.task.evaluate(self.model, "test", self.cfg, decode=True)
-        results = {"split": "test", "beam": self.cfg.beam, "train_seconds": round(self.train_seconds, 1), **extra,
+        results = {"split": "test", "beam": self.cfg.run.beam, "train_seconds": round(self.train_seconds, 1), **extra,
                    **results}
         self.log({"kind": "test", "step": self.position["step"], **results})
         (self.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-        if self.cfg.plots:
+        if self.cfg.run.plots:
             from .plots import loss_curve
             paths = list(self.task.plot(self.model, self.cfg, self.out / "plots", self.history))
             if self.history:  # every trained epoch logged a validation loss

@@ -1,0 +1,116 @@
+"""What the graph Transformer and the Universal Transformer share: embeddings, positions, output
+layer, the forward's output type and the state of incremental decoding.
+
+Shapes: N_enc source tokens, N_dec decoder tokens, Nh hypotheses, d = d_model, V vocabulary.
+Decoding (decoding.py) drives any `Seq2SeqModel` through
+    state = model.start_decoding(batch, hyp_sent)   encode once; hypothesis h continues sentence hyp_sent[h]
+    logp = model.decode_next(state, tokens)         (Nh,) last tokens -> (Nh, V) next-token log-probabilities
+    model.reorder_state(state, index)               keep hypotheses `index` (beam reordering, pruning)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, NamedTuple, Optional
+
+import torch
+from torch import Tensor, nn
+
+from .. import Graph, KeyValue, KVCache
+from .batch import GraphBatch
+from .blocks import PositionalEncoding, source_target_embeddings, xavier_init_
+
+
+class Seq2SeqOutput(NamedTuple):
+    """logits: (N_dec, V) unnormalised scores; aux_loss: scalar added to the training loss
+    (ACT ponder cost for the UT, 0 otherwise); stats: extra numbers to log (e.g. ACT steps)."""
+
+    logits: Tensor
+    aux_loss: Tensor
+    stats: Dict[str, object]
+
+
+def cross_graph_for_hyps(src_ptr: Tensor, src_lens: Tensor, hyp_sent: Tensor, steps: int, num_src: int) -> Graph:
+    """Complete bipartite graph from each hypothesis' source sentence into its `steps` decoder
+    nodes (hypothesis-major: hyp h owns nodes h*steps .. h*steps+steps-1), destination-major.
+    src_ptr/src_lens: (B,) start and length of each sentence's encoder nodes; hyp_sent: (Nh,)."""
+    n = src_lens[hyp_sent].repeat_interleave(steps)  # sources per destination, (Nh*steps,)
+    start = src_ptr[hyp_sent].repeat_interleave(steps)
+    dst = torch.arange(n.numel(), device=n.device).repeat_interleave(n)
+    first = torch.cumsum(n, 0) - n  # first edge of each destination
+    src = start.repeat_interleave(n) + torch.arange(dst.numel(), device=n.device) - first.repeat_interleave(n)
+    return Graph(torch.stack([src, dst]), num_src=num_src, num_dst=n.numel())
+
+
+@dataclass
+class DecodeState:
+    """What incremental decoding carries between steps."""
+
+    memory: Tensor                     # (N_enc, d)
+    src_ptr: Tensor                    # (B,) first encoder node of each sentence
+    src_lens: Tensor                   # (B,)
+    hyp_sent: Tensor                   # (Nh,) sentence of each hypothesis
+    memory_kv: List[KeyValue]          # per decoder layer: cross-attention keys/values of the memory
+    step: int = 0                      # tokens fed so far
+    caches: List[KVCache] = field(default_factory=list)  # per decoder layer (models that cache)
+    prefix: Optional[Tensor] = None    # (Nh, t) tokens fed so far (models that recompute)
+    _one_step_graph: Optional[Graph] = None
+
+    def cross_graph(self, steps: int = 1) -> Graph:
+        """Each hypothesis' source sentence into its `steps` decoder nodes (steps=1: cached until
+        the hypotheses change)."""
+        if steps == 1 and self._one_step_graph is not None:
+            return self._one_step_graph
+        g = cross_graph_for_hyps(self.src_ptr, self.src_lens, self.hyp_sent, steps, self.memory.shape[0])
+        if steps == 1:
+            self._one_step_graph = g
+        return g
+
+
+class Seq2SeqModel(nn.Module):
+    """Base of the encoder-decoder models: source/target embeddings (optionally shared), sinusoidal
+    positions, dropout, final LayerNorms, generator (optionally tied to the target embedding).
+    Subclasses build their layers between `super().__init__` and `finish_init`, and implement
+    encode, forward, decode_next and `decoder_cross_attentions` (for start_decoding)."""
+
+    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int, num_heads: int, dropout: float,
+                 share_embeddings: bool, max_len: int) -> None:
+        super().__init__()
+        self.d_model, self.num_heads = d_model, num_heads
+        self.src_embed, self.tgt_embed = source_target_embeddings(src_vocab_size, tgt_vocab_size, d_model,
+                                                                  share_embeddings)
+        self.pos_enc = PositionalEncoding(d_model, max_len)
+        self.dropout = nn.Dropout(dropout)
+
+    def finish_init(self, tgt_vocab_size: int, tie_generator: bool) -> None:
+        """Final norms and generator, then Xavier init of every matrix."""
+        self.enc_norm, self.dec_norm = nn.LayerNorm(self.d_model), nn.LayerNorm(self.d_model)
+        self.generator = nn.Linear(self.d_model, tgt_vocab_size)
+        if tie_generator:
+            self.generator.weight = self.tgt_embed.lut.weight
+        xavier_init_(self)
+
+    def encode(self, batch: GraphBatch) -> Tensor:
+        raise NotImplementedError
+
+    def decoder_cross_attentions(self) -> List[nn.Module]:
+        raise NotImplementedError
+
+    def start_decoding(self, batch: GraphBatch, hyp_sent: Tensor) -> DecodeState:
+        """Encode the sources once and project the memory once per decoder layer."""
+        memory = self.encode(batch)
+        lens = torch.tensor(batch.src_lens, device=memory.device)
+        memory_kv = [attn.project_kv(memory) for attn in self.decoder_cross_attentions()]
+        return DecodeState(memory, torch.cumsum(lens, 0) - lens, lens, hyp_sent, memory_kv)
+
+    def reorder_state(self, state: DecodeState, index: Tensor) -> None:
+        """Keep hypotheses `index` (Nh',) in that order (beam search); same sentences only."""
+        state.hyp_sent = state.hyp_sent[index]
+        state._one_step_graph = None
+        for cache in state.caches:
+            cache.reorder(index)
+        if state.prefix is not None:
+            state.prefix = state.prefix[index]
+
+    def decode_next(self, state: DecodeState, tokens: Tensor) -> Tensor:
+        raise NotImplementedError
+

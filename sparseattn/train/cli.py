@@ -1,0 +1,276 @@
+"""The command line: `sparseattn <command>` (also `python -m sparseattn <command>`).
+
+    sparseattn demo                                                           # EdgeAttention vs padded MHA
+    sparseattn train --task copy --out runs/copy                              # preset configs/copy-transformer.toml
+    sparseattn train --task sort --model ut --out runs/sort --epochs=30       # preset + overrides
+    sparseattn train --config configs/sort-ut.toml --out runs/s2 --d_ff=512   # any preset file
+    sparseattn train --task chunking --model bilstm --data-dir ../shared/data --out runs/b --time_budget_min=14
+    sparseattn train --out runs/copy --resume [--epochs=8]                    # continue exactly
+    sparseattn evaluate --checkpoint runs/copy/checkpoint.pt [--beam 4] [--json]
+    sparseattn plot --checkpoint runs/copy/checkpoint.pt [--out DIR]
+    sparseattn compare --run BiLSTM=runs/b --run Tagger=runs/t --metric f1 --output f1.png
+    sparseattn translate --checkpoint runs/m30k/checkpoint.pt "A dog runs."
+    sparseattn configs                                                        # the preset files
+    torchrun --nproc_per_node=N -m sparseattn train ...                       # DDP (distributed.py)
+
+`sparseattn train --help [--task T --model M]` lists every config key with its type, default and
+help. trainer.py says what a run directory holds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from . import checkpoint as ckpt_io
+from .config import DEFAULT_MODELS, config_from_dict, describe, list_presets, make_config, parse_flags, with_overrides
+from .tasks import get_task
+from .trainer import Trainer, resolve_device
+
+
+def train_main(argv: List[str]) -> int:
+    resume = "--resume" in argv
+    argv = [a for a in argv if a != "--resume"]
+    config_file = None
+    if "--config" in argv:
+        i = argv.index("--config")
+        if i + 1 == len(argv):
+            raise ValueError("--config needs a FILE")
+        config_file = argv[i + 1]
+        argv = argv[:i] + argv[i + 2:]
+    if "-h" in argv or "--help" in argv:
+        flags = parse_flags([a for a in argv if a not in ("-h", "--help")])
+        task = flags.get("task", "copy")
+        print(__doc__)
+        print("config keys (defaults, before presets):\n" + "\n".join(describe(task, flags.get("model",
+                                                                                              DEFAULT_MODELS[task]))))
+        return 0
+    flags = parse_flags(argv)
+    if resume:
+        if "out" not in flags:
+            raise ValueError("--resume needs --out RUN_DIR")
+        saved = ckpt_io.load(Path(flags["out"]) / "checkpoint.pt")["config"]
+        cfg = with_overrides(config_from_dict(saved), flags)
+    else:
+        cfg = make_config(flags, config_file)
+    if not cfg.run.out:
+        raise ValueError("--out RUN_DIR is required")
+    from . import distributed
+    try:
+        if distributed.launched_by_torchrun():
+            distributed.init_from_env(cfg)
+            trainer: Trainer = distributed.DistributedTrainer(cfg, resume=resume)
+        else:
+            trainer = Trainer(cfg, resume=resume)
+        return _run(trainer)
+    finally:
+        distributed.cleanup()
+
+
+def _run(trainer: Trainer) -> int:
+    cfg, run = trainer.cfg, trainer.cfg.run
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    if trainer.main_process:
+        world = getattr(trainer, "world_size", 1)
+        print(f"task {cfg.task}, model {cfg.model} ({n_params:,} parameters), {trainer.device}"
+              f"{f' x {world} processes' if world > 1 else ''}, out {run.out}", file=sys.stderr)
+    status = trainer.fit()
+    if status == "interrupted":
+        return 130
+    if status == "time_budget" and trainer.main_process:
+        print(f"time budget of {run.time_budget_min:g} min reached at step {trainer.position['step']} "
+              f"(epoch {trainer.position['epoch']}, cut short); testing", file=sys.stderr)
+    if status == "max_steps":
+        if trainer.main_process:
+            print(f"stopped at max_steps={run.max_steps}; checkpoint {trainer.ckpt_path}", file=sys.stderr)
+        return 0
+    if not trainer.main_process:
+        return 0
+    results = trainer.finish()
+    if "f1" in results:
+        print(f"test: chunk F1 {100 * results['f1']:.2f} (precision {100 * results['precision']:.2f}, recall "
+              f"{100 * results['recall']:.2f}); trained {results['train_seconds']:.0f} s")
+    elif "bleu" in results:
+        print(f"test: BLEU {results['bleu']:.2f} (beam {run.beam}, alpha {run.alpha}); "
+              f"trained {results['train_seconds']:.0f} s")
+    else:
+        print(f"test: token accuracy {results['token_accuracy']:.4f}, sequence accuracy "
+              f"{results['sequence_accuracy']:.4f} (decoded, beam {run.beam}); trained {results['train_seconds']:.0f} s")
+    if "best_epoch" in results:
+        print(f"(weights of epoch {results['best_epoch']}, the best on the validation split: {trainer.best_path})")
+    if results.get("plots"):
+        print(f"plots: {run.out}/plots/ ({', '.join(Path(p).name for p in results['plots'])})")
+    return 0
+
+
+def load_for_eval(path: str, device: str = "auto"):
+    """(cfg, task, model, checkpoint dict) of a checkpoint file, the model in eval mode. With
+    ema weights (checkpoint.pt of an --ema_decay run) the model holds the averages, as training
+    evaluated them."""
+    state = ckpt_io.load(path)
+    cfg = config_from_dict(state["config"])
+    cfg.run.out = str(Path(path).parent)  # run files (tokenizer.json, hypotheses) live next to the checkpoint
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    task = get_task(cfg.task)
+    task.setup(cfg)
+    task.load_state_dict(state.get("task_state", {}))
+    model = cfg.model_cfg.build(task.model_info())
+    model.load_state_dict(state["model"])
+    if "ema" in state:
+        model.load_state_dict(state["ema"]["average"], strict=False)
+    model.to(resolve_device(device)).eval()
+    return cfg, task, model, state
+
+
+def decoding_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A parser with the options of commands that decode with a checkpoint (see load_for_decoding)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--beam", type=int, default=None, help="beam size (default: the run's, 1 = greedy)")
+    p.add_argument("--alpha", type=float, default=None, help="length penalty exponent")
+    p.add_argument("--device", default="auto")
+    return p
+
+
+def load_for_decoding(args: argparse.Namespace):
+    """(cfg, task, model) of args.checkpoint on args.device, with --beam/--alpha applied to cfg."""
+    cfg, task, model, _ = load_for_eval(args.checkpoint, args.device)
+    if args.beam is not None:
+        cfg.run.beam = args.beam
+    if args.alpha is not None:
+        cfg.run.alpha = args.alpha
+    return cfg, task, model
+
+
+def evaluate_main(argv: List[str]) -> int:
+    p = decoding_parser("sparseattn evaluate", "decoded metrics of a checkpoint")
+    p.add_argument("--split", default="test")
+    p.add_argument("--json", action="store_true", help="print one JSON object of metrics")
+    args = p.parse_args(argv)
+    cfg, task, model = load_for_decoding(args)
+    metrics = task.evaluate(model, args.split, cfg, decode=True)
+    if args.json:
+        print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, list)}))
+    else:
+        for k, v in metrics.items():
+            if not isinstance(v, list):
+                print(f"{k:>18}: {v:.4f}")
+    return 0
+
+
+def plot_main(argv: List[str]) -> int:
+    p = argparse.ArgumentParser(prog="sparseattn plot", description="attention and ACT plots of a checkpoint")
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--out", default=None, help="folder for the PNGs (default: RUN_DIR/plots)")
+    args = p.parse_args(argv)
+    cfg, task, model, state = load_for_eval(args.checkpoint, "cpu")
+    out = Path(args.out) if args.out else Path(args.checkpoint).parent / "plots"
+    for path in task.plot(model, cfg, out, state.get("history", [])):
+        print(path)
+    return 0
+
+
+def compare_main(argv: List[str]) -> int:
+    p = argparse.ArgumentParser(prog="sparseattn compare",
+                                description="a validation metric of several runs per epoch and per minute of training")
+    p.add_argument("--run", action="append", required=True, metavar="LABEL=RUN_DIR", help="repeatable")
+    p.add_argument("--metric", default="f1", help="a key of the runs' validation records (default: f1)")
+    p.add_argument("--output", required=True, help="PNG path")
+    p.add_argument("--title", default=None)
+    p.add_argument("--error", action="store_true", help="plot 100 - metric (%%) on a log scale (for accuracies near 100%%)")
+    args = p.parse_args(argv)
+    from .plots import compare_runs
+    runs = {}
+    for spec in args.run:
+        label, eq, run_dir = spec.partition("=")
+        if not eq or not label or not run_dir:
+            raise ValueError(f"--run expects LABEL=RUN_DIR, got {spec!r}")
+        path = Path(run_dir) / "metrics.jsonl"
+        if not path.is_file():
+            raise FileNotFoundError(f"--run {spec!r}: no metrics.jsonl in {run_dir}")
+        runs[label] = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "valid"]
+    try:
+        print(compare_runs(runs, args.metric, Path(args.output), args.title, error=args.error))
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"--metric {args.metric!r}: {e.args[0]}") from None
+    return 0
+
+
+def translate_main(argv: List[str]) -> int:
+    """Print one translation per sentence given (or per line of stdin when none is), decoded with
+    the run's beam and length penalty unless --beam/--alpha say otherwise."""
+    p = decoding_parser("sparseattn translate", "translate sentences with a checkpoint")
+    p.add_argument("sentences", nargs="*", help="source sentences (default: read lines from stdin)")
+    args = p.parse_args(argv)
+    cfg, task, model = load_for_decoding(args)
+    if not hasattr(task, "translate"):
+        raise ValueError(f"task {cfg.task!r} does not translate text")
+    sentences = args.sentences or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    for line in task.translate(model, sentences, cfg):
+        print(line)
+    return 0
+
+
+def configs_main(argv: List[str]) -> int:
+    argparse.ArgumentParser(prog="sparseattn configs", description="list the preset files").parse_args(argv)
+    for name, about in list_presets():
+        print(f"{name:<28} {about}")
+    return 0
+
+
+def demo_main(argv: List[str]) -> int:
+    p = argparse.ArgumentParser(prog="sparseattn demo",
+                                description="EdgeAttention on a batched graph vs padded, masked nn.MultiheadAttention")
+    p.add_argument("--sequences", type=int, default=64)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    from .. import EdgeAttention, graphs
+
+    torch.manual_seed(args.seed)
+    lengths = torch.randint(5, 51, (args.sequences,)).tolist()
+    g = graphs.batch([graphs.complete(n) for n in lengths])  # block-diagonal, no padding
+    attn = EdgeAttention(args.dim, args.heads, clamp=None)
+    x = torch.randn(g.num_dst, args.dim)
+    attn(x, g)  # the first call pays one-off costs (backend probe, graph caches)
+    start = time.perf_counter()
+    out = attn(x, g)
+    elapsed = time.perf_counter() - start
+    mha = torch.nn.MultiheadAttention(args.dim, args.heads, batch_first=True)
+    mha.load_state_dict(attn.state_dict())
+    padded = torch.nn.utils.rnn.pad_sequence(list(g.split_dst(x)), batch_first=True)
+    pad_mask = torch.arange(padded.shape[1])[None] >= torch.tensor(lengths)[:, None]
+    ref, _ = mha(padded, padded, padded, key_padding_mask=pad_mask)
+    ref = torch.cat([r[:n] for r, n in zip(ref, lengths)])
+    print(f"{len(lengths)} sequences, {g.num_dst} tokens, {g.num_edges} edges, backend {attn.backend!r}")
+    print(f"EdgeAttention forward: {elapsed * 1e3:.1f} ms; max |diff| vs padded nn.MultiheadAttention: "
+          f"{(out - ref).abs().max().item():.2e}")
+    return 0
+
+
+COMMANDS: Dict[str, Callable[[List[str]], int]] = {
+    "train": train_main, "evaluate": evaluate_main, "plot": plot_main, "compare": compare_main,
+    "translate": translate_main, "configs": configs_main, "demo": demo_main}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(__doc__)
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"sparseattn: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+            return 2
+        return 0 if argv else 2
+    name = argv[0]
+    try:
+        return COMMANDS[name](argv[1:])
+    except (FileNotFoundError, ValueError) as e:  # a bad flag, a missing file: one line, no traceback
+        print(f"sparseattn {name}: {e}", file=sys.stderr)
+        return 2
