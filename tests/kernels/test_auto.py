@@ -25,8 +25,23 @@ def test_rule(graph, expected):
     assert choose_auto(CPU_Q, graph) == expected
 
 
-def test_thresholds_are_the_documented_ones():
-    assert DENSE_MIN_EDGES_PER_BLOCK == 16384 and DENSE_MAX_SHAPES == 4
+def test_dense_needs_enough_edges_per_block():
+    """Just at the edges-per-block threshold the rule picks dense; one edge fewer, csr."""
+    at = DENSE_MIN_EDGES_PER_BLOCK
+    assert choose_auto(CPU_Q, graphs.from_blocks([("full", at, 1)])) == "dense"
+    assert choose_auto(CPU_Q, graphs.from_blocks([("full", at - 1, 1)])) == "csr"
+    # the average over blocks counts: a large block carries a small one, not a smaller one
+    assert choose_auto(CPU_Q, graphs.from_blocks([("full", at + 1, 1), ("full", at - 1, 1)])) == "dense"
+    assert choose_auto(CPU_Q, graphs.from_blocks([("full", at, 1), ("full", at - 1, 1)])) == "csr"
+
+
+def test_dense_needs_few_distinct_block_shapes():
+    """Blocks above the edge threshold in the most shapes the rule allows: dense; one more shape: csr."""
+    at = DENSE_MIN_EDGES_PER_BLOCK
+    shapes = [("full", at + i, 1) for i in range(DENSE_MAX_SHAPES + 1)]
+    assert choose_auto(CPU_Q, graphs.from_blocks(shapes[:-1])) == "dense"
+    assert choose_auto(CPU_Q, graphs.from_blocks(shapes)) == "csr"
+    assert choose_auto(CPU_Q, graphs.from_blocks(shapes[:-1] * 2)) == "dense"  # repeats add no shape
 
 
 def test_a_subgraph_loses_its_blocks_and_gets_csr():

@@ -1,7 +1,7 @@
 """The triton backend against the reference backend and the independent dense reference: values and
 gradients per dtype, the awkward graphs, dropout, returned weights, and that the kernels compile
-for a real GPU. Without CUDA the kernels run in Triton's interpreter on CPU tensors: this module
-sets TRITON_INTERPRET=1 before the kernels are first imported, and keeps the graphs small."""
+for a real GPU. Without CUDA the kernels run in Triton's interpreter on CPU tensors (conftest.py
+sets TRITON_INTERPRET=1 before the kernels are first imported); the graphs are kept small."""
 import math
 import os
 import subprocess
@@ -12,8 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # read when the @triton.jit kernels are defined
 triton = pytest.importorskip("triton", reason="triton is not importable (pip install triton)")
 tl = triton.language
 

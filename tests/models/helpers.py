@@ -1,8 +1,7 @@
 """Small seq2seq batches and models shared by the model tests."""
 import torch
 
-from sparseattn.data.batching import GraphPool
-from sparseattn.models import GraphTransformer, UniversalTransformer
+from sparseattn.models import GraphPool, GraphTransformer, UniversalTransformer
 
 V = 12  # vocabulary: 0 unk, 1 bos, 2 eos, 3.. tokens
 BOS, EOS = 1, 2

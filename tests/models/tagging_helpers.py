@@ -3,7 +3,7 @@ from pathlib import Path
 
 import torch
 
-from sparseattn.data import TaggingVocab, encode, read_conll
+from sparseattn.train.tasks.conll_reader import TaggingVocab, encode, read_conll
 
 SAMPLE = Path(__file__).resolve().parents[1] / "fixtures" / "conll_sample.txt"
 SMALL_FEATURES = dict(word_dim=16, pos_dim=8, caps_dim=3, char_dim=8, char_out=8, dropout=0.0, word_dropout=0.0)

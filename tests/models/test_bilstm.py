@@ -1,7 +1,7 @@
 import torch
 
-from sparseattn.chunk_metrics import chunk_f1
-from sparseattn.data import encode
+from sparseattn.train.tasks.chunking import chunk_f1
+from sparseattn.train.tasks.conll_reader import encode
 from sparseattn.models import BiLSTMTagger
 
 from .tagging_helpers import SMALL_FEATURES, fit, sample, sizes

@@ -1,8 +1,7 @@
 import pytest
 import torch
 
-from sparseattn.data.batching import GraphPool
-from sparseattn.models import beam_search, decode, greedy_decode
+from sparseattn.models import GraphPool, beam_search, decode, greedy_decode
 
 from .helpers import BOS, EOS, make_model, random_pairs
 

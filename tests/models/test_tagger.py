@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from sparseattn.chunk_metrics import chunk_f1
-from sparseattn.data import encode
+from sparseattn.train.tasks.chunking import chunk_f1
+from sparseattn.train.tasks.conll_reader import encode
 from sparseattn.models import TransformerTagger
 
 from .tagging_helpers import SMALL_FEATURES, fit, sample, sizes
@@ -52,3 +52,20 @@ def test_tiny_run_learns_the_sample():
     gold = [list(s.tags) for s in sentences]
     pred = [[vocab.tags.itos[i] for i in p] for p in model.predict(batch)]
     assert chunk_f1(gold, pred) > 0.9
+
+
+def test_loads_a_state_dict_with_the_old_attn_and_ffn_keys():
+    """Checkpoints written before the tagger used blocks.EncoderLayer name its sublayers attn/ffn."""
+    sentences, vocab, batch = sample()
+    torch.manual_seed(3)
+    model = small(vocab, layers=2, rel_pos=2).double().eval()
+    state = model.state_dict()
+    old = {k.replace(".self_attn.", ".attn.").replace(".ff.", ".ffn."): v.clone() for k, v in state.items()}
+    assert any(".attn." in k for k in old) and any(".ffn." in k for k in old) and old.keys() != state.keys()
+    torch.manual_seed(4)
+    fresh = small(vocab, layers=2, rel_pos=2).double().eval()
+    assert not torch.equal(fresh(batch), model(batch))
+    fresh.load_state_dict(old)  # strict: every old key maps to a current one
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, state[k]), k
+    assert torch.equal(fresh(batch), model(batch))

@@ -1,5 +1,7 @@
 import torch
 
+from sparseattn import record_attention
+
 from .helpers import make_batch, make_model
 
 
@@ -40,18 +42,19 @@ def test_act_invariants_mass_active_set_frozen_states():
 
 def test_halted_nodes_get_no_attention_edges():
     """Each ACT step attends only along edges into active destinations."""
-    from sparseattn.models import AttentionRecorder
     model = make_model("ut", threshold=0.9)
     model.trace = []
     batch = make_batch(6, seed=3)
-    rec = AttentionRecorder()
-    model(batch, record=rec)
+    with record_attention(model) as records:
+        model(batch)
     enc_trace = [t for t in model.trace if t["name"] == "enc"]
-    enc_recs = [r for r in rec.records if r[0] == "encoder"]
+    enc_recs = [r for r in records if r.name == "enc_layer.self_attn"]
     assert len(enc_recs) == len(enc_trace)
-    for (kind, step, graph, w), t in zip(enc_recs, enc_trace):
-        assert torch.all(t["active"][graph.dst])
-        assert graph.num_edges == int(batch.enc_graph.in_degree()[t["active"]].sum())
+    assert [r.call for r in enc_recs] == list(range(len(enc_trace)))  # one call per ACT step
+    for r, t in zip(enc_recs, enc_trace):
+        assert torch.all(t["active"][r.graph.dst])
+        assert r.graph.num_edges == int(batch.enc_graph.in_degree()[t["active"]].sum())
+        assert r.weights.shape == (r.graph.num_edges, 2)  # (E, H): make_model uses 2 heads
 
 
 def test_max_steps_bounds_depth():
