@@ -58,7 +58,7 @@ class KVCache(KVStore):
         return KeyValue(self.k.flatten(0, 1), self.v.flatten(0, 1))
 
     def reorder(self, index: Tensor) -> None:
-        if self.k is not None:
+        if self.k is not None and self.v is not None:
             self.k, self.v = self.k[index], self.v[index]
 
     def step_graph(self, num_sequences: int, device: Optional[torch.device] = None) -> Graph:

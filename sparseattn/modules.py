@@ -187,13 +187,16 @@ class EdgeAttention(nn.Module):
             backend=self.backend,
             return_weights=need_weights,
         )
-        out, weights = result if need_weights else (result, None)
+        out, weights = result if isinstance(result, tuple) else (result, None)
         if dst_rows is not None:
             out = out[dst_rows]
         out = self.out_proj(out.reshape(out.shape[0], self.embed_dim))  # (N, H, D) -> (N, embed_dim)
         for hook in list(self._weights_hooks.values()):
             hook(self, graph, weights)
-        return (out, weights) if return_weights else out
+        if return_weights:
+            assert weights is not None
+            return out, weights
+        return out
 
     def register_weights_hook(self, hook: Callable[["EdgeAttention", GraphLike, Tensor], None]) -> RemovableHandle:
         """Call `hook(module, graph, weights)` after every forward, with the (E, H) normalized

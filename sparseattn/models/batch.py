@@ -11,7 +11,7 @@ into batches of a fixed number of sentences, `token_batches` into batches under 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import random
 
@@ -42,6 +42,12 @@ class GraphBatch:
     src_lens: Tuple[int, ...]
     tgt_lens: Tuple[int, ...]
 
+    def target_graphs(self) -> Tuple[Graph, Graph]:
+        """(dec_graph, cross_graph); ValueError for a source-only batch."""
+        if self.dec_graph is None or self.cross_graph is None:
+            raise ValueError("this batch has no targets (it was built for decoding)")
+        return self.dec_graph, self.cross_graph
+
     @property
     def num_sentences(self) -> int:
         return len(self.src_lens)
@@ -52,7 +58,7 @@ class GraphBatch:
         return int(self.tgt_out.numel())
 
     def to(self, device) -> "GraphBatch":
-        moved = {}
+        moved: Dict[str, Any] = {}
         for f in fields(self):
             v = getattr(self, f.name)
             moved[f.name] = v.to(device) if isinstance(v, (Tensor, Graph)) else v
@@ -124,17 +130,17 @@ def bucket_batches(lengths: Sequence[int], batch_size: int, seed: Optional[int] 
     """
     if batch_size <= 0:
         raise ValueError(f"batch_size must be > 0, got {batch_size}")
-    lengths = np.asarray(lengths)
+    lens = np.asarray(lengths)
     if seed is None:
-        order = np.argsort(lengths, kind="stable")
+        order = np.argsort(lens, kind="stable")
         return [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(lengths))
     pool = pool_factor * batch_size
-    batches = []
+    batches: List[List[int]] = []
     for start in range(0, len(order), pool):
         chunk = order[start:start + pool]
-        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        chunk = chunk[np.argsort(lens[chunk], kind="stable")]
         batches.extend(chunk[i:i + batch_size].tolist() for i in range(0, len(chunk), batch_size))
     return [batches[i] for i in rng.permutation(len(batches))]
 
@@ -157,17 +163,17 @@ def token_batches(sizes: Sequence[int], max_tokens: int, seed: Optional[int] = N
         if seed is not None:
             random.Random(seed).shuffle(order)
         return _cut(order, [int(n) for n in sizes], max_tokens)
-    sizes = np.asarray(sizes, dtype=np.int64)
+    counts = np.asarray(sizes, dtype=np.int64)
     if seed is None:
-        chunks = [np.argsort(sizes, kind="stable")]
+        chunks = [np.argsort(counts, kind="stable")]
     else:
         rng = np.random.default_rng(seed)
-        order = rng.permutation(len(sizes))
-        per_batch = max(1, max_tokens // max(1, int(np.median(sizes)) if len(sizes) else 1))
+        shuffled = rng.permutation(len(counts))
+        per_batch = max(1, max_tokens // max(1, int(np.median(counts)) if len(counts) else 1))
         pool = pool_factor * per_batch
-        chunks = [order[i:i + pool] for i in range(0, len(order), pool)]
-        chunks = [c[np.argsort(sizes[c], kind="stable")] for c in chunks]
-    batches = [b for chunk in chunks for b in _cut(chunk.tolist(), sizes.tolist(), max_tokens)]
+        chunks = [shuffled[i:i + pool] for i in range(0, len(shuffled), pool)]
+        chunks = [c[np.argsort(counts[c], kind="stable")] for c in chunks]
+    batches = [b for chunk in chunks for b in _cut(chunk.tolist(), counts.tolist(), max_tokens)]
     if seed is not None:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches

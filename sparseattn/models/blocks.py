@@ -36,6 +36,7 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, max_len: int = 1024) -> None:
         super().__init__()
+        self.table: Tensor
         self.register_buffer("table", sinusoid(torch.arange(max_len), d_model), persistent=False)
 
     def forward(self, pos: Tensor) -> Tensor:

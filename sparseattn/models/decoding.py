@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Union
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .batch import GraphBatch, GraphPool, bucket_batches
+from .seq2seq import Seq2SeqModel
 
 
 def _max_lens(batch: GraphBatch, max_len: Union[int, Sequence[int]]) -> Tensor:
@@ -24,7 +25,7 @@ def _max_lens(batch: GraphBatch, max_len: Union[int, Sequence[int]]) -> Tensor:
 
 
 @torch.no_grad()
-def greedy_decode(model: nn.Module, batch: GraphBatch, bos: int, eos: int,
+def greedy_decode(model: Seq2SeqModel, batch: GraphBatch, bos: int, eos: int,
                   max_len: Union[int, Sequence[int]]) -> List[List[int]]:
     """Argmax decoding of every sentence of `batch` (only its source side is used).
     max_len: one limit or one per sentence. Finished sentences leave the computation."""
@@ -52,7 +53,7 @@ def greedy_decode(model: nn.Module, batch: GraphBatch, bos: int, eos: int,
 
 
 @torch.no_grad()
-def beam_search(model: nn.Module, batch: GraphBatch, bos: int, eos: int, max_len: Union[int, Sequence[int]],
+def beam_search(model: Seq2SeqModel, batch: GraphBatch, bos: int, eos: int, max_len: Union[int, Sequence[int]],
                 beam: int = 4, alpha: float = 0.6) -> List[List[int]]:
     """Beam search with `beam` hypotheses per sentence, all sentences in one batch.
     Finished hypotheses stay in the beam and extend only by EOS at no cost."""
@@ -96,7 +97,7 @@ def beam_search(model: nn.Module, batch: GraphBatch, bos: int, eos: int, max_len
 
 
 @torch.no_grad()
-def decode(model: nn.Module, sources: Sequence[Sequence[int]], bos: int, eos: int, *, beam: int = 1,
+def decode(model: Seq2SeqModel, sources: Sequence[Sequence[int]], bos: int, eos: int, *, beam: int = 1,
            alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 10, batch_size: int = 256,
            device: Optional[Union[str, torch.device]] = None, pool: Optional[GraphPool] = None) -> List[List[int]]:
     """Decode many sources (lists of token ids) in length-bucketed batches; outputs in input order.

@@ -45,6 +45,7 @@ class SentenceConv(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_dim, in_dim, width))
         self.bias = nn.Parameter(torch.empty(out_dim))
         conv = nn.Conv1d(in_dim, out_dim, width)  # borrow its initialization
+        assert conv.bias is not None
         with torch.no_grad():
             self.weight.copy_(conv.weight)
             self.bias.copy_(conv.bias)

@@ -15,9 +15,9 @@ from typing import Dict, List, NamedTuple, Optional
 import torch
 from torch import Tensor, nn
 
-from .. import Graph, KeyValue, KVCache
+from .. import EdgeAttention, Graph, KeyValue, KVCache
 from .batch import GraphBatch
-from .blocks import PositionalEncoding, source_target_embeddings, xavier_init_
+from .blocks import Embeddings, PositionalEncoding, source_target_embeddings, xavier_init_
 
 
 class Seq2SeqOutput(NamedTuple):
@@ -76,6 +76,8 @@ class Seq2SeqModel(nn.Module):
                  share_embeddings: bool, max_len: int) -> None:
         super().__init__()
         self.d_model, self.num_heads = d_model, num_heads
+        self.src_embed: nn.Module
+        self.tgt_embed: Embeddings
         self.src_embed, self.tgt_embed = source_target_embeddings(src_vocab_size, tgt_vocab_size, d_model,
                                                                   share_embeddings)
         self.pos_enc = PositionalEncoding(d_model, max_len)
@@ -92,7 +94,7 @@ class Seq2SeqModel(nn.Module):
     def encode(self, batch: GraphBatch) -> Tensor:
         raise NotImplementedError
 
-    def decoder_cross_attentions(self) -> List[nn.Module]:
+    def decoder_cross_attentions(self) -> List[EdgeAttention]:
         raise NotImplementedError
 
     def start_decoding(self, batch: GraphBatch, hyp_sent: Tensor) -> DecodeState:

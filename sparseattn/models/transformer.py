@@ -14,13 +14,13 @@ reads the keys and values of the earlier steps from a `KVCache`.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .. import KVCache
+from .. import EdgeAttention, KVCache
 from .batch import GraphBatch
 from .blocks import DecoderLayer, EncoderLayer
 from .seq2seq import DecodeState, Seq2SeqModel, Seq2SeqOutput
@@ -45,7 +45,7 @@ class GraphTransformer(Seq2SeqModel):
                  tie_generator: bool = False, clamp: Optional[Tuple[float, float]] = (-5.0, 5.0),
                  backend: str = "auto", max_len: int = 1024) -> None:
         super().__init__(src_vocab_size, tgt_vocab_size, d_model, num_heads, dropout, share_embeddings, max_len)
-        attn_kw = dict(clamp=clamp, backend=backend)
+        attn_kw: Dict[str, Any] = dict(clamp=clamp, backend=backend)
         self.encoder = nn.ModuleList(EncoderLayer(d_model, num_heads, d_ff, dropout, **attn_kw) for _ in range(num_layers))
         self.decoder = nn.ModuleList(DecoderLayer(d_model, num_heads, d_ff, dropout, **attn_kw) for _ in range(num_layers))
         self.finish_init(tgt_vocab_size, tie_generator)
@@ -59,15 +59,15 @@ class GraphTransformer(Seq2SeqModel):
     def decode(self, memory: Tensor, batch: GraphBatch) -> Tensor:
         x = self.dropout(self.tgt_embed(batch.tgt_in) + self.pos_enc(batch.tgt_pos))  # (N_dec, d)
         for layer in self.decoder:
-            x = layer(x, batch.dec_graph, batch.cross_graph, memory)
+            x = layer(x, *batch.target_graphs(), memory)
         return self.dec_norm(x)
 
     def forward(self, batch: GraphBatch) -> Seq2SeqOutput:
         logits = self.generator(self.decode(self.encode(batch), batch))
         return Seq2SeqOutput(logits, logits.new_zeros(()), {})
 
-    def decoder_cross_attentions(self) -> List[nn.Module]:
-        return [layer.cross_attn for layer in self.decoder]
+    def decoder_cross_attentions(self) -> List[EdgeAttention]:
+        return [layer.cross_attn for layer in self.decoder]  # type: ignore[misc]
 
     def start_decoding(self, batch: GraphBatch, hyp_sent: Tensor) -> DecodeState:
         state = super().start_decoding(batch, hyp_sent)

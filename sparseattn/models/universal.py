@@ -21,13 +21,13 @@ Shapes as in `GraphTransformer`; forward(batch).stats holds "act_steps_enc" (N_e
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .. import Graph, KeyValue, NodeKV, graphs
+from .. import EdgeAttention, Graph, KeyValue, NodeKV, graphs
 from .batch import GraphBatch
 from .blocks import DecoderLayer, EncoderLayer, PositionalEncoding
 from .seq2seq import DecodeState, Seq2SeqModel, Seq2SeqOutput, cross_graph_for_hyps
@@ -61,7 +61,7 @@ class UniversalTransformer(Seq2SeqModel):
                  clamp: Optional[Tuple[float, float]] = (-5.0, 5.0), backend: str = "auto",
                  max_len: int = 1024) -> None:
         super().__init__(src_vocab_size, tgt_vocab_size, d_model, num_heads, dropout, share_embeddings, max_len)
-        attn_kw = dict(clamp=clamp, backend=backend)
+        attn_kw: Dict[str, Any] = dict(clamp=clamp, backend=backend)
         self.max_steps, self.threshold, self.act_loss_weight = max_steps, threshold, act_loss_weight
         self.time_enc = PositionalEncoding(d_model, max_steps)
         self.enc_layer = EncoderLayer(d_model, num_heads, d_ff, dropout, **attn_kw)
@@ -124,18 +124,18 @@ class UniversalTransformer(Seq2SeqModel):
 
     def decode(self, memory: Tensor, batch: GraphBatch) -> Tensor:
         kv = self.dec_layer.cross_attn.project_kv(memory)  # memory is fixed: project once for all steps
-        return self._decode(kv, batch.tgt_in, batch.tgt_pos, batch.dec_graph, batch.cross_graph)[0]
+        return self._decode(kv, batch.tgt_in, batch.tgt_pos, *batch.target_graphs())[0]
 
     def forward(self, batch: GraphBatch) -> Seq2SeqOutput:
         memory, enc_steps, enc_r = self.encode_with_stats(batch)
         kv = self.dec_layer.cross_attn.project_kv(memory)
-        states, dec_steps, dec_r = self._decode(kv, batch.tgt_in, batch.tgt_pos, batch.dec_graph, batch.cross_graph)
+        states, dec_steps, dec_r = self._decode(kv, batch.tgt_in, batch.tgt_pos, *batch.target_graphs())
         act_loss = self.act_loss_weight * torch.cat([enc_r, dec_r]).mean()
         stats: Dict[str, object] = {"act_steps_enc": enc_steps, "act_steps_dec": dec_steps}
         return Seq2SeqOutput(self.generator(states), act_loss, stats)
 
     # ---- decoding: the decoder is recomputed on the prefix (ACT makes every step's depth differ) --
-    def decoder_cross_attentions(self) -> List[nn.Module]:
+    def decoder_cross_attentions(self) -> List[EdgeAttention]:
         return [self.dec_layer.cross_attn]
 
     def start_decoding(self, batch: GraphBatch, hyp_sent: Tensor) -> DecodeState:
@@ -145,6 +145,7 @@ class UniversalTransformer(Seq2SeqModel):
 
     def decode_next(self, state: DecodeState, tokens: Tensor) -> Tensor:
         """Feed one token per hypothesis, (Nh,) -> log-probabilities of the next, (Nh, V)."""
+        assert state.prefix is not None, "start_decoding sets the prefix"
         state.prefix = torch.cat([state.prefix, tokens[:, None]], 1)  # (Nh, t+1)
         nh, m = state.prefix.shape
         dec_graph = graphs.batch([graphs.causal(m, device=tokens.device)] * nh)
