@@ -1,6 +1,6 @@
 """Training-step tokens/s per attention backend on the same multi30k batches.
 
-    python -m benchmarks.bench_train --data-dir /work/shared/data/multi30k --run /tmp/runs/m30k \
+    python -m benchmarks.bench_train --data-dir ../shared/data/multi30k --run runs/m30k \
         --backends reference auto --steps 5 --threads 1
 
 Builds the ("multi30k", "transformer") preset model (same init for every backend), takes the

@@ -173,6 +173,8 @@ def parse_clamp(key: str, value: Any) -> Clamp:
     except (TypeError, ValueError):
         raise ValueError(f"--{key} expects 'none' or 'lo,hi', got {value!r}") from None
     if len(parts) == 1:
+        if parts[0] == 0:
+            raise ValueError(f"--{key}=0 would clamp every score to 0 (it once meant exact softmax: write --{key}=none)")
         parts = [-abs(parts[0]), abs(parts[0])]
     if len(parts) != 2 or any(not math.isfinite(p) for p in parts) or parts[0] > parts[1]:
         raise ValueError(f"--{key} expects 'none' or finite 'lo,hi' with lo <= hi, got {value!r}")

@@ -32,7 +32,7 @@ def test_clamp_is_a_pair_or_none_everywhere(text, want):
     assert parse_clamp("clamp", text) == want
 
 
-@pytest.mark.parametrize("text", ["nan", "5,1", "1,2,3", "a,b", "inf"])
+@pytest.mark.parametrize("text", ["nan", "5,1", "1,2,3", "a,b", "inf", "0"])
 def test_bad_clamps_are_rejected(text):
     with pytest.raises(ValueError, match="--clamp"):
         parse_clamp("clamp", text)
