@@ -275,18 +275,15 @@ def config_from_dict(saved: Dict[str, Any]) -> Config:
     if "run" in saved:
         values = {**saved["run"], **saved["task_config"], **saved["model_config"]}
         return build_config(saved["task"], saved["model"], values)
-    flat = {RENAMED.get(k, k): v for k, v in saved.items()}
+    flat = dict(saved)
     task, model = flat.pop("task"), flat.pop("model")
     if "clamp" in flat:
         flat["clamp"] = None if not flat["clamp"] else (-float(flat["clamp"]), float(flat["clamp"]))
-    flat.setdefault("src_eos", False)  # written before sources ended with EOS
     if model == "bilstm":
         flat.setdefault("lr_dim", flat.get("d_model", 128))  # the flat config's d_model scaled Noam's lr
     known = set(_types(RunConfig)) | set(_types(TASK_CONFIGS[task])) | set(_types(MODEL_CONFIGS[model]))
     return build_config(task, model, {k: v for k, v in flat.items() if k in known})
 
-
-RENAMED: Dict[str, str] = {"batch_tokens": "max_tokens"}  # flat key of old checkpoints -> key now
 
 
 def with_overrides(cfg: Config, values: Dict[str, Any]) -> Config:

@@ -112,12 +112,12 @@ def test_settings_out_of_range_are_rejected(flags, message):
 
 def test_flat_configs_of_old_checkpoints_are_split_into_sections():
     flat = {"task": "chunking", "model": "tagger", "out": "runs/t", "d_model": 64, "num_heads": 4, "clamp": 0.0,
-            "batch_tokens": 500, "lstm_hidden": 99, "vocab_size": 8000, "dev_fraction": 0.2}
+            "max_tokens": 500, "lstm_hidden": 99, "vocab_size": 8000, "dev_fraction": 0.2}
     cfg = config_from_dict(flat)
     assert cfg.model_cfg.d_model == 64 and cfg.model_cfg.clamp is None  # 0 meant exact softmax
     assert cfg.run.max_tokens == 500 and cfg.task_cfg.dev_fraction == 0.2
     assert config_from_dict({"task": "copy", "model": "transformer", "clamp": 5.0}).model_cfg.clamp == (-5.0, 5.0)
-    assert config_from_dict({"task": "copy", "model": "transformer"}).task_cfg.src_eos is False
+    assert config_from_dict({"task": "chunking", "model": "bilstm", "d_model": 64}).run.lr_dim == 64
     assert config_from_dict(cfg.to_dict()) == cfg  # the sectioned form round-trips
 
 
