@@ -32,7 +32,8 @@ def sinusoid(positions: Tensor, dim: int) -> Tensor:
 
 
 class PositionalEncoding(nn.Module):
-    """Sinusoidal encoding looked up by integer position (or ACT step): (N,) -> (N, d)."""
+    """Sinusoidal encoding looked up by integer position (or ACT step): (N,) -> (N, d). Positions
+    past the table (max_len rows) are computed on the fly, so any length works."""
 
     def __init__(self, d_model: int, max_len: int = 1024) -> None:
         super().__init__()
@@ -41,8 +42,7 @@ class PositionalEncoding(nn.Module):
 
     def forward(self, pos: Tensor) -> Tensor:
         if pos.numel() and int(pos.max()) >= self.table.shape[0]:
-            raise ValueError(f"position {int(pos.max())} exceeds the encoding table ({self.table.shape[0]} rows); "
-                             "build the model with a larger max_len")
+            return sinusoid(pos, self.table.shape[1]).to(self.table.dtype)
         return self.table[pos]
 
 

@@ -1,24 +1,31 @@
-"""Checkpoints: atomic writes (temp file + os.replace) and RNG state capture/restore.
+"""Checkpoints: atomic writes, safe loads and RNG state capture/restore.
 
-A checkpoint is a dict saved with torch.save; train.py writes keys config, model_name,
-model_kwargs, model, optimizer, scheduler, rng, position, task_state, history, and ema (the
-weight averages, ema.py) when ema_decay > 0.
+A checkpoint is a dict saved with torch.save; trainer.py writes keys version, config, model,
+optimizer, scheduler, rng, position, task_state, history, train_seconds, and ema (the weight
+averages, ema.py) when ema_decay > 0. Everything in it is tensors and plain Python values, so it
+loads with `torch.load(weights_only=True)`: a crafted file cannot run code. Files that are not
+checkpoints (truncated, empty, another format, another dict) fail with one line naming them.
 """
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import tempfile
+import zipfile
 from pathlib import Path
-from typing import Any, Dict, Union
+from typing import Any, Dict, Iterable, Union
 
 import numpy as np
 import torch
 
+REQUIRED_KEYS = ("config", "model")
+
 
 def save_atomic(obj: Any, path: Union[str, Path]) -> None:
     """torch.save to a temp file in the same folder, then os.replace: a reader (or a crash)
-    sees the old file or the new one, never half of one."""
+    sees the old file or the new one, never half of one. A failed write (a full disk) raises
+    OSError naming the file and leaves the old one in place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
@@ -28,21 +35,73 @@ def save_atomic(obj: Any, path: Union[str, Path]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, (OSError, RuntimeError)) and not isinstance(e, FileNotFoundError):
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0]
+            raise OSError(f"could not write {path} ({reason}); the previous {path.name}, if any, is intact") from None
         raise
 
 
+def remove_stale_temps(path: Union[str, Path]) -> int:
+    """Delete the temp files a killed `save_atomic` of `path` left behind; returns how many."""
+    path = Path(path)
+    stale = list(path.parent.glob(path.name + ".*.tmp")) if path.parent.is_dir() else []
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
+    return len(stale)
+
+
+def _numpy_globals() -> list:
+    """The numpy types a checkpoint written before RNG states were stored as tensors holds."""
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
 def load(path: Union[str, Path], map_location: Union[str, torch.device] = "cpu") -> Dict[str, Any]:
-    if not Path(path).is_file():
+    """The checkpoint dict at `path`, loaded without running code from it. FileNotFoundError
+    or ValueError with one line naming the file when it is missing or not a checkpoint."""
+    path = Path(path)
+    if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
-    return torch.load(path, map_location=map_location, weights_only=False)
+    try:
+        with torch.serialization.safe_globals(_numpy_globals()):
+            state = torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, AttributeError,
+            TypeError, UnicodeDecodeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path} is not a readable sparseattn checkpoint ({first[:200]})") from None
+    if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
+        raise ValueError(f"{path} is not a sparseattn checkpoint (a dict with keys {', '.join(REQUIRED_KEYS)} "
+                         f"is expected)")
+    return state
+
+
+def non_finite(tensors: Iterable[Any]) -> bool:
+    """True when any float tensor among `tensors` (nested dicts/lists searched) holds NaN or inf."""
+    for t in tensors:
+        if isinstance(t, dict):
+            if non_finite(t.values()):
+                return True
+        elif isinstance(t, (list, tuple)):
+            if non_finite(t):
+                return True
+        elif isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return True
+    return False
 
 
 def rng_state() -> Dict[str, Any]:
-    """Every RNG a training step may draw from: torch (CPU and CUDA), numpy, random."""
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """Every RNG a training step may draw from: torch (CPU and CUDA), numpy, random, as tensors
+    and plain values."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state: Dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "python": random.getstate(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -50,7 +109,13 @@ def rng_state() -> Dict[str, Any]:
 
 def set_rng_state(state: Dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    npy = state["numpy"]
+    if isinstance(npy, dict):
+        np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                             npy["gauss"]))
+    else:  # a numpy state tuple, as older checkpoints stored it
+        np.random.set_state(npy)
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

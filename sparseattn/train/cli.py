@@ -19,6 +19,7 @@ help. trainer.py says what a run directory holds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -29,6 +30,7 @@ import torch
 
 from . import checkpoint as ckpt_io
 from .config import DEFAULT_MODELS, config_from_dict, describe, list_presets, make_config, parse_flags, with_overrides
+from .metrics import read_metrics
 from .tasks import get_task
 from .trainer import Trainer, resolve_device
 
@@ -50,16 +52,23 @@ def train_main(argv: List[str]) -> int:
         print("config keys (defaults, before presets):\n" + "\n".join(describe(task, flags.get("model",
                                                                                               DEFAULT_MODELS[task]))))
         return 0
+    overwrite = "--overwrite" in argv
+    argv = [a for a in argv if a != "--overwrite"]
     flags = parse_flags(argv)
+    if resume and overwrite:
+        raise ValueError("--resume continues a run and --overwrite replaces it: pass one of them")
     if resume:
         if "out" not in flags:
             raise ValueError("--resume needs --out RUN_DIR")
-        saved = ckpt_io.load(Path(flags["out"]) / "checkpoint.pt")["config"]
-        cfg = with_overrides(config_from_dict(saved), flags)
+        ckpt_path = Path(flags["out"]) / "checkpoint.pt"
+        saved = config_from_dict(ckpt_io.load(ckpt_path)["config"])
+        cfg = with_overrides(saved, flags)
+        refuse_changed_keys(saved, cfg, ckpt_path)
     else:
         cfg = make_config(flags, config_file)
-    if not cfg.run.out:
-        raise ValueError("--out RUN_DIR is required")
+        if not cfg.run.out:
+            raise ValueError("--out RUN_DIR is required (where the run's checkpoints, logs and plots go)")
+        prepare_run_dir(Path(cfg.run.out), overwrite)
     from . import distributed
     try:
         if distributed.launched_by_torchrun():
@@ -70,6 +79,35 @@ def train_main(argv: List[str]) -> int:
         return _run(trainer)
     finally:
         distributed.cleanup()
+
+
+RUN_FILES = ("checkpoint.pt", "best.pt", "metrics.jsonl", "config.json", "results.json", "tokenizer.json")
+
+
+def prepare_run_dir(out: Path, overwrite: bool) -> None:
+    """Refuse to train into a folder that holds a run unless `overwrite`, which deletes that run."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+    found = [name for name in RUN_FILES if (out / name).exists()]
+    if not found:
+        return
+    if not overwrite:
+        raise ValueError(f"--out {out} already holds a run ({', '.join(found)}): continue it with --resume, or "
+                         "replace it with --overwrite")
+    for name in found:
+        (out / name).unlink()
+    for stale in [*out.glob("hyp.*"), *out.glob("*.tmp"), *(out / "plots").glob("*.png")]:
+        stale.unlink()
+
+
+def refuse_changed_keys(saved, cfg, path: Path) -> None:
+    """--resume may change run keys (epochs, time budget, batch size, ...), not the task or model."""
+    changed = [f"--{k} ({old!r} -> {new!r})" for section in ("task_cfg", "model_cfg")
+               for k, old in dataclasses.asdict(getattr(saved, section)).items()
+               if (new := getattr(getattr(cfg, section), k)) != old]
+    if changed:
+        raise ValueError(f"--resume cannot change the task or model of {path}: {', '.join(changed)}; start a new run "
+                         "with another --out to train a different one")
 
 
 def _run(trainer: Trainer) -> int:
@@ -108,23 +146,29 @@ def _run(trainer: Trainer) -> int:
     return 0
 
 
-def load_for_eval(path: str, device: str = "auto"):
+def load_for_eval(path: str, device: str = "auto", need_data: bool = True):
     """(cfg, task, model, checkpoint dict) of a checkpoint file, the model in eval mode. With
     ema weights (checkpoint.pt of an --ema_decay run) the model holds the averages, as training
-    evaluated them."""
+    evaluated them. need_data=False skips reading the task's data (decoding new input needs only
+    the vocabulary, which the checkpoint holds)."""
+    target = resolve_device(device)
     state = ckpt_io.load(path)
-    cfg = config_from_dict(state["config"])
+    try:
+        cfg = config_from_dict(state["config"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path} holds no valid config ({e})") from None
     cfg.run.out = str(Path(path).parent)  # run files (tokenizer.json, hypotheses) live next to the checkpoint
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     task = get_task(cfg.task)
-    task.setup(cfg)
+    if need_data:
+        task.setup(cfg)
     task.load_state_dict(state.get("task_state", {}))
     model = cfg.model_cfg.build(task.model_info())
     model.load_state_dict(state["model"])
     if "ema" in state:
         model.load_state_dict(state["ema"]["average"], strict=False)
-    model.to(resolve_device(device)).eval()
+    model.to(target).eval()
     return cfg, task, model, state
 
 
@@ -138,9 +182,13 @@ def decoding_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
-def load_for_decoding(args: argparse.Namespace):
+def load_for_decoding(args: argparse.Namespace, need_data: bool = True):
     """(cfg, task, model) of args.checkpoint on args.device, with --beam/--alpha applied to cfg."""
-    cfg, task, model, _ = load_for_eval(args.checkpoint, args.device)
+    if args.beam is not None and args.beam < 1:
+        raise ValueError(f"--beam must be >= 1, got {args.beam}")
+    if args.alpha is not None and not args.alpha >= 0:
+        raise ValueError(f"--alpha must be >= 0, got {args.alpha}")
+    cfg, task, model, _ = load_for_eval(args.checkpoint, args.device, need_data)
     if args.beam is not None:
         cfg.run.beam = args.beam
     if args.alpha is not None:
@@ -154,6 +202,8 @@ def evaluate_main(argv: List[str]) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object of metrics")
     args = p.parse_args(argv)
     cfg, task, model = load_for_decoding(args)
+    if args.split not in task.split_names():
+        raise ValueError(f"--split {args.split!r}: task {cfg.task} has the splits {', '.join(task.split_names())}")
     metrics = task.evaluate(model, args.split, cfg, decode=True)
     if args.json:
         print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, list)}))
@@ -194,7 +244,7 @@ def compare_main(argv: List[str]) -> int:
         path = Path(run_dir) / "metrics.jsonl"
         if not path.is_file():
             raise FileNotFoundError(f"--run {spec!r}: no metrics.jsonl in {run_dir}")
-        runs[label] = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "valid"]
+        runs[label] = [r for r in read_metrics(path) if r.get("kind") == "valid"]
     try:
         print(compare_runs(runs, args.metric, Path(args.output), args.title, error=args.error))
     except (KeyError, ValueError) as e:
@@ -208,10 +258,18 @@ def translate_main(argv: List[str]) -> int:
     p = decoding_parser("sparseattn translate", "translate sentences with a checkpoint")
     p.add_argument("sentences", nargs="*", help="source sentences (default: read lines from stdin)")
     args = p.parse_args(argv)
-    cfg, task, model = load_for_decoding(args)
+    cfg, task, model = load_for_decoding(args, need_data=False)
     if not hasattr(task, "translate"):
         raise ValueError(f"task {cfg.task!r} does not translate text")
-    sentences = args.sentences or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if args.sentences:
+        sentences = args.sentences
+    else:
+        try:
+            text = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"standard input is not UTF-8 text (byte {e.object[e.start]:#x} at offset {e.start})") \
+                from None
+        sentences = [line for line in text.splitlines() if line.strip()]
     for line in task.translate(model, sentences, cfg):
         print(line)
     return 0
@@ -232,6 +290,11 @@ def demo_main(argv: List[str]) -> int:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    for name in ("sequences", "dim", "heads"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.dim % args.heads:
+        raise ValueError(f"--heads={args.heads} must divide --dim={args.dim}")
     from .. import EdgeAttention, graphs
 
     torch.manual_seed(args.seed)
@@ -271,6 +334,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     name = argv[0]
     try:
         return COMMANDS[name](argv[1:])
-    except (FileNotFoundError, ValueError) as e:  # a bad flag, a missing file: one line, no traceback
+    except (OSError, ValueError) as e:  # a bad flag, a missing or unreadable file, a full disk: one line
         print(f"sparseattn {name}: {e}", file=sys.stderr)
         return 2

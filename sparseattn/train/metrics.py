@@ -5,8 +5,11 @@ corpus, so missing and extra tokens both count as errors; sequence_accuracy: exa
 """
 from __future__ import annotations
 
+import json
+import sys
 import time
-from typing import Dict, Sequence
+from pathlib import Path
+from typing import Dict, List, Sequence, Union
 
 import numpy as np
 
@@ -61,3 +64,22 @@ class Meter:
                 out[key] = float(value)
         out["tokens_per_s"] = self.tokens / elapsed if elapsed > 0 else 0.0
         return out
+
+
+def read_metrics(path: Union[str, Path]) -> List[dict]:
+    """The records of a metrics.jsonl. A torn last line (a process killed while writing it) is
+    skipped with a warning naming the file; a bad line before the last is a ValueError naming it."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if number < len(lines):
+                raise ValueError(f"{path}:{number} is not a JSON record ({e.msg})") from None
+            print(f"warning: {path}:{number}: skipping a torn last line (the run was killed while writing it)",
+                  file=sys.stderr)
+    return records

@@ -31,7 +31,7 @@ import torch
 from . import checkpoint as ckpt_io
 from .config import Config
 from .ema import WeightEMA
-from .metrics import Meter
+from .metrics import Meter, read_metrics
 from .model_configs import lr_dim
 from .tasks import get_task
 
@@ -48,12 +48,22 @@ class NoamLambda:
 
 
 def resolve_device(name: str) -> torch.device:
-    return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu" if name == "auto" else name)
+    """"auto" -> cuda when available, else cpu; a cuda device without CUDA is a ValueError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device={name!r} is not a device (cpu, cuda, cuda:N or auto)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device={name}: CUDA is not available here (torch {torch.__version__}); use --device=cpu")
+    return device
 
 
 @contextmanager
 def deferred_interrupt():
-    """First Ctrl-C sets flag["stop"] (the loop finishes its step, saves, exits); a second raises."""
+    """The first Ctrl-C or SIGTERM (what `timeout` and job schedulers send) sets flag["stop"]: the
+    loop finishes its step, saves and exits. A second one raises at once."""
     flag = {"stop": False}
     if threading.current_thread() is not threading.main_thread():
         yield flag
@@ -63,13 +73,19 @@ def deferred_interrupt():
         if flag["stop"]:
             raise KeyboardInterrupt
         flag["stop"] = True
-        print("\ninterrupt: finishing this step and saving a checkpoint (Ctrl-C again to abort)", file=sys.stderr)
+        name = "SIGTERM" if signum == signal.SIGTERM else "interrupt"
+        print(f"\n{name}: finishing this step and saving a checkpoint (again to abort)", file=sys.stderr)
 
-    old = signal.signal(signal.SIGINT, handler)
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield flag
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+
+
+class NonFiniteLoss(ValueError):
+    """Training produced a NaN or infinite loss; nothing was saved after the last good step."""
 
 
 class Trainer:
@@ -101,6 +117,8 @@ class Trainer:
         if resume:
             self._load(ckpt_io.load(self.ckpt_path, self.device))
         if self.main_process:
+            ckpt_io.remove_stale_temps(self.ckpt_path)
+            ckpt_io.remove_stale_temps(self.best_path)
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
             self._trim_metrics()
@@ -122,6 +140,13 @@ class Trainer:
             ckpt_io.save_atomic(self.state(), self.ckpt_path)
 
     def _load(self, state: dict) -> None:
+        missing = [k for k in ("optimizer", "scheduler", "rng", "position", "history") if k not in state]
+        if missing:
+            raise ValueError(f"{self.ckpt_path} cannot be resumed: it lacks {', '.join(missing)} (best.pt only holds "
+                             "weights; resume from checkpoint.pt)")
+        if ckpt_io.non_finite([state["model"], state["optimizer"]]):
+            raise ValueError(f"{self.ckpt_path} holds NaN or infinite weights or optimizer state; refusing to resume "
+                             "into them")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -135,15 +160,15 @@ class Trainer:
         ckpt_io.set_rng_state(self.rng)
 
     def _trim_metrics(self) -> None:
-        """Drop metrics records past the checkpoint (a resumed run writes them again)."""
+        """Drop metrics records past the checkpoint (a resumed run writes them again), and a torn
+        last line of a killed write."""
         path = self.out / "metrics.jsonl"
         if not path.exists():
             return
-        keep = [line for line in path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= self.position["step"]]
+        keep = [r for r in read_metrics(path) if r.get("step", 0) <= self.position["step"]]
         if self.position["step"] == 0:
             keep = []
-        path.write_text("".join(line + "\n" for line in keep))
+        path.write_text("".join(json.dumps(r) + "\n" for r in keep))
 
     def log(self, record: dict) -> None:
         if not self.main_process:
@@ -164,9 +189,18 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         with self.autocast():
             loss, stats = self.task.loss(self.model, batch, self.cfg)
+        self.check_finite(loss)
         loss.backward()
         self.optimizer_step()
         return stats
+
+    def check_finite(self, loss: torch.Tensor) -> None:
+        """NonFiniteLoss (before any update) when the loss is NaN or infinite."""
+        if not bool(torch.isfinite(loss.detach())):
+            pos = self.position
+            raise NonFiniteLoss(f"the training loss became {loss.item()} at step {pos['step'] + 1} (epoch "
+                                f"{pos['epoch'] + 1}); stopped without saving, {self.ckpt_path} holds the last good "
+                                "state. Lower --lr_factor or raise --warmup, then --resume or start again")
 
     def optimizer_step(self) -> None:
         """Clip, step, schedule and average (the gradients are in .grad)."""
@@ -201,6 +235,7 @@ class Trainer:
                         return "time_budget"
                     batches = self.epoch_batches(pos["epoch"])
                     meter, log_meter = Meter(), Meter()
+                    first_batch = pos["batch"]  # > 0 when this run resumed in the middle of the epoch
                     bar = tqdm(total=len(batches), initial=pos["batch"],
                                disable=not (cfg.progress and self.main_process),
                                desc=f"epoch {pos['epoch'] + 1}/{cfg.epochs}", dynamic_ncols=True, leave=True)
@@ -231,10 +266,10 @@ class Trainer:
                             raise KeyboardInterrupt
                         if self.out_of_time():
                             bar.close()
-                            self.end_epoch(meter)  # validate the cut-short epoch, checkpoint; resume starts the next
+                            self.end_epoch(meter, first_batch)  # validate the cut-short epoch; resume starts the next
                             return "time_budget"
                     bar.close()
-                    self.end_epoch(meter)
+                    self.end_epoch(meter, first_batch)
                 if cfg.max_steps and pos["step"] >= cfg.max_steps:
                     self.save()
                 return "finished"
@@ -252,9 +287,13 @@ class Trainer:
         """The decision every process takes (one process: its own; DistributedTrainer: any rank's)."""
         return flag
 
-    def end_epoch(self, meter: Meter) -> None:
+    def end_epoch(self, meter: Meter, first_batch: int = 0) -> None:
+        """Validate, log and checkpoint. The train summary covers batches first_batch.. of the epoch:
+        after a resume in mid-epoch it says so with "from_batch"."""
         pos = self.position
         train = meter.summary() if meter.sums else {}
+        if first_batch and train:
+            train["from_batch"] = first_batch
         valid = {}
         with self.eval_weights():
             if self.main_process:  # under torchrun the other ranks go on to the next collective and wait
@@ -294,7 +333,7 @@ class Trainer:
             from .plots import loss_curve
             paths = list(self.task.plot(self.model, self.cfg, self.out / "plots", self.history))
             if self.history:  # every trained epoch logged a validation loss
-                records = [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines() if line]
+                records = read_metrics(self.out / "metrics.jsonl")
                 paths.append(loss_curve(records, self.out / "plots" / "loss.png"))
             results["plots"] = [str(p) for p in paths]
         return results

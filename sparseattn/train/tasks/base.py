@@ -63,6 +63,10 @@ class Task:
     def num_examples(self, split: str) -> int:
         raise NotImplementedError
 
+    def split_names(self) -> List[str]:
+        """The splits `evaluate` can score (after setup)."""
+        return list(getattr(self, "splits", {}))
+
     def batch_indices(self, split: str, cfg, epoch: Optional[int]) -> List[List[int]]:
         raise NotImplementedError
 

@@ -40,7 +40,10 @@ def load_split(data_dir: str, name: str) -> List[Sentence]:
     path = Path(data_dir) / "conll2000" / f"{name}.txt"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found (the --data-dir folder should hold conll2000/{{train,test}}.txt)")
-    return read_conll(path)
+    sentences = read_conll(path)
+    if not sentences:
+        raise ValueError(f"{path} holds no sentences")
+    return sentences
 
 
 def _seqeval():

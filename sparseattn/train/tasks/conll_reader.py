@@ -40,19 +40,23 @@ class Sentence:
 
 def read_conll(path: Union[str, Path]) -> List[Sentence]:
     """Sentences of a CoNLL-2000 file: one `word POS tag` line per token, blank line between sentences."""
-    sentences, rows = [], []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                if rows:
-                    sentences.append(Sentence(*map(tuple, zip(*rows))))
-                    rows = []
-                continue
-            cols = line.split()
-            if len(cols) != 3:
-                raise ValueError(f"{path}:{lineno}: expected 3 columns 'word POS tag', got {len(cols)}: {line!r}")
-            rows.append(cols)
+    sentences: List[Sentence] = []
+    rows: List[List[str]] = []
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text (byte {e.object[e.start]:#x} at offset {e.start})") from None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line:
+            if rows:
+                sentences.append(Sentence(*map(tuple, zip(*rows))))
+                rows = []
+            continue
+        cols = line.split()
+        if len(cols) != 3:
+            raise ValueError(f"{path}:{lineno}: expected 3 columns 'word POS tag', got {len(cols)}: {line!r}")
+        rows.append(cols)
     if rows:
         sentences.append(Sentence(*map(tuple, zip(*rows))))
     return sentences

@@ -149,6 +149,6 @@ class Multi30kTask(Seq2SeqTask):
 
     def load_state_dict(self, state: dict) -> None:
         saved = state.get("tokenizer")
-        if saved and saved != self.vocab.tokenizer.to_str():
+        if saved and (self.vocab is None or saved != self.vocab.tokenizer.to_str()):
             from tokenizers import Tokenizer
             self._set_vocab(SubwordVocab(Tokenizer.from_str(saved)))
