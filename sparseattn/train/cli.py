@@ -178,6 +178,8 @@ def decoding_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--beam", type=int, default=None, help="beam size (default: the run's, 1 = greedy)")
     p.add_argument("--alpha", type=float, default=None, help="length penalty exponent")
+    p.add_argument("--max_len_a", type=float, default=None, help="decode at most a * source length + b tokens")
+    p.add_argument("--max_len_b", type=int, default=None, help="see --max_len_a")
     p.add_argument("--device", default="auto")
     return p
 
@@ -186,13 +188,14 @@ def load_for_decoding(args: argparse.Namespace, need_data: bool = True):
     """(cfg, task, model) of args.checkpoint on args.device, with --beam/--alpha applied to cfg."""
     if args.beam is not None and args.beam < 1:
         raise ValueError(f"--beam must be >= 1, got {args.beam}")
-    if args.alpha is not None and not args.alpha >= 0:
-        raise ValueError(f"--alpha must be >= 0, got {args.alpha}")
+    for name in ("alpha", "max_len_a", "max_len_b"):
+        value = getattr(args, name)
+        if value is not None and not value >= 0:
+            raise ValueError(f"--{name} must be >= 0, got {value}")
     cfg, task, model, _ = load_for_eval(args.checkpoint, args.device, need_data)
-    if args.beam is not None:
-        cfg.run.beam = args.beam
-    if args.alpha is not None:
-        cfg.run.alpha = args.alpha
+    for name in ("beam", "alpha", "max_len_a", "max_len_b"):
+        if getattr(args, name) is not None:
+            setattr(cfg.run, name, getattr(args, name))
     return cfg, task, model
 
 

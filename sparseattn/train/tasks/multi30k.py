@@ -84,7 +84,8 @@ class Multi30kTask(Seq2SeqTask):
         self.bos, self.eos = vocab.bos, vocab.eos
         for name, (src, tgt) in self.text.items():
             self.splits[name] = ([ids + [vocab.eos] for ids in vocab.encode_batch(src)], vocab.encode_batch(tgt))
-        self.splits["valid"] = self.splits["val"]
+        if "val" in self.splits:
+            self.splits["valid"] = self.splits["val"]
 
     def model_info(self) -> dict:
         return dict(src_vocab_size=len(self.vocab), tgt_vocab_size=len(self.vocab), shared_vocab=True)
