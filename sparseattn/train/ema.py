@@ -3,8 +3,7 @@
 After each optimizer step, avg <- d * avg + (1 - d) * weight with d = min(decay, n / (n + 1)) at
 update n (from 0): the plain mean of all weights so far until n reaches 1 / (1 - decay), then an
 exponential average over about the last 1 / (1 - decay) steps. The initial weights never count.
-Averaging the weights of a noisy small-batch run smooths the step noise out: on the sort task it
-removes about half of the decoding errors (docs/RESULTS.md).
+Averaging the weights of a noisy small-batch run smooths the step noise out.
 """
 from __future__ import annotations
 

@@ -342,7 +342,7 @@ class Trainer:
 def best_score(valid: dict) -> Tuple[float, float]:
     """Validation score for keep_best, higher is better: (chunk F1, else BLEU, else decoded sequence
     accuracy, else teacher-forced accuracy, else -loss; then -loss). The loss breaks ties of a
-    saturated metric: the sort UT's validation accuracy sits at 99.97-99.99% for dozens of epochs."""
+    saturated metric (an accuracy that stays at its ceiling for many epochs)."""
     neg_loss = -float(valid.get("loss", 0.0))
     for key in ("f1", "bleu", "sequence_accuracy", "tf_accuracy"):
         if key in valid:
