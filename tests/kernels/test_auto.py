@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sparseattn import edge_attention, graphs
-from sparseattn.kernels import DENSE_MAX_SHAPES, DENSE_MIN_EDGES_PER_BLOCK, Backend, _BACKENDS, choose_auto
+from sparseattn.kernels import _BACKENDS, DENSE_MAX_SHAPES, DENSE_MIN_EDGES_PER_BLOCK, Backend, choose_auto
 
 CPU_Q = torch.zeros(1, 1, 1)
 

@@ -341,9 +341,9 @@ _COMPILE = textwrap.dedent("""
 
 def _compile_for_sm90(dtype, d):
     try:
+        import triton.backends.nvidia  # noqa: F401
         from triton.backends.compiler import GPUTarget  # noqa: F401
         from triton.compiler import ASTSource  # noqa: F401
-        import triton.backends.nvidia  # noqa: F401
     except ImportError as e:
         pytest.skip(f"this triton cannot compile for CUDA here: {e}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

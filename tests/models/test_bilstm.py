@@ -1,8 +1,8 @@
 import torch
 
+from sparseattn.models import BiLSTMTagger
 from sparseattn.train.tasks.chunking import chunk_f1
 from sparseattn.train.tasks.conll_reader import encode
-from sparseattn.models import BiLSTMTagger
 
 from .tagging_helpers import SMALL_FEATURES, fit, sample, sizes
 

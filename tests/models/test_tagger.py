@@ -1,9 +1,9 @@
 import pytest
 import torch
 
+from sparseattn.models import TransformerTagger
 from sparseattn.train.tasks.chunking import chunk_f1
 from sparseattn.train.tasks.conll_reader import encode
-from sparseattn.models import TransformerTagger
 
 from .tagging_helpers import SMALL_FEATURES, fit, sample, sizes
 
