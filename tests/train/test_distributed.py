@@ -8,13 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparseattn import checkpoint as ckpt_io
-from sparseattn.config import make_config
-from sparseattn.distributed import global_batches, shard_batches
-from sparseattn.train import Trainer
-from tests.single_thread import one_thread  # noqa: F401  (autouse: one torch thread)
+from sparseattn.train import checkpoint as ckpt_io
+from sparseattn.train.config import make_config
+from sparseattn.train.distributed import global_batches, shard_batches
+from sparseattn.train.trainer import Trainer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(task="copy", num_train=64, num_valid=8, num_test=8, seq_mean=6.0, seq_std=1.0, batch_size=8,
             d_model=32, d_ff=32, num_heads=2, dropout=0.0, epochs=1, max_steps=3, warmup=5, progress=False,
             plots=False, eval_decode=False, log_every=1, adam_eps=1e-4)
@@ -83,10 +82,11 @@ def test_resume_under_torchrun(tmp_path):
 
 
 def _agree_worker(rank: int, port: int, results) -> None:
-    import torch.distributed as dist
     from types import SimpleNamespace
 
-    from sparseattn.distributed import DistributedTrainer
+    import torch.distributed as dist
+
+    from sparseattn.train.distributed import DistributedTrainer
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         me = SimpleNamespace(device=torch.device("cpu"))

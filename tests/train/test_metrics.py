@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from sparseattn.metrics import Meter, sequence_accuracy, token_accuracy
+from sparseattn.train.metrics import Meter, sequence_accuracy, token_accuracy
 
 
 def test_token_accuracy_counts_missing_and_extra_tokens_as_errors():

@@ -1,14 +1,14 @@
-"""plots: attention maps from recorded weights, ACT step maps and the per-epoch step distribution."""
+"""plots: attention maps from AttentionRecords, ACT step maps and the per-epoch step distribution."""
 import numpy as np
 import pytest
 import torch
 
-from sparseattn import graphs
-from sparseattn.config import make_config
-from sparseattn.data.tasks import get_task
-from sparseattn.models import UniversalTransformer
-from sparseattn.plots import dense_weights, seq2seq_plots
-from tests.single_thread import one_thread  # noqa: F401  (autouse)
+import sparseattn.train.model_configs  # noqa: F401  (registers the models; see test_model_configs)
+from sparseattn import AttentionRecord, graphs, record_attention
+from sparseattn.models import GraphPool, GraphTransformer, UniversalTransformer
+from sparseattn.train.config import make_config
+from sparseattn.train.plots import attention_kind, attention_maps, dense_weights, layer_of, seq2seq_plots
+from sparseattn.train.tasks import get_task
 
 
 def test_dense_weights_scatters_edges_into_dst_by_src_maps():
@@ -33,8 +33,31 @@ def test_ut_plots_write_attention_and_act_figures(tmp_path):
 
 
 def test_loss_curve_needs_losses(tmp_path):
-    from sparseattn.plots import loss_curve
+    from sparseattn.train.plots import loss_curve
     records = [{"kind": "train", "step": 10, "loss": 2.0}, {"kind": "valid", "step": 20, "valid": {"loss": 1.5}}]
     assert loss_curve(records, tmp_path / "a" / "loss.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="no training or validation losses"):
         loss_curve([{"kind": "test", "step": 3}], tmp_path / "b.png")
+
+
+def test_records_are_sorted_into_kinds_and_layers():
+    w = torch.zeros(1, 1)
+    g = graphs.complete(1)
+    assert [attention_kind(n) for n in ("encoder.0.self_attn", "decoder.1.self_attn", "decoder.1.cross_attn",
+                                        "enc_layer.self_attn", "dec_layer.cross_attn")] == \
+        ["encoder", "decoder", "cross", "encoder", "cross"]
+    assert layer_of(AttentionRecord("decoder.2.self_attn", 0, g, w)) == 2  # a stack: the layer index
+    assert layer_of(AttentionRecord("enc_layer.self_attn", 3, g, w)) == 3  # a shared (ACT) layer: the call
+
+
+def test_attention_maps_of_recorded_transformer_weights(tmp_path):
+    model = GraphTransformer(10, 10, d_model=16, num_heads=2, d_ff=16, num_layers=2).eval()
+    batch = GraphPool().batch([[3, 4, 5]], [[6, 7]], bos=1, eos=2)
+    with record_attention(model) as records:
+        model(batch)
+    assert sorted({(attention_kind(r.name), layer_of(r)) for r in records}) == [
+        ("cross", 0), ("cross", 1), ("decoder", 0), ("decoder", 1), ("encoder", 0), ("encoder", 1)]
+    labels = {"src": ["c", "d", "e", "</s>"][:batch.src.numel()], "tgt_in": ["<s>", "f", "g"]}
+    paths = attention_maps(records, labels, tmp_path)
+    assert [p.name for p in paths] == ["attention_encoder.png", "attention_decoder.png", "attention_cross.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)

@@ -1,10 +1,20 @@
+from pathlib import Path
+
 import pytest
 import torch
 
-from sparseattn.data import TaggingVocab, encode, read_conll, split_dev
-from sparseattn.data.conll import CAPS_CLASSES, caps_class, normalize_word
+from sparseattn.models import CAPS_CLASSES, IGNORE, TaggingBatch
+from sparseattn.train.tasks.conll_reader import (
+    Sentence,
+    TaggingVocab,
+    caps_class,
+    encode,
+    normalize_word,
+    read_conll,
+    split_dev,
+)
 
-from .models.tagging_helpers import SAMPLE
+SAMPLE = Path(__file__).resolve().parents[2] / "fixtures" / "conll_sample.txt"
 
 
 def test_read_sample():
@@ -37,8 +47,12 @@ def test_vocab_and_encode():
     sentences = read_conll(SAMPLE)
     vocab = TaggingVocab.build(sentences, min_freq=2)
     assert vocab.words.itos[:2] == ["<pad>", "<unk>"] and vocab.tags.itos[0] == "O"
-    assert vocab.words("cat") == 1  # seen once: <unk> at min_freq=2
+    assert vocab.words["cat"] == 1  # seen once: <unk> at min_freq=2
+    assert vocab.words["<unk>"] == 1 and vocab.words["."] > 1 and vocab.pos["DT"] > 1
+    with pytest.raises(KeyError):
+        vocab.tags["B-UCP"]  # tags have no <unk>
     b = encode(sentences[:2], vocab)
+    assert isinstance(b, TaggingBatch)
     assert b.lengths.tolist() == [7, 3] and b.num_tokens == 10
     assert b.chars.shape == (10, 4) and b.chars[1, 3] == 0  # "cat" padded along characters only
     assert [vocab.tags.itos[i] for i in b.tags[7:]] == ["B-NP", "B-VP", "O"]
@@ -47,8 +61,6 @@ def test_vocab_and_encode():
 
 
 def test_tag_unseen_in_training_is_ignored_by_the_loss():
-    from sparseattn.data.conll import IGNORE, Sentence
-
     vocab = TaggingVocab.build(read_conll(SAMPLE))
     b = encode([Sentence(("x", "y"), ("NN", "NN"), ("B-UCP", "O"))], vocab)
-    assert b.tags.tolist() == [IGNORE, vocab.tags("O")]
+    assert b.tags.tolist() == [IGNORE, vocab.tags["O"]]

@@ -1,5 +1,5 @@
 """The multi30k task on the tiny sample: training, BLEU evaluation with a hypotheses file, the
-translate command, the tokenizer travelling with the run, token-budget batching; the shared
+translate command, the tokenizer travelling with the run; the shared
 Multi30k files when present."""
 import json
 import os
@@ -8,33 +8,16 @@ import shutil
 import numpy as np
 import pytest
 
-from sparseattn.__main__ import main
-from sparseattn.data.batching import token_batches
-from tests.single_thread import one_thread  # noqa: F401  (autouse: one torch thread)
+from sparseattn.train.cli import load_for_eval, main
+from sparseattn.train.config import make_config, parse_flags
+from sparseattn.train.trainer import Trainer
 
-SAMPLE = os.path.join(os.path.dirname(__file__), "fixtures", "multi30k_sample")
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
+TESTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SAMPLE = os.path.join(TESTS, "fixtures", "multi30k_sample")
+SHARED = os.path.join(TESTS, "..", "..", "shared", "data", "multi30k")
 TINY = ["--task=multi30k", f"--data-dir={SAMPLE}", "--vocab_size=200", "--num_layers=1", "--d_model=32",
         "--d_ff=64", "--num_heads=2", "--max_tokens=64", "--epochs=2", "--progress=false", "--beam=2",
         "--warmup=10", "--checkpoint_every=0"]
-
-
-@pytest.mark.parametrize("seed", [None, 0, 1, 7])
-@pytest.mark.parametrize("budget", [1, 20, 64, 500])
-def test_token_batches_respect_budget_and_cover_every_pair_once(seed, budget):
-    sizes = np.random.default_rng(3).integers(1, 60, size=300)
-    batches = token_batches(sizes, budget, seed)
-    flat = [i for b in batches for i in b]
-    assert sorted(flat) == list(range(len(sizes)))  # every pair exactly once
-    for b in batches:
-        assert sum(sizes[i] for i in b) <= budget or len(b) == 1  # only a single oversize pair exceeds it
-    if seed is not None:
-        assert token_batches(sizes, budget, seed) == batches  # deterministic in the seed
-
-
-def test_token_batches_rejects_bad_budget():
-    with pytest.raises(ValueError, match="max_tokens must be > 0"):
-        token_batches([1, 2], 0)
 
 
 def test_train_evaluate_translate_on_sample(tmp_path, capsys):
@@ -59,39 +42,50 @@ def test_train_evaluate_translate_on_sample(tmp_path, capsys):
     hyps = (moved / "hyp.val.de").read_text().splitlines()
     assert len(hyps) == 2
 
-    assert main(["translate", "--checkpoint", str(run / "checkpoint.pt"), "A dog runs on the beach.",
-                 "A man throws a ball."]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and all(isinstance(line, str) for line in lines)
-
     assert main(["plot", "--checkpoint", str(run / "checkpoint.pt"), "--out", str(tmp_path / "plots")]) == 0
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
         "attention_cross.png", "attention_decoder.png", "attention_encoder.png"]
 
 
+def test_translate_prints_one_deterministic_translation_per_sentence(tmp_path, capsys):
+    pytest.importorskip("tokenizers", reason="translation needs the 'translate' extra (tokenizers)")
+    run = tmp_path / "run"
+    assert main(["train", *TINY, f"--out={run}", "--plots=false"]) == 0
+    capsys.readouterr()
+    assert main(["translate", "--checkpoint", str(run / "checkpoint.pt"), "A dog runs on the beach.",
+                 "A man throws a ball."]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2  # one translation per input sentence
+    cfg, task, model, _ = load_for_eval(str(run / "checkpoint.pt"), "cpu")
+    # the printed lines are the model's beam-2 translations (the run's --beam), detokenized
+    assert lines == task.translate(model, ["A dog runs on the beach.", "A man throws a ball."], cfg)
+    assert all(line.strip() and task.vocab.decode(task.vocab.encode(line)) == line for line in lines), lines
+    assert main(["translate", "--checkpoint", str(run / "checkpoint.pt"), "A man throws a ball."]) == 0
+    assert capsys.readouterr().out.splitlines() == lines[1:]  # deterministic, independent of the other input
+
+
 def test_resume_reuses_the_runs_tokenizer(tmp_path):
     pytest.importorskip("tokenizers", reason="translation needs the 'translate' extra (tokenizers)")
-    from sparseattn.config import make_config, parse_overrides
-    from sparseattn.train import Trainer
-    cfg = make_config({**parse_overrides(TINY), "out": str(tmp_path / "run"), "max_steps": 2})
+    cfg = make_config({**parse_flags(TINY), "out": str(tmp_path / "run"), "max_steps": 2})
     first = Trainer(cfg)
     assert first.fit() == "max_steps"
     before = (tmp_path / "run" / "tokenizer.json").read_text()
-    resumed = Trainer(make_config({**parse_overrides(TINY), "out": str(tmp_path / "run")}), resume=True)
+    resumed = Trainer(make_config({**parse_flags(TINY), "out": str(tmp_path / "run")}), resume=True)
     assert resumed.position["step"] == 2
     assert (tmp_path / "run" / "tokenizer.json").read_text() == before
     assert resumed.task.vocab.tokenizer.to_str() == first.task.vocab.tokenizer.to_str()
 
 
-def test_missing_data_dir_is_explained(tmp_path):
-    with pytest.raises(SystemExit, match="sparseattn train: task multi30k needs --data-dir"):  # one line, no traceback
-        main(["train", "--task=multi30k", f"--out={tmp_path / 'x'}", "--progress=false"])
+def test_missing_data_dir_is_explained(tmp_path, capsys):
+    assert main(["train", "--task=multi30k", f"--out={tmp_path / 'x'}", "--progress=false"]) == 2
+    err = capsys.readouterr().err
+    assert "sparseattn train: task multi30k needs --data-dir" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.skipif(not os.path.isdir(SHARED), reason=f"shared Multi30k files absent ({SHARED})")
 def test_shared_multi30k_files():
     pytest.importorskip("tokenizers", reason="translation needs the 'translate' extra (tokenizers)")
-    from sparseattn.data.translation import SubwordVocab, read_parallel
+    from sparseattn.train.tasks.parallel_text import SubwordVocab, read_parallel
     sizes = {split: len(read_parallel(SHARED, split)[0]) for split in ("train", "val", "test")}
     assert sizes == {"train": 29000, "val": 1014, "test": 1000}
     src, tgt = read_parallel(SHARED, "train")
@@ -99,12 +93,3 @@ def test_shared_multi30k_files():
     test_src, test_tgt = read_parallel(SHARED, "test")
     exact = [vocab.decode(vocab.encode(line)) == line for line in test_src + test_tgt]
     assert np.mean(exact) > 0.99  # characters never seen in training map to <unk> and are lost
-
-
-def test_multi30k_preset_leaves_other_tasks_alone():
-    from sparseattn.config import make_config
-    cfg = make_config({"task": "multi30k"})
-    assert (cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.d_ff, cfg.max_tokens) == (3, 256, 4, 1024, 4096)
-    assert cfg.tie_generator and cfg.share_embeddings and (cfg.beam, cfg.alpha) == (5, 0.6)
-    copy = make_config({})
-    assert copy.max_tokens == 0 and copy.data_dir == "" and copy.beam == 1

@@ -4,10 +4,11 @@ import pytest
 
 pytest.importorskip("tokenizers", reason="translation needs the 'translate' extra (tokenizers)")
 
-from sparseattn.data.translation import SPECIALS, SubwordVocab, read_parallel  # noqa: E402
+from sparseattn.train.tasks.parallel_text import SPECIALS, SubwordVocab, read_parallel  # noqa: E402
 
-SAMPLE = os.path.join(os.path.dirname(__file__), "fixtures", "multi30k_sample")
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
+TESTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SAMPLE = os.path.join(TESTS, "fixtures", "multi30k_sample")
+SHARED = os.path.join(TESTS, "..", "..", "shared", "data", "multi30k")
 
 
 def test_read_parallel_sample():
