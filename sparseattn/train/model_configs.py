@@ -25,25 +25,31 @@ def _positive(v: Any) -> Optional[str]:
 
 
 @dataclass
-class TransformerConfig:
-    """The graph Transformer (`sparseattn.models.GraphTransformer`)."""
+class AttentionStackConfig:
+    """What every model made of EdgeAttention layers has: depth, widths, dropout, clamp, backend."""
 
-    num_layers: int = cfg_field(1, "encoder and decoder layers each", check=_positive)
+    num_layers: int = cfg_field(1, "layers (per stack: encoder and decoder each)", check=_positive)
     d_model: int = cfg_field(128, "model width", check=_positive)
     num_heads: int = cfg_field(1, "attention heads (must divide d_model)", check=_positive)
     d_ff: int = cfg_field(128, "feed-forward hidden width", check=_positive)
-    dropout: float = cfg_field(0.1, "dropout of embeddings, sublayers, attention weights and the feed-forward",
-                               check=in_range(0, 1, hi_open=True))
+    dropout: float = cfg_field(0.1, "dropout of sublayer outputs, attention weights, the feed-forward (and "
+                                    "embeddings)", check=in_range(0, 1, hi_open=True))
     clamp: Clamp = cfg_field((-5.0, 5.0), "attention score bounds 'lo,hi' (exp of the clamped score), or 'none' "
                                           "for exact softmax")
-    share_embeddings: bool = cfg_field(True, "one embedding table for source and target when their vocabularies "
-                                             "are equal")
-    tie_generator: bool = cfg_field(False, "the output layer reuses the target embedding matrix")
     backend: str = cfg_field("auto", "edge-attention backend", check=one_of(*backend_names()))
 
     def validate(self, cfg) -> None:
         if self.d_model % self.num_heads:
             raise ValueError(f"--num_heads={self.num_heads} must divide --d_model={self.d_model}")
+
+
+@dataclass
+class TransformerConfig(AttentionStackConfig):
+    """The graph Transformer (`sparseattn.models.GraphTransformer`)."""
+
+    share_embeddings: bool = cfg_field(True, "one embedding table for source and target when their vocabularies "
+                                             "are equal")
+    tie_generator: bool = cfg_field(False, "the output layer reuses the target embedding matrix")
 
     def common(self, info: Dict[str, Any]) -> Dict[str, Any]:
         return dict(src_vocab_size=info["src_vocab_size"], tgt_vocab_size=info["tgt_vocab_size"],
@@ -90,25 +96,13 @@ class TokenFeatureConfig:
 
 
 @dataclass
-class TaggerConfig(TokenFeatureConfig):
+class TaggerConfig(AttentionStackConfig, TokenFeatureConfig):
     """The Transformer tagger (`sparseattn.models.TransformerTagger`)."""
 
-    num_layers: int = cfg_field(1, "encoder layers", check=_positive)
-    d_model: int = cfg_field(128, "model width", check=_positive)
-    num_heads: int = cfg_field(1, "attention heads (must divide d_model)", check=_positive)
-    d_ff: int = cfg_field(128, "feed-forward hidden width", check=_positive)
-    dropout: float = cfg_field(0.1, "dropout of sublayers, attention weights and the feed-forward",
-                               check=in_range(0, 1, hi_open=True))
-    clamp: Clamp = cfg_field((-5.0, 5.0), "attention score bounds 'lo,hi', or 'none' for exact softmax")
     ffn: str = cfg_field("linear", "feed-forward: linear, or conv (width 3 within each sentence)",
                          check=one_of("linear", "conv"))
     window: int = cfg_field(0, "attention graph: 0 complete per sentence, r: only |i - j| <= r", check=at_least(0))
     rel_pos: int = cfg_field(0, "clip distance of a learned relative-position bias; 0: none", check=at_least(0))
-    backend: str = cfg_field("auto", "edge-attention backend", check=one_of(*backend_names()))
-
-    def validate(self, cfg) -> None:
-        if self.d_model % self.num_heads:
-            raise ValueError(f"--num_heads={self.num_heads} must divide --d_model={self.d_model}")
 
     def build(self, info: Dict[str, Any]) -> nn.Module:
         return TransformerTagger(**info, dim=self.d_model, heads=self.num_heads, layers=self.num_layers,
