@@ -37,12 +37,6 @@ def test_lr_dim_is_d_model_unless_set_and_the_bilstm_has_none():
         make_config({"task": "chunking", "model": "bilstm", "d_model": "8"})
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "sparseattn.train.config's TASK_CONFIGS/MODEL_CONFIGS are filled only as side effects of importing "
-    "sparseattn.train.tasks and sparseattn.train.model_configs, which config.py does not import: "
-    "`from sparseattn.train.config import make_config; make_config({'task': 'sort', 'model': 'ut'})` in a fresh "
-    "interpreter raises \"unknown task 'sort'; registered: \" (empty). In the suite it passes or fails by "
-    "import order."))
 def test_make_config_knows_every_task_and_model_when_only_config_is_imported():
     code = textwrap.dedent("""
         from sparseattn.train.config import make_config

@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 import torch
 
-import sparseattn.train.model_configs  # noqa: F401  (registers the models; see test_model_configs)
 from sparseattn import AttentionRecord, graphs, record_attention
 from sparseattn.models import GraphPool, GraphTransformer, UniversalTransformer
 from sparseattn.train.config import make_config
