@@ -2,10 +2,11 @@
 from . import graphs
 from .functional import edge_attention
 from .graphs import Graph
+from .kernels import backend_names
 from .kv import KeyValue, KVCache, KVStore, NodeKV
 from .modules import EdgeAttention
 from .recording import AttentionRecord, record_attention
 
 __version__ = "0.1.0"
 __all__ = ["edge_attention", "EdgeAttention", "Graph", "graphs", "KeyValue", "KVStore", "KVCache", "NodeKV",
-           "record_attention", "AttentionRecord", "__version__"]
+           "record_attention", "AttentionRecord", "backend_names", "__version__"]

@@ -122,7 +122,11 @@ class EdgeAttention(nn.Module):
         (N_src, H, D). Project a fixed source set once (an encoder's memory) and pass the result
         as `kv=` to every later call."""
         _check_rows("x_src", x_src, self.kdim, "kdim", "N_src")
-        x_value = x_src if x_value is None else x_value
+        if x_value is None:
+            if self.kdim != self.vdim:
+                raise ValueError(f"pass x_value= when kdim != vdim (kdim={self.kdim}, vdim={self.vdim}): the values "
+                                 "cannot be projected from x_src")
+            x_value = x_src
         _check_rows("x_value", x_value, self.vdim, "vdim", "N_src", num_rows=x_src.shape[0])
         h, d = self.num_heads, self.head_dim
         return KeyValue(F.linear(x_src, *self._weights(1)).reshape(-1, h, d),

@@ -99,10 +99,6 @@ def test_module_checks():
         m(torch.randn(3, 7), graphs.complete(3))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "since a0722ce EdgeAttention.project_kv defaults x_value to x_src, so omitting x_value with kdim != vdim "
-    "fails with 'x_value must have shape (N_src=2, vdim=6), got (2, 4)': it names an argument the caller did "
-    "not pass and shows x_src's shape, instead of saying to pass x_value="))
 def test_missing_x_value_when_kdim_differs_from_vdim_says_to_pass_it():
     m2 = EdgeAttention(8, 2, kdim=4, vdim=6)
     with pytest.raises(ValueError, match="pass x_value= when kdim != vdim"):

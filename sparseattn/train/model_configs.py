@@ -11,7 +11,7 @@ from typing import Any, Dict, Optional
 
 from torch import nn
 
-from ..kernels import backend_names
+from .. import backend_names
 from ..models import BiLSTMTagger, GraphTransformer, TransformerTagger, UniversalTransformer
 from .config import MODEL_CONFIGS, Clamp, at_least, cfg_field, in_range, one_of
 
