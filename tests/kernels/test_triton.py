@@ -255,6 +255,36 @@ def test_gradcheck_float64():
         assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7, fast_mode=True)
 
 
+@pytest.mark.parametrize("clamp", [(-5.0, 5.0), None], ids=["clamp", "exact"])
+def test_gradgradcheck_float64(clamp):
+    """Double backward (create_graph=True) recomputes through the reference: twice differentiable."""
+    ei = torch.tensor([[0, 1, 2, 1, 1], [0, 0, 1, 2, 0]], device=DEVICE)  # a duplicate; dst 3 isolated
+    g = Graph(ei, 3, 4)
+    q, k, v = (torch.randn(n, 1, 2, dtype=torch.float64, device=DEVICE, requires_grad=True) for n in (4, 3, 3))
+    bias = torch.randn(5, 1, dtype=torch.float64, device=DEVICE, requires_grad=True)
+
+    def f(q, k, v, bias):
+        return edge_attention(q, k, v, g, scale=0.7, clamp=clamp, bias=bias, backend="triton", return_weights=True)
+
+    assert torch.autograd.gradgradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-6, fast_mode=True)
+
+
+@pytest.mark.parametrize("clamp", [(-5.0, 5.0), None], ids=["clamp", "exact"])
+def test_gradient_penalty_matches_reference(clamp):
+    """q.grad of loss + |d loss/dq|^2 with only q trainable: the second-order terms are kept."""
+    ei, n_src, n_dst = awkward_graph()
+    q, k, v, table = (t.to(DEVICE) for t in inputs(n_src, n_dst, 2, 4, 3))
+    bias = table[ei[1], ei[0]]
+    q.requires_grad_()
+    grads = []
+    for backend in ("triton", "reference"):
+        out = edge_attention(q, k, v, ei.to(DEVICE), clamp=clamp, bias=bias, backend=backend)
+        loss = (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=DEVICE).view_as(out)).sum()
+        (gq,) = torch.autograd.grad(loss, q, create_graph=True)
+        grads.append(torch.autograd.grad(loss + gq.square().sum(), q)[0])
+    assert_close(grads[0], grads[1], torch.float64, "dq of the penalty")
+
+
 def test_node_counts_and_graph_spellings():
     """A bipartite graph (N_src != N_dst) and a Graph with cached CSR agree with the plain tensor."""
     g = graphs.random(11, 6, 40, seed=2, device=DEVICE)  # sorted by destination: perm is the identity
