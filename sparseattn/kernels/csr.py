@@ -19,6 +19,7 @@ allocated: extra memory is O(E * H + N * H * D). Under create_graph=True (double
 gradient penalty) backward instead recomputes through the reference (`reference_backward`), whose
 gradients torch can differentiate again. torch's CPU sparse kernels have no half types, so
 float16/bfloat16 inputs run in float32 (as the reference accumulates) and are cast back.
+Degenerate inputs (E = 0, or H, D, Dv = 0) go to the reference backend.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..graphs import Graph
-from .reference import accumulation_dtype, reference_backward
+from .reference import accumulation_dtype, reference_attention, reference_backward
 
 
 class _Pattern(NamedTuple):
@@ -256,11 +257,10 @@ def csr_attention(
     """The "csr" backend. q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv), bias and
     dropout_mask: (E, H) in the graph's edge order or None. Returns out (N_dst, H, Dv) in q's
     dtype and, if asked, the normalized weights (E, H) in the graph's edge order."""
-    heads, dtype, acc = q.shape[1], q.dtype, accumulation_dtype(q.dtype)
-    if graph.num_edges == 0:  # torch sparse ops reject some empty shapes; the answer is all zeros
-        linked = q[:0].sum() + k[:0].sum() + v[:0].sum()  # exactly 0, but gives q, k, v (zero) gradients
-        out = q.new_zeros(graph.num_dst, heads, v.shape[2]) + linked
-        return out, (q.new_zeros(0, heads) if return_weights else None)
+    if graph.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):  # torch sparse ops reject empty shapes
+        return reference_attention(q, k, v, graph, scale=scale, clamp=clamp, bias=bias, dropout_mask=dropout_mask,
+                                   return_weights=return_weights)
+    dtype, acc = q.dtype, accumulation_dtype(q.dtype)
     q, k, v = (t.to(acc).contiguous() for t in (q, k, v))
     bias = None if bias is None else bias.to(acc)
     mask = None if dropout_mask is None else dropout_mask.to(acc)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..graphs import Graph
-from .reference import accumulation_dtype
+from .reference import accumulation_dtype, reference_attention
 
 
 def probe() -> Optional[str]:
@@ -75,14 +75,13 @@ def scatter_attention(
     dropout_mask: Optional[Tensor],
     return_weights: bool,
 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """The "scatter" backend; arguments and results as `reference_attention`."""
+    """The "scatter" backend; arguments and results as `reference_attention`. Degenerate inputs
+    (E = 0, or H, D, Dv = 0) go to the reference backend."""
     from torch_scatter import segment_csr
 
-    heads = q.shape[1]
-    if graph.num_edges == 0:  # torch_scatter's gather_csr backward leaves empty inputs' gradients uninitialized
-        linked = q[:0].sum() + k[:0].sum() + v[:0].sum()  # exactly 0, but gives q, k, v (zero) gradients
-        out = q.new_zeros(graph.num_dst, heads, v.shape[2]) + linked
-        return out, (q.new_zeros(0, heads) if return_weights else None)
+    if graph.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):  # torch_scatter rejects empty shapes
+        return reference_attention(q, k, v, graph, scale=scale, clamp=clamp, bias=bias, dropout_mask=dropout_mask,
+                                   return_weights=return_weights)
     csr = graph.csr()
     ptr, src, perm = csr.ptr, csr.idx, None if graph.is_sorted_by_dst else csr.perm
     acc = accumulation_dtype(q.dtype)

@@ -161,6 +161,23 @@ def test_empty_graph_and_no_sources(dtype):
     assert out.shape == (3, 2, 6) and (out == 0).all()
 
 
+@pytest.mark.parametrize("heads, d, dv", [(0, 4, 3), (2, 0, 3), (2, 4, 0), (0, 0, 0)])
+def test_zero_heads_or_head_dims_with_edges(heads, d, dv):
+    """H, D or Dv = 0 with E > 0: the reference's result (mean of v when D = 0), gradients shaped like the inputs."""
+    ei, n_src, n_dst = awkward_graph()
+    base = inputs(n_src, n_dst, heads, d, dv)
+    results = []
+    for backend in ("triton", "reference"):
+        q, k, v, table = (t.to(DEVICE).clone().requires_grad_() for t in base)
+        out = edge_attention(q, k, v, ei.to(DEVICE), scale=0.5, bias=table[ei[1], ei[0]], backend=backend)
+        assert out.shape == (n_dst, heads, dv)
+        out.square().sum().backward()
+        assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+        results.append([out, q.grad, k.grad, v.grad, table.grad])
+    for name, a, b in zip("out dq dk dv dbias".split(), *results):
+        assert_close(a.detach(), b, torch.float64, name)
+
+
 @pytest.mark.parametrize("magnitude", [30.0, 100.0])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 def test_exact_softmax_at_large_scores_equals_sdpa(dtype, magnitude):
