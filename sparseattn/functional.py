@@ -72,10 +72,11 @@ def edge_attention(
     if not isinstance(graph, (Graph, Tensor)):
         raise TypeError(f"graph must be a (2, E) tensor or a sparseattn.Graph, got {type(graph).__name__}")
     edge_index = graph.edge_index if isinstance(graph, Graph) else graph
-    check_same_device(q=q, k=k, v=v, graph=edge_index, bias=bias)
+    check_same_device(q=q, k=k, v=v, graph=edge_index)
     g = as_graph(graph, num_src=k.shape[0], num_dst=q.shape[0])
     num_heads = q.shape[1]
     bias = check_bias(bias, g.num_edges, num_heads)
+    check_same_device(q=q, bias=bias)
     clamp = check_clamp(clamp, q.dtype)
     scale = check_scale(scale, q.shape[2])
     dropout_p = check_dropout(dropout_p)

@@ -40,6 +40,8 @@ def test_bad_qkv(q, k, v, exc, pattern):
     (dict(bias=torch.zeros(4, 2)), ValueError, r"bias must have shape \(E, H\) = \(3, 2\)"),
     (dict(bias=torch.zeros(3, 3)), ValueError, "bias must have shape"),
     (dict(bias=torch.zeros(3, dtype=torch.long)), TypeError, "bias must be a floating-point"),
+    (dict(bias=[0.0, 0.0, 0.0]), TypeError, r"bias must be a torch.Tensor of shape \(E, H\) or \(E,\), got list"),
+    (dict(bias=0.5), TypeError, "bias must be a torch.Tensor.*got float"),
     (dict(clamp=(5.0, -5.0)), ValueError, "lo <= hi.*lo=5.0 > hi=-5.0"),
     (dict(clamp=5.0), TypeError, "clamp must be None or a pair"),
     (dict(backend="fast"), ValueError, "unknown backend 'fast'; valid names are 'auto', 'reference'"),
@@ -87,6 +89,20 @@ def test_graph_constructor_checks():
         graphs.batch([graphs.complete(2), EI])
 
 
+@pytest.mark.parametrize("blocks, exc, pattern", [
+    ([("full", -1, 2)], ValueError, r"blocks\[0\] n_src must be >= 0, got -1"),
+    ([("full", 2, 2), ("causal", -3, -3)], ValueError, r"blocks\[1\] n_src must be >= 0, got -3"),
+    ([("full", 2, -1)], ValueError, r"blocks\[0\] n_dst must be >= 0, got -1"),
+    ([("full", 2.0, 2)], TypeError, r"blocks\[0\] n_src must be an int, got float"),
+    ([("full", 2)], TypeError, r"blocks\[0\] must be a \(kind, n_src, n_dst\) triple, got \('full', 2\)"),
+    ([("diagonal", 2, 2)], ValueError, r"blocks\[0\] kind must be one of \('full', .*got 'diagonal'"),
+    ([("causal", 2, 3)], ValueError, r"blocks\[0\]: a 'causal' block must be square, got 2 x 3"),
+])
+def test_from_blocks_checks(blocks, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        graphs.from_blocks(blocks)
+
+
 def test_module_checks():
     with pytest.raises(ValueError, match="embed_dim must be divisible by num_heads"):
         EdgeAttention(10, 3)
@@ -97,6 +113,8 @@ def test_module_checks():
     m = EdgeAttention(8, 2)
     with pytest.raises(ValueError, match=r"x_dst must have shape \(N_dst, embed_dim=8\)"):
         m(torch.randn(3, 7), graphs.complete(3))
+    with pytest.raises(TypeError, match="bias must be a torch.Tensor.*got list"):
+        m(torch.randn(3, 8), graphs.complete(3), edge_bias=[0.0] * 9)
     m2 = EdgeAttention(8, 2, kdim=4, vdim=6)
     with pytest.raises(ValueError, match="pass x_value= when kdim != vdim"):
         m2(torch.randn(3, 8), graphs.bipartite(2, 3), torch.randn(2, 4))
