@@ -93,8 +93,20 @@ def check_bias(bias: Optional[Tensor], num_edges: int, num_heads: int) -> Option
     )
 
 
-def check_clamp(clamp: object) -> Optional[Tuple[float, float]]:
-    """Check clamp is None or (lo, hi) with lo <= hi; return it as floats."""
+def max_clamp_bound(dtype: torch.dtype) -> float:
+    """The largest |lo| and |hi| that `check_clamp` accepts for inputs of this dtype. Weights
+    accumulate in float64 for float64 inputs, else in float32; there exp(+-bound) stays 2^32 away
+    from overflow and from the smallest normal number, so z = sum of a destination's weights (up to
+    2^32 in-edges) is finite and never 0. 65.0 for float32/float16/bfloat16, 686.0 for float64."""
+    info = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32)
+    return float(math.floor(min(math.log(info.max), -math.log(info.tiny)) - 32 * math.log(2)))
+
+
+def check_clamp(clamp: object, dtype: torch.dtype = torch.float64) -> Optional[Tuple[float, float]]:
+    """Check clamp is None or (lo, hi) with lo <= hi, both within +-max_clamp_bound(dtype); return it
+    as floats. Beyond that, exp(hi) summed over in-edges can overflow (NaN outputs), or exp(lo) underflow
+    to 0 (a destination whose scores all sit at lo would get 0, not the mean of its values). The
+    default dtype accepts every bound that some dtype can hold."""
     if clamp is None:
         return None
     if not isinstance(clamp, Sequence) or isinstance(clamp, str) or len(clamp) != 2:
@@ -104,6 +116,15 @@ def check_clamp(clamp: object) -> Optional[Tuple[float, float]]:
         raise ValueError(f"clamp bounds must not be NaN, got {clamp!r}")
     if lo > hi:
         raise ValueError(f"clamp must satisfy lo <= hi, got lo={lo} > hi={hi}")
+    bound = max_clamp_bound(dtype)
+    if max(-lo, hi) > bound:
+        acc = "float64" if dtype == torch.float64 else "float32"
+        raise ValueError(
+            f"clamp=({lo}, {hi}) is out of range for {dtype} inputs: weights exp(score) accumulate in {acc}, "
+            f"where exp of a bound beyond +-{bound} can overflow (summed over in-edges) or underflow to 0; "
+            f"the largest safe bound is {bound}: use bounds in [-{bound}, {bound}], or clamp=None (exact "
+            "softmax, which never overflows)"
+        )
     return lo, hi
 
 

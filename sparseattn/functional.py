@@ -49,6 +49,9 @@ def edge_attention(
         scale: score scale, default 1/sqrt(D).
         clamp: (lo, hi) bounds on the scaled score (the DGL tutorial's scaled_exp), or None for
             exact softmax (max-subtracted; equal to dense masked softmax at any score magnitude).
+            Bounds must lie within +-65 (float32, float16, bfloat16 inputs) or +-686 (float64), where
+            exp of a bound can neither overflow nor underflow to 0 (`_checks.max_clamp_bound`);
+            ValueError otherwise.
         bias: optional additive score per edge, (E, H) or (E,); differentiable.
         dropout_p: probability of dropping each normalized edge weight (attention dropout);
             survivors are scaled by 1/(1 - dropout_p). Deterministic under `torch.manual_seed`.
@@ -69,11 +72,12 @@ def edge_attention(
     if not isinstance(graph, (Graph, Tensor)):
         raise TypeError(f"graph must be a (2, E) tensor or a sparseattn.Graph, got {type(graph).__name__}")
     edge_index = graph.edge_index if isinstance(graph, Graph) else graph
-    check_same_device(q=q, k=k, v=v, graph=edge_index, bias=bias)
+    check_same_device(q=q, k=k, v=v, graph=edge_index)
     g = as_graph(graph, num_src=k.shape[0], num_dst=q.shape[0])
     num_heads = q.shape[1]
     bias = check_bias(bias, g.num_edges, num_heads)
-    clamp = check_clamp(clamp)
+    check_same_device(q=q, bias=bias)
+    clamp = check_clamp(clamp, q.dtype)
     scale = check_scale(scale, q.shape[2])
     dropout_p = check_dropout(dropout_p)
     if not isinstance(return_weights, bool):

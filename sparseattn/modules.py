@@ -28,7 +28,8 @@ class EdgeAttention(nn.Module):
         num_heads: number of heads H; head dim D = embed_dim // num_heads.
         bias: add biases to the projections.
         dropout: attention dropout on the normalized edge weights (training mode only).
-        clamp: (lo, hi) score clamp, or None for exact softmax (see `edge_attention`).
+        clamp: (lo, hi) score clamp, or None for exact softmax (see `edge_attention`). Bounds beyond
+            +-686 raise ValueError here, beyond +-65 at a call with float32/float16/bfloat16 inputs.
         backend: kernel backend passed to `edge_attention`.
         kdim, vdim: feature sizes of the key and value inputs (default embed_dim).
 
@@ -71,7 +72,7 @@ class EdgeAttention(nn.Module):
         self.vdim = vdim if vdim is not None else embed_dim
         self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
         self.dropout = check_dropout(dropout, "dropout")
-        self.clamp = check_clamp(clamp)
+        self.clamp = check_clamp(clamp)  # the widest dtype's range here; edge_attention checks q's dtype per call
         self.backend = backend
         if self._qkv_same_embed_dim:
             self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))

@@ -40,6 +40,8 @@ def test_bad_qkv(q, k, v, exc, pattern):
     (dict(bias=torch.zeros(4, 2)), ValueError, r"bias must have shape \(E, H\) = \(3, 2\)"),
     (dict(bias=torch.zeros(3, 3)), ValueError, "bias must have shape"),
     (dict(bias=torch.zeros(3, dtype=torch.long)), TypeError, "bias must be a floating-point"),
+    (dict(bias=[0.0, 0.0, 0.0]), TypeError, r"bias must be a torch.Tensor of shape \(E, H\) or \(E,\), got list"),
+    (dict(bias=0.5), TypeError, "bias must be a torch.Tensor.*got float"),
     (dict(clamp=(5.0, -5.0)), ValueError, "lo <= hi.*lo=5.0 > hi=-5.0"),
     (dict(clamp=5.0), TypeError, "clamp must be None or a pair"),
     (dict(backend="fast"), ValueError, "unknown backend 'fast'; valid names are 'auto', 'reference'"),
@@ -87,6 +89,20 @@ def test_graph_constructor_checks():
         graphs.batch([graphs.complete(2), EI])
 
 
+@pytest.mark.parametrize("blocks, exc, pattern", [
+    ([("full", -1, 2)], ValueError, r"blocks\[0\] n_src must be >= 0, got -1"),
+    ([("full", 2, 2), ("causal", -3, -3)], ValueError, r"blocks\[1\] n_src must be >= 0, got -3"),
+    ([("full", 2, -1)], ValueError, r"blocks\[0\] n_dst must be >= 0, got -1"),
+    ([("full", 2.0, 2)], TypeError, r"blocks\[0\] n_src must be an int, got float"),
+    ([("full", 2)], TypeError, r"blocks\[0\] must be a \(kind, n_src, n_dst\) triple, got \('full', 2\)"),
+    ([("diagonal", 2, 2)], ValueError, r"blocks\[0\] kind must be one of \('full', .*got 'diagonal'"),
+    ([("causal", 2, 3)], ValueError, r"blocks\[0\]: a 'causal' block must be square, got 2 x 3"),
+])
+def test_from_blocks_checks(blocks, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        graphs.from_blocks(blocks)
+
+
 def test_module_checks():
     with pytest.raises(ValueError, match="embed_dim must be divisible by num_heads"):
         EdgeAttention(10, 3)
@@ -97,6 +113,8 @@ def test_module_checks():
     m = EdgeAttention(8, 2)
     with pytest.raises(ValueError, match=r"x_dst must have shape \(N_dst, embed_dim=8\)"):
         m(torch.randn(3, 7), graphs.complete(3))
+    with pytest.raises(TypeError, match="bias must be a torch.Tensor.*got list"):
+        m(torch.randn(3, 8), graphs.complete(3), edge_bias=[0.0] * 9)
 
 
 def test_missing_x_value_when_kdim_differs_from_vdim_says_to_pass_it():
@@ -125,3 +143,41 @@ def test_nan_and_inf_inputs_reach_only_touched_destinations():
     expected = (v[1] + v[2]) / 2  # both scores +inf -> clamped to hi -> equal weights
     assert torch.allclose(out[1], expected)
     assert torch.equal(out[2], torch.zeros_like(out[2]))
+
+
+@pytest.mark.parametrize("dtype, clamp, bound", [
+    (torch.float32, (-89.0, 89.0), 65.0),   # exp(89) overflows float32: all-NaN output before this check
+    (torch.float32, (-5.0, 66.0), 65.0),    # exp(66) is finite, but 2^32 of them are not
+    (torch.float32, (-110.0, 5.0), 65.0),   # exp(-110) is 0 in float32: all-at-lo destinations got 0
+    (torch.float32, (float("-inf"), 5.0), 65.0),
+    (torch.float16, (-89.0, 89.0), 65.0),   # half types accumulate in float32
+    (torch.bfloat16, (-66.0, 0.0), 65.0),
+    (torch.float64, (-700.0, 700.0), 686.0),
+])
+def test_clamp_bounds_whose_exp_overflows_or_underflows(dtype, clamp, bound):
+    q, k, v = (t.to(dtype) for t in (Q, K, V))
+    name = str(dtype).replace("torch.", "")
+    with pytest.raises(ValueError, match=rf"clamp=.*{name} inputs.*largest safe bound is {bound}"):
+        edge_attention(q, k, v, EI, clamp=clamp)
+
+
+@pytest.mark.parametrize("dtype, bound", [(torch.float32, 65.0), (torch.float64, 686.0)])
+def test_the_largest_safe_clamp_bounds_compute_correctly(dtype, bound):
+    """At +-bound, 64 in-edges whose scores all sit at hi stay finite, and all at lo give the mean of v."""
+    g = graphs.complete(64)
+    q = torch.full((64, 1, 4), 1e3, dtype=dtype)  # scores +-1e6 * scale: far beyond either bound
+    v = torch.randn(64, 1, 3, dtype=dtype)
+    for k in (q, -q):
+        out, w = edge_attention(q, k, v, g, clamp=(-bound, bound), return_weights=True)
+        torch.testing.assert_close(out, v.mean(0).expand_as(out))
+        torch.testing.assert_close(w, torch.full_like(w, 1 / 64))
+
+
+def test_module_clamp_is_checked_at_construction_and_per_call_dtype():
+    with pytest.raises(ValueError, match=r"clamp=\(-700.0, 700.0\).*largest safe bound is 686.0"):
+        EdgeAttention(8, 2, clamp=(-700.0, 700.0))  # too wide for every dtype
+    m = EdgeAttention(8, 2, clamp=(-89.0, 89.0))  # fine for float64, so only a call can tell
+    x = torch.randn(3, 8)
+    with pytest.raises(ValueError, match=r"clamp=\(-89.0, 89.0\).*float32 inputs.*largest safe bound is 65.0"):
+        m(x, graphs.complete(3))
+    assert torch.isfinite(m.double()(x.double(), graphs.complete(3))).all()

@@ -183,6 +183,34 @@ def test_empty_graph(backend, dtype):
     assert out.shape == (3, 2, 6) and (out == 0).all()
 
 
+@pytest.mark.parametrize("use_bias", [True, False])
+@pytest.mark.parametrize("clamp", [(-5.0, 5.0), None])
+@pytest.mark.parametrize("heads, d, dv", [(0, 4, 3), (2, 0, 3), (2, 4, 0), (0, 0, 0)])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_zero_heads_or_head_dims_with_edges(backend, heads, d, dv, clamp, use_bias):
+    """H, D or Dv = 0 with E > 0 gives the formula's result, (N_dst, H, Dv) (with D = 0 every score
+    is 0, so out is the mean of v over the in-edges), and gradients shaped like the inputs."""
+    g = graphs.from_blocks([("causal_no_self", 3, 3), ("full", 2, 3)])  # recorded blocks: dense runs too
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(g.num_dst, heads, d), (g.num_src, heads, d), (g.num_src, heads, dv), (g.num_dst, g.num_src, heads)]
+    q, k, v, table = (torch.randn(*s, generator=gen, dtype=torch.float64).requires_grad_() for s in shapes)
+    bias = table[g.dst, g.src] if use_bias else None
+    kw = dict(scale=0.5, clamp=clamp)
+    out, w = edge_attention(q, k, v, g, bias=bias, backend=backend, return_weights=True, **kw)
+    gold = dense_attention(q, k, v, g.edge_index, bias_table=table if use_bias else None, **kw)
+    assert out.shape == (g.num_dst, heads, dv) and w.shape == (g.num_edges, heads)
+    assert_close(out, gold, torch.float64, "out")
+    grad_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    got = torch.autograd.grad((out * grad_out).sum() + w.square().sum(), (q, k, v), allow_unused=True)
+    ref_w = edge_attention(q, k, v, g, bias=bias, backend="reference", return_weights=True, **kw)[1]
+    want = torch.autograd.grad((gold * grad_out).sum() + ref_w.square().sum(), (q, k, v), allow_unused=True)
+    for name, t, a, b in zip("qkv", (q, k, v), got, want):
+        a = torch.zeros_like(t) if a is None else a
+        b = torch.zeros_like(t) if b is None else b
+        assert a.shape == t.shape
+        assert_close(a, b, torch.float64, f"d{name}")
+
+
 @pytest.mark.parametrize("backend", EDGE_BACKENDS)
 def test_graph_and_tensor_spellings_agree(backend):
     g = graphs.window(20, 3)

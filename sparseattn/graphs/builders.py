@@ -11,7 +11,7 @@ from typing import Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from .graph import Block, Graph, block_num_edges
+from .graph import BLOCK_KINDS, Block, Graph
 
 Device = Union[str, torch.device, None]
 
@@ -137,8 +137,12 @@ def from_blocks(blocks: Sequence[tuple], *, device: Device = None) -> Graph:
     way to build a Transformer batch (kinds as in `Block`)."""
     parts = []
     for i, spec in enumerate(blocks):
+        if not isinstance(spec, (tuple, list)) or len(spec) != 3:
+            raise TypeError(f"blocks[{i}] must be a (kind, n_src, n_dst) triple, got {spec!r}")
         kind, n_src, n_dst = spec
-        block_num_edges(kind, n_src, n_dst)  # validates the kind
+        if kind not in BLOCK_KINDS:
+            raise ValueError(f"blocks[{i}] kind must be one of {BLOCK_KINDS}, got {kind!r}")
+        n_src, n_dst = _check_count(f"blocks[{i}] n_src", n_src), _check_count(f"blocks[{i}] n_dst", n_dst)
         if kind != "full" and n_src != n_dst:
             raise ValueError(f"blocks[{i}]: a {kind!r} block must be square, got {n_src} x {n_dst}")
         parts.append(_dense_graph(kind, n_src, n_dst, device))

@@ -15,8 +15,11 @@ dense N x N gradient): with g = grad_out / z and r[t] = <g[t], out[t]> per head,
     ds_e = dw_e * w_e (* [lo <= score_e <= hi] in clamp mode);  dbias = ds
     dq = scale * SpMM(ds, k),  dk = scale * SpMM(ds^T, q),  dv = SpMM((w * mask)^T, g)
 where ^T is the cached transposed (source-sorted) pattern. Nothing of shape (E, H, D) is
-allocated: extra memory is O(E * H + N * H * D). torch's CPU sparse kernels have no half types,
-so float16/bfloat16 inputs run in float32 (as the reference accumulates) and are cast back.
+allocated: extra memory is O(E * H + N * H * D). Under create_graph=True (double backward, e.g. a
+gradient penalty) backward instead recomputes through the reference (`reference_backward`), whose
+gradients torch can differentiate again. torch's CPU sparse kernels have no half types, so
+float16/bfloat16 inputs run in float32 (as the reference accumulates) and are cast back.
+Degenerate inputs (E = 0, or H, D, Dv = 0) go to the reference backend.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..graphs import Graph
-from .reference import accumulation_dtype
+from .reference import accumulation_dtype, reference_attention, reference_backward
 
 
 class _Pattern(NamedTuple):
@@ -200,28 +203,36 @@ def _csr_backward(grad_out: Tensor, grad_weights: Optional[Tensor], q2: Tensor, 
 class CSRAttention(torch.autograd.Function):
     """Edge attention on the CSR pattern with a hand-written backward.
 
-    forward(q, k, v, bias, dropout_mask, pattern, scale, clamp, return_weights) with
+    forward(q, k, v, bias, dropout_mask, graph, scale, clamp, return_weights) with contiguous
     q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv) in float32/float64 and bias,
     dropout_mask (E, H) in caller order or None. Returns out (N_dst, H, Dv) and the normalized
-    weights (E, H) in caller order (None unless return_weights).
+    weights (E, H) in caller order (None unless return_weights). Twice differentiable: under
+    create_graph=True the backward runs through `reference_backward`.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, dropout_mask, pat: _Pattern, scale: float, clamp, return_weights: bool):
+    def forward(ctx, q, k, v, bias, dropout_mask, graph: Graph, scale: float, clamp, return_weights: bool):
         heads = q.shape[1]
-        q2, k2, v2 = (t.contiguous().view(-1, t.shape[2]) for t in (q, k, v))  # (N * H, D): views
+        pat = _pattern(graph, heads)
+        q2, k2, v2 = (t.view(-1, t.shape[2]) for t in (q, k, v))  # (N * H, D): views
         mask = _to_slots(dropout_mask, pat)
         out, w, score, z_safe = _csr_forward(q2, k2, v2, pat, scale, clamp, _to_slots(bias, pat), mask)
         weights = _to_caller(w / _take(z_safe, pat.row), pat, heads) if return_weights else None
-        ctx.save_for_backward(q2, k2, v2, out, w, score, z_safe, mask)
-        ctx.pat, ctx.scale, ctx.clamp, ctx.heads = pat, scale, clamp, heads
+        ctx.save_for_backward(q, k, v, bias, dropout_mask, out, w, score, z_safe, mask)
+        ctx.graph, ctx.pat, ctx.scale, ctx.clamp = graph, pat, scale, clamp
         ctx.set_materialize_grads(False)
         return out.view(q.shape[0], heads, -1), weights
 
     @staticmethod
     def backward(ctx, grad_out, grad_weights):
-        q2, k2, v2, out, w, score, z_safe, mask = ctx.saved_tensors
-        heads = ctx.heads
+        q, k, v, bias, dropout_mask, out, w, score, z_safe, mask = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
+            grads = reference_backward((q, k, v, bias), ctx.needs_input_grad[:4], ctx.graph, scale=ctx.scale,
+                                       clamp=ctx.clamp, dropout_mask=dropout_mask, grad_out=grad_out,
+                                       grad_weights=grad_weights)
+            return (*grads, None, None, None, None, None)
+        heads = q.shape[1]
+        q2, k2, v2 = (t.view(-1, t.shape[2]) for t in (q, k, v))
         grad_out = out.new_zeros(out.shape) if grad_out is None else grad_out.reshape(out.shape)
         gw = _to_slots(grad_weights, ctx.pat)
         dq, dk, dv, ds = _csr_backward(grad_out, gw, q2, k2, v2, out, w, score, z_safe, mask, ctx.pat, ctx.scale,
@@ -246,16 +257,14 @@ def csr_attention(
     """The "csr" backend. q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv), bias and
     dropout_mask: (E, H) in the graph's edge order or None. Returns out (N_dst, H, Dv) in q's
     dtype and, if asked, the normalized weights (E, H) in the graph's edge order."""
-    heads, dtype, acc = q.shape[1], q.dtype, accumulation_dtype(q.dtype)
-    if graph.num_edges == 0:  # torch sparse ops reject some empty shapes; the answer is all zeros
-        linked = q[:0].sum() + k[:0].sum() + v[:0].sum()  # exactly 0, but gives q, k, v (zero) gradients
-        out = q.new_zeros(graph.num_dst, heads, v.shape[2]) + linked
-        return out, (q.new_zeros(0, heads) if return_weights else None)
-    pat = _pattern(graph, heads)
-    q, k, v = (t.to(acc) for t in (q, k, v))
+    if graph.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):  # torch sparse ops reject empty shapes
+        return reference_attention(q, k, v, graph, scale=scale, clamp=clamp, bias=bias, dropout_mask=dropout_mask,
+                                   return_weights=return_weights)
+    dtype, acc = q.dtype, accumulation_dtype(q.dtype)
+    q, k, v = (t.to(acc).contiguous() for t in (q, k, v))
     bias = None if bias is None else bias.to(acc)
     mask = None if dropout_mask is None else dropout_mask.to(acc)
-    out, weights = CSRAttention.apply(q, k, v, bias, mask, pat, scale, clamp, return_weights)
+    out, weights = CSRAttention.apply(q, k, v, bias, mask, graph, scale, clamp, return_weights)
     return out.to(dtype), (weights.to(dtype) if return_weights else None)
 
 

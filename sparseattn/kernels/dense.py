@@ -195,7 +195,7 @@ def dense_attention(
         outs.append(out if bk.q0 >= 0 else out[bk.qpos])
         if return_weights:
             eids.append(bk.eids)
-            ws.append(w.permute(0, 2, 3, 1).reshape(-1, heads)[bk.pos])
+            ws.append(w.permute(0, 2, 3, 1).reshape(bk.b * bk.lq * bk.lk, heads)[bk.pos])  # (E_bucket, H)
     if p.contiguous_out:
         result = outs[0]
     else:

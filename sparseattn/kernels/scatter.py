@@ -5,9 +5,11 @@ max is a `segment_csr` over contiguous runs (no atomics, no sort at call time):
     score_e = scale * <k[s], q[t]> (+ bias)               gathered per edge, (E, H)
     w_e     = exp(clamp(score_e)) or exp(score_e - segment_csr(score, "max"))
     out[t]  = segment_csr(w * mask * v[s]) / segment_csr(w)
-Autograd is torch_scatter's. Like the reference (and PyG), it gathers (E, H, D) tensors, so it
-needs O(E * H * D) memory; it exists for parity with torch_scatter/PyG users and as a second
-independent implementation. Needs `pip install torch-scatter` (extra `sparseattn[scatter]`).
+torch_scatter's own backwards are not differentiable (double backward would silently drop the
+second-order terms), so the summing ops are wrapped in `_SegmentSum` and `_Gather`, each the
+other's backward: autograd then works to any order. Like the reference (and PyG), it gathers
+(E, H, D) tensors, so it needs O(E * H * D) memory; it exists for parity with torch_scatter/PyG
+users and as a second independent implementation. Needs `pip install torch-scatter` (extra `sparseattn[scatter]`).
 
 Shapes: q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv), bias/dropout_mask (E, H).
 """
@@ -19,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..graphs import Graph
-from .reference import accumulation_dtype
+from .reference import accumulation_dtype, reference_attention
 
 
 def probe() -> Optional[str]:
@@ -29,6 +31,36 @@ def probe() -> Optional[str]:
     except Exception as exc:  # ImportError, or an ABI mismatch with this torch (OSError/RuntimeError)
         return f"torch_scatter is not importable ({type(exc).__name__}: {exc}); pip install torch-scatter"
     return None
+
+
+class _SegmentSum(torch.autograd.Function):
+    """segment_csr(x, ptr, "sum"): x (E, ...) -> (N, ...); its backward is `_Gather`."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, ptr: Tensor) -> Tensor:
+        from torch_scatter import segment_csr
+        ctx.save_for_backward(ptr)
+        return segment_csr(x, ptr, reduce="sum")
+
+    @staticmethod
+    def backward(ctx, grad):
+        (ptr,) = ctx.saved_tensors
+        return _Gather.apply(grad, ptr), None
+
+
+class _Gather(torch.autograd.Function):
+    """gather_csr(x, ptr): x (N, ...) -> (E, ...), row t repeated over its segment; its backward is `_SegmentSum`."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, ptr: Tensor) -> Tensor:
+        from torch_scatter import gather_csr
+        ctx.save_for_backward(ptr)
+        return gather_csr(x, ptr)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (ptr,) = ctx.saved_tensors
+        return _SegmentSum.apply(grad, ptr), None
 
 
 def scatter_attention(
@@ -43,18 +75,17 @@ def scatter_attention(
     dropout_mask: Optional[Tensor],
     return_weights: bool,
 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """The "scatter" backend; arguments and results as `reference_attention`."""
-    from torch_scatter import gather_csr, segment_csr
+    """The "scatter" backend; arguments and results as `reference_attention`. Degenerate inputs
+    (E = 0, or H, D, Dv = 0) go to the reference backend."""
+    from torch_scatter import segment_csr
 
-    heads = q.shape[1]
-    if graph.num_edges == 0:  # torch_scatter's gather_csr backward leaves empty inputs' gradients uninitialized
-        linked = q[:0].sum() + k[:0].sum() + v[:0].sum()  # exactly 0, but gives q, k, v (zero) gradients
-        out = q.new_zeros(graph.num_dst, heads, v.shape[2]) + linked
-        return out, (q.new_zeros(0, heads) if return_weights else None)
+    if graph.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):  # torch_scatter rejects empty shapes
+        return reference_attention(q, k, v, graph, scale=scale, clamp=clamp, bias=bias, dropout_mask=dropout_mask,
+                                   return_weights=return_weights)
     csr = graph.csr()
     ptr, src, perm = csr.ptr, csr.idx, None if graph.is_sorted_by_dst else csr.perm
     acc = accumulation_dtype(q.dtype)
-    q_e = gather_csr(q.to(acc), ptr)  # (E, H, D): q of each sorted edge's destination
+    q_e = _Gather.apply(q.to(acc), ptr)  # (E, H, D): q of each sorted edge's destination
     score = (k.to(acc)[src] * q_e).sum(-1) * scale  # (E, H)
     if bias is not None:
         score = score + (bias if perm is None else bias[perm]).to(acc)
@@ -62,15 +93,15 @@ def scatter_attention(
         w = torch.exp(score.clamp(clamp[0], clamp[1]))
     else:
         m = segment_csr(score.detach(), ptr, reduce="max")  # (N_dst, H); empty segments give 0
-        w = torch.exp(score - gather_csr(m.masked_fill(torch.isneginf(m), 0.0), ptr))
-    z = segment_csr(w, ptr, reduce="sum")  # (N_dst, H)
+        w = torch.exp(score - _Gather.apply(m.masked_fill(torch.isneginf(m), 0.0), ptr))
+    z = _SegmentSum.apply(w, ptr)  # (N_dst, H)
     w_v = w if dropout_mask is None else w * (dropout_mask if perm is None else dropout_mask[perm]).to(acc)
-    wv = segment_csr(w_v[..., None] * v.to(acc)[src], ptr, reduce="sum")  # (N_dst, H, Dv)
+    wv = _SegmentSum.apply(w_v[..., None] * v.to(acc)[src], ptr)  # (N_dst, H, Dv)
     z_safe = torch.where(z > 0, z, torch.ones_like(z))
     out = (wv / z_safe[..., None]).to(q.dtype)
     weights = None
     if return_weights:
-        weights = w / gather_csr(z_safe, ptr)
+        weights = w / _Gather.apply(z_safe, ptr)
         if perm is not None:
             weights = torch.empty_like(weights).index_put((perm,), weights)
         weights = weights.to(q.dtype)

@@ -15,10 +15,12 @@ dp_e = m_e <do[t], v[s]> + dweights_e and g_e clamp's gradient indicator (1 in e
 half-precision gradients accuracy), dq[t] = scale (sum g p dp k[s] - delta sum g p k[s]), and p dp
 per edge into an (E, H) buffer in caller order. `_bwd_dkdv_kernel` walks the transposed CSR (per
 source): dscore, which it leaves in that buffer as dbias, dk[s] = scale sum_e dscore_e q[t] and
-dv[s] = sum_e p_e m_e do[t]. No atomics, so every run gives bit-identical gradients.
+dv[s] = sum_e p_e m_e do[t]. No atomics, so every run gives bit-identical gradients. Under
+create_graph=True (double backward) backward recomputes through the reference instead
+(`reference_backward`), whose gradients torch can differentiate again.
 
 Runs on CUDA tensors, or on CPU tensors when TRITON_INTERPRET=1 was set before this module was
-imported (tests do that). Degenerate inputs (E = 0, or D, Dv = 0) go to the reference backend.
+imported (tests do that). Degenerate inputs (E = 0, or H, D, Dv = 0) go to the reference backend.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..graphs import Graph
-from .reference import accumulation_dtype, reference_attention
+from .reference import accumulation_dtype, reference_attention, reference_backward
 
 MAX_HEAD_DIM = 256
 _TL_DTYPE = {torch.float32: tl.float32, torch.float64: tl.float64}
@@ -276,9 +278,13 @@ class _TritonEdgeAttention(torch.autograd.Function):
         return out, weights
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, d_out, d_weights):
         q, k, v, bias, dropout_mask, lse = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
+            grads = reference_backward((q, k, v, bias), ctx.needs_input_grad[:4], ctx.graph, scale=ctx.scale,
+                                       clamp=ctx.clamp, dropout_mask=dropout_mask, grad_out=d_out,
+                                       grad_weights=d_weights)
+            return (*grads, None, None, None, None, None)
         if d_out is None:  # only the weights were used
             d_out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
         with _on(q.device):

@@ -159,6 +159,23 @@ def test_empty_graph_and_no_sources(dtype):
     assert out.shape == (3, 2, 6) and (out == 0).all()
 
 
+@pytest.mark.parametrize("heads, d, dv", [(0, 4, 3), (2, 0, 3), (2, 4, 0), (0, 0, 0)])
+def test_zero_heads_or_head_dims_with_edges(heads, d, dv):
+    """H, D or Dv = 0 with E > 0: the reference's result (mean of v when D = 0), gradients shaped like the inputs."""
+    ei, n_src, n_dst = awkward_graph()
+    base = inputs(n_src, n_dst, heads, d, dv)
+    results = []
+    for backend in ("triton", "reference"):
+        q, k, v, table = (t.to(DEVICE).clone().requires_grad_() for t in base)
+        out = edge_attention(q, k, v, ei.to(DEVICE), scale=0.5, bias=table[ei[1], ei[0]], backend=backend)
+        assert out.shape == (n_dst, heads, dv)
+        out.square().sum().backward()
+        assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+        results.append([out, q.grad, k.grad, v.grad, table.grad])
+    for name, a, b in zip("out dq dk dv dbias".split(), *results):
+        assert_close(a.detach(), b, torch.float64, name)
+
+
 @pytest.mark.parametrize("magnitude", [30.0, 100.0])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 def test_exact_softmax_at_large_scores_equals_sdpa(dtype, magnitude):
@@ -251,6 +268,36 @@ def test_gradcheck_float64():
             return triton_attention(q, k, v, g, scale=0.7, clamp=clamp, bias=bias, dropout_mask=None,
                                     return_weights=True)
         assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7, fast_mode=True)
+
+
+@pytest.mark.parametrize("clamp", [(-5.0, 5.0), None], ids=["clamp", "exact"])
+def test_gradgradcheck_float64(clamp):
+    """Double backward (create_graph=True) recomputes through the reference: twice differentiable."""
+    ei = torch.tensor([[0, 1, 2, 1, 1], [0, 0, 1, 2, 0]], device=DEVICE)  # a duplicate; dst 3 isolated
+    g = Graph(ei, 3, 4)
+    q, k, v = (torch.randn(n, 1, 2, dtype=torch.float64, device=DEVICE, requires_grad=True) for n in (4, 3, 3))
+    bias = torch.randn(5, 1, dtype=torch.float64, device=DEVICE, requires_grad=True)
+
+    def f(q, k, v, bias):
+        return edge_attention(q, k, v, g, scale=0.7, clamp=clamp, bias=bias, backend="triton", return_weights=True)
+
+    assert torch.autograd.gradgradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-6, fast_mode=True)
+
+
+@pytest.mark.parametrize("clamp", [(-5.0, 5.0), None], ids=["clamp", "exact"])
+def test_gradient_penalty_matches_reference(clamp):
+    """q.grad of loss + |d loss/dq|^2 with only q trainable: the second-order terms are kept."""
+    ei, n_src, n_dst = awkward_graph()
+    q, k, v, table = (t.to(DEVICE) for t in inputs(n_src, n_dst, 2, 4, 3))
+    bias = table[ei[1], ei[0]]
+    q.requires_grad_()
+    grads = []
+    for backend in ("triton", "reference"):
+        out = edge_attention(q, k, v, ei.to(DEVICE), clamp=clamp, bias=bias, backend=backend)
+        loss = (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype, device=DEVICE).view_as(out)).sum()
+        (gq,) = torch.autograd.grad(loss, q, create_graph=True)
+        grads.append(torch.autograd.grad(loss + gq.square().sum(), q)[0])
+    assert_close(grads[0], grads[1], torch.float64, "dq of the penalty")
 
 
 def test_node_counts_and_graph_spellings():
