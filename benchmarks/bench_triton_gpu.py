@@ -60,12 +60,14 @@ SWEEP = {"tile": dict(BLOCK_E=(16, 32, 64), num_warps=(2, 4, 8), num_stages=(Non
 
 def powerlaw(n: int, num_edges: int, device) -> Graph:
     """Uniform sources; the destination of rank r (ranks: a random order of the nodes) drawn with
-    probability ~ r^(-2/3), so in-degrees follow a power law with a few hubs."""
-    gen = torch.Generator().manual_seed(0)
-    weight = torch.arange(1, n + 1, dtype=torch.float64) ** (-2 / 3)
-    dst = torch.randperm(n, generator=gen)[torch.multinomial(weight, num_edges, True, generator=gen)]
-    src = torch.randint(0, n, (num_edges,), generator=gen)
-    return Graph(torch.stack([src, dst]).to(device), n, n)
+    probability ~ r^(-2/3) (inverse CDF, on the device), so in-degrees follow a power law with hubs."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    weight = torch.arange(1, n + 1, dtype=torch.float64, device=device) ** (-2 / 3)
+    u = torch.rand(num_edges, generator=gen, dtype=torch.float64, device=device)
+    rank = torch.searchsorted(weight.cumsum(0) / weight.sum(), u).clamp_(max=n - 1)
+    dst = torch.randperm(n, generator=gen, device=device)[rank]
+    src = torch.randint(0, n, (num_edges,), generator=gen, device=device)
+    return Graph(torch.stack([src, dst]), n, n)
 
 
 def complete(size, device) -> Graph:
