@@ -1,256 +1,456 @@
-"""GPU benchmark of the triton backend against the issue's targets (standalone; needs CUDA).
+"""The triton backend against its peers on the graphs of issue 16 (a GPU; --smoke checks the script on CPU).
 
-    python benchmarks/bench_triton_gpu.py            # all four cases, JSON into benchmarks/results/
-    python benchmarks/bench_triton_gpu.py --quick    # 1/16 sizes, a smoke run
+    python benchmarks/bench_triton_gpu.py --out $OUT --budget 400             # the table, both clamp modes
+    python benchmarks/bench_triton_gpu.py --cases random,window8 --contenders triton,pyg --no-backward
+    python benchmarks/bench_triton_gpu.py --sweep --cases random,window8 --out $OUT  # forward layouts x tiles
+    python benchmarks/bench_triton_gpu.py --smoke --contenders csr,reference,pyg --out /tmp/b  # tiny, CPU
 
-Cases (H=8, D=64, bfloat16, median of --rep timed runs after --warmup, CUDA events):
-  random   N=1M nodes, mean in-degree 16: forward GB/s against the measured device copy bandwidth
-           (bytes = q, k and v rows per edge + the output rows, as the issue counts them) and
-           edges/s; forward+backward against a PyG-style gather/softmax/scatter in plain torch.
-           Target: forward >= 50% of the roofline, forward+backward >= 3x faster than PyG-style.
-  window   L=65536, radius 64, exact softmax, against FlexAttention with its block mask.
-           Target: at least FlexAttention's speed.
-  complete 16 sequences of 512 tokens (a batch of complete graphs) against SDPA on the padded
-           (B, H, L, D) batch; "auto" is timed too. Target: auto within 1.3x of SDPA.
-Before timing, the triton output is checked against the reference backend on the first 4096
-destinations and every other contender against the triton output (max |err|). A missing
-peer or an out-of-memory becomes a null row with its reason. Without CUDA it prints "no CUDA device"
-and exits 0.
+Cases (CASES; H=8, D=Dv=64, bfloat16 on a GPU, float32 in --smoke), each with clamp=(-5, 5) and exact:
+    random        N=2^20 nodes, E=16N uniform edges (in-degree ~ Poisson(16)): the roofline case
+    powerlaw      N=2^20, E=16N, destination of rank r drawn with probability ~ r^(-2/3): hubs of ~5e4 edges
+    window8       L=2^18 tokens, |i - j| <= 8 (in-degree 17);   window64: L=2^16, |i - j| <= 64
+    complete512   16 complete graphs of 512 tokens;   complete2048: 4 of 2048 tokens (in-degree 2048)
+Contenders (CONTENDERS): the backends triton, csr, reference and auto; pyg, what PyG's TransformerConv
+computes (gather, torch_geometric.utils.softmax over destinations, scatter-add; skipped without PyG);
+flex, compiled FlexAttention with a BlockMask built from the graph's CSR and a mask_mod that looks up
+each destination's source range (graphs where that range has holes are skipped); sdpa, on the
+(B, H, L, D) batch of a graph of equal complete blocks (exact mode; the kernel that ran is named).
+--sweep times instead the triton forward under each setting in SWEEP (layouts, tiles, warps, stages).
+Correctness first: each contender's output on ALL destinations, computed while torch fills new memory
+with NaN (so rows a kernel never writes show up), must be within TOL of the reference backend run in
+float32 on the same inputs; a contender that is not is marked WRONG, not timed, and the exit status is 1.
+Timing: inputs require grad (as in training), median of --rep runs after --warmup; "fwd" is the
+forward alone, "fwd+bwd" forward and backward. Rate of the forward: bytes = q and out rows once per
+destination, k and v rows and the int64 source index once per edge, (N_dst + E) H (D + Dv) size + 8 E,
+in GB/s and as a fraction of the device's peak HBM bandwidth (--peak-gbs, default from PEAK_GBS by
+device name); the header also gives the measured device copy rate.
+Writes bench_triton_gpu_<machine>[_sweep][_smoke].{json,png,log} into --out.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
-import platform
-import statistics
 import sys
 import time
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
-from sparseattn import __version__, edge_attention, graphs  # noqa: E402
+from benchmarks import harness  # noqa: E402
+from sparseattn import Graph, edge_attention, graphs  # noqa: E402
 
 H, D = 8, 64
-DTYPE = torch.bfloat16
-DEVICE = "cuda"
+SCALE = D ** -0.5
+CLAMPS = {"clamp": (-5.0, 5.0), "exact": None}
+TOL = {torch.bfloat16: 4e-2, torch.float16: 1e-2, torch.float32: 1e-4}  # |out - ref| <= TOL (1 + |ref|)
+PEAK_GBS = [("H200", 4800), ("H100 NVL", 3900), ("H100 PCIe", 2000), ("H100", 3350),  # datasheet HBM GB/s,
+            ("A100-SXM4-80GB", 2039), ("A100", 1555)]  # by the first substring of the device name that matches
+SWEEP = {"tile": dict(BLOCK_E=(16, 32, 64), num_warps=(2, 4, 8), num_stages=(None,)),
+         "lanes": dict(BLOCK_E=(8, 16, 32), num_warps=(2, 4), num_stages=(1, 2, 3)),
+         "heads": dict(BLOCK_E=(4, 8, 16), num_warps=(4, 8), num_stages=(1, 2))}
 
 
-def bench(fn, warmup, rep):
-    """Median milliseconds of fn() over `rep` runs after `warmup`, and the peak extra MiB."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(rep):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**20
+def powerlaw(n: int, num_edges: int, device) -> Graph:
+    """Uniform sources; the destination of rank r (ranks: a random order of the nodes) drawn with
+    probability ~ r^(-2/3) (inverse CDF, on the device), so in-degrees follow a power law with hubs."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    weight = torch.arange(1, n + 1, dtype=torch.float64, device=device) ** (-2 / 3)
+    u = torch.rand(num_edges, generator=gen, dtype=torch.float64, device=device)
+    rank = torch.searchsorted(weight.cumsum(0) / weight.sum(), u).clamp_(max=n - 1)
+    dst = torch.randperm(n, generator=gen, device=device)[rank]
+    src = torch.randint(0, n, (num_edges,), generator=gen, device=device)
+    return Graph(torch.stack([src, dst]), n, n)
 
 
-def copy_bandwidth_gbs(rep=20):
-    """Device copy bandwidth (read + write) of a 1 GiB buffer: the memory roofline."""
-    x = torch.empty(2**29, dtype=torch.int16, device=DEVICE)
-    y = torch.empty_like(x)
-    ms, _ = bench(lambda: y.copy_(x), 3, rep)
-    return 2 * x.numel() * x.element_size() / ms / 1e6
+def complete(size, device) -> Graph:
+    """size = (B, L): B complete graphs of L tokens."""
+    return graphs.from_blocks([("full", size[1], size[1])] * size[0], device=device)
 
 
-def qkv(n_dst, n_src, requires_grad):
-    gen = torch.Generator(device=DEVICE).manual_seed(0)
-    return [torch.randn(n, H, D, device=DEVICE, dtype=DTYPE, generator=gen).requires_grad_(requires_grad)
-            for n in (n_dst, n_src, n_src)]
+CASES = {  # name: (graph builder (size, device) -> Graph, size on a GPU, size in --smoke)
+    "random": (lambda n, dev: graphs.random(n, n, 16 * n, device=dev), 2**20, 64),
+    "powerlaw": (lambda n, dev: powerlaw(n, 16 * n, dev), 2**20, 64),
+    "window8": (lambda n, dev: graphs.window(n, 8, device=dev), 2**18, 64),
+    "window64": (lambda n, dev: graphs.window(n, 64, device=dev), 2**16, 160),
+    "complete512": (complete, (16, 512), (2, 32)),
+    "complete2048": (complete, (4, 2048), (1, 96)),
+}
 
 
-def pyg_style(q, k, v, g):
-    """PyG's recipe (TransformerConv: gather, `softmax` by scatter max and sum, scatter-add) in torch,
-    gathers and products in the input dtype, the softmax in float32."""
-    src, dst = g.src, g.dst
-    score = (q[dst] * k[src]).sum(-1).float() * D ** -0.5  # (E, H)
-    m = torch.full((g.num_dst, H), float("-inf"), device=q.device).scatter_reduce(
-        0, dst[:, None].expand_as(score), score.detach(), "amax", include_self=True)
-    w = torch.exp(score - m[dst])
-    z = torch.zeros(g.num_dst, H, device=q.device).index_add_(0, dst, w)
-    p = w / z[dst].clamp_min(1e-30)
-    return torch.zeros_like(q).index_add_(0, dst, p.to(q.dtype)[..., None] * v[src])  # (N_dst, H, D)
+class Skip(Exception):
+    """The contender does not apply to this case; the message says why."""
 
 
-def flex_window(L, radius):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+@dataclass
+class Run:
+    fn: Callable[[], torch.Tensor]  # () -> out (N_dst, H, Dv), from the inputs it closes over
+    detail: str = ""
+    poison: bool = True  # False where outputs are not allocated by torch.empty (compiled code)
+    backward: bool = True  # False: forward only
+
+
+def make_backend(name, **settings):
+    """A sparseattn backend; for triton, optionally with forward settings forced (`forward_config`)."""
+    def make(g, clamp, q, k, v):
+        from sparseattn.kernels import choose_auto
+        if name == "auto" and choose_auto(q, g) == "triton":
+            raise Skip("auto picks triton here")
+        if settings:
+            from sparseattn.kernels.triton_kernel import forward_config
+
+        def fn():
+            with forward_config(**settings) if settings else contextlib.nullcontext():
+                return edge_attention(q, k, v, g, scale=SCALE, clamp=clamp, backend=name)
+        return Run(fn)
+    return make
+
+
+def make_pyg(g, clamp, q, k, v):
+    try:
+        import torch_geometric
+        from torch_geometric.utils import scatter, softmax
+    except ImportError as e:
+        raise Skip(f"torch_geometric is not importable ({e})")
+    src, dst, n = g.src, g.dst, g.num_dst
+
+    def fn():  # TransformerConv.message, then aggr="add"
+        alpha = (q[dst] * k[src]).sum(-1) * SCALE  # (E, H)
+        alpha = softmax(alpha if clamp is None else alpha.clamp(*clamp), dst, num_nodes=n)
+        return scatter(v[src] * alpha[..., None], dst, dim=0, dim_size=n, reduce="sum")  # (N_dst, H, Dv)
+    return Run(fn, f"torch_geometric {torch_geometric.__version__}")
+
+
+def graph_block_mask(g: Graph, block: int = 128):
+    """FlexAttention BlockMask from the CSR, for graphs where destination t attends to exactly the
+    sources lo[t]..hi[t]: the (q block, kv block) tiles that hold edges, full where every pair in the
+    tile is an edge, and a mask_mod that looks the range up. Returns the mask and a description."""
+    from torch.nn.attention.flex_attention import BlockMask
+    ptr, idx, _ = g.csr()
+    deg = ptr.diff()
+    lo = torch.where(deg > 0, idx[ptr[:-1].clamp(max=g.num_edges - 1)], 1)  # (N_dst,); no in-edges: lo > hi
+    hi = torch.where(deg > 0, idx[(ptr[1:] - 1).clamp(min=0)], 0)
+    if not bool(((deg == 0) | (hi - lo + 1 == deg)).all()):  # idx is sorted within a row
+        raise Skip("some destination's sources are not one contiguous range (no graph lookup for that)")
+    nq, nk = -(-g.num_dst // block), -(-g.num_src // block)
+    tiles, count = torch.unique(g.dst // block * nk + g.src // block, return_counts=True)  # sorted
+    qb, kb = tiles // nk, tiles % nk
+    full = count == (g.num_dst - qb * block).clamp(max=block) * (g.num_src - kb * block).clamp(max=block)
+
+    def blocks(sel):  # kv_num_blocks (1, 1, nq), kv_indices (1, 1, nq, nk): the kv blocks of each q block
+        num = torch.bincount(qb[sel], minlength=nq)
+        slot = torch.arange(int(sel.sum()), device=qb.device) - (num.cumsum(0) - num)[qb[sel]]
+        ind = torch.zeros(nq, nk, dtype=torch.int32, device=qb.device).index_put_((qb[sel], slot), kb[sel].int())
+        return num.int()[None, None], ind[None, None]
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return (q_idx - kv_idx).abs() <= radius
-
-    block_mask = create_block_mask(mask_mod, 1, 1, L, L, device=DEVICE)
-    compiled = torch.compile(flex_attention)
-    return lambda q, k, v: compiled(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                    block_mask=block_mask)[0].transpose(0, 1)
+        return (lo[q_idx] <= kv_idx) & (kv_idx <= hi[q_idx])
+    mask = BlockMask.from_kv_blocks(*blocks(~full), *blocks(full), BLOCK_SIZE=block, mask_mod=mask_mod,
+                                    seq_lengths=(g.num_dst, g.num_src))
+    return mask, f"{int((~full).sum())} partial + {int(full.sum())} full {block}x{block} blocks of {nq * nk}"
 
 
-def sdpa_batch(B, L):
-    import torch.nn.functional as F
+def make_flex(g, clamp, q, k, v):
+    from torch.nn.attention.flex_attention import flex_attention
+    mask, detail = graph_block_mask(g)
+    torch._dynamo.config.recompile_limit = 64  # one compile per case and mode; not eager after the 8th
+    run = torch.compile(flex_attention) if q.is_cuda else flex_attention  # eager on CPU: dense math
+    if not q.is_cuda:  # FlexAttention has no backward on CPU, nor a forward for inputs that require grad
+        q, k, v = (x.detach() for x in (q, k, v))
+    score_mod = None if clamp is None else (lambda s, b, h, q_idx, kv_idx: s.clamp(*clamp))
 
-    def run(q, k, v):  # (B*L, H, D) -> (B, H, L, D) -> back
-        qb, kb, vb = (t.view(B, L, H, D).transpose(1, 2) for t in (q, k, v))
-        return F.scaled_dot_product_attention(qb, kb, vb).transpose(1, 2).reshape(B * L, H, D)
-    return run
+    def fn():  # (N, H, D) -> (1, H, N, D) and back
+        out = run(*(x.transpose(0, 1)[None] for x in (q, k, v)), score_mod=score_mod, block_mask=mask, scale=SCALE)
+        return out[0].transpose(0, 1)
+    return Run(fn, detail, poison=False, backward=q.is_cuda)
 
 
-def triton_output(q, k, v, g):
-    """The triton backend's output, with its error against the reference backend on the first 4096
-    destinations (the reference gathers (E, H, D) tensors, so it runs on that subgraph only)."""
+def make_sdpa(g, clamp, q, k, v):
+    if clamp is not None:
+        raise Skip("SDPA computes the exact softmax only")
+    blocks, n = g.blocks or (), g.num_dst
+    length = n // max(1, len(blocks))  # builders list blocks in order, so equal blocks tile the node range
+    if {(b.kind, b.n_src, b.n_dst) for b in blocks} != {("full", length, length)}:
+        raise Skip("the graph is not a batch of equal complete blocks")
+
+    def fn():  # (B L, H, D) -> (B, H, L, D) and back
+        qb, kb, vb = (x.view(len(blocks), length, H, -1).transpose(1, 2) for x in (q, k, v))
+        return F.scaled_dot_product_attention(qb, kb, vb, scale=SCALE).transpose(1, 2).reshape(n, H, -1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    ops = " ".join(e.key for e in prof.key_averages())  # aten::_scaled_dot_product_flash_attention, ...
+    ran = [kind for kind in ("flash", "efficient", "cudnn") if f"_{kind}_attention" in ops]
+    return Run(fn, "SDPA kernel: " + (ran[0] if ran else "math" if "attention_math" in ops else "unknown"))
+
+
+CONTENDERS = {"triton": make_backend("triton"), "csr": make_backend("csr"), "reference": make_backend("reference"),
+              "auto": make_backend("auto"), "pyg": make_pyg, "flex": make_flex, "sdpa": make_sdpa}
+
+
+def sweep_contenders() -> dict:
+    """The default triton forward, then every SWEEP setting, named like "lanes E16 w2 s3"."""
+    out = {"triton": make_backend("triton")}
+    for layout, axes in SWEEP.items():
+        for values in itertools.product(*axes.values()):
+            cfg = dict(zip(axes, values))
+            name = f"{layout} E{cfg['BLOCK_E']} w{cfg['num_warps']} s{cfg['num_stages']}"
+            out[name] = make_backend("triton", layout=layout, **cfg)
+    return out
+
+
+@contextlib.contextmanager
+def poisoned_memory():
+    """Inside, torch.empty and its kin return NaN-filled memory (deterministic mode, warnings only)."""
+    state = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
     try:
-        with torch.no_grad():
-            out = edge_attention(q, k, v, g, clamp=None, backend="triton")
-            sub = g.dst_subgraph(torch.arange(g.num_dst, device=DEVICE) < 4096)
-            ref = edge_attention(q, k, v, sub, clamp=None, backend="reference")
-        return out, (out[:4096].float() - ref[:4096].float()).abs().max().item()
-    except Exception as e:
-        print(f"triton failed: {type(e).__name__}: {e}")
-        return None, None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(state[0], warn_only=state[1])
+        torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
-def ratio(rows, a, b, key):
-    """rows[a][key] / rows[b][key] by contender name, or None if either is missing."""
-    by = {r["contender"]: r.get(key) for r in rows}
-    return by[a] / by[b] if by.get(a) and by.get(b) else None
+def reference_output(q, k, v, g, clamp, chunk_edges=2**20):
+    """The reference backend in float32 on the same inputs, over destinations in chunks of about
+    chunk_edges in-edges (it gathers (E, H, D) tensors). Returns (N_dst, H, Dv) float32."""
+    ptr, idx, _ = g.csr()
+    starts = ptr.cpu()
+    k32, v32 = k.detach().float(), v.detach().float()
+    ref = torch.empty(g.num_dst, H, v.shape[2], device=q.device)
+    a = 0
+    while a < g.num_dst:  # destinations a..b-1 as a graph of their own
+        b = min(g.num_dst, max(a + 1, int(torch.searchsorted(starts, starts[a] + chunk_edges, right=True)) - 1))
+        dst = torch.repeat_interleave(torch.arange(b - a, device=q.device), ptr[a + 1:b + 1] - ptr[a:b])
+        sub = Graph(torch.stack([idx[int(starts[a]):int(starts[b])], dst]), g.num_src, b - a)
+        ref[a:b] = edge_attention(q[a:b].detach().float(), k32, v32, sub, scale=SCALE, clamp=clamp,
+                                  backend="reference")
+        a = b
+    return ref
 
 
-def measure(name, fn, inputs, ref, args, backward):
-    """One row: check fn against ref, then time forward (and forward+backward)."""
-    row = dict(contender=name, ms_fwd=None, ms_fwd_bwd=None, peak_extra_mib=None, max_err=None, note="")
+def measure(name, make, case, mode, g, inputs, ref, args, device):
+    """The rows (fwd, fwd+bwd) of one contender: its output checked against ref on all destinations,
+    then timed. Returns the rows and whether the output was wrong."""
+    dtype, num_edges = inputs[0].dtype, g.num_edges
+    moved = (g.num_dst + num_edges) * H * 2 * D * inputs[0].element_size() + 8 * num_edges  # bytes, see top
+    rows = [harness.Result(case, num_edges, name, f"{p} {mode}") for p in ("fwd", "fwd+bwd")[:2 - args.no_backward]]
+    stage = rows[0]
     try:
-        with torch.no_grad():
-            out = fn(*inputs)
-            row["max_err"] = None if ref is None else (out.float() - ref.float()).abs().max().item()
-            del out
-        with torch.no_grad():
-            row["ms_fwd"], row["peak_extra_mib"] = bench(lambda: fn(*inputs), args.warmup, args.rep)
-        if backward:
-            grad = torch.randn(inputs[0].shape[0], H, D, device=DEVICE, dtype=DTYPE)
+        run = make(g, CLAMPS[mode], *inputs)
+        with poisoned_memory() if run.poison else contextlib.nullcontext():
+            err = (run.fn().detach().float() - ref).abs()  # (N_dst, H, Dv)
+        bad = int((~(err <= TOL[dtype] * (1 + ref.abs()))).flatten(1).any(1).sum())  # NaN counts as bad
+        stage.max_err_vs_reference, stage.note = err.nan_to_num(float("inf")).max().item(), run.detail
+        del err
+        if bad:
+            stage.note = f"WRONG: {bad} of {g.num_dst} destinations off by more than {TOL[dtype]:g} (1 + |ref|)"
+            return rows[:1], True
+        stage.times_ms = harness.time_ms(run.fn, device, args.warmup, args.rep, budget_s=args.contender_s)
+        stage.ms, stage.peak_extra_mib = harness.median(stage.times_ms), peak_mib(run.fn, device)
+        stage.gb_per_s = moved / stage.ms / 1e6
+        if len(rows) > 1 and not run.backward:
+            rows[1].note = "skipped: no backward here"
+        elif len(rows) > 1:
+            stage, grad = rows[1], torch.randn_like(ref).to(dtype)
 
             def step():
                 for t in inputs:
                     t.grad = None
-                fn(*inputs).backward(grad)
-            row["ms_fwd_bwd"], mib = bench(step, args.warmup, args.rep)
-            row["peak_extra_mib"] = max(row["peak_extra_mib"], mib)
-    except ImportError as e:
-        row["note"] = f"skipped: {e}"
+                run.fn().backward(grad)
+            stage.times_ms = harness.time_ms(step, device, args.warmup, args.rep, budget_s=args.contender_s)
+            stage.ms, stage.peak_extra_mib = harness.median(stage.times_ms), peak_mib(step, device)
+    except Skip as e:
+        rows = rows[:1]
+        rows[0].note = f"skipped: {e}"
     except torch.cuda.OutOfMemoryError:
-        row["note"] = "out of memory"
-    except Exception as e:  # a failing contender is reported, not fatal
-        row["note"] = f"failed: {type(e).__name__}: {str(e)[:120]}"
-    torch.cuda.empty_cache()
-    return row
+        stage.note = "out of memory"
+    except Exception as e:  # a failing contender is a result, not a crash
+        stage.note = f"failed: {type(e).__name__}: {str(e)[:160]}"
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return rows, False
 
 
-def case_random(args, roofline):
-    n = 2**20 // args.shrink
-    g = graphs.random(n, n, 16 * n, seed=0, device=DEVICE)
-    q, k, v = qkv(n, n, True)
-    g.csr(), g.csc()  # built once per graph, as a model's layers share them
-
-    def triton(q, k, v):
-        return edge_attention(q, k, v, g, clamp=None, backend="triton")
-    ref, err = triton_output(q, k, v, g)
-    rows = [measure("triton", triton, (q, k, v), ref, args, True),
-            measure("pyg-style", lambda q, k, v: pyg_style(q, k, v, g), (q, k, v), ref, args, True)]
-    rows[0]["max_err"] = err
-    moved = g.num_edges * H * 3 * D * q.element_size() + n * H * D * q.element_size()
-    for row in rows:
-        if row["ms_fwd"]:
-            row["gb_s"] = moved / row["ms_fwd"] / 1e6
-            row["roofline_frac"] = row["gb_s"] / roofline
-            row["edges_per_s"] = g.num_edges / row["ms_fwd"] * 1e3
-    targets = {"triton fwd / roofline (>= 0.5)": rows[0].get("roofline_frac"),
-               "pyg-style / triton fwd+bwd time (>= 3)": ratio(rows, "pyg-style", "triton", "ms_fwd_bwd")}
-    return dict(case=f"random N={n}, mean in-degree 16, E={g.num_edges}", rows=rows, targets=targets)
+def peak_mib(fn, device):
+    """CUDA memory one call of fn adds at its peak, in MiB (None on CPU, where this benchmark does not measure it)."""
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
-def case_window(args):
-    L, radius = 65536 // args.shrink, 64
-    g = graphs.window(L, radius, device=DEVICE)
-    q, k, v = qkv(L, L, True)
+def machine(args, device) -> dict:
+    """harness.machine_info plus triton and PyG versions, CUDA, peak and measured copy bandwidth, a header."""
+    info = harness.machine_info(device)
+    for module in ("triton", "torch_geometric"):
+        try:
+            info[module] = __import__(module).__version__
+        except ImportError:
+            info[module] = None
+    info["peak_gb_s"], info["copy_gb_s"], extra = args.peak_gbs, None, ""
+    if device == "cuda":
+        name = torch.cuda.get_device_name()
+        info["cuda"] = torch.version.cuda
+        info["peak_gb_s"] = info["peak_gb_s"] or next((gbs for key, gbs in PEAK_GBS if key in name), None)
+        x = torch.empty(2**29, dtype=torch.int16, device=device)  # 1 GiB, copied: read + write
+        y = torch.empty_like(x)
+        info["copy_gb_s"] = 2 * x.nbytes / harness.median(harness.time_ms(lambda: y.copy_(x), device, 3, 20)) / 1e6
+        extra = f" | CUDA {info['cuda']}, peak HBM {info['peak_gb_s']} GB/s, copy {info['copy_gb_s']:.0f} GB/s"
+    info["header"] = (harness.machine_header(info) + extra
+                      + f" | triton {info['triton']} | torch_geometric {info['torch_geometric']}")
+    return info
 
-    def triton(q, k, v):
-        return edge_attention(q, k, v, g, clamp=None, backend="triton")
-    ref, err = triton_output(q, k, v, g)
-    rows = [measure("triton", triton, (q, k, v), ref, args, True)]
-    rows[0]["max_err"] = err
+
+def targets(rows, peak) -> dict:
+    """The issue's targets per clamp mode, from the timed rows (None where a side is missing)."""
+    by = {(r.family, r.mode, r.contender): r for r in rows if r.ms is not None}
+
+    def ratio(case, mode, a, b):
+        x, y = by.get((case, f"fwd+bwd {mode}", a)), by.get((case, f"fwd+bwd {mode}", b))
+        return x.ms / y.ms if x and y else None
+    out = {}
+    for mode in CLAMPS:
+        fwd = by.get(("random", f"fwd {mode}", "triton"))
+        out[f"random {mode}: triton fwd GB/s / peak (>= 0.5)"] = fwd.gb_per_s / peak if fwd and peak else None
+        out[f"random {mode}: pyg / triton fwd+bwd time (>= 3)"] = ratio("random", mode, "pyg", "triton")
+        for case in ("window8", "window64"):
+            out[f"{case} {mode}: triton / flex fwd+bwd time (<= 1)"] = ratio(case, mode, "triton", "flex")
+        out[f"complete512 {mode}: auto / sdpa fwd+bwd time (<= 1.3)"] = ratio("complete512", mode, "auto", "sdpa")
+    return out
+
+
+def run_cases(args, contenders, device, dtype, info, say):
+    """Every case and mode: the reference output, then each contender's rows, printed as a table."""
+    rows, wrong, t0 = [], [], time.time()
+    for case in args.cases.split(","):
+        build, size, smoke_size = CASES[case]
+        g = build(smoke_size if args.smoke else size, device)
+        g.csr(), g.csc()  # built once, as a model's layers share them
+        gen = torch.Generator(device=device).manual_seed(0)
+        inputs = [torch.randn(n, H, D, generator=gen, device=device).to(dtype).requires_grad_()
+                  for n in (g.num_dst, g.num_src, g.num_src)]
+        for mode in args.modes.split(","):
+            say(f"\n{case} {mode}: N_dst={g.num_dst}, E={g.num_edges}, max in-degree {int(g.in_degree().max())}")
+            if args.budget is not None and time.time() - t0 > args.budget:
+                rows.append(harness.Result(case, g.num_edges, "-", f"fwd {mode}", note="skipped: --budget reached"))
+                say("skipped: --budget reached")
+                continue
+            say(f"{'contender':20}{'fwd ms':>9}{'fwd+bwd ms':>12}{'GB/s':>7}{'% peak':>8}{'peak MiB':>10}"
+                f"{'max|err|':>10}  note")
+            ref = reference_output(*inputs, g, CLAMPS[mode])
+            for name, make in contenders.items():
+                new, bad = measure(name, make, case, mode, g, inputs, ref, args, device)
+                rows += new
+                wrong += [f"{case} {mode} {name}"] if bad else []
+                fwd, both = new[0], new[-1] if len(new) > 1 else harness.Result("", 0, "", "")
+                frac = 100 * fwd.gb_per_s / info["peak_gb_s"] if fwd.gb_per_s and info["peak_gb_s"] else None
+                mib = max((r.peak_extra_mib for r in new if r.peak_extra_mib is not None), default=None)
+                say(f"{name:20}{_fmt(fwd.ms, '9.3f')}{_fmt(both.ms, '12.3f')}{_fmt(fwd.gb_per_s, '7.0f')}"
+                    f"{_fmt(frac, '8.1f')}{_fmt(mib, '10.0f')}{_fmt(fwd.max_err_vs_reference, '10.2g')}  "
+                    + "; ".join(r.note for r in new if r.note))
+            del ref
+    return rows, wrong
+
+
+def write_png(path, title, rows):
+    """One panel per pass and mode: bars of median ms per case, one color per contender (log scale)."""
     try:
-        rows.append(measure("flex_attention", flex_window(L, radius), (q, k, v), ref, args, True))
-    except Exception as e:
-        rows.append(dict(contender="flex_attention", ms_fwd=None, ms_fwd_bwd=None, note=f"skipped: {e}"))
-    targets = {f"triton / flex_attention {what} time (<= 1)": ratio(rows, "triton", "flex_attention", key)
-               for what, key in (("fwd", "ms_fwd"), ("fwd+bwd", "ms_fwd_bwd"))}
-    return dict(case=f"window L={L}, r={radius}, E={g.num_edges}", rows=rows, targets=targets)
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = [r for r in rows if r.ms is not None]
+    modes, names = sorted({r.mode for r in rows}), list(dict.fromkeys(r.contender for r in rows))
+    cases = list(dict.fromkeys(r.family for r in rows))
+    fig, axes = plt.subplots(1, max(1, len(modes)), figsize=(5 * max(1, len(modes)), 4.5), squeeze=False)
+    width = 0.8 / max(1, len(names))
+    for ax, mode in zip(axes[0], modes):
+        for i, name in enumerate(names):
+            ms = {r.family: r.ms for r in rows if r.mode == mode and r.contender == name}
+            xs = [j + i * width for j, c in enumerate(cases) if c in ms]
+            ax.bar(xs, [ms[c] for c in cases if c in ms], width, label=name, color=plt.get_cmap("tab20")(i % 20))
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases, rotation=30, fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("ms (median)")
+        ax.set_title(mode)
+    axes[0][0].legend(fontsize=6, ncol=1 + len(names) // 12)
+    fig.suptitle(title, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
-def case_complete(args):
-    B, L = 16, 512 // max(1, args.shrink // 4)
-    g = graphs.from_blocks([("full", L, L)] * B, device=DEVICE)
-    q, k, v = qkv(B * L, B * L, True)
-    sdpa = sdpa_batch(B, L)
-    ref = sdpa(q, k, v).detach()
-    rows = [measure("sdpa", sdpa, (q, k, v), ref, args, True)]
-    for backend in ("triton", "auto"):
-        rows.append(measure(backend, lambda q, k, v, b=backend: edge_attention(q, k, v, g, clamp=None, backend=b),
-                            (q, k, v), ref, args, True))
-    targets = {"auto / sdpa fwd+bwd time (<= 1.3)": ratio(rows, "auto", "sdpa", "ms_fwd_bwd"),
-               "triton / sdpa fwd+bwd time": ratio(rows, "triton", "sdpa", "ms_fwd_bwd")}
-    return dict(case=f"batched complete B={B}, L={L}, E={g.num_edges}", rows=rows, targets=targets)
-
-
-def _fmt(row, key, spec):
-    width = int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
-    return format(row[key], spec) if row.get(key) is not None else "-".rjust(width)
-
-
-def main(argv=None):
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1/16 of the sizes")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--rep", type=int, default=20)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    parser.add_argument("--cases", default=",".join(CASES), help=", ".join(CASES))
+    parser.add_argument("--modes", default=",".join(CLAMPS), help=", ".join(CLAMPS))
+    parser.add_argument("--contenders", default="triton,csr,auto,pyg,flex,sdpa", help=", ".join(CONTENDERS))
+    parser.add_argument("--sweep", action="store_true", help="time the triton forward under each SWEEP setting")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes in float32 on CPU")
+    parser.add_argument("--no-backward", action="store_true", help="time the forward only")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rep", type=int, default=10)
+    parser.add_argument("--contender-s", type=float, default=3.0, help="seconds of timing per contender at most")
+    parser.add_argument("--budget", type=float, default=None, help="seconds; later cases are skipped")
+    parser.add_argument("--peak-gbs", type=float, default=None, help="peak HBM GB/s (default: PEAK_GBS by name)")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("no CUDA device: the triton GPU benchmark needs one; nothing to do")
+    unknown = [x for x in args.cases.split(",") + args.modes.split(",") + args.contenders.split(",")
+               if x not in {**CASES, **CLAMPS, **CONTENDERS}]
+    if unknown:
+        parser.error(f"unknown {unknown}")
+    device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
+    if device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: the GPU benchmark needs one (--smoke runs tiny sizes on CPU); nothing to do")
         return 0
-    args.shrink = 16 if args.quick else 1
-    device = torch.cuda.get_device_name()
-    roofline = copy_bandwidth_gbs()
-    header = (f"sparseattn {__version__} | torch {torch.__version__} | {device} | copy bandwidth {roofline:.0f} GB/s"
-              f" | {platform.node()} | {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    print(header)
-    print(f"H={H}, D={D}, {str(DTYPE)[6:]}, median of {args.rep} after {args.warmup} warmup")
-    results = []
-    for case in (lambda: case_random(args, roofline), lambda: case_window(args), lambda: case_complete(args)):
-        res = case()
-        results.append(res)
-        print(f"\n{res['case']}")
-        print(f"{'contender':16}{'fwd ms':>10}{'fwd+bwd ms':>12}{'GB/s':>8}{'roofline':>10}{'peak MiB':>10}{'max|err|':>10}  note")
-        for r in res["rows"]:
-            print(f"{r['contender']:16}{_fmt(r, 'ms_fwd', '10.3f')}{_fmt(r, 'ms_fwd_bwd', '12.3f')}"
-                  f"{_fmt(r, 'gb_s', '8.0f')}{_fmt(r, 'roofline_frac', '10.0%')}{_fmt(r, 'peak_extra_mib', '10.0f')}"
-                  f"{_fmt(r, 'max_err', '10.2g')}  {r.get('note', '')}")
-        for name, value in res["targets"].items():
-            print(f"  {name}: {'-' if value is None else format(value, '.2f')}")
+    contenders = sweep_contenders() if args.sweep else {n: CONTENDERS[n] for n in args.contenders.split(",")}
+    if device == "cpu" and "triton" in contenders:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are first imported
+    args.no_backward = args.no_backward or args.sweep  # the backward does not depend on forward settings
+    info = machine(args, device)
+    path = os.path.join(args.out, "bench_triton_gpu_" + harness.machine_tag(info) + "_sweep" * args.sweep
+                        + "_smoke" * args.smoke)
     os.makedirs(args.out, exist_ok=True)
-    name = "".join(c if c.isalnum() else "_" for c in device).strip("_")
-    path = os.path.join(args.out, f"bench_triton_gpu_{name}{'_quick' if args.quick else ''}.json")
-    with open(path, "w") as f:
-        json.dump(dict(header=header, device=device, copy_gb_s=roofline, results=results), f, indent=1)
-    print(f"\nwrote {path}")
-    return 0
+    with open(path + ".log", "w") as log:
+        def say(line=""):
+            print(line, flush=True)
+            log.write(line + "\n")
+            log.flush()
+        say(info["header"])
+        say(f"H={H}, D=Dv={D}, {str(dtype)[6:]}, median of up to {args.rep} runs after {args.warmup} warmup; "
+            f"outputs checked on all destinations against the float32 reference (tolerance {TOL[dtype]:g})")
+        rows, wrong = run_cases(args, contenders, device, dtype, info, say)
+        goals = {} if args.sweep else targets(rows, info["peak_gb_s"])
+        say("\ntargets: " + "; ".join(f"{k}: {_fmt(v, '.2f').strip()}" for k, v in goals.items()))
+        say(f"wrong: {', '.join(wrong) or 'none'}")
+        config = dict(vars(args), dtype=str(dtype), H=H, D=D, tol=TOL[dtype])
+        with open(path + ".json", "w") as f:
+            json.dump(dict(machine=info, config=config, results=[asdict(r) for r in rows], targets=goals,
+                           wrong=wrong), f, indent=1)
+        write_png(path + ".png", info["header"], rows)
+        say(f"wrote {path}.json, .png and .log")
+    return 1 if wrong else 0
+
+
+def _fmt(x, spec):
+    width = int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
+    return format(x, spec) if x is not None else "-".rjust(width)
 
 
 if __name__ == "__main__":

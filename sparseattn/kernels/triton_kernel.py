@@ -1,9 +1,10 @@
 """The triton backend: edge attention fused into one forward and two backward Triton kernels.
 
-Forward (`_fwd_kernel`): one program per (destination t, head h) walks t's in-edges in the
-destination-sorted CSR in tiles of BLOCK_E, gathers k[s, h] and v[s, h], and accumulates
-z = sum w_e and wv = sum w_e m_e v[s] in registers in float32 (float64 for float64 inputs), with
-w_e = exp(clamp(score_e)) or, for clamp=None, an online max as in FlashAttention. It writes
+Forward (`_fwd_kernel`): one program per destination t and head h (or all heads: `LAYOUTS`, chosen
+by `_config`) walks t's in-edges in the destination-sorted CSR in tiles of BLOCK_E, gathers k[s, h]
+and v[s, h], and accumulates z = sum w_e and wv = sum w_e m_e v[s] in registers in float32 (float64
+for float64 inputs), with w_e = exp(clamp(score_e)) or, for clamp=None, an online max as in
+FlashAttention. It writes
 out[t, h] = wv / z once (0 without in-edges) and one statistic per destination and head,
 lse = log z (clamp) or max + log z (exact), so that p_e = w_e / z = exp(logit_e - lse[t]).
 Bias, dropout mask and returned weights stay in the caller's edge order, indexed through perm.
@@ -49,65 +50,105 @@ def _logit(s, lo, hi, CLAMP: tl.constexpr):
 
 
 @triton.jit
+def _fold(x, LANES: tl.constexpr):
+    """Sum a (BLOCK_E, ...) tile over its edges, keeping the axis; with per-lane accumulators
+    (LANES) each edge slot keeps its own partial sum and nothing is reduced in the loop."""
+    if not LANES:
+        x = tl.sum(x, 0, keep_dims=True)
+    return x
+
+
+@triton.jit
+def _fold_max(x, LANES: tl.constexpr):
+    if not LANES:
+        x = tl.max(x, 0, keep_dims=True)
+    return x
+
+
+@triton.jit
+def _gather(P, rows, heads, offs, s_n, s_h, live_h, width):
+    """P[rows, heads, :width] as a (BLOCK_E, BLOCK_H, BLOCK_X) tile, 0 where live_h (BLOCK_E, BLOCK_H) is False."""
+    mask = live_h[:, :, None] & (offs < width)[None, None, :]
+    return tl.load(P + rows[:, None, None] * s_n + heads[None, :, None] * s_h + offs[None, None, :], mask=mask,
+                   other=0.0)
+
+
+@triton.jit
 def _fwd_kernel(Q, K, V, BIAS, MASK, OUT, LSE, W, PTR, IDX, PERM,
                 sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, so_n, so_h, sb_e, sb_h, sm_e, sm_h,
                 H, D, DV, scale: "fp64", lo: "fp64", hi: "fp64",
-                BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CLAMP: tl.constexpr,
+                BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+                LANES: tl.constexpr, V_EARLY: tl.constexpr, NUM_STAGES: tl.constexpr, CLAMP: tl.constexpr,
                 HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, RETURN_WEIGHTS: tl.constexpr, ACC: tl.constexpr):
+    """One program per destination t and group of BLOCK_H heads (see LAYOUTS). Accumulators have
+    ROWS = BLOCK_E rows with per-lane accumulators (LANES), else 1: z, m (ROWS, BLOCK_H),
+    acc (ROWS, BLOCK_H, BLOCK_DV); the lanes are combined once, after the loop."""
+    ROWS: tl.constexpr = BLOCK_E if LANES else 1
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
+    heads = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BLOCK_H,)
+    in_h = heads < H
     sc, lo, hi = tl.full([], scale, ACC), tl.full([], lo, ACC), tl.full([], hi, ACC)
     offs_e, offs_d, offs_dv = tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     start, end = tl.load(PTR + t), tl.load(PTR + t + 1)
-    q = tl.load(Q + t * sq_n + h * sq_h + offs_d, mask=offs_d < D, other=0.0).to(ACC)  # (BLOCK_D,)
-    m_i = tl.full([], float("-inf"), ACC)  # running max of the scores (exact mode)
-    z_i = tl.zeros([], ACC)
-    acc = tl.zeros([BLOCK_DV], ACC)
-    for e0 in range(start, end, BLOCK_E):
+    q = tl.load(Q + t * sq_n + heads[:, None] * sq_h + offs_d[None, :],
+                mask=in_h[:, None] & (offs_d[None, :] < D), other=0.0).to(ACC)  # (BLOCK_H, BLOCK_D)
+    m_i = tl.full([ROWS, BLOCK_H], float("-inf"), ACC)  # running max of the scores (exact mode)
+    z_i = tl.zeros([ROWS, BLOCK_H], ACC)
+    acc = tl.zeros([ROWS, BLOCK_H, BLOCK_DV], ACC)
+    for e0 in tl.range(start, end, BLOCK_E, num_stages=NUM_STAGES):
         e = e0 + offs_e
         live = e < end
+        live_h = live[:, None] & in_h[None, :]  # (BLOCK_E, BLOCK_H)
         src = tl.load(IDX + e, mask=live, other=0)
-        kt = tl.load(K + src[:, None] * sk_n + h * sk_h + offs_d[None, :],
-                     mask=live[:, None] & (offs_d[None, :] < D), other=0.0).to(ACC)  # (BLOCK_E, BLOCK_D)
-        s = tl.sum(kt * q[None, :], 1) * sc
+        kt = _gather(K, src, heads, offs_d, sk_n, sk_h, live_h, D).to(ACC)  # (BLOCK_E, BLOCK_H, BLOCK_D)
+        if V_EARLY:  # one memory round trip for both gathers
+            vt = _gather(V, src, heads, offs_dv, sv_n, sv_h, live_h, DV).to(ACC)  # (BLOCK_E, BLOCK_H, BLOCK_DV)
+        s = tl.sum(kt * q[None, :, :], 2) * sc  # (BLOCK_E, BLOCK_H)
         if HAS_BIAS or HAS_MASK:
             pos = tl.load(PERM + e, mask=live, other=0)  # caller-order position of each edge
         if HAS_BIAS:
-            s += tl.load(BIAS + pos * sb_e + h * sb_h, mask=live, other=0.0).to(ACC)
+            s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
         if CLAMP:
-            w = tl.where(live, tl.exp(_logit(s, lo, hi, CLAMP)), 0.0)
+            w = tl.where(live_h, tl.exp(_logit(s, lo, hi, CLAMP)), 0.0)
+            z_i += _fold(w, LANES)
         else:
-            s = tl.where(live, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 0))
+            s = tl.where(live_h, s, float("-inf"))
+            m_new = tl.maximum(m_i, _fold_max(s, LANES))
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: w = 0, no NaN
             alpha = tl.exp(m_i - m_use)
             w = tl.exp(s - m_use)
-            z_i, acc, m_i = z_i * alpha, acc * alpha, m_new
-        z_i += tl.sum(w, 0)
+            z_i = z_i * alpha + _fold(w, LANES)
+            acc, m_i = acc * alpha[:, :, None], m_new
         if HAS_MASK:
-            w = w * tl.load(MASK + pos * sm_e + h * sm_h, mask=live, other=0.0).to(ACC)
-        vt = tl.load(V + src[:, None] * sv_n + h * sv_h + offs_dv[None, :],
-                     mask=live[:, None] & (offs_dv[None, :] < DV), other=0.0).to(ACC)  # (BLOCK_E, BLOCK_DV)
-        acc += tl.sum(w[:, None] * vt, 0)
-    z_safe = tl.where(z_i > 0, z_i, 1.0)  # no in-edges: acc = 0, so out = 0
-    tl.store(OUT + t * so_n + h * so_h + offs_dv, (acc / z_safe).to(OUT.dtype.element_ty), mask=offs_dv < DV)
-    lse = tl.log(z_safe)
-    if not CLAMP:
-        lse += tl.where(m_i == float("-inf"), 0.0, m_i)
-    tl.store(LSE + t * H + h, lse)
+            w = w * tl.load(MASK + pos[:, None] * sm_e + heads[None, :] * sm_h, mask=live_h, other=0.0).to(ACC)
+        if not V_EARLY:
+            vt = _gather(V, src, heads, offs_dv, sv_n, sv_h, live_h, DV).to(ACC)
+        acc += _fold(w[:, :, None] * vt, LANES)
+    if CLAMP:
+        m = tl.zeros([BLOCK_H], ACC)
+        z, wv = tl.sum(z_i, 0), tl.sum(acc, 0)
+    else:  # rescale every lane to the common max
+        m = tl.max(m_i, 0)
+        m = tl.where(m == float("-inf"), 0.0, m)  # (BLOCK_H,)
+        f = tl.exp(m_i - m[None, :])  # 0 for a lane that saw no edge
+        z, wv = tl.sum(z_i * f, 0), tl.sum(acc * f[:, :, None], 0)
+    z_safe = tl.where(z > 0, z, 1.0)  # no in-edges: wv = 0, so out = 0
+    tl.store(OUT + t * so_n + heads[:, None] * so_h + offs_dv[None, :], (wv / z_safe[:, None]).to(OUT.dtype.element_ty),
+             mask=in_h[:, None] & (offs_dv[None, :] < DV))
+    lse = tl.log(z_safe) + m  # (BLOCK_H,)
+    tl.store(LSE + t * H + heads, lse, mask=in_h)
     if RETURN_WEIGHTS:  # second pass over the scores, now that lse is known
         for e0 in range(start, end, BLOCK_E):
             e = e0 + offs_e
             live = e < end
+            live_h = live[:, None] & in_h[None, :]
             src = tl.load(IDX + e, mask=live, other=0)
             pos = tl.load(PERM + e, mask=live, other=0)
-            kt = tl.load(K + src[:, None] * sk_n + h * sk_h + offs_d[None, :],
-                         mask=live[:, None] & (offs_d[None, :] < D), other=0.0).to(ACC)
-            s = tl.sum(kt * q[None, :], 1) * sc
+            s = tl.sum(_gather(K, src, heads, offs_d, sk_n, sk_h, live_h, D).to(ACC) * q[None, :, :], 2) * sc
             if HAS_BIAS:
-                s += tl.load(BIAS + pos * sb_e + h * sb_h, mask=live, other=0.0).to(ACC)
-            p = tl.exp(_logit(s, lo, hi, CLAMP) - lse)
-            tl.store(W + pos * H + h, p.to(W.dtype.element_ty), mask=live)
+                s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
+            p = tl.exp(_logit(s, lo, hi, CLAMP) - lse[None, :])
+            tl.store(W + pos[:, None] * H + heads[None, :], p.to(W.dtype.element_ty), mask=live_h)
 
 
 @triton.jit
@@ -167,7 +208,8 @@ def _bwd_dkdv_kernel(Q, K, BIAS, MASK, DO, LSE, DELTA, DS, DK, DV_OUT, PTR, IDX,
                      H, D, DV, scale: "fp64", lo: "fp64", hi: "fp64",
                      BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CLAMP: tl.constexpr,
                      HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, ACC: tl.constexpr):
-    """DS holds p dp from `_bwd_dq_kernel` and leaves holding dscore = g (p dp - p delta)."""
+    """DS holds p dp from `_bwd_dq_kernel` and leaves holding dscore = g (p dp - p delta): overwritten in
+    place, so a triton.autotune of this kernel needs restore_value=["DS"]."""
     u = tl.program_id(0).to(tl.int64)  # a source node; PTR/IDX/PERM are the transposed CSR
     h = tl.program_id(1).to(tl.int64)
     sc, lo, hi = tl.full([], scale, ACC), tl.full([], lo, ACC), tl.full([], hi, ACC)
@@ -202,13 +244,62 @@ def _bwd_dkdv_kernel(Q, K, BIAS, MASK, DO, LSE, DELTA, DS, DK, DV_OUT, PTR, IDX,
     tl.store(DV_OUT + u * sv_n + h * sv_h + offs_dv, dv.to(DV_OUT.dtype.element_ty), mask=offs_dv < DV)
 
 
-def _config(d: int, dv: int, mean_degree: float) -> dict:
-    """Tile sizes: BLOCK_D/BLOCK_DV pad D/Dv to powers of two; an edge tile covers the mean degree
-    (16 to 64 edges) but at most ~2048 elements per gathered tile, so registers do not spill."""
+def _tiles(d: int, dv: int, mean_degree: float) -> dict:
+    """Tile sizes of the per-head kernels: BLOCK_D/BLOCK_DV pad D/Dv to powers of two; an edge tile
+    covers the mean degree (16 to 64 edges) but at most ~2048 elements per gathered tile, so
+    registers do not spill."""
     block_d, block_dv = triton.next_power_of_2(max(d, 1)), triton.next_power_of_2(max(dv, 1))
     widest = max(block_d, block_dv)
     block_e = min(triton.next_power_of_2(max(16, math.ceil(mean_degree))), 64, max(16, 2048 // widest))
     return dict(BLOCK_E=block_e, BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=4 if block_e * widest >= 2048 else 2)
+
+
+# Forward layouts, to be measured against each other on a GPU (issue 16); the fastest becomes the default.
+#   tile:  one program per (destination, head); each edge tile is reduced in the loop, v gathered after the
+#          score (three dependent memory round trips per tile); the loop is not explicitly pipelined.
+#   lanes: one program per (destination, head); k and v gathered together, one accumulator per edge slot
+#          (no reduction inside the loop, lanes combined once at the end), loop pipelined with num_stages.
+#   heads: one program per destination for all heads: (BLOCK_E, H, D) tiles read whole H * D source rows
+#          and the index once instead of H times; k and v gathered together, pipelined with num_stages.
+LAYOUTS = {"tile": dict(all_heads=False, LANES=False, V_EARLY=False),
+           "lanes": dict(all_heads=False, LANES=True, V_EARLY=True),
+           "heads": dict(all_heads=True, LANES=False, V_EARLY=True)}
+DEFAULT_LAYOUT = "tile"
+_overrides: dict = {}  # set by forward_config()
+
+
+@contextlib.contextmanager
+def forward_config(**settings):
+    """Inside the block, forward launches use these settings (layout, BLOCK_E, num_warps, num_stages)
+    instead of `_config`'s choice: how benchmarks sweep the layouts and tests cover them."""
+    global _overrides
+    unknown = set(settings) - {"layout", "BLOCK_E", "num_warps", "num_stages"}
+    if unknown or settings.get("layout", DEFAULT_LAYOUT) not in LAYOUTS:
+        raise ValueError(f"bad forward settings {settings}; layouts are {list(LAYOUTS)}")
+    saved, _overrides = _overrides, {**_overrides, **settings}
+    try:
+        yield
+    finally:
+        _overrides = saved
+
+
+def _config(d: int, dv: int, heads: int, mean_degree: float) -> dict:
+    """Launch settings of `_fwd_kernel`: the layout's flags, BLOCK_H heads per program, tile sizes,
+    num_warps, and NUM_STAGES for the edge loop (None: Triton's default, no explicit pipelining).
+    tile and lanes use the backward's tiles; heads keeps BLOCK_E * BLOCK_H * max(BLOCK_D, BLOCK_DV)
+    near 4096 elements (BLOCK_E from 1 to 16) with 4 warps."""
+    layout = _overrides.get("layout", DEFAULT_LAYOUT)
+    flags = dict(LAYOUTS[layout])
+    cfg = _tiles(d, dv, mean_degree)
+    if flags.pop("all_heads"):
+        block_h = triton.next_power_of_2(max(heads, 1))
+        per_edge = block_h * max(cfg["BLOCK_D"], cfg["BLOCK_DV"])
+        cfg.update(BLOCK_E=min(16, 1 << max(0, (4096 // per_edge).bit_length() - 1)), num_warps=4)
+    else:
+        block_h = 1
+    cfg.update(BLOCK_H=block_h, NUM_STAGES=None if layout == "tile" else 2, **flags)
+    cfg.update({("NUM_STAGES" if k == "num_stages" else k): v for k, v in _overrides.items() if k != "layout"})
+    return cfg
 
 
 def _strides(t: Optional[Tensor]) -> Tuple[int, int]:
@@ -234,10 +325,11 @@ def _triton_forward(q, k, v, graph, scale, clamp, bias, dropout_mask, return_wei
     out = torch.empty(n_dst, h, v.shape[2], dtype=q.dtype, device=q.device)
     lse = torch.empty(n_dst, h, dtype=accumulation_dtype(q.dtype), device=q.device)
     weights = torch.empty(num_edges, h, dtype=q.dtype, device=q.device) if return_weights else lse
-    _fwd_kernel[(n_dst, h)](
+    cfg = _config(q.shape[2], v.shape[2], h, num_edges / n_dst)
+    _fwd_kernel[(n_dst, triton.cdiv(h, cfg["BLOCK_H"]))](
         q, k, v, bias_t, mask_t, out, lse, weights, *graph.csr(),
         *_strides(q), *_strides(k), *_strides(v), *_strides(out), *_strides(bias), *_strides(dropout_mask), *dims,
-        RETURN_WEIGHTS=return_weights, **flags, **_config(q.shape[2], v.shape[2], num_edges / n_dst))
+        RETURN_WEIGHTS=return_weights, **flags, **cfg)
     return out, lse, (weights if return_weights else None)
 
 
@@ -255,11 +347,11 @@ def _triton_backward(q, k, v, graph, scale, clamp, bias, dropout_mask, lse, d_ou
         q, k, v, bias_t, mask_t, d_out, lse, d_weights if d_weights is not None else ds, dq, delta, ds, *graph.csr(),
         *_strides(q), *_strides(k), *_strides(v), *_strides(d_out), *_strides(bias), *_strides(dropout_mask),
         *_strides(d_weights), *dims, HAS_DW=d_weights is not None, **flags,
-        **_config(q.shape[2], v.shape[2], num_edges / n_dst))
+        **_tiles(q.shape[2], v.shape[2], num_edges / n_dst))
     _bwd_dkdv_kernel[(n_src, h)](
         q, k, bias_t, mask_t, d_out, lse, delta, ds, dk, dv, *graph.csc(),
         *_strides(q), *_strides(k), *_strides(v), *_strides(d_out), *_strides(bias), *_strides(dropout_mask), *dims,
-        **flags, **_config(q.shape[2], v.shape[2], num_edges / n_src))
+        **flags, **_tiles(q.shape[2], v.shape[2], num_edges / n_src))
     return dq, dk, dv, ds
 
 
