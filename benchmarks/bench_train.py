@@ -1,65 +1,462 @@
-"""Training-step tokens/s per attention backend on the same multi30k batches.
+"""Training-step throughput: the graph Transformer (`auto` backend) vs a padded torch.nn.Transformer.
 
-    python -m benchmarks.bench_train --data-dir ../shared/data/multi30k --run runs/m30k \
-        --backends reference auto --steps 5 --threads 1
+    python -m benchmarks.bench_train --data-dir ../shared/data/multi30k            # multi30k + copy, 1 and 2 threads
+    python -m benchmarks.bench_train --data-dir ../shared/data/multi30k --tasks copy --rounds 3 --threads 1
+    python -m benchmarks.bench_train --data-dir ../shared/data/multi30k --tasks multi30k --backends reference auto
 
-Builds the ("multi30k", "transformer") preset model (same init for every backend), takes the
-first `--batches` token-budget training batches of epoch 0 and times forward + backward + Adam
-steps over them, interleaving backends per round so machine load hits them alike. Reports the
-median over rounds of predicted (target) tokens per second. `--run` reuses that run's tokenizer.
+Both models get the same batches, the same sizes and the same training step: forward, label-smoothed
+cross entropy summed over the target tokens / their count, backward, Adam. Dropout is 0 in both.
+
+* graph <backend>: the task's preset model (`configs/<task>-transformer.toml`, `cfg.model_cfg.build(...)`)
+  with each backend of `--backends` (default: auto), fed the task's own `GraphBatch` (no padding).
+* nn.Transformer: `torch.nn.Transformer` of the same size (layers, d_model, heads, d_ff, pre-norm,
+  batch_first) with the same shared/tied embeddings, sqrt(d) embedding scale, sinusoidal positions
+  and generator, fed the same sentences padded to (B, L) with src/tgt/memory key-padding masks and a
+  causal tgt_mask, so its attention runs in F.scaled_dot_product_attention; the generator and the
+  loss see only the real target tokens. Which SDPA kernel ran is read from a profile of one step.
+
+Multi30k: the first `--batches` token-budget batches (max_tokens 4096, the preset's) of the epoch-0
+order. Copy: the first `--copy-batches` batches of 16 sequences. After a warm-up pass, every round
+times one training step per batch per contender, the contenders alternating batch by batch (so load
+changes hit both alike). Reported: target tokens per second from the median round time; the ratio
+graph / nn.Transformer as the median over rounds of the per-round ratio (with its range); the peak
+memory one training step on the largest batch adds (peak RSS during the step minus RSS before it,
+harness.peak_extra_mib); and a torch.profiler table of the top operators over one step per batch.
+
+Writes bench_train_<machine>_torch<version>.{json,png,log} under --out (benchmarks/results).
 """
+
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import platform
+import math
+import os
 import statistics
+import sys
+import tempfile
 import time
+import warnings
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+from torch.nn.utils.rnn import pad_sequence
+
+from .harness import cpu_model, machine_info, peak_extra_mib
+
+RESULTS = os.path.join(os.path.dirname(__file__), "results")
+SDPA_OPS = ("flash_attention", "efficient_attention", "cudnn_attention", "attention_math", "_fused_sdp", "sdpa")
 
 
-def main() -> None:
-    from sparseattn.config import make_config
-    from sparseattn.data.tasks import get_task
-    from sparseattn.models import build_model
+# ---- the padded contender ---------------------------------------------------------------------
 
-    p = argparse.ArgumentParser()
-    p.add_argument("--data-dir", required=True)
-    p.add_argument("--run", required=True, help="run dir holding (or receiving) tokenizer.json")
-    p.add_argument("--backends", nargs="+", default=["reference", "auto"])
-    p.add_argument("--batches", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--max-tokens", type=int, default=4096)
-    args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    cfg = make_config({"task": "multi30k", "data_dir": args.data_dir, "out": args.run, "max_tokens": args.max_tokens,
-                       "dropout": 0.0})
-    task = get_task("multi30k")
+
+def sinusoid_table(n: int, d: int) -> Tensor:
+    pos = torch.arange(n, dtype=torch.float32)[:, None]
+    freqs = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
+    out = torch.zeros(n, d)
+    out[:, 0::2] = torch.sin(pos * freqs)
+    out[:, 1::2] = torch.cos(pos * freqs)[:, : d // 2]
+    return out
+
+
+class PaddedTransformer(nn.Module):
+    """torch.nn.Transformer with the graph model's embeddings and generator, on padded batches."""
+
+    def __init__(
+        self,
+        vocab_src: int,
+        vocab_tgt: int,
+        layers: int,
+        d_model: int,
+        heads: int,
+        d_ff: int,
+        share_embeddings: bool,
+        tie_generator: bool,
+        max_len: int = 1024,
+    ) -> None:
+        super().__init__()
+        self.src_embed = nn.Embedding(vocab_src, d_model)
+        self.tgt_embed = self.src_embed if share_embeddings else nn.Embedding(vocab_tgt, d_model)
+        self.scale = math.sqrt(d_model)
+        self.register_buffer("pos", sinusoid_table(max_len, d_model), persistent=False)
+        warnings.filterwarnings("ignore", message="enable_nested_tensor is True")  # norm_first: not used anyway
+        self.transformer = nn.Transformer(
+            d_model, heads, layers, layers, d_ff, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.generator = nn.Linear(d_model, vocab_tgt)
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+        if tie_generator:
+            self.generator.weight = self.tgt_embed.weight
+
+    def forward(self, pb: Dict[str, Tensor]) -> Tensor:
+        src = self.src_embed(pb["src"]) * self.scale + self.pos[: pb["src"].shape[1]]
+        tgt = self.tgt_embed(pb["tgt_in"]) * self.scale + self.pos[: pb["tgt_in"].shape[1]]
+        h = self.transformer(
+            src,
+            tgt,
+            tgt_mask=pb["causal"],
+            src_key_padding_mask=pb["src_pad"],
+            tgt_key_padding_mask=pb["tgt_pad"],
+            memory_key_padding_mask=pb["src_pad"],
+            tgt_is_causal=True,
+        )
+        return self.generator(h[pb["tgt_valid"]])  # (N_dec, V): real target tokens only, in sentence order
+
+
+def padded_batch(batch) -> Dict[str, Tensor]:
+    """A GraphBatch's sentences as (B, L) tensors (pad id 0) with key-padding and causal masks."""
+    src = pad_sequence(list(batch.src.split(list(batch.src_lens))), batch_first=True)
+    tgt_in = pad_sequence(list(batch.tgt_in.split(list(batch.tgt_lens))), batch_first=True)
+    src_valid = torch.arange(src.shape[1])[None] < torch.tensor(batch.src_lens)[:, None]
+    tgt_valid = torch.arange(tgt_in.shape[1])[None] < torch.tensor(batch.tgt_lens)[:, None]
+    causal = torch.ones(tgt_in.shape[1], tgt_in.shape[1], dtype=torch.bool).triu(1)  # True: not attended
+    return dict(
+        src=src,
+        tgt_in=tgt_in,
+        src_pad=~src_valid,
+        tgt_pad=~tgt_valid,
+        tgt_valid=tgt_valid,
+        causal=causal,
+        padding=1 - (batch.src.numel() + batch.tgt_in.numel()) / (src.numel() + tgt_in.numel()),
+    )
+
+
+# ---- setup -------------------------------------------------------------------------------------
+
+
+def setup_task(name: str, args) -> Tuple[Any, Any, List[Any]]:
+    from sparseattn.train.config import make_config
+    from sparseattn.train.tasks import get_task
+
+    flags: Dict[str, Any] = {"task": name, "out": args.run, "dropout": 0.0}
+    if name == "multi30k":
+        flags["data_dir"] = args.data_dir
+    cfg = make_config(flags)
+    task = get_task(name)
     task.setup(cfg)
-    batches = [task.make_batch("train", idx) for idx in task.batch_indices("train", cfg, 0)[:args.batches]]
-    tokens = sum(b.num_tokens for b in batches)
-    models = {}
-    for name in args.backends:
+    n = args.batches if name == "multi30k" else args.copy_batches
+    batches = [task.make_batch("train", idx) for idx in task.batch_indices("train", cfg, 0)[:n]]
+    return cfg, task, batches
+
+
+def build_models(cfg, task, backends: List[str]) -> Dict[str, nn.Module]:
+    """{"graph <backend>": the preset model with that backend, ..., "nn.Transformer": its padded twin},
+    each from seed 0."""
+    m = cfg.model_cfg
+    info = task.model_info()
+    models: Dict[str, nn.Module] = {}
+    for b in backends:
         torch.manual_seed(0)
-        model, _ = build_model("transformer", make_config({**cfg.to_dict(), "backend": name}), task)
-        models[name] = (model, torch.optim.Adam(model.parameters(), lr=1e-4))
-    times = {name: [] for name in args.backends}
-    for _ in range(args.rounds):
-        for name, (model, opt) in models.items():
-            start = time.perf_counter()
-            for batch in batches:
-                opt.zero_grad(set_to_none=True)
-                loss, _ = task.loss(model, batch, cfg)
-                loss.backward()
-                opt.step()
-            times[name].append(time.perf_counter() - start)
-    result = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
-              "batches": args.batches, "target_tokens": tokens,
-              "tokens_per_s": {n: round(tokens / statistics.median(t), 1) for n, t in times.items()},
-              "seconds": {n: [round(x, 2) for x in t] for n, t in times.items()}}
-    print(json.dumps(result, indent=2))
+        models[f"graph {b}"] = dataclasses.replace(m, backend=b).build(info)
+    torch.manual_seed(0)
+    share = bool(m.share_embeddings and info.get("shared_vocab", False))
+    padded = PaddedTransformer(
+        info["src_vocab_size"],
+        info["tgt_vocab_size"],
+        m.num_layers,
+        m.d_model,
+        m.num_heads,
+        m.d_ff,
+        share,
+        m.tie_generator,
+    )
+    models["nn.Transformer"] = padded
+    return models
+
+
+def params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def make_step(name: str, model: nn.Module, batches: List[Any], smoothing: float) -> Callable[[int], None]:
+    """step(i): one training step on batch i (forward, loss, backward, Adam)."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    inputs = [padded_batch(b) for b in batches] if name == "nn.Transformer" else batches
+
+    def step(i: int) -> None:
+        opt.zero_grad(set_to_none=True)
+        logits = model(inputs[i]) if name == "nn.Transformer" else model(inputs[i]).logits
+        target = batches[i].tgt_out
+        loss = F.cross_entropy(logits, target, label_smoothing=smoothing, reduction="sum") / target.numel()
+        loss.backward()
+        opt.step()
+
+    step.inputs = inputs  # type: ignore[attr-defined]
+    return step
+
+
+def check_same_function(models: Dict[str, nn.Module], batches: List[Any], padded_inputs: List[Any]) -> float:
+    """Max |log-probability difference| on the first batch after loading the graph model's weights
+    into the nn.Transformer contender (EdgeAttention has nn.MultiheadAttention's parameter layout):
+    with exact softmax and no dropout both must compute the same function."""
+    graph, padded = next(iter(models.values())), models["nn.Transformer"]
+    t = padded.transformer
+    with torch.no_grad():
+        padded.src_embed.load_state_dict(graph.src_embed.lut.state_dict())
+        padded.tgt_embed.load_state_dict(graph.tgt_embed.lut.state_dict())
+        padded.generator.load_state_dict(graph.generator.state_dict())
+        t.encoder.norm.load_state_dict(graph.enc_norm.state_dict())
+        t.decoder.norm.load_state_dict(graph.dec_norm.state_dict())
+        for mine, theirs in zip(t.encoder.layers, graph.encoder):
+            mine.self_attn.load_state_dict(theirs.self_attn.state_dict())
+            pairs = [
+                (mine.linear1, theirs.ff.w1),
+                (mine.linear2, theirs.ff.w2),
+                (mine.norm1, theirs.norm1),
+                (mine.norm2, theirs.norm2),
+            ]
+            for a, b in pairs:
+                a.load_state_dict(b.state_dict())
+        for mine, theirs in zip(t.decoder.layers, graph.decoder):
+            mine.self_attn.load_state_dict(theirs.self_attn.state_dict())
+            mine.multihead_attn.load_state_dict(theirs.cross_attn.state_dict())
+            pairs = [
+                (mine.linear1, theirs.ff.w1),
+                (mine.linear2, theirs.ff.w2),
+                (mine.norm1, theirs.norm1),
+                (mine.norm2, theirs.norm2),
+                (mine.norm3, theirs.norm3),
+            ]
+            for a, b in pairs:
+                a.load_state_dict(b.state_dict())
+        lp_graph = F.log_softmax(graph(batches[0]).logits, -1)
+        lp_padded = F.log_softmax(padded(padded_inputs[0]), -1)
+    return (lp_graph - lp_padded).abs().max().item()
+
+
+# ---- measuring ---------------------------------------------------------------------------------
+
+
+def profile_steps(step: Callable[[int], None], n: int, rows: int) -> Tuple[str, List[str], List[dict]]:
+    """(top-operator table, SDPA kernels that ran, top operators as dicts) of one training step on
+    each of the n batches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in range(n):
+            step(i)
+    avg = prof.key_averages()
+    sdpa = sorted({e.key for e in avg if "scaled_dot_product" in e.key or any(s in e.key for s in SDPA_OPS[:5])})
+    top = sorted(avg, key=lambda e: e.self_cpu_time_total, reverse=True)[:rows]
+    total = sum(e.self_cpu_time_total for e in avg) or 1
+    tops = [
+        dict(
+            op=e.key,
+            self_ms=round(e.self_cpu_time_total / 1e3, 2),
+            calls=e.count,
+            share=round(e.self_cpu_time_total / total, 3),
+        )
+        for e in top
+    ]
+    table = "\n".join(
+        f"    {t['op'][:60]:60s} {t['self_ms']:9.1f} ms {t['share']:6.1%} {t['calls']:6d} calls" for t in tops
+    )
+    return table, sdpa, tops
+
+
+def run_task(name: str, args, log: Callable[[str], None]) -> List[dict]:
+    cfg, task, batches = setup_task(name, args)
+    models = build_models(cfg, task, args.backends)
+    graphs = [n for n in models if n != "nn.Transformer"]
+    m = cfg.model_cfg
+    smoothing = cfg.run.label_smoothing
+    steps = {n: make_step(n, mod, batches, smoothing) for n, mod in models.items()}
+    tokens = sum(b.num_tokens for b in batches)
+    pads = [p["padding"] for p in steps["nn.Transformer"].inputs]  # type: ignore[attr-defined]
+    desc = (
+        f"{name}: {len(batches)} batches, {sum(b.num_sentences for b in batches)} sentences, {tokens} target "
+        f"tokens; model {m.num_layers}+{m.num_layers} layers, d {m.d_model}, {m.num_heads} heads, d_ff {m.d_ff}, "
+        f"clamp {m.clamp}, dropout 0; params graph {params(models[graphs[0]]):,} / nn.Transformer "
+        f"{params(models['nn.Transformer']):,}; nn.Transformer padding {statistics.mean(pads):.1%} of its "
+        f"token slots"
+    )
+    log("\n" + desc)
+    check = None
+    if m.clamp is None:  # exact softmax: the two compute the same function given the same weights
+        check = check_same_function(models, batches, steps["nn.Transformer"].inputs)  # type: ignore[attr-defined]
+        log(f"  nn.Transformer given the graph model's weights: max |log-prob difference| {check:.2e}")
+        models = build_models(cfg, task, args.backends)  # back to each contender's own init
+        steps = {n: make_step(n, mod, batches, smoothing) for n, mod in models.items()}
+    rows = []
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for s in steps.values():  # warm-up round (Adam state, allocator, graph caches)
+            for i in range(len(batches)):
+                s(i)
+        times: Dict[str, List[float]] = {n: [] for n in steps}
+        for r in range(args.rounds):  # contenders interleaved per batch, alternating who goes first
+            spent = {n: 0.0 for n in steps}
+            for i in range(len(batches)):
+                for n in list(steps) if (r + i) % 2 == 0 else list(reversed(steps)):
+                    t0 = time.perf_counter()
+                    steps[n](i)
+                    spent[n] += time.perf_counter() - t0
+            for n in steps:
+                times[n].append(spent[n])
+        load = os.getloadavg()[0]
+        biggest = max(range(len(batches)), key=lambda i: batches[i].num_tokens)
+        for n, s in steps.items():
+            med = statistics.median(times[n])
+            mem = peak_extra_mib(lambda s=s, i=biggest: s(i))
+            table, sdpa, tops = profile_steps(s, len(batches), args.profile_rows)
+            rows.append(
+                dict(
+                    task=name,
+                    threads=threads,
+                    contender=n,
+                    tokens_per_s=tokens / med,
+                    seconds_median=med,
+                    seconds=[round(x, 4) for x in times[n]],
+                    peak_extra_mib=mem,
+                    sdpa_kernels=sdpa,
+                    top_ops=tops,
+                    load_average=load,
+                    target_tokens=tokens,
+                    batches=len(batches),
+                    padding=statistics.mean(pads) if n == "nn.Transformer" else 0.0,
+                    same_function_max_err=check,
+                )
+            )
+            log(
+                f"  {threads}t {n:15s} {tokens / med:9.0f} target tok/s  (median {med * 1e3:.0f} ms of "
+                f"{args.rounds} rounds: {', '.join(f'{x * 1e3:.0f}' for x in times[n])})  peak +{mem or 0:.0f} MiB  "
+                f"SDPA: {', '.join(sdpa) or 'none'}  load {load:.1f}"
+            )
+            log(f"    top operators by self CPU time, one step per batch ({threads} threads):\n{table}")
+        p = next(r for r in rows if (r["task"], r["threads"], r["contender"]) == (name, threads, "nn.Transformer"))
+        for gname in graphs:
+            g = next(r for r in rows if (r["task"], r["threads"], r["contender"]) == (name, threads, gname))
+            g["ratio_vs_nn_transformer"] = g["tokens_per_s"] / p["tokens_per_s"]
+            per_round = sorted(b / a for a, b in zip(times[gname], times["nn.Transformer"]))
+            g["ratio_per_round"] = per_round
+            g["ratio_median_of_rounds"] = statistics.median(per_round)
+            log(
+                f"  {threads}t {gname} / nn.Transformer tokens/s = {g['ratio_vs_nn_transformer']:.2f}x (ratio of "
+                f"medians); per round {g['ratio_median_of_rounds']:.2f}x median, {per_round[0]:.2f}-"
+                f"{per_round[-1]:.2f}x range"
+            )
+    return rows
+
+
+def summary(rows: List[dict]) -> str:
+    lines = ["task      threads  contender        target tok/s  ratio*  peak extra MiB  SDPA kernel              load"]
+    for r in rows:
+        ratio = f"{r['ratio_median_of_rounds']:.2f}x" if "ratio_median_of_rounds" in r else ""
+        kernels = [k for k in r["sdpa_kernels"] if k.startswith("aten::_scaled") and not k.endswith("backward")]
+        sdpa = ",".join(k.replace("aten::_scaled_dot_product_", "") for k in kernels) or "-"
+        mem = "-" if r["peak_extra_mib"] is None else f"{r['peak_extra_mib']:.0f}"
+        lines.append(
+            f"{r['task']:9s} {r['threads']:7d}  {r['contender']:15s} {r['tokens_per_s']:12.0f}  {ratio:6s} "
+            f"{mem:>14s}  {sdpa:24s} {r['load_average']:.1f}"
+        )
+    lines.append("* graph / nn.Transformer tokens/s: median of the per-round ratios")
+    return "\n".join(lines)
+
+
+def write_png(path: str, title: str, rows: List[dict]) -> bool:
+    """One panel per task: target tokens/s per thread count, one bar per contender."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    contenders = list(dict.fromkeys(r["contender"] for r in rows))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4.5), squeeze=False)
+    width = 0.8 / len(contenders)
+    for ax, task in zip(axes[0], tasks):
+        threads = list(dict.fromkeys(r["threads"] for r in rows if r["task"] == task))
+        for j, c in enumerate(contenders):
+            vals = [
+                next((r["tokens_per_s"] for r in rows if (r["task"], r["threads"], r["contender"]) == (task, t, c)), 0)
+                for t in threads
+            ]
+            bars = ax.bar([i + j * width for i in range(len(threads))], vals, width, label=c)
+            ax.bar_label(bars, fmt="%.0f", fontsize=7)
+        ax.set_xticks([i + width * (len(contenders) - 1) / 2 for i in range(len(threads))])
+        labels = []
+        for t in threads:
+            ratios = [r for r in rows if (r["task"], r["threads"]) == (task, t) and "ratio_median_of_rounds" in r]
+            x = ", ".join(f"{r['ratio_median_of_rounds']:.2f}x" for r in ratios)
+            labels.append(f"{t} thread{'s' if t > 1 else ''}\ngraph / nn.Transformer {x}")
+        ax.set_xticklabels(labels, fontsize=8)
+        ax.set_title(task)
+        ax.set_ylabel("target tokens / s (median; fwd + bwd + Adam)")
+        ax.legend(fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data-dir", default="", help="Multi30k-format folder (train/val/test_2016_flickr.{en,de})")
+    ap.add_argument("--run", default="", help="folder holding (or receiving) the BPE tokenizer.json (default: temp)")
+    ap.add_argument("--backends", nargs="+", default=["auto"], help="edge-attention backends of the graph model")
+    ap.add_argument("--tasks", nargs="+", default=["multi30k", "copy"], choices=["multi30k", "copy"])
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--batches", type=int, default=2, help="multi30k token-budget batches per round")
+    ap.add_argument("--copy-batches", type=int, default=16, help="copy batches (16 sequences each) per round")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--profile-rows", type=int, default=12)
+    ap.add_argument("--out", default=RESULTS)
+    ap.add_argument("--tag", default="", help="suffix for the result file names")
+    ap.add_argument("--replot", default="", help="only redraw the PNG beside this results JSON")
+    args = ap.parse_args(argv)
+    if args.replot:
+        with open(args.replot) as f:
+            data = json.load(f)
+        write_png(args.replot[: -len(".json")] + ".png", data["config"]["header"], data["results"])
+        return
+    if not args.data_dir and "multi30k" in args.tasks:
+        ap.error("--data-dir is required for the multi30k task")
+    if not args.run:
+        args.run = tempfile.mkdtemp(prefix="bench_train_")
+    info = machine_info()
+    info["threads"] = "-".join(map(str, args.threads))
+    cpu = "".join(c if c.isalnum() else "-" for c in cpu_model().lower().replace("(r)", "").replace("(tm)", ""))
+    cpu = "-".join(x for x in cpu.split("-") if x and x != "cpu")
+    stem = f"bench_train_{cpu}-{info['threads']}t_torch{torch.__version__.split('+')[0]}"
+    stem += f"_{args.tag}" if args.tag else ""
+    os.makedirs(args.out, exist_ok=True)
+    log_lines: List[str] = []
+
+    def log(s: str) -> None:
+        print(s, flush=True)
+        log_lines.append(s)
+
+    import sparseattn
+
+    shown = {"--data-dir": os.path.basename(os.path.normpath(args.data_dir)), "--run": "RUN", "--out": "OUT"}
+    cli = sys.argv[1:] if argv is None else list(argv)
+    cli = [shown.get(a, b) if a in shown else b for a, b in zip([""] + cli, cli)]  # no machine paths in outputs
+    header = (
+        f"sparseattn {sparseattn.__version__} | torch {torch.__version__} | {info['cpu']} | threads "
+        f"{info['threads']} | {info['date']} | load at start {os.getloadavg()[0]:.1f} | {' '.join(cli)}"
+    )
+    config = {**vars(args), "data_dir": shown["--data-dir"], "run": "RUN", "out": "OUT", "header": header}
+    log(header)
+    rows: List[dict] = []
+    for name in args.tasks:
+        rows += run_task(name, args, log)
+        with open(os.path.join(args.out, stem + ".json"), "w") as f:
+            json.dump({"machine": info, "config": config, "results": rows}, f, indent=1)
+    log("\n" + summary(rows))
+    drawn = write_png(os.path.join(args.out, stem + ".png"), header, rows)
+    with open(os.path.join(args.out, stem + ".log"), "w") as f:
+        f.write("\n".join(log_lines) + "\n")
+    print(f"\nwrote {os.path.join(args.out, stem)}.json, .log" + (" and .png" if drawn else " (no matplotlib: no PNG)"))
 
 
 if __name__ == "__main__":
