@@ -1,0 +1,165 @@
+"""DGL side of bench_dgl.py, run with the DGL environment's Python (DGL 2.1 needs torch 2.2):
+
+    /path/to/dgl-venv/bin/python benchmarks/dgl_runner.py
+
+Imports only dgl, torch and numpy (never sparseattn). Reads one JSON command per line on stdin and
+answers one JSON line on stdout, so the caller can interleave its own timings with these:
+
+    {"cmd": "hello"}                                  -> versions and thread count
+    {"cmd": "load", "family": F, "path": P}           -> graph + q/k/v/reference from P (.npz); max |err|
+                                                         of each recipe's output vs the saved reference
+    {"cmd": "time", "contender": C, "mode": M, "reps": n, "warmup": w}
+                                                      -> per-call milliseconds of C ("dgl fused" or
+                                                         "dgl builtin") in M ("fwd" or "fwd+bwd")
+    {"cmd": "mem", "contender": C, "mode": M}         -> peak RSS one call adds (MiB) or null
+    {"cmd": "quit"}
+
+Recipes, both on (N, H, D) q/k/v with edges src -> dst:
+    dgl fused    score = dgl.ops.u_dot_v(g, k, q) / sqrt(D); a = dgl.ops.edge_softmax(g, score);
+                 out = dgl.ops.u_mul_e_sum(g, v, a)                      (exact softmax)
+    dgl builtin  the DGL Transformer tutorial: apply_edges(fn.u_dot_v), exp(clamp(score / sqrt(D), -5, 5)),
+                 update_all(fn.u_mul_e, fn.sum) and update_all(fn.copy_e, fn.sum), out = wv / z
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+
+import numpy as np
+import torch
+
+STATE: dict = {}
+
+
+def _status_kib(key: str):
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _graph(src, dst, n_src, n_dst):
+    import dgl
+
+    src, dst = torch.from_numpy(src), torch.from_numpy(dst)
+    if n_src == n_dst:
+        return dgl.graph((src, dst), num_nodes=n_src)
+    return dgl.heterograph({("s", "e", "d"): (src, dst)}, num_nodes_dict={"s": n_src, "d": n_dst})
+
+
+def fused(g, q, k, v):
+    import dgl
+
+    score = dgl.ops.u_dot_v(g, k, q) * (q.shape[-1] ** -0.5)  # (E, H, 1)
+    a = dgl.ops.edge_softmax(g, score)
+    return dgl.ops.u_mul_e_sum(g, v, a)  # (N_dst, H, D)
+
+
+def builtin(g, q, k, v, clamp=(-5.0, 5.0)):
+    import dgl.function as fn
+
+    with g.local_scope():
+        g.srcdata["k"], g.srcdata["v"], g.dstdata["q"] = k, v, q
+        g.apply_edges(fn.u_dot_v("k", "q", "score"))
+        g.edata["a"] = torch.exp((g.edata["score"] * (q.shape[-1] ** -0.5)).clamp(*clamp))
+        g.update_all(fn.u_mul_e("v", "a", "m"), fn.sum("m", "wv"))
+        g.update_all(fn.copy_e("a", "m"), fn.sum("m", "z"))
+        return g.dstdata["wv"] / g.dstdata["z"]
+
+
+RECIPES = {"dgl fused": fused, "dgl builtin": builtin}
+
+
+def _call(contender: str, mode: str):
+    g, leaves, gout = STATE["g"], STATE["leaves"], STATE["gout"]
+    f = RECIPES[contender]
+    if mode == "fwd":
+        with torch.no_grad():
+            return f(g, *leaves)
+    out = f(g, *leaves)
+    out.backward(gout)
+    for x in leaves:
+        x.grad = None
+    return out
+
+
+def handle(msg: dict) -> dict:
+    cmd = msg["cmd"]
+    if cmd == "hello":
+        import dgl
+
+        return {
+            "dgl": dgl.__version__,
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "threads": torch.get_num_threads(),
+        }
+    if cmd == "load":
+        data = np.load(msg["path"])
+        g = _graph(data["src"], data["dst"], int(data["num_src"]), int(data["num_dst"]))
+        q, k, v = (torch.from_numpy(data[n]) for n in ("q", "k", "v"))
+        STATE.update(
+            g=g, leaves=[x.clone().requires_grad_(True) for x in (q, k, v)], gout=torch.from_numpy(data["gout"])
+        )
+        ref = torch.from_numpy(data["ref"])
+        errs = {}
+        for name, f in RECIPES.items():
+            with torch.no_grad():
+                errs[name] = (f(g, q, k, v) - ref).abs().max().item()
+        return {"family": msg["family"], "edges": g.num_edges(), "max_err": errs}
+    if cmd == "time":
+        for _ in range(msg.get("warmup", 0)):
+            _call(msg["contender"], msg["mode"])
+        times = []
+        for _ in range(msg["reps"]):
+            t = time.perf_counter()
+            _call(msg["contender"], msg["mode"])
+            times.append((time.perf_counter() - t) * 1e3)
+        return {"times_ms": times}
+    if cmd == "mem":
+        gc.collect()
+        before = _status_kib("VmRSS")
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            return {"peak_extra_mib": None}
+        _call(msg["contender"], msg["mode"])
+        peak = _status_kib("VmHWM")
+        return {"peak_extra_mib": None if peak is None or before is None else max(0.0, (peak - before) / 1024)}
+    raise ValueError(f"unknown command {cmd!r}")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1].isdigit():
+        torch.set_num_threads(int(sys.argv[1]))
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 64 * 1024)  # as the harness does: big blocks via mmap, so RSS follows what is live
+        libc.mallopt(-1, 64 * 1024)
+    except OSError:
+        pass
+    replies, sys.stdout = sys.stdout, sys.stderr  # whatever a library prints goes to stderr, not the replies
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg["cmd"] == "quit":
+            break
+        try:
+            reply = handle(msg)
+        except Exception as exc:  # reported, not fatal: the caller records a null with the reason
+            reply = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+
+
+if __name__ == "__main__":
+    main()
