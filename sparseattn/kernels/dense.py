@@ -124,7 +124,9 @@ def plan(graph: Graph) -> Plan:
 
 def _pad(x: Tensor, rows: Tensor, pos: Tensor, start: int, b: int, length: int) -> Tensor:
     """Rows of x (N, H, D) -> (B, H, length, D), zeros in the padding."""
-    if start >= 0:
+    if start == 0 and b * length == x.shape[0]:
+        xb = x  # all rows in order: a view (a slice would cost a zero-filled copy in backward)
+    elif start >= 0:
         xb = x[start:start + b * length]
     else:
         xb = x.new_zeros(b * length, *x.shape[1:]).index_put((pos,), x[rows])
@@ -138,14 +140,79 @@ def _scatter_edges(values: Tensor, bk: _Bucket) -> Tensor:
     return dense.view(bk.b, bk.lq, bk.lk, heads).permute(0, 3, 1, 2)
 
 
+def _clamp_cannot_bind(qb: Tensor, kb: Tensor, scale: float, clamp: Tuple[float, float]) -> bool:
+    """True when no score of any block and head can leave [lo, hi]: by Cauchy-Schwarz,
+    |scale <q_i, k_j>| <= |scale| * max_i |q_i| * max_j |k_j| (per block and head, O(N * D)).
+    Then w = exp(clamp(score)) = exp(score) and out is exact softmax attention. qb: (B, H, lq, D)."""
+    with torch.no_grad():
+        # (B, lq, H, D) is the rows' own contiguous layout: norms there, not on the transposed view
+        qn, kn = (torch.linalg.vector_norm(x.transpose(1, 2), dim=-1).amax(1) for x in (qb, kb))  # (B, H)
+        bound = abs(scale) * qn * kn  # NaN or inf fails both tests below
+        return bool(((bound <= clamp[1]) & (-bound >= clamp[0])).all())
+
+
+def _clamp_forward(qb, kb, vb, mask, scale, clamp, need_grad):
+    """qb: (B, H, lq, D), kb: (B, H, lk, D), vb: (B, H, lk, Dv), mask (B, 1, lq, lk) bool or None.
+    Returns out (B, H, lq, Dv), w = exp(clamp(score)) masked (B, H, lq, lk), z (B, H, lq, 1) with
+    empty rows set to 1, and (if need_grad) where lo <= score <= hi (B, H, lq, lk) bool."""
+    w = torch.matmul(qb, kb.transpose(-1, -2)).mul_(scale)  # (B, H, lq, lk) scores
+    inside = ((w >= clamp[0]) & (w <= clamp[1])) if need_grad else None
+    w = w.clamp_(clamp[0], clamp[1]).exp_()
+    if mask is not None:
+        w.masked_fill_(~mask, 0.0)
+    z = w.sum(-1, keepdim=True)
+    z.masked_fill_(z == 0, 1.0)  # a row without edges: out = 0
+    return torch.matmul(w, vb).div_(z), w, z, inside
+
+
+def _clamp_backward(grad_out, qb, kb, vb, out, w, z, inside, scale):
+    """With g = grad_out / z: dw = g v^T - <g, out>, ds = dw * w * [lo <= score <= hi] (w = 0 off
+    the edges), dq = scale ds k, dk = scale ds^T q, dv = w^T g. Shapes as in _clamp_forward."""
+    g = grad_out / z  # (B, H, lq, Dv)
+    dv = torch.matmul(w.transpose(-1, -2), g)
+    ds = torch.matmul(g, vb.transpose(-1, -2)).sub_(torch.linalg.vecdot(g, out)[..., None])
+    ds.mul_(w).mul_(inside)
+    dq = torch.matmul(ds, kb).mul_(scale)
+    dk = torch.matmul(ds.transpose(-1, -2), qb).mul_(scale)
+    return dq, dk, dv
+
+
+class DenseClampAttention(torch.autograd.Function):
+    """Clamp-mode attention on one padded bucket, without bias, dropout or returned weights:
+    out = (w @ v) / sum(w) with w = exp(clamp(scale q k^T)) masked. forward(qb, kb, vb, mask,
+    scale, clamp): qb (B, H, lq, D), kb (B, H, lk, D), vb (B, H, lk, Dv), mask (B, 1, lq, lk) bool
+    or None; returns (B, H, lq, Dv). The backward is softmax's, through the clamp (zero gradient
+    where the score is outside [lo, hi]), with no (B, H, lq, lk) tensor beyond w and one ds."""
+
+    @staticmethod
+    def forward(ctx, qb, kb, vb, mask, scale: float, clamp):
+        need_grad = any(ctx.needs_input_grad[:3])
+        qb, kb, vb = qb.contiguous(), kb.contiguous(), vb.contiguous()  # bmm is ~2x slower on the strided views
+        out, w, z, inside = _clamp_forward(qb, kb, vb, mask, scale, clamp, need_grad)
+        if need_grad:
+            ctx.save_for_backward(qb, kb, vb, out, w, z, inside)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        dq, dk, dv = _clamp_backward(grad_out, *ctx.saved_tensors, ctx.scale)
+        return dq, dk, dv, None, None, None
+
+
 def _bucket_attention(q, k, v, bk: _Bucket, scale, clamp, bias, dropout_mask, return_weights):
     """One bucket: returns out (B * lq, H, Dv) and normalized weights (B, H, lq, lk) or None."""
     qb = _pad(q, bk.qrows, bk.qpos, bk.q0, bk.b, bk.lq)  # (B, H, lq, D)
     kb = _pad(k, bk.krows, bk.kpos, bk.k0, bk.b, bk.lk)  # (B, H, lk, D)
     vb = _pad(v, bk.krows, bk.kpos, bk.k0, bk.b, bk.lk)  # (B, H, lk, Dv)
-    plain = bias is None and dropout_mask is None and not return_weights and clamp is None
-    if plain and (bk.kind == "full" and not bk.padded or bk.kind == "causal" and not bk.padded and bk.lq == bk.lk):
+    plain = bias is None and dropout_mask is None and not return_weights
+    sdpa_shape = not bk.padded and (bk.kind == "full" or bk.kind == "causal" and bk.lq == bk.lk)
+    if plain and sdpa_shape and (clamp is None or _clamp_cannot_bind(qb, kb, scale, clamp)):
         out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=bk.kind == "causal", scale=scale)
+        return out.transpose(1, 2).reshape(bk.b * bk.lq, *out.shape[1::2]), None
+    if plain and clamp is not None:
+        out = DenseClampAttention.apply(qb, kb, vb, bk.mask, scale, clamp)
         return out.transpose(1, 2).reshape(bk.b * bk.lq, *out.shape[1::2]), None
     scores = torch.matmul(qb, kb.transpose(-1, -2)) * scale  # (B, H, lq, lk)
     if bias is not None:

@@ -16,8 +16,10 @@ CPU_Q = torch.zeros(1, 1, 1)
     (graphs.batch([graphs.complete(128)] * 2), "dense"),               # 16384 edges per block, one shape
     (graphs.from_blocks([("full", 200, 100)] * 2), "dense"),           # cross attention
     (graphs.from_blocks([("causal", 256, 256)]), "dense"),
-    (graphs.batch([graphs.causal(128)] * 2), "csr"),                   # half the block is masked: csr wins
-    (graphs.batch([graphs.complete(32)] * 6), "csr"),                  # blocks too small to pay for padding
+    (graphs.batch([graphs.causal(128)] * 2), "dense"),                 # small, but unpadded causal: SDPA shapes
+    (graphs.batch([graphs.complete(32)] * 6), "dense"),                # small, but one unpadded complete batch
+    (graphs.from_blocks([("full", n, n) for n in (30, 31, 32)]), "csr"),  # small and padded: csr wins
+    (graphs.batch([graphs.complete(32, self_loops=False)] * 6), "csr"),  # small, masked: not an SDPA shape
     (graphs.from_blocks([("full", n, n) for n in range(130, 136)]), "csr"),  # too many shapes
     (graphs.batch([]), "csr"),                                         # empty
 ])
