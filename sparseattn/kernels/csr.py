@@ -30,73 +30,76 @@ from ..graphs import Graph
 from .reference import accumulation_dtype
 
 
-class _Pattern(NamedTuple):
+def _head_rows(ptr: Tensor, heads: int, itype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Head-interleaved CSR of one (rows, cols) pattern with row pointers ptr (rows + 1,): head row
+    t * H + h holds the sorted edges ptr[t] .. ptr[t + 1] of row t. Returns crow (rows * H + 1,)
+    int64, and in `itype`: row (H * E,) head row of each slot, e (H * E,) sorted edge of each slot
+    and head (H * E,) its head; built by repeat_interleave and gathers, no scatter."""
+    rows, device = ptr.numel() - 1, ptr.device
+    deg = ptr.diff().repeat_interleave(heads)  # (rows * H,) head-row lengths
+    crow = torch.zeros(rows * heads + 1, dtype=torch.long, device=device)
+    torch.cumsum(deg, 0, out=crow[1:])
+    nnz = int(crow[-1])
+    row = torch.repeat_interleave(torch.arange(rows * heads, dtype=itype, device=device), deg, output_size=nnz)
+    shift = (ptr[:-1].repeat_interleave(heads) - crow[:-1]).to(itype)  # (rows * H,) sorted edge = slot + shift[row]
+    e = torch.arange(nnz, dtype=itype, device=device).add_(_take(shift, row))
+    head = _take(torch.arange(heads, dtype=itype, device=device).repeat(rows), row)
+    return crow, row, e, head
+
+
+class _Pattern:
     """Index tensors for one graph and head count H, cached on the graph.
 
-    crow, col: CSR of the (N_dst * H, N_src * H) head-interleaved pattern (int32 when it fits).
-    ccrow, ccol: the same for the transposed (N_src * H, N_dst * H) pattern.
-    offsets: crow as int64 (segment reductions). row: (H * E,) head row of each slot.
-    to_csc: (H * E,) slot in the CSR order of each transposed slot.
+    Built at once (forward): crow, col: CSR of the (N_dst * H, N_src * H) head-interleaved
+    pattern; offsets: crow as int64 (segment reductions); row: (H * E,) head row of each slot;
     from_caller: (H * E,) position in a flattened caller-order (E, H) tensor of each slot.
-    to_caller: (E, H) slot of each caller edge and head. Both None when slots are the caller order.
+    Built on first use (backward, returned weights): ccrow, ccol: the transposed (N_src * H,
+    N_dst * H) pattern; to_csc: (H * E,) slot in the CSR order of each transposed slot; to_caller:
+    (E, H) slot of each caller edge and head. Index tensors are int32 when they fit (less traffic).
     """
 
-    crow: Tensor
-    col: Tensor
-    ccrow: Tensor
-    ccol: Tensor
-    offsets: Tensor
-    row: Tensor
-    to_csc: Tensor
-    from_caller: Optional[Tensor]
-    to_caller: Optional[Tensor]
-    shape: Tuple[int, int]
+    def __init__(self, graph: Graph, heads: int) -> None:
+        csr, h = graph.csr(), heads
+        fits = (max(graph.num_edges, graph.num_src, graph.num_dst) + 1) * h < 2**31 - 1
+        self.itype = torch.int32 if fits else torch.long
+        crow, self.row, e, head = _head_rows(csr.ptr, h, self.itype)
+        self.col = _take(csr.idx.to(self.itype), e).mul_(h).add_(head)
+        caller = e if graph.is_sorted_by_dst else _take(csr.perm.to(self.itype), e)
+        self.from_caller = caller.mul_(h).add_(head)
+        self.offsets, self.crow, self.heads, self._graph = crow, crow.to(self.itype), h, graph
+        self.shape = (graph.num_dst * h, graph.num_src * h)
+        self._t: Optional[Tuple[Tensor, ...]] = None
 
+    def _transposed(self) -> Tuple[Tensor, ...]:
+        if self._t is None:
+            g, h, it = self._graph, self.heads, self.itype
+            csr, csc = g.csr(), g.csc()
+            ccrow, _, ce, head = _head_rows(csc.ptr, h, it)  # transposed slots: head row s * H + hh
+            ccol = _take(csc.idx.to(it), ce).mul_(h).add_(head)
+            num_edges, device = csr.perm.numel(), csr.perm.device
+            sorted_pos = torch.empty_like(csr.perm)
+            sorted_pos[csr.perm] = torch.arange(num_edges, device=device)  # (E,) caller edge -> sorted edge
+            dst_sorted = torch.repeat_interleave(torch.arange(g.num_dst, device=device), csr.ptr.diff(),
+                                                 output_size=num_edges)
+            # sorted edge e into destination t, head hh: slot offsets[t * H] + hh * deg[t] + e - ptr[t]
+            slot0 = _take(self.offsets, dst_sorted * h) - _take(csr.ptr, dst_sorted)
+            slot0 += torch.arange(num_edges, device=device)  # (E,) head-0 slot of each sorted edge
+            step = _take(csr.ptr.diff(), dst_sorted)  # (E,) deg[t]
+            sorted_c = _take(sorted_pos.to(it), _take(csc.perm.to(it), ce))  # (H * E,) sorted edge of each slot
+            to_csc = _take(slot0.to(it), sorted_c).add_(_take(step.to(it), sorted_c).mul_(head))
+            to_caller = (_take(slot0, sorted_pos)[:, None] + _take(step, sorted_pos)[:, None]
+                         * torch.arange(h, device=device))  # (E, H)
+            self._t = (ccrow.to(it), ccol, to_csc, to_caller.to(it))
+        return self._t
 
-def _interleave(ptr: Tensor, idx: Tensor, heads: int, num_cols: int) -> Tuple[Tensor, Tensor, Tensor]:
-    """Head-interleaved CSR of one (rows, num_cols) pattern. Returns crow (rows * H + 1,),
-    col (H * E,) and slot (E, H): where sorted edge e of head h lives."""
-    device, num_edges = ptr.device, idx.numel()
-    deg = ptr.diff()  # (rows,)
-    crow = torch.zeros(deg.numel() * heads + 1, dtype=torch.long, device=device)
-    crow[1:] = torch.cumsum(deg.repeat_interleave(heads), 0)
-    t = torch.repeat_interleave(torch.arange(deg.numel(), device=device), deg)  # (E,) row of each edge
-    j = torch.arange(num_edges, device=device) - ptr[t]  # (E,) position inside its row
-    h = torch.arange(heads, device=device)
-    slot = ptr[t, None] * heads + h[None] * deg[t, None] + j[:, None]  # (E, H)
-    col = torch.empty(num_edges * heads, dtype=torch.long, device=device)
-    col[slot] = idx[:, None] * heads + h[None]
-    return crow, col, slot
+    ccrow = property(lambda self: self._transposed()[0])
+    ccol = property(lambda self: self._transposed()[1])
+    to_csc = property(lambda self: self._transposed()[2])
+    to_caller = property(lambda self: self._transposed()[3])
 
 
 def _pattern(graph: Graph, heads: int) -> _Pattern:
-    def build() -> _Pattern:
-        csr, csc = graph.csr(), graph.csc()
-        crow, col, slot = _interleave(csr.ptr, csr.idx, heads, graph.num_src)
-        ccrow, ccol, cslot = _interleave(csc.ptr, csc.idx, heads, graph.num_dst)
-        num_edges, device = csr.idx.numel(), csr.idx.device
-        h = torch.arange(heads, device=device)
-        dst_sorted = graph.dst[csr.perm]
-        row = torch.empty(num_edges * heads, dtype=torch.long, device=device)
-        row[slot] = dst_sorted[:, None] * heads + h[None]
-        caller_to_csr = torch.empty_like(csr.perm)
-        caller_to_csr[csr.perm] = torch.arange(num_edges, device=device)
-        to_csc = torch.empty(num_edges * heads, dtype=torch.long, device=device)
-        to_csc[cslot] = slot[caller_to_csr[csc.perm]]
-        from_caller = to_caller = None
-        if not (graph.is_sorted_by_dst and heads == 1):
-            to_caller = slot[caller_to_csr]  # (E, H)
-            from_caller = torch.empty(num_edges * heads, dtype=torch.long, device=device)
-            from_caller[to_caller.reshape(-1)] = torch.arange(num_edges * heads, device=device)
-        offsets = crow
-        if max(num_edges, graph.num_src, graph.num_dst) * heads < 2**31 - 1:  # int32 indices: less traffic
-            crow, col, ccrow, ccol, row, to_csc = (t.int() for t in (crow, col, ccrow, ccol, row, to_csc))
-            if to_caller is not None:
-                from_caller, to_caller = from_caller.int(), to_caller.int()
-        return _Pattern(crow, col, ccrow, ccol, offsets, row, to_csc, from_caller, to_caller,
-                        (graph.num_dst * heads, graph.num_src * heads))
-
-    return graph.cached(f"csr_pattern_h{heads}", build)
+    return graph.cached(f"csr_pattern_h{heads}", lambda: _Pattern(graph, heads))
 
 
 def _sparse(crow: Tensor, col: Tensor, values: Tensor, shape: Tuple[int, int]) -> Tensor:
