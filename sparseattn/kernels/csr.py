@@ -10,11 +10,12 @@ every output are then plain views, with no transposes. Edge values live in that 
     z     = segment sum of w                      (N_dst * H,)
     out   = SpMM(w * dropout_mask, v) / z         (N_dst, H, Dv)
 The backward is written by hand from the same primitives (sampled_addmm's own backward builds a
-dense N x N gradient): with g = grad_out / z and r[t] = <g[t], out[t]> per head,
-    dw_e = mask_e <g[t], v[s]> - r[t]  (+ the returned weights' own gradient, if any)
-    ds_e = dw_e * w_e (* [lo <= score_e <= hi] in clamp mode);  dbias = ds
-    dq = scale * SpMM(ds, k),  dk = scale * SpMM(ds^T, q),  dv = SpMM((w * mask)^T, g)
-where ^T is the cached transposed (source-sorted) pattern. Nothing of shape (E, H, D) is
+dense N x N gradient): with p_e = w_e / z[t] the normalized weight of edge e = (s, t),
+    a_e  = mask_e <grad_out[t], v[s]>  (+ the returned weights' own gradient, if any)
+    ds_e = p_e (a_e - sum_{e' -> t} p_e' a_e') (* [lo <= score_e <= hi] in clamp mode);  dbias = ds
+    dq = scale * SpMM(ds, k),  dk = scale * SpMM(ds^T, q),  dv = SpMM((p * mask)^T, grad_out)
+(the segment sum equals <grad_out[t], out[t]>, at (E * H) rather than (N * H * Dv) cost), where
+^T is the cached transposed (source-sorted) pattern. Nothing of shape (E, H, D) is
 allocated: extra memory is O(E * H + N * H * D). torch's CPU sparse kernels have no half types,
 so float16/bfloat16 inputs run in float32 (as the reference accumulates) and are cast back.
 """
@@ -171,26 +172,23 @@ def _csr_forward(q2: Tensor, k2: Tensor, v2: Tensor, pat: _Pattern, scale: float
 
 
 def _csr_backward(grad_out: Tensor, grad_weights: Optional[Tensor], q2: Tensor, k2: Tensor, v2: Tensor,
-                  out: Tensor, w: Tensor, score: Optional[Tensor], z_safe: Tensor, mask: Optional[Tensor],
+                  w: Tensor, score: Optional[Tensor], z_safe: Tensor, mask: Optional[Tensor],
                   pat: _Pattern, scale: float, clamp, need: Tuple[bool, bool, bool, bool]):
     """grad_out: (N_dst * H, Dv); grad_weights: slot order or None. Returns dq (N_dst * H, D),
     dk (N_src * H, D), dv (N_src * H, Dv) and ds (slot order), None where not needed."""
-    g = grad_out / z_safe[:, None]  # (N_dst * H, Dv)
     transposed = (pat.shape[1], pat.shape[0])
+    p = w / _take(z_safe, pat.row)  # (H * E,) normalized weights
     dq = dk = dv = ds = None
     if need[2]:
-        wm = w if mask is None else w * mask
-        dv = _spmm(pat.ccrow, pat.ccol, _take(wm, pat.to_csc), g, transposed)
+        pm = p if mask is None else p * mask
+        dv = _spmm(pat.ccrow, pat.ccol, _take(pm, pat.to_csc), grad_out, transposed)
     if need[0] or need[1] or need[3]:
-        dw = _sddmm(pat.crow, pat.col, g, v2)  # <g[t], v[s]>
+        a = _sddmm(pat.crow, pat.col, grad_out, v2)  # <grad_out[t], v[s]>
         if mask is not None:
-            dw *= mask
-        dw -= _take(torch.linalg.vecdot(g, out), pat.row)
-        if grad_weights is not None:  # returned weights p = w / z: dw += (gp - sum_t gp * p) / z
-            zr = _take(z_safe, pat.row)
-            corr = _segment(grad_weights * w / zr, pat, "sum")
-            dw += (grad_weights - _take(corr, pat.row)) / zr
-        ds = dw.mul_(w)
+            a *= mask
+        if grad_weights is not None:
+            a += grad_weights
+        ds = a.sub_(_take(_segment(a * p, pat, "sum"), pat.row)).mul_(p)
         if score is not None:  # clamp mode: no gradient where the clamp is active
             ds.masked_fill_((score < clamp[0]) | (score > clamp[1]), 0.0)
         if need[0]:
@@ -216,18 +214,19 @@ class CSRAttention(torch.autograd.Function):
         mask = _to_slots(dropout_mask, pat)
         out, w, score, z_safe = _csr_forward(q2, k2, v2, pat, scale, clamp, _to_slots(bias, pat), mask)
         weights = _to_caller(w / _take(z_safe, pat.row), pat, heads) if return_weights else None
-        ctx.save_for_backward(q2, k2, v2, out, w, score, z_safe, mask)
+        ctx.save_for_backward(q2, k2, v2, w, score, z_safe, mask)
         ctx.pat, ctx.scale, ctx.clamp, ctx.heads = pat, scale, clamp, heads
         ctx.set_materialize_grads(False)
         return out.view(q.shape[0], heads, -1), weights
 
     @staticmethod
     def backward(ctx, grad_out, grad_weights):
-        q2, k2, v2, out, w, score, z_safe, mask = ctx.saved_tensors
+        q2, k2, v2, w, score, z_safe, mask = ctx.saved_tensors
         heads = ctx.heads
-        grad_out = out.new_zeros(out.shape) if grad_out is None else grad_out.reshape(out.shape)
+        shape = (q2.shape[0], v2.shape[1])  # (N_dst * H, Dv)
+        grad_out = v2.new_zeros(shape) if grad_out is None else grad_out.reshape(shape)
         gw = _to_slots(grad_weights, ctx.pat)
-        dq, dk, dv, ds = _csr_backward(grad_out, gw, q2, k2, v2, out, w, score, z_safe, mask, ctx.pat, ctx.scale,
+        dq, dk, dv, ds = _csr_backward(grad_out, gw, q2, k2, v2, w, score, z_safe, mask, ctx.pat, ctx.scale,
                                        ctx.clamp, tuple(ctx.needs_input_grad[:4]))
         dq, dk, dv = (None if t is None else t.view(-1, heads, t.shape[1]) for t in (dq, dk, dv))
         dbias = _to_caller(ds, ctx.pat, heads) if ctx.needs_input_grad[3] else None
