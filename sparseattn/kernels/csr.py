@@ -22,7 +22,7 @@ so float16/bfloat16 inputs run in float32 (as the reference accumulates) and are
 from __future__ import annotations
 
 import warnings
-from typing import NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -257,7 +257,11 @@ def csr_attention(
     q, k, v = (t.to(acc) for t in (q, k, v))
     bias = None if bias is None else bias.to(acc)
     mask = None if dropout_mask is None else dropout_mask.to(acc)
-    out, weights = CSRAttention.apply(q, k, v, bias, mask, pat, scale, clamp, return_weights)
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():  # dynamo cannot trace sparse tensors
+        from .csr_ops import csr_op_attention
+        out, weights = csr_op_attention(q, k, v, graph, scale, clamp, bias, mask, return_weights)
+    else:
+        out, weights = CSRAttention.apply(q, k, v, bias, mask, pat, scale, clamp, return_weights)
     return out.to(dtype), (weights.to(dtype) if return_weights else None)
 
 
