@@ -138,7 +138,9 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
     if fam.name in COMPILE_FAMILIES:
         contenders["auto (compiled)"] = ("compiled", "torch.compile(fullgraph=True), inductor", estimate_bytes("auto", g))
     if fam.lengths is not None and fam.kind in ("full", "causal"):
-        contenders["sdpa"] = ("sdpa-exact", "unmasked SDPA on (B, H, L, D) views, exact softmax", 0)
+        uniform = all(x == fam.lengths[0] and x[0] == x[1] for x in fam.lengths)
+        contenders["sdpa"] = ("sdpa-exact" if uniform else None, "unmasked SDPA on (B, H, L, D) views, exact softmax"
+                              if uniform else "not applicable: needs a uniform batch of square blocks", 0)
     contenders["sdpa-masked"] = ("sdpa", "padded batch + boolean mask", 0)
     if fam.lengths is not None:
         contenders["dense bmm"] = ("bmm", "padded bmm + clamp-exp, no graph", 0)

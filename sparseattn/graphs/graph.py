@@ -96,9 +96,9 @@ class Graph:
         check_node_ids(dst, num_dst, "edge_index[1] (destinations)")
         # destination-major input (as the builders list edges) needs no sort, and without
         # duplicates its dense blocks are recognized on first use of `blocks`
-        step = (dst * max(num_src, 1) + src).diff()  # (E - 1,)
-        sorted_by_dst = bool((step >= 0).all())
-        blocks = _UNKNOWN if sorted_by_dst and bool((step > 0).all()) else None
+        least_step = int((dst * max(num_src, 1) + src).diff().min()) if src.numel() > 1 else 1
+        sorted_by_dst = least_step >= 0
+        blocks = _UNKNOWN if least_step > 0 else None
         self._init(edge_index, num_src, num_dst, blocks, sorted_by_dst=sorted_by_dst)
 
     def _init(
@@ -304,9 +304,11 @@ def _compress(rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, presorte
     """Sort edges by (row, col) and compress rows. Returns ptr (num_rows + 1,), idx, perm."""
     if presorted:
         perm = torch.arange(rows.numel(), device=rows.device)
+        idx = cols  # already in order: no copy
     else:
         perm = torch.argsort(rows * max(num_cols, 1) + cols, stable=True)
+        idx = cols[perm]
     counts = torch.bincount(rows, minlength=num_rows) if rows.numel() else rows.new_zeros(num_rows)
     ptr = torch.zeros(num_rows + 1, dtype=torch.long, device=rows.device)
     ptr[1:] = torch.cumsum(counts, 0)
-    return CSR(ptr, cols[perm], perm)
+    return CSR(ptr, idx, perm)

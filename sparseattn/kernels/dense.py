@@ -18,6 +18,7 @@ Shapes: q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv), bias/dropout_mask (E
 """
 from __future__ import annotations
 
+import functools
 from typing import List, NamedTuple, Optional, Tuple
 
 import torch
@@ -31,25 +32,50 @@ MAX_WASTE = 0.25  # a bucket's padded area may exceed its blocks' areas by at mo
 MAX_BUCKET_PAIRS = 2**24  # B * Lq * Lk per bucket (times H in memory)
 
 
-class _Bucket(NamedTuple):
+class _Bucket:
     """Blocks of one kind padded to (lq, lk). Rows of the padded (B * lq) query axis at `qpos`
-    hold destinations `qrows` (likewise keys); `pos` is the flat (B * lq * lk) position of edge
-    `eids[i]`. `q0`/`k0` >= 0 when the rows are one contiguous unpadded range starting there."""
+    hold destinations `qrows` (likewise keys); `q0`/`k0` >= 0 when the rows are one contiguous
+    unpadded range starting there. Built on first use (only bias, dropout, returned weights and
+    masked buckets need them): `pos`, the flat (B * lq * lk) position of edge `eids[i]`, and
+    `mask` (B, 1, lq, lk) bool, None when every position is an edge."""
 
-    kind: str
-    b: int
-    lq: int
-    lk: int
-    qpos: Tensor
-    qrows: Tensor
-    kpos: Tensor
-    krows: Tensor
-    pos: Tensor
-    eids: Tensor
-    mask: Optional[Tensor]  # (B, 1, lq, lk) bool, None when every position is an edge
-    padded: bool
-    q0: int
-    k0: int
+    def __init__(self, kind: str, blocks: list, device) -> None:
+        self.kind, self.blocks, self.device = kind, tuple(blocks), device
+        self.b, self.lq, self.lk = len(blocks), max(b.n_dst for b in blocks), max(b.n_src for b in blocks)
+        self.padded = any(b.n_dst != self.lq or b.n_src != self.lk for b in blocks)
+        self.q0 = _contiguous_start([b.dst_start for b in blocks], self.lq, self.padded)
+        self.k0 = _contiguous_start([b.src_start for b in blocks], self.lk, self.padded)
+        self.qpos, self.qrows = self._rows(self.lq, "dst_start", "n_dst")
+        self.kpos, self.krows = self._rows(self.lk, "src_start", "n_src")
+
+    def _rows(self, length: int, start: str, size: str) -> Tuple[Tensor, Tensor]:
+        pos = [torch.arange(i * length, i * length + getattr(b, size), device=self.device) for i, b in enumerate(self.blocks)]
+        rows = [torch.arange(getattr(b, start), getattr(b, start) + getattr(b, size), device=self.device)
+                for b in self.blocks]
+        return torch.cat(pos), torch.cat(rows)
+
+    @functools.cached_property
+    def pos(self) -> Tensor:
+        local, pos = {}, []
+        for i, blk in enumerate(self.blocks):
+            if (blk.n_src, blk.n_dst) not in local:
+                src, dst = block_edges(self.kind, blk.n_src, blk.n_dst, self.device)
+                local[blk.n_src, blk.n_dst] = dst * self.lk + src  # (e,) position inside one (lq, lk) tile
+            pos.append(local[blk.n_src, blk.n_dst] + i * self.lq * self.lk)
+        return torch.cat(pos)
+
+    @functools.cached_property
+    def eids(self) -> Tensor:
+        return torch.cat([torch.arange(b.edge_start, b.edge_start + b.num_edges, device=self.device)
+                          for b in self.blocks])
+
+    @functools.cached_property
+    def mask(self) -> Optional[Tensor]:
+        if not self.padded and self.kind == "full":
+            return None
+        mask = torch.zeros(self.b * self.lq * self.lk, dtype=torch.bool, device=self.device)
+        mask[self.pos] = True
+        return mask.view(self.b, 1, self.lq, self.lk)
 
 
 class Plan(NamedTuple):
@@ -61,33 +87,6 @@ class Plan(NamedTuple):
 def _contiguous_start(starts: List[int], step: int, padded: bool) -> int:
     ok = not padded and all(s == starts[0] + i * step for i, s in enumerate(starts))
     return starts[0] if ok else -1
-
-
-def _make_bucket(kind: str, blocks: list, device) -> _Bucket:
-    lq, lk = max(b.n_dst for b in blocks), max(b.n_src for b in blocks)
-    qpos, qrows, kpos, krows, pos, eids = [], [], [], [], [], []
-    local = {}
-    for i, blk in enumerate(blocks):
-        if (blk.n_src, blk.n_dst) not in local:
-            src, dst = block_edges(kind, blk.n_src, blk.n_dst, device)
-            local[blk.n_src, blk.n_dst] = dst * lk + src  # (e,) position inside one (lq, lk) tile
-        pos.append(local[blk.n_src, blk.n_dst] + i * lq * lk)
-        eids.append(torch.arange(blk.edge_start, blk.edge_start + blk.num_edges, device=device))
-        qpos.append(torch.arange(i * lq, i * lq + blk.n_dst, device=device))
-        qrows.append(torch.arange(blk.dst_start, blk.dst_start + blk.n_dst, device=device))
-        kpos.append(torch.arange(i * lk, i * lk + blk.n_src, device=device))
-        krows.append(torch.arange(blk.src_start, blk.src_start + blk.n_src, device=device))
-    padded = any(b.n_dst != lq or b.n_src != lk for b in blocks)
-    pos_t = torch.cat(pos)
-    mask = None
-    if padded or kind != "full":
-        mask = torch.zeros(len(blocks) * lq * lk, dtype=torch.bool, device=device)
-        mask[pos_t] = True
-        mask = mask.view(len(blocks), 1, lq, lk)
-    return _Bucket(kind, len(blocks), lq, lk, torch.cat(qpos), torch.cat(qrows), torch.cat(kpos), torch.cat(krows),
-                   pos_t, torch.cat(eids), mask, padded,
-                   _contiguous_start([b.dst_start for b in blocks], lq, padded),
-                   _contiguous_start([b.src_start for b in blocks], lk, padded))
 
 
 def plan(graph: Graph) -> Plan:
@@ -109,11 +108,11 @@ def plan(graph: Graph) -> Plan:
                 own = sum(b.n_dst * b.n_src for b in grown)
                 if current and (len(grown) * lq * lk > (1 + MAX_WASTE) * own
                                 or len(grown) * lq * lk > MAX_BUCKET_PAIRS):
-                    buckets.append(_make_bucket(kind, current, graph.device))
+                    buckets.append(_Bucket(kind, current, graph.device))
                     grown = [blk]
                 current = grown
             if current:
-                buckets.append(_make_bucket(kind, current, graph.device))
+                buckets.append(_Bucket(kind, current, graph.device))
         padded_area = sum(bk.b * bk.lq * bk.lk for bk in buckets)
         area = sum(b.n_dst * b.n_src for b in graph.blocks if b.num_edges > 0)
         contiguous = len(buckets) == 1 and buckets[0].q0 == 0 and buckets[0].b * buckets[0].lq == graph.num_dst
