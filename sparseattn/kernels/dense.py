@@ -139,15 +139,18 @@ def _scatter_edges(values: Tensor, bk: _Bucket) -> Tensor:
     return dense.view(bk.b, bk.lq, bk.lk, heads).permute(0, 3, 1, 2)
 
 
-def _clamp_cannot_bind(qb: Tensor, kb: Tensor, scale: float, clamp: Tuple[float, float]) -> bool:
-    """True when no score of any block and head can leave [lo, hi]: by Cauchy-Schwarz,
-    |scale <q_i, k_j>| <= |scale| * max_i |q_i| * max_j |k_j| (per block and head, O(N * D)).
-    Then w = exp(clamp(score)) = exp(score) and out is exact softmax attention. qb: (B, H, lq, D)."""
+def _clamp_cannot_bind(qb: Tensor, kb: Tensor, scale: float, clamp: Tuple[float, float], causal: bool) -> Tensor:
+    """Per row, whether none of its scores can leave [lo, hi]: by Cauchy-Schwarz,
+    |scale <q_i, k_j>| <= |scale| * |q_i| * max_j |k_j| over the keys row i sees (all of the
+    block's, or j <= i when causal), O(N * D). Such rows' clamp-exp weights equal exact softmax.
+    qb: (B, H, lq, D), kb: (B, H, lk, D). Returns (B, H, lq, 1) bool; NaN or inf gives False.
+    Row by row, so a row's choice (and its bits) depends only on what it attends to."""
     with torch.no_grad():
-        # (B, lq, H, D) is the rows' own contiguous layout: norms there, not on the transposed view
-        qn, kn = (torch.linalg.vector_norm(x.transpose(1, 2), dim=-1).amax(1) for x in (qb, kb))  # (B, H)
-        bound = abs(scale) * qn * kn  # NaN or inf fails both tests below
-        return bool(((bound <= clamp[1]) & (-bound >= clamp[0])).all())
+        # (B, L, H, D) is the rows' own contiguous layout: norms there, not on the transposed view
+        qn, kn = (torch.linalg.vector_norm(x.transpose(1, 2), dim=-1).transpose(1, 2) for x in (qb, kb))  # (B, H, L)
+        kmax = kn.cummax(-1).values if causal else kn.amax(-1, keepdim=True)
+        bound = (abs(scale) * qn * kmax)[..., None]
+        return (bound <= clamp[1]) & (-bound >= clamp[0])
 
 
 def _clamp_forward(qb, kb, vb, mask, scale, clamp, need_grad):
@@ -207,11 +210,22 @@ def _bucket_attention(q, k, v, bk: _Bucket, scale, clamp, bias, dropout_mask, re
     vb = _pad(v, bk.krows, bk.kpos, bk.k0, bk.b, bk.lk)  # (B, H, lk, Dv)
     plain = bias is None and dropout_mask is None and not return_weights
     sdpa_shape = not bk.padded and (bk.kind == "full" or bk.kind == "causal" and bk.lq == bk.lk)
-    if plain and sdpa_shape and (clamp is None or _clamp_cannot_bind(qb, kb, scale, clamp)):
-        out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=bk.kind == "causal", scale=scale)
-        return out.transpose(1, 2).reshape(bk.b * bk.lq, *out.shape[1::2]), None
-    if plain and clamp is not None:
-        out = DenseClampAttention.apply(qb, kb, vb, bk.mask, scale, clamp)
+    def sdpa():
+        return F.scaled_dot_product_attention(qb, kb, vb, is_causal=bk.kind == "causal", scale=scale)
+
+    out = None
+    if plain and clamp is None and sdpa_shape:
+        out = sdpa()
+    elif plain and clamp is not None:
+        # rows the clamp provably cannot reach get exact softmax from SDPA, the others the lean path
+        exact = _clamp_cannot_bind(qb, kb, scale, clamp, bk.kind == "causal") if sdpa_shape else None
+        if exact is not None and bool(exact.all()):
+            out = sdpa()
+        else:
+            out = DenseClampAttention.apply(qb, kb, vb, bk.mask, scale, clamp)  # (B, H, lq, Dv)
+            if exact is not None and bool(exact.any()):
+                out = torch.where(exact, sdpa(), out)
+    if out is not None:
         return out.transpose(1, 2).reshape(bk.b * bk.lq, *out.shape[1::2]), None
     scores = torch.matmul(qb, kb.transpose(-1, -2)) * scale  # (B, H, lq, lk)
     if bias is not None:
