@@ -145,12 +145,14 @@ def _clamp_cannot_bind(qb: Tensor, kb: Tensor, scale: float, clamp: Tuple[float,
     block's, or j <= i when causal), O(N * D). Such rows' clamp-exp weights equal exact softmax.
     qb: (B, H, lq, D), kb: (B, H, lk, D). Returns (B, H, lq, 1) bool; NaN or inf gives False.
     Row by row, so a row's choice (and its bits) depends only on what it attends to."""
+    limit = min(clamp[1], -clamp[0])  # |score| <= limit keeps it inside [lo, hi]
+    if limit < 0:
+        return torch.zeros(*qb.shape[:3], 1, dtype=torch.bool, device=qb.device)
     with torch.no_grad():
         # (B, L, H, D) is the rows' own contiguous layout: norms there, not on the transposed view
         qn, kn = (torch.linalg.vector_norm(x.transpose(1, 2), dim=-1).transpose(1, 2) for x in (qb, kb))  # (B, H, L)
         kmax = kn.cummax(-1).values if causal else kn.amax(-1, keepdim=True)
-        bound = (abs(scale) * qn * kmax)[..., None]
-        return (bound <= clamp[1]) & (-bound >= clamp[0])
+        return (qn.mul_(kmax).mul_(abs(scale)) <= limit)[..., None]  # NaN compares False
 
 
 def _clamp_forward(qb, kb, vb, mask, scale, clamp, need_grad):
