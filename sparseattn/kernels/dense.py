@@ -8,9 +8,10 @@ largest block (only inside this kernel) and runs as one batched matmul:
     out = (w * dropout_mask) @ v / sum(w)
 with torch's own autograd. A bucket accepts a block while its padded area stays within
 `MAX_WASTE` of the blocks' own areas, so padding costs at most that fraction of extra work
-(`plan(graph).waste` reports it). In exact mode (clamp=None) with no bias, dropout or returned
-weights, uniform full/causal buckets call `F.scaled_dot_product_attention`, which is then the
-same computation. Half types run in float32. Inside a block every destination sees every
+(`plan(graph).waste` reports it). With no bias, dropout or returned weights, uniform full/causal
+buckets call `F.scaled_dot_product_attention` in exact mode (clamp=None), and in clamp mode for
+the rows whose scores provably stay inside the clamp (`_clamp_cannot_bind`), where clamp-exp is
+exact softmax; the other clamp-mode rows run `DenseClampAttention` (hand-written backward). Half types run in float32. Inside a block every destination sees every
 source value, so NaN/inf in one source row reaches the whole block (the sparse backends keep it
 to the destinations with an edge from that row).
 
