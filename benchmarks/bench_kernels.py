@@ -4,7 +4,10 @@
     python -m benchmarks.bench_kernels --quick              # small graphs, a minute
     python -m benchmarks.bench_kernels --families window-8192,causal-32x128 --flex all
 
-Contenders: every registered backend and "auto"; "sdpa-masked" (padded batch + boolean mask, as a
+Contenders: every registered backend and "auto"; "auto (raw)" (the same call on the graph's
+(2, E) edge_index tensor, so the structure is validated and built inside every call);
+"auto (compiled)" (torch.compile(fullgraph=True) of the call, on COMPILE_FAMILIES); "sdpa" (plain
+F.scaled_dot_product_attention on uniform batches: exact softmax, is_causal); "sdpa-masked" (padded batch + boolean mask, as a
 user would write it with F.scaled_dot_product_attention); "dense bmm" (block families: padded
 bmm + clamp-exp computed directly, no graph: the floor a dense-block kernel can reach);
 "pyg-style" (gather -> torch_geometric.utils.softmax -> scatter_add; reimplemented faithfully
@@ -30,9 +33,9 @@ import torch
 from sparseattn import edge_attention, graphs
 from sparseattn.kernels import available_backends, choose_auto, plan
 
-from .harness import Result, machine_header, machine_info, machine_tag, median, peak_extra_mib, time_ms, write_json, \
-    write_png
-from .peers import DIM, HEADS, make_dense_bmm, make_flex, make_pyg, make_sdpa
+from .harness import Result, machine_header, machine_info, machine_tag, median, peak_extra_mib, time_interleaved, \
+    write_json, write_png
+from .peers import DIM, HEADS, make_dense_bmm, make_flex, make_pyg, make_sdpa, make_sdpa_exact, sdpa_kernel_name
 
 GiB = 2**30
 FAMILY_INFO: Dict[str, dict] = {}  # per family: sizes, auto's pick, dense padding waste (written to the JSON)
@@ -89,6 +92,7 @@ def families(quick: bool) -> Dict[str, Family]:
 
 
 FLEX_FAMILIES = ("window-8192", "causal-32x128", "window-2048", "causal-8x64")
+COMPILE_FAMILIES = ("window-8192", "random-50k", "window-2048")  # inductor compiles each shape and pass once
 
 
 # ---- runner ------------------------------------------------------------------------------------
@@ -98,7 +102,7 @@ def estimate_bytes(name: str, g: graphs.Graph) -> float:
     e, n = g.num_edges, g.num_src + g.num_dst
     if name in ("reference", "scatter", "pyg-style"):
         return e * HEADS * DIM * 4 * 7
-    if name in ("csr", "auto"):
+    if name in ("csr", "auto", "auto (raw)", "auto (compiled)"):
         return e * HEADS * 4 * 12 + n * HEADS * DIM * 4 * 10
     if name == "dense":
         p = plan(g)
@@ -128,6 +132,15 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
     for name in ("scatter",):
         if name not in contenders:
             contenders[name] = (None, "skipped: torch_scatter not importable", 0)
+    ei = g.edge_index
+    contenders["auto (raw)"] = (lambda q_, k_, v_: edge_attention(q_, k_, v_, ei), "edge_index tensor: builds per call",
+                                estimate_bytes("auto", g))
+    if fam.name in COMPILE_FAMILIES:
+        contenders["auto (compiled)"] = ("compiled", "torch.compile(fullgraph=True), inductor", estimate_bytes("auto", g))
+    if fam.lengths is not None and fam.kind in ("full", "causal"):
+        uniform = all(x == fam.lengths[0] and x[0] == x[1] for x in fam.lengths)
+        contenders["sdpa"] = ("sdpa-exact" if uniform else None, "unmasked SDPA on (B, H, L, D) views, exact softmax"
+                              if uniform else "not applicable: needs a uniform batch of square blocks", 0)
     contenders["sdpa-masked"] = ("sdpa", "padded batch + boolean mask", 0)
     if fam.lengths is not None:
         contenders["dense bmm"] = ("bmm", "padded bmm + clamp-exp, no graph", 0)
@@ -153,7 +166,7 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
     for mode in ("fwd", "fwd+bwd"):
         leaves = [x.clone().requires_grad_(mode == "fwd+bwd") for x in (q, k, v)]
         gout = torch.randn_like(gold)
-        ref_ms = None
+        ref_ms, ready = None, []  # ready: (result, fn) checked and measured, timed below in rounds
         for name, (spec, note, est) in contenders.items():
             r = Result(fam.name, g.num_edges, name, mode, note=note)
             results.append(r)
@@ -163,6 +176,15 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
             try:
                 if spec == "sdpa":
                     call, est = make_sdpa(fam, g, *leaves)
+                elif spec == "sdpa-exact":
+                    call = make_sdpa_exact(fam, g, *leaves)
+                    FAMILY_INFO[fam.name]["sdpa_kernel"] = sdpa_kernel_name(call)
+                    r.note += f"; {FAMILY_INFO[fam.name]['sdpa_kernel']}"
+                elif spec == "compiled":
+                    from sparseattn.kernels.csr_ops import prepare
+                    prepare(g, HEADS)
+                    compiled = torch.compile(lambda q_, k_, v_: edge_attention(q_, k_, v_, g), fullgraph=True)
+                    call = (lambda c: lambda: c(*leaves))(compiled)
                 elif spec == "bmm":
                     call, est = make_dense_bmm(fam, g, *leaves)
                 elif spec == "pyg":
@@ -197,22 +219,33 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
                     raise AssertionError(f"max |err| vs {checker} = {r.max_err_vs_reference:.3g}")
                 del out
                 r.peak_extra_mib = peak_extra_mib(fn)
-                r.times_ms = time_ms(fn, warmup=args.warmup, reps=args.reps, budget_s=args.budget_s)
-                r.ms = median(r.times_ms)
+                ready.append((r, fn))
+                continue
+            except Exception as exc:  # OOM, unsupported op, wrong answer: a null with the reason
+                _fail(r, exc, args.verbose)
+            _print_row(r)
+        timed = time_interleaved([fn for _, fn in ready], warmup=args.warmup, reps=args.reps, budget_s=args.budget_s)
+        for (r, _), times in zip(ready, timed):
+            if isinstance(times, Exception):
+                _fail(r, times, args.verbose)
+            else:
+                r.times_ms, r.ms = times, median(times)
                 traffic = (g.num_dst * HEADS * DIM * 2 + g.num_src * HEADS * DIM * 2) * 4 + g.num_edges * 8
                 r.gb_per_s = traffic * (1 if mode == "fwd" else 3) / (r.ms * 1e-3) / 1e9
-                if name == "reference":
+                if r.contender == "reference":
                     ref_ms = r.ms
-            except Exception as exc:  # OOM, unsupported op, wrong answer: a null with the reason
-                r.ms, r.note = None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-                if args.verbose:
-                    traceback.print_exc()
             _print_row(r)
         for r in results:
             if r.family == fam.name and r.mode == mode and r.ms and ref_ms:
                 r.speedup_vs_reference = ref_ms / r.ms
         if ref_ms is None:
             print(f"  ({mode}: reference skipped, no speedup column)")
+
+
+def _fail(r: Result, exc: BaseException, verbose: bool) -> None:
+    r.ms, r.note = None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    if verbose:
+        traceback.print_exception(exc)
 
 
 def _print_row(r: Result) -> None:
@@ -231,6 +264,32 @@ def summary_table(results: List[Result]) -> str:
         lines.append(f"{r.family:20s} {r.mode:8s} {r.contender:15s} {r.ms:10.2f} {sp:>10s} {pk:>15s}  "
                      f"{r.max_err_vs_reference:.1e}")
     return "\n".join(lines)
+
+
+RATIOS = {  # issue 15's targets: (name, numerator, denominator, mode, target)
+    "auto/sdpa": ("auto", "sdpa", 1.1),
+    "raw/Graph": ("auto (raw)", "auto", 1.5),
+    "compiled/eager": ("auto (compiled)", "auto", None),
+}
+
+
+def ratio_table(results: List[Result]) -> Tuple[str, dict]:
+    """Target ratios per family: auto/sdpa and raw/Graph per pass, csr backward/forward."""
+    ms = {(r.family, r.contender, r.mode): r.ms for r in results if r.ms}
+    out, lines = {}, ["family               ratio            fwd     fwd+bwd  target"]
+    for fam in dict.fromkeys(r.family for r in results):
+        for name, (num, den, target) in RATIOS.items():
+            vals = [ms.get((fam, num, m)) and ms.get((fam, den, m)) and ms[fam, num, m] / ms[fam, den, m]
+                    for m in ("fwd", "fwd+bwd")]
+            if any(vals):
+                out[f"{fam} {name}"] = vals
+                lines.append(f"{fam:20s} {name:15s} " + "  ".join("      -" if x is None else f"{x:7.2f}" for x in vals)
+                             + (f"  <= {target}" if target else ""))
+        f, fb = ms.get((fam, "csr", "fwd")), ms.get((fam, "csr", "fwd+bwd"))
+        if f and fb:
+            out[f"{fam} csr bwd/fwd"] = [(fb - f) / f]
+            lines.append(f"{fam:20s} {'csr bwd/fwd':15s} {(fb - f) / f:7.2f}           <= 2.5")
+    return "\n".join(lines), out
 
 
 def main(argv=None) -> None:
@@ -261,7 +320,8 @@ def main(argv=None) -> None:
         fams = {f: fams[f] for f in args.families.split(",")}
     info = machine_info()
     print(machine_header(info))
-    print(f"H={HEADS}, D={DIM}, float32; median of up to {args.reps} runs after {args.warmup} warmup; peak extra = "
+    print(f"H={HEADS}, D={DIM}, float32; median of up to {args.reps} runs after {args.warmup} warmup, contenders timed "
+          f"in interleaved rounds; peak extra = "
           f"peak RSS during one call minus RSS before it")
     results: List[Result] = []
     stem = f"bench_kernels{'_quick' if args.quick else ''}_{machine_tag(info)}{'_' + args.tag if args.tag else ''}"
@@ -273,6 +333,10 @@ def main(argv=None) -> None:
         run_family(fam, args, results)
         write_json(os.path.join(args.out, stem + ".json"), info, config, results)  # partial results survive a kill
     print("\n" + summary_table(results))
+    table, ratios = ratio_table(results)
+    config["ratios"] = ratios
+    write_json(os.path.join(args.out, stem + ".json"), info, config, results)
+    print(f"\n{table}\nload average at the end: {os.getloadavg()[0]:.1f}")
     drawn = write_png(os.path.join(args.out, stem + ".png"), machine_header(info), results)
     print(f"\nwrote {os.path.join(args.out, stem)}.json" + (" and .png" if drawn else " (no matplotlib: no PNG)"))
 

@@ -53,6 +53,40 @@ def time_ms(fn: Callable[[], object], device: str = "cpu", warmup: int = 3, reps
     return times
 
 
+def time_interleaved(fns: List[Callable[[], object]], device: str = "cpu", warmup: int = 3, reps: int = 10,
+                     budget_s: float = 20.0) -> List[object]:
+    """time_ms for several contenders at once, in rounds (one timed run of each per round), so that
+    load changes on a shared machine hit every contender alike. Returns per contender its list of
+    times in ms, or the exception it raised."""
+    times: List[object] = [[] for _ in fns]
+    for i, fn in enumerate(fns):
+        try:
+            t0 = time.perf_counter()
+            for w in range(warmup):
+                fn()
+                _sync(device)
+                if w == 0 and time.perf_counter() - t0 > budget_s / 4:
+                    break
+        except Exception as exc:  # noqa: BLE001 (reported by the caller)
+            times[i] = exc
+    spent = [0.0] * len(fns)
+    while True:
+        active = [i for i, t in enumerate(times) if isinstance(t, list)
+                  and len(t) < reps and not (len(t) >= 3 and spent[i] > budget_s)]
+        if not active:
+            return times
+        for i in active:
+            try:
+                _sync(device)
+                t = time.perf_counter()
+                fns[i]()
+                _sync(device)
+                times[i].append((time.perf_counter() - t) * 1e3)
+                spent[i] += times[i][-1] / 1e3
+            except Exception as exc:  # noqa: BLE001
+                times[i] = exc
+
+
 def _libc():
     try:
         import ctypes

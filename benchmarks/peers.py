@@ -54,6 +54,30 @@ def make_sdpa(fam, g: graphs.Graph, q, k, v):
     return fn, mask.numel() * HEADS * 4 * 5
 
 
+def make_sdpa_exact(fam, g: graphs.Graph, q, k, v):
+    """Unmasked F.scaled_dot_product_attention on reshaped views (is_causal for causal blocks):
+    exact softmax, the fused kernel clamp-mode "auto" is measured against. Uniform batches only."""
+    b = len(fam.lengths)
+    if any(x != fam.lengths[0] or x[0] != x[1] for x in fam.lengths):
+        raise ValueError("plain SDPA needs a uniform batch of square blocks")
+
+    def fn():
+        qb, kb, vb = (x.view(b, -1, HEADS, x.shape[2]).transpose(1, 2) for x in (q, k, v))  # (B, H, L, D)
+        o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=fam.kind == "causal")
+        return o.transpose(1, 2).reshape(-1, HEADS, o.shape[-1])
+    return fn
+
+
+def sdpa_kernel_name(fn) -> str:
+    """The aten kernel F.scaled_dot_product_attention dispatched to inside fn (one profiled call)."""
+    from torch.profiler import profile
+
+    with profile() as prof, torch.no_grad():
+        fn()
+    names = {e.key for e in prof.key_averages() if "scaled_dot_product" in e.key and e.key != "aten::scaled_dot_product_attention"}
+    return ", ".join(sorted(names)) or "none"
+
+
 def make_dense_bmm(fam, g: graphs.Graph, q, k, v, clamp=(-5.0, 5.0)):
     """Padded bmm + clamp-exp directly on (B, H, L, D) tensors, no graph. Inputs are reshaped
     views when the batch is uniform; otherwise gathered into a padded batch."""

@@ -35,7 +35,7 @@ def check_node_ids(ids: Tensor, num_nodes: int, name: str) -> None:
     """Raise IndexError if any id in `ids` is negative or >= num_nodes."""
     if ids.numel() == 0:
         return
-    lo, hi = int(ids.min()), int(ids.max())
+    lo, hi = (int(x) for x in torch.aminmax(ids))
     if lo < 0:
         raise IndexError(f"{name} contains a negative node id ({lo})")
     if hi >= num_nodes:

@@ -86,3 +86,43 @@ def test_graph_defaults_and_to():
     gm = g.to("meta")
     assert gm.device.type == "meta" and gm.num_edges == 2 and gm.csr().ptr.device.type == "meta"
     assert "num_edges=2" in repr(g)
+
+
+@pytest.mark.parametrize("spec", [
+    [("full", 5, 4), ("causal", 6, 6), ("full", 7, 7)],
+    [("causal", 8, 8)] * 3,
+    [("full", 1, 4), ("full", 3, 5)],  # one-source rows: equal ranges, a full block
+])
+def test_raw_destination_major_blocks_are_recognized(spec):
+    built = graphs.from_blocks(spec)
+    raw = Graph(built.edge_index)
+    assert raw.is_sorted_by_dst and raw.blocks == built.blocks
+
+
+def test_blocks_are_not_claimed_where_edges_do_not_decompose():
+    g = graphs.from_blocks([("full", 6, 6)] * 2)
+    assert Graph(g.edge_index.flip(1)).blocks is None  # not destination-major: no detection
+    assert not Graph(g.edge_index.flip(1)).is_sorted_by_dst
+    dup = torch.cat([g.edge_index[:, :1], g.edge_index], 1)
+    assert Graph(dup).is_sorted_by_dst and Graph(dup).blocks is None  # a duplicate edge
+    holes = g.edge_index[:, torch.arange(g.num_edges) != 3]  # destination 0 misses source 3
+    assert Graph(holes).blocks is None
+    assert Graph(graphs.window(40, 2).edge_index).blocks is None  # one-row runs: not worth a block
+    mixed = graphs.from_blocks([("causal", 4, 4)]).edge_index  # rows [0,0] [0,1] [0,2] [0,3], then [0,3] again
+    mixed = torch.cat([mixed, torch.tensor([[0, 1, 2, 3], [4, 4, 4, 4]])], 1)
+    assert Graph(mixed).blocks is None
+
+
+def test_raw_tensor_takes_dense_and_matches_reference():
+    from sparseattn.kernels import choose_auto
+
+    g = graphs.from_blocks([("full", 6, 5), ("causal", 7, 7)])
+    q = torch.randn(g.num_dst, 2, 4, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(g.num_src, 2, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    assert choose_auto(q, Graph(g.edge_index)) == "dense"
+    from sparseattn import edge_attention
+    out = edge_attention(q, k, v, g.edge_index)
+    ref = edge_attention(q, k, v, g, backend="reference")
+    assert torch.allclose(out, ref, atol=1e-12)
+    ga, gb = (torch.autograd.grad(o.sum(), (q, k, v)) for o in (out, ref))
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(ga, gb))

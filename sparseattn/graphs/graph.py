@@ -11,6 +11,9 @@ from .._checks import check_edge_index, check_node_ids
 BLOCK_KINDS = ("full", "full_no_self", "causal", "causal_no_self")
 
 
+_UNKNOWN = object()  # Graph._blocks before detection
+
+
 class Block(NamedTuple):
     """A dense sub-pattern of a graph, recorded by the builders for the dense backend.
 
@@ -91,7 +94,12 @@ class Graph:
                 raise ValueError(f"{name} must be a non-negative int, got {n!r}")
         check_node_ids(src, num_src, "edge_index[0] (sources)")
         check_node_ids(dst, num_dst, "edge_index[1] (destinations)")
-        self._init(edge_index, num_src, num_dst)
+        # destination-major input (as the builders list edges) needs no sort, and without
+        # duplicates its dense blocks are recognized on first use of `blocks`
+        least_step = int((dst * max(num_src, 1) + src).diff().min()) if src.numel() > 1 else 1
+        sorted_by_dst = least_step >= 0
+        blocks = _UNKNOWN if least_step > 0 else None
+        self._init(edge_index, num_src, num_dst, blocks, sorted_by_dst=sorted_by_dst)
 
     def _init(
         self,
@@ -171,7 +179,13 @@ class Graph:
 
     @property
     def blocks(self) -> Optional[Tuple[Block, ...]]:
-        """Dense block structure recorded by a builder, or None (see `Block`)."""
+        """Dense block structure recorded by a builder, or None (see `Block`). A graph built from
+        a destination-major tensor without duplicates gets the "full"/"causal" blocks its edges
+        decompose into (`detect.find_blocks`), found on first access."""
+        if self._blocks is _UNKNOWN:
+            from .detect import find_blocks
+
+            self._blocks = find_blocks(self.csr().idx, self.csr().ptr)
         return self._blocks
 
     @property
@@ -196,7 +210,7 @@ class Graph:
 
     def __repr__(self) -> str:
         extra = f", graphs={self.num_graphs}" if self._dst_ptr is not None else ""
-        extra += f", blocks={len(self._blocks)}" if self._blocks is not None else ""
+        extra += f", blocks={len(self.blocks)}" if self.blocks is not None else ""
         return (
             f"Graph(num_src={self.num_src}, num_dst={self.num_dst}, "
             f"num_edges={self.num_edges}{extra}, device={self.device})"
@@ -236,7 +250,7 @@ class Graph:
             self._edge_index.to(device),
             self._num_src,
             self._num_dst,
-            blocks=self._blocks,
+            blocks=self.blocks,
             src_ptr=self._src_ptr,
             dst_ptr=self._dst_ptr,
             sorted_by_dst=self._sorted_by_dst,
@@ -290,9 +304,11 @@ def _compress(rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, presorte
     """Sort edges by (row, col) and compress rows. Returns ptr (num_rows + 1,), idx, perm."""
     if presorted:
         perm = torch.arange(rows.numel(), device=rows.device)
+        idx = cols  # already in order: no copy
     else:
         perm = torch.argsort(rows * max(num_cols, 1) + cols, stable=True)
+        idx = cols[perm]
     counts = torch.bincount(rows, minlength=num_rows) if rows.numel() else rows.new_zeros(num_rows)
     ptr = torch.zeros(num_rows + 1, dtype=torch.long, device=rows.device)
     ptr[1:] = torch.cumsum(counts, 0)
-    return CSR(ptr, cols[perm], perm)
+    return CSR(ptr, idx, perm)

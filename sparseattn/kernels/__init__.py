@@ -63,23 +63,27 @@ def backends_for(device_type: str) -> list:
 
 
 # "auto" picks "dense" for block graphs whose blocks average at least this many edges (a 128 x 128
-# complete block; measured: below it, e.g. 64 x 32 complete, 40 -> 40 cross or 128-token causal
-# blocks, csr is faster on CPU) and come in at most DENSE_MAX_SHAPES distinct shapes (each shape is
-# one more padded batch to gather)
+# complete block; measured: below it, padded variable-length batches such as 5..50-token blocks
+# are faster with csr on CPU) and come in at most DENSE_MAX_SHAPES distinct shapes (each shape is
+# one more padded batch to gather); smaller blocks too when every bucket is an unpadded batch of
+# complete or causal blocks (F.scaled_dot_product_attention shapes: measured faster than csr from
+# 32 x 32 complete and 64-token causal blocks up, in clamp mode whether or not the clamp binds)
 DENSE_MIN_EDGES_PER_BLOCK = 16384
 DENSE_MAX_SHAPES = 4
 
 
 def choose_auto(q: Tensor, graph: Graph) -> str:
     """The backend "auto" picks for these inputs (see README, "Backends"):
-    "dense" when the graph records dense blocks averaging >= DENSE_MIN_EDGES_PER_BLOCK edges in at
-    most DENSE_MAX_SHAPES distinct (kind, n_src, n_dst) shapes: batched matmuls beat any sparse
-    kernel there. Otherwise "triton" for CUDA tensors with D <= 256 when triton is importable,
-    else "csr". Never "reference" or "scatter" (both are slower everywhere)."""
+    "dense" when the graph records dense blocks in at most DENSE_MAX_SHAPES distinct (kind, n_src,
+    n_dst) shapes that either average >= DENSE_MIN_EDGES_PER_BLOCK edges or form unpadded batches
+    of "full"/"causal" blocks: batched matmuls (or SDPA) beat any sparse kernel there. Otherwise
+    "triton" for CUDA tensors with D <= 256 when triton is importable, else "csr". Never
+    "reference" or "scatter" (both are slower everywhere)."""
     blocks = graph.blocks
-    if blocks and graph.num_edges >= DENSE_MIN_EDGES_PER_BLOCK * len(blocks) \
-            and len({(b.kind, b.n_src, b.n_dst) for b in blocks}) <= DENSE_MAX_SHAPES:
-        return "dense"
+    if blocks and len({(b.kind, b.n_src, b.n_dst) for b in blocks}) <= DENSE_MAX_SHAPES:
+        if graph.num_edges >= DENSE_MIN_EDGES_PER_BLOCK * len(blocks) or \
+                all(not bk.padded and bk.kind in ("full", "causal") for bk in plan(graph).buckets):
+            return "dense"
     triton = _BACKENDS.get("triton")
     if q.device.type == "cuda" and q.shape[-1] <= 256 and triton is not None and triton.available:
         return "triton"

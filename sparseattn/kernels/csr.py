@@ -10,11 +10,12 @@ every output are then plain views, with no transposes. Edge values live in that 
     z     = segment sum of w                      (N_dst * H,)
     out   = SpMM(w * dropout_mask, v) / z         (N_dst, H, Dv)
 The backward is written by hand from the same primitives (sampled_addmm's own backward builds a
-dense N x N gradient): with g = grad_out / z and r[t] = <g[t], out[t]> per head,
-    dw_e = mask_e <g[t], v[s]> - r[t]  (+ the returned weights' own gradient, if any)
-    ds_e = dw_e * w_e (* [lo <= score_e <= hi] in clamp mode);  dbias = ds
-    dq = scale * SpMM(ds, k),  dk = scale * SpMM(ds^T, q),  dv = SpMM((w * mask)^T, g)
-where ^T is the cached transposed (source-sorted) pattern. Nothing of shape (E, H, D) is
+dense N x N gradient): with p_e = w_e / z[t] the normalized weight of edge e = (s, t),
+    a_e  = mask_e <grad_out[t], v[s]>  (+ the returned weights' own gradient, if any)
+    ds_e = p_e (a_e - sum_{e' -> t} p_e' a_e') (* [lo <= score_e <= hi] in clamp mode);  dbias = ds
+    dq = scale * SpMM(ds, k),  dk = scale * SpMM(ds^T, q),  dv = SpMM((p * mask)^T, grad_out)
+(the segment sum equals <grad_out[t], out[t]>, at (E * H) rather than (N * H * Dv) cost), where
+^T is the cached transposed (source-sorted) pattern. Nothing of shape (E, H, D) is
 allocated: extra memory is O(E * H + N * H * D). Under create_graph=True (double backward, e.g. a
 gradient penalty) backward instead recomputes through the reference (`reference_backward`), whose
 gradients torch can differentiate again. torch's CPU sparse kernels have no half types, so
@@ -24,7 +25,7 @@ Degenerate inputs (E = 0, or H, D, Dv = 0) go to the reference backend.
 from __future__ import annotations
 
 import warnings
-from typing import NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -33,73 +34,76 @@ from ..graphs import Graph
 from .reference import accumulation_dtype, reference_attention, reference_backward
 
 
-class _Pattern(NamedTuple):
+def _head_rows(ptr: Tensor, heads: int, itype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Head-interleaved CSR of one (rows, cols) pattern with row pointers ptr (rows + 1,): head row
+    t * H + h holds the sorted edges ptr[t] .. ptr[t + 1] of row t. Returns crow (rows * H + 1,)
+    int64, and in `itype`: row (H * E,) head row of each slot, e (H * E,) sorted edge of each slot
+    and head (H * E,) its head; built by repeat_interleave and gathers, no scatter."""
+    rows, device = ptr.numel() - 1, ptr.device
+    deg = ptr.diff().repeat_interleave(heads)  # (rows * H,) head-row lengths
+    crow = torch.zeros(rows * heads + 1, dtype=torch.long, device=device)
+    torch.cumsum(deg, 0, out=crow[1:])
+    nnz = int(crow[-1])
+    row = torch.repeat_interleave(torch.arange(rows * heads, dtype=itype, device=device), deg, output_size=nnz)
+    shift = (ptr[:-1].repeat_interleave(heads) - crow[:-1]).to(itype)  # (rows * H,) sorted edge = slot + shift[row]
+    e = torch.arange(nnz, dtype=itype, device=device).add_(_take(shift, row))
+    head = _take(torch.arange(heads, dtype=itype, device=device).repeat(rows), row)
+    return crow, row, e, head
+
+
+class _Pattern:
     """Index tensors for one graph and head count H, cached on the graph.
 
-    crow, col: CSR of the (N_dst * H, N_src * H) head-interleaved pattern (int32 when it fits).
-    ccrow, ccol: the same for the transposed (N_src * H, N_dst * H) pattern.
-    offsets: crow as int64 (segment reductions). row: (H * E,) head row of each slot.
-    to_csc: (H * E,) slot in the CSR order of each transposed slot.
+    Built at once (forward): crow, col: CSR of the (N_dst * H, N_src * H) head-interleaved
+    pattern; offsets: crow as int64 (segment reductions); row: (H * E,) head row of each slot;
     from_caller: (H * E,) position in a flattened caller-order (E, H) tensor of each slot.
-    to_caller: (E, H) slot of each caller edge and head. Both None when slots are the caller order.
+    Built on first use (backward, returned weights): ccrow, ccol: the transposed (N_src * H,
+    N_dst * H) pattern; to_csc: (H * E,) slot in the CSR order of each transposed slot; to_caller:
+    (E, H) slot of each caller edge and head. Index tensors are int32 when they fit (less traffic).
     """
 
-    crow: Tensor
-    col: Tensor
-    ccrow: Tensor
-    ccol: Tensor
-    offsets: Tensor
-    row: Tensor
-    to_csc: Tensor
-    from_caller: Optional[Tensor]
-    to_caller: Optional[Tensor]
-    shape: Tuple[int, int]
+    def __init__(self, graph: Graph, heads: int) -> None:
+        csr, h = graph.csr(), heads
+        fits = (max(graph.num_edges, graph.num_src, graph.num_dst) + 1) * h < 2**31 - 1
+        self.itype = torch.int32 if fits else torch.long
+        crow, self.row, e, head = _head_rows(csr.ptr, h, self.itype)
+        self.col = _take(csr.idx.to(self.itype), e).mul_(h).add_(head)
+        caller = e if graph.is_sorted_by_dst else _take(csr.perm.to(self.itype), e)
+        self.from_caller = caller.mul_(h).add_(head)
+        self.offsets, self.crow, self.heads, self._graph = crow, crow.to(self.itype), h, graph
+        self.shape = (graph.num_dst * h, graph.num_src * h)
+        self._t: Optional[Tuple[Tensor, ...]] = None
 
+    def _transposed(self) -> Tuple[Tensor, ...]:
+        if self._t is None:
+            g, h, it = self._graph, self.heads, self.itype
+            csr, csc = g.csr(), g.csc()
+            ccrow, _, ce, head = _head_rows(csc.ptr, h, it)  # transposed slots: head row s * H + hh
+            ccol = _take(csc.idx.to(it), ce).mul_(h).add_(head)
+            num_edges, device = csr.perm.numel(), csr.perm.device
+            sorted_pos = torch.empty_like(csr.perm)
+            sorted_pos[csr.perm] = torch.arange(num_edges, device=device)  # (E,) caller edge -> sorted edge
+            dst_sorted = torch.repeat_interleave(torch.arange(g.num_dst, device=device), csr.ptr.diff(),
+                                                 output_size=num_edges)
+            # sorted edge e into destination t, head hh: slot offsets[t * H] + hh * deg[t] + e - ptr[t]
+            slot0 = _take(self.offsets, dst_sorted * h) - _take(csr.ptr, dst_sorted)
+            slot0 += torch.arange(num_edges, device=device)  # (E,) head-0 slot of each sorted edge
+            step = _take(csr.ptr.diff(), dst_sorted)  # (E,) deg[t]
+            sorted_c = _take(sorted_pos.to(it), _take(csc.perm.to(it), ce))  # (H * E,) sorted edge of each slot
+            to_csc = _take(slot0.to(it), sorted_c).add_(_take(step.to(it), sorted_c).mul_(head))
+            to_caller = (_take(slot0, sorted_pos)[:, None] + _take(step, sorted_pos)[:, None]
+                         * torch.arange(h, device=device))  # (E, H)
+            self._t = (ccrow.to(it), ccol, to_csc, to_caller.to(it))
+        return self._t
 
-def _interleave(ptr: Tensor, idx: Tensor, heads: int, num_cols: int) -> Tuple[Tensor, Tensor, Tensor]:
-    """Head-interleaved CSR of one (rows, num_cols) pattern. Returns crow (rows * H + 1,),
-    col (H * E,) and slot (E, H): where sorted edge e of head h lives."""
-    device, num_edges = ptr.device, idx.numel()
-    deg = ptr.diff()  # (rows,)
-    crow = torch.zeros(deg.numel() * heads + 1, dtype=torch.long, device=device)
-    crow[1:] = torch.cumsum(deg.repeat_interleave(heads), 0)
-    t = torch.repeat_interleave(torch.arange(deg.numel(), device=device), deg)  # (E,) row of each edge
-    j = torch.arange(num_edges, device=device) - ptr[t]  # (E,) position inside its row
-    h = torch.arange(heads, device=device)
-    slot = ptr[t, None] * heads + h[None] * deg[t, None] + j[:, None]  # (E, H)
-    col = torch.empty(num_edges * heads, dtype=torch.long, device=device)
-    col[slot] = idx[:, None] * heads + h[None]
-    return crow, col, slot
+    ccrow = property(lambda self: self._transposed()[0])
+    ccol = property(lambda self: self._transposed()[1])
+    to_csc = property(lambda self: self._transposed()[2])
+    to_caller = property(lambda self: self._transposed()[3])
 
 
 def _pattern(graph: Graph, heads: int) -> _Pattern:
-    def build() -> _Pattern:
-        csr, csc = graph.csr(), graph.csc()
-        crow, col, slot = _interleave(csr.ptr, csr.idx, heads, graph.num_src)
-        ccrow, ccol, cslot = _interleave(csc.ptr, csc.idx, heads, graph.num_dst)
-        num_edges, device = csr.idx.numel(), csr.idx.device
-        h = torch.arange(heads, device=device)
-        dst_sorted = graph.dst[csr.perm]
-        row = torch.empty(num_edges * heads, dtype=torch.long, device=device)
-        row[slot] = dst_sorted[:, None] * heads + h[None]
-        caller_to_csr = torch.empty_like(csr.perm)
-        caller_to_csr[csr.perm] = torch.arange(num_edges, device=device)
-        to_csc = torch.empty(num_edges * heads, dtype=torch.long, device=device)
-        to_csc[cslot] = slot[caller_to_csr[csc.perm]]
-        from_caller = to_caller = None
-        if not (graph.is_sorted_by_dst and heads == 1):
-            to_caller = slot[caller_to_csr]  # (E, H)
-            from_caller = torch.empty(num_edges * heads, dtype=torch.long, device=device)
-            from_caller[to_caller.reshape(-1)] = torch.arange(num_edges * heads, device=device)
-        offsets = crow
-        if max(num_edges, graph.num_src, graph.num_dst) * heads < 2**31 - 1:  # int32 indices: less traffic
-            crow, col, ccrow, ccol, row, to_csc = (t.int() for t in (crow, col, ccrow, ccol, row, to_csc))
-            if to_caller is not None:
-                from_caller, to_caller = from_caller.int(), to_caller.int()
-        return _Pattern(crow, col, ccrow, ccol, offsets, row, to_csc, from_caller, to_caller,
-                        (graph.num_dst * heads, graph.num_src * heads))
-
-    return graph.cached(f"csr_pattern_h{heads}", build)
+    return graph.cached(f"csr_pattern_h{heads}", lambda: _Pattern(graph, heads))
 
 
 def _sparse(crow: Tensor, col: Tensor, values: Tensor, shape: Tuple[int, int]) -> Tensor:
@@ -171,26 +175,23 @@ def _csr_forward(q2: Tensor, k2: Tensor, v2: Tensor, pat: _Pattern, scale: float
 
 
 def _csr_backward(grad_out: Tensor, grad_weights: Optional[Tensor], q2: Tensor, k2: Tensor, v2: Tensor,
-                  out: Tensor, w: Tensor, score: Optional[Tensor], z_safe: Tensor, mask: Optional[Tensor],
+                  w: Tensor, score: Optional[Tensor], z_safe: Tensor, mask: Optional[Tensor],
                   pat: _Pattern, scale: float, clamp, need: Tuple[bool, bool, bool, bool]):
     """grad_out: (N_dst * H, Dv); grad_weights: slot order or None. Returns dq (N_dst * H, D),
     dk (N_src * H, D), dv (N_src * H, Dv) and ds (slot order), None where not needed."""
-    g = grad_out / z_safe[:, None]  # (N_dst * H, Dv)
     transposed = (pat.shape[1], pat.shape[0])
+    p = w / _take(z_safe, pat.row)  # (H * E,) normalized weights
     dq = dk = dv = ds = None
     if need[2]:
-        wm = w if mask is None else w * mask
-        dv = _spmm(pat.ccrow, pat.ccol, _take(wm, pat.to_csc), g, transposed)
+        pm = p if mask is None else p * mask
+        dv = _spmm(pat.ccrow, pat.ccol, _take(pm, pat.to_csc), grad_out, transposed)
     if need[0] or need[1] or need[3]:
-        dw = _sddmm(pat.crow, pat.col, g, v2)  # <g[t], v[s]>
+        a = _sddmm(pat.crow, pat.col, grad_out, v2)  # <grad_out[t], v[s]>
         if mask is not None:
-            dw *= mask
-        dw -= _take(torch.linalg.vecdot(g, out), pat.row)
-        if grad_weights is not None:  # returned weights p = w / z: dw += (gp - sum_t gp * p) / z
-            zr = _take(z_safe, pat.row)
-            corr = _segment(grad_weights * w / zr, pat, "sum")
-            dw += (grad_weights - _take(corr, pat.row)) / zr
-        ds = dw.mul_(w)
+            a *= mask
+        if grad_weights is not None:
+            a += grad_weights
+        ds = a.sub_(_take(_segment(a * p, pat, "sum"), pat.row)).mul_(p)
         if score is not None:  # clamp mode: no gradient where the clamp is active
             ds.masked_fill_((score < clamp[0]) | (score > clamp[1]), 0.0)
         if need[0]:
@@ -218,14 +219,14 @@ class CSRAttention(torch.autograd.Function):
         mask = _to_slots(dropout_mask, pat)
         out, w, score, z_safe = _csr_forward(q2, k2, v2, pat, scale, clamp, _to_slots(bias, pat), mask)
         weights = _to_caller(w / _take(z_safe, pat.row), pat, heads) if return_weights else None
-        ctx.save_for_backward(q, k, v, bias, dropout_mask, out, w, score, z_safe, mask)
+        ctx.save_for_backward(q, k, v, bias, dropout_mask, w, score, z_safe, mask)
         ctx.graph, ctx.pat, ctx.scale, ctx.clamp = graph, pat, scale, clamp
         ctx.set_materialize_grads(False)
         return out.view(q.shape[0], heads, -1), weights
 
     @staticmethod
     def backward(ctx, grad_out, grad_weights):
-        q, k, v, bias, dropout_mask, out, w, score, z_safe, mask = ctx.saved_tensors
+        q, k, v, bias, dropout_mask, w, score, z_safe, mask = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
             grads = reference_backward((q, k, v, bias), ctx.needs_input_grad[:4], ctx.graph, scale=ctx.scale,
                                        clamp=ctx.clamp, dropout_mask=dropout_mask, grad_out=grad_out,
@@ -233,9 +234,10 @@ class CSRAttention(torch.autograd.Function):
             return (*grads, None, None, None, None, None)
         heads = q.shape[1]
         q2, k2, v2 = (t.view(-1, t.shape[2]) for t in (q, k, v))
-        grad_out = out.new_zeros(out.shape) if grad_out is None else grad_out.reshape(out.shape)
+        shape = (q2.shape[0], v2.shape[1])  # (N_dst * H, Dv)
+        grad_out = v2.new_zeros(shape) if grad_out is None else grad_out.reshape(shape)
         gw = _to_slots(grad_weights, ctx.pat)
-        dq, dk, dv, ds = _csr_backward(grad_out, gw, q2, k2, v2, out, w, score, z_safe, mask, ctx.pat, ctx.scale,
+        dq, dk, dv, ds = _csr_backward(grad_out, gw, q2, k2, v2, w, score, z_safe, mask, ctx.pat, ctx.scale,
                                        ctx.clamp, tuple(ctx.needs_input_grad[:4]))
         dq, dk, dv = (None if t is None else t.view(-1, heads, t.shape[1]) for t in (dq, dk, dv))
         dbias = _to_caller(ds, ctx.pat, heads) if ctx.needs_input_grad[3] else None
@@ -264,7 +266,11 @@ def csr_attention(
     q, k, v = (t.to(acc).contiguous() for t in (q, k, v))
     bias = None if bias is None else bias.to(acc)
     mask = None if dropout_mask is None else dropout_mask.to(acc)
-    out, weights = CSRAttention.apply(q, k, v, bias, mask, graph, scale, clamp, return_weights)
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():  # dynamo cannot trace sparse tensors
+        from .csr_ops import csr_op_attention
+        out, weights = csr_op_attention(q, k, v, graph, scale, clamp, bias, mask, return_weights)
+    else:
+        out, weights = CSRAttention.apply(q, k, v, bias, mask, graph, scale, clamp, return_weights)
     return out.to(dtype), (weights.to(dtype) if return_weights else None)
 
 

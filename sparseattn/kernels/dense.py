@@ -8,9 +8,10 @@ largest block (only inside this kernel) and runs as one batched matmul:
     out = (w * dropout_mask) @ v / sum(w)
 with torch's own autograd. A bucket accepts a block while its padded area stays within
 `MAX_WASTE` of the blocks' own areas, so padding costs at most that fraction of extra work
-(`plan(graph).waste` reports it). In exact mode (clamp=None) with no bias, dropout or returned
-weights, uniform full/causal buckets call `F.scaled_dot_product_attention`, which is then the
-same computation. Half types run in float32. Inside a block every destination sees every
+(`plan(graph).waste` reports it). With no bias, dropout or returned weights, uniform full/causal
+buckets call `F.scaled_dot_product_attention` in exact mode (clamp=None), and in clamp mode for
+the rows whose scores provably stay inside the clamp (`_clamp_cannot_bind`), where clamp-exp is
+exact softmax; the other clamp-mode rows run `DenseClampAttention` (hand-written backward). Half types run in float32. Inside a block every destination sees every
 source value, so NaN/inf in one source row reaches the whole block (the sparse backends keep it
 to the destinations with an edge from that row).
 
@@ -18,6 +19,7 @@ Shapes: q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv), bias/dropout_mask (E
 """
 from __future__ import annotations
 
+import functools
 from typing import List, NamedTuple, Optional, Tuple
 
 import torch
@@ -31,25 +33,50 @@ MAX_WASTE = 0.25  # a bucket's padded area may exceed its blocks' areas by at mo
 MAX_BUCKET_PAIRS = 2**24  # B * Lq * Lk per bucket (times H in memory)
 
 
-class _Bucket(NamedTuple):
+class _Bucket:
     """Blocks of one kind padded to (lq, lk). Rows of the padded (B * lq) query axis at `qpos`
-    hold destinations `qrows` (likewise keys); `pos` is the flat (B * lq * lk) position of edge
-    `eids[i]`. `q0`/`k0` >= 0 when the rows are one contiguous unpadded range starting there."""
+    hold destinations `qrows` (likewise keys); `q0`/`k0` >= 0 when the rows are one contiguous
+    unpadded range starting there. Built on first use (only bias, dropout, returned weights and
+    masked buckets need them): `pos`, the flat (B * lq * lk) position of edge `eids[i]`, and
+    `mask` (B, 1, lq, lk) bool, None when every position is an edge."""
 
-    kind: str
-    b: int
-    lq: int
-    lk: int
-    qpos: Tensor
-    qrows: Tensor
-    kpos: Tensor
-    krows: Tensor
-    pos: Tensor
-    eids: Tensor
-    mask: Optional[Tensor]  # (B, 1, lq, lk) bool, None when every position is an edge
-    padded: bool
-    q0: int
-    k0: int
+    def __init__(self, kind: str, blocks: list, device) -> None:
+        self.kind, self.blocks, self.device = kind, tuple(blocks), device
+        self.b, self.lq, self.lk = len(blocks), max(b.n_dst for b in blocks), max(b.n_src for b in blocks)
+        self.padded = any(b.n_dst != self.lq or b.n_src != self.lk for b in blocks)
+        self.q0 = _contiguous_start([b.dst_start for b in blocks], self.lq, self.padded)
+        self.k0 = _contiguous_start([b.src_start for b in blocks], self.lk, self.padded)
+        self.qpos, self.qrows = self._rows(self.lq, "dst_start", "n_dst")
+        self.kpos, self.krows = self._rows(self.lk, "src_start", "n_src")
+
+    def _rows(self, length: int, start: str, size: str) -> Tuple[Tensor, Tensor]:
+        pos = [torch.arange(i * length, i * length + getattr(b, size), device=self.device) for i, b in enumerate(self.blocks)]
+        rows = [torch.arange(getattr(b, start), getattr(b, start) + getattr(b, size), device=self.device)
+                for b in self.blocks]
+        return torch.cat(pos), torch.cat(rows)
+
+    @functools.cached_property
+    def pos(self) -> Tensor:
+        local, pos = {}, []
+        for i, blk in enumerate(self.blocks):
+            if (blk.n_src, blk.n_dst) not in local:
+                src, dst = block_edges(self.kind, blk.n_src, blk.n_dst, self.device)
+                local[blk.n_src, blk.n_dst] = dst * self.lk + src  # (e,) position inside one (lq, lk) tile
+            pos.append(local[blk.n_src, blk.n_dst] + i * self.lq * self.lk)
+        return torch.cat(pos)
+
+    @functools.cached_property
+    def eids(self) -> Tensor:
+        return torch.cat([torch.arange(b.edge_start, b.edge_start + b.num_edges, device=self.device)
+                          for b in self.blocks])
+
+    @functools.cached_property
+    def mask(self) -> Optional[Tensor]:
+        if not self.padded and self.kind == "full":
+            return None
+        mask = torch.zeros(self.b * self.lq * self.lk, dtype=torch.bool, device=self.device)
+        mask[self.pos] = True
+        return mask.view(self.b, 1, self.lq, self.lk)
 
 
 class Plan(NamedTuple):
@@ -61,33 +88,6 @@ class Plan(NamedTuple):
 def _contiguous_start(starts: List[int], step: int, padded: bool) -> int:
     ok = not padded and all(s == starts[0] + i * step for i, s in enumerate(starts))
     return starts[0] if ok else -1
-
-
-def _make_bucket(kind: str, blocks: list, device) -> _Bucket:
-    lq, lk = max(b.n_dst for b in blocks), max(b.n_src for b in blocks)
-    qpos, qrows, kpos, krows, pos, eids = [], [], [], [], [], []
-    local = {}
-    for i, blk in enumerate(blocks):
-        if (blk.n_src, blk.n_dst) not in local:
-            src, dst = block_edges(kind, blk.n_src, blk.n_dst, device)
-            local[blk.n_src, blk.n_dst] = dst * lk + src  # (e,) position inside one (lq, lk) tile
-        pos.append(local[blk.n_src, blk.n_dst] + i * lq * lk)
-        eids.append(torch.arange(blk.edge_start, blk.edge_start + blk.num_edges, device=device))
-        qpos.append(torch.arange(i * lq, i * lq + blk.n_dst, device=device))
-        qrows.append(torch.arange(blk.dst_start, blk.dst_start + blk.n_dst, device=device))
-        kpos.append(torch.arange(i * lk, i * lk + blk.n_src, device=device))
-        krows.append(torch.arange(blk.src_start, blk.src_start + blk.n_src, device=device))
-    padded = any(b.n_dst != lq or b.n_src != lk for b in blocks)
-    pos_t = torch.cat(pos)
-    mask = None
-    if padded or kind != "full":
-        mask = torch.zeros(len(blocks) * lq * lk, dtype=torch.bool, device=device)
-        mask[pos_t] = True
-        mask = mask.view(len(blocks), 1, lq, lk)
-    return _Bucket(kind, len(blocks), lq, lk, torch.cat(qpos), torch.cat(qrows), torch.cat(kpos), torch.cat(krows),
-                   pos_t, torch.cat(eids), mask, padded,
-                   _contiguous_start([b.dst_start for b in blocks], lq, padded),
-                   _contiguous_start([b.src_start for b in blocks], lk, padded))
 
 
 def plan(graph: Graph) -> Plan:
@@ -109,11 +109,11 @@ def plan(graph: Graph) -> Plan:
                 own = sum(b.n_dst * b.n_src for b in grown)
                 if current and (len(grown) * lq * lk > (1 + MAX_WASTE) * own
                                 or len(grown) * lq * lk > MAX_BUCKET_PAIRS):
-                    buckets.append(_make_bucket(kind, current, graph.device))
+                    buckets.append(_Bucket(kind, current, graph.device))
                     grown = [blk]
                 current = grown
             if current:
-                buckets.append(_make_bucket(kind, current, graph.device))
+                buckets.append(_Bucket(kind, current, graph.device))
         padded_area = sum(bk.b * bk.lq * bk.lk for bk in buckets)
         area = sum(b.n_dst * b.n_src for b in graph.blocks if b.num_edges > 0)
         contiguous = len(buckets) == 1 and buckets[0].q0 == 0 and buckets[0].b * buckets[0].lq == graph.num_dst
@@ -124,7 +124,9 @@ def plan(graph: Graph) -> Plan:
 
 def _pad(x: Tensor, rows: Tensor, pos: Tensor, start: int, b: int, length: int) -> Tensor:
     """Rows of x (N, H, D) -> (B, H, length, D), zeros in the padding."""
-    if start >= 0:
+    if start == 0 and b * length == x.shape[0]:
+        xb = x  # all rows in order: a view (a slice would cost a zero-filled copy in backward)
+    elif start >= 0:
         xb = x[start:start + b * length]
     else:
         xb = x.new_zeros(b * length, *x.shape[1:]).index_put((pos,), x[rows])
@@ -138,14 +140,110 @@ def _scatter_edges(values: Tensor, bk: _Bucket) -> Tensor:
     return dense.view(bk.b, bk.lq, bk.lk, heads).permute(0, 3, 1, 2)
 
 
+def _clamp_cannot_bind(qb: Tensor, kb: Tensor, scale: float, clamp: Tuple[float, float], causal: bool) -> Tensor:
+    """Per row, whether none of its scores can leave [lo, hi]: by Cauchy-Schwarz,
+    |scale <q_i, k_j>| <= |scale| * |q_i| * max_j |k_j| over the keys row i sees (all of the
+    block's, or j <= i when causal), O(N * D). Such rows' clamp-exp weights equal exact softmax.
+    qb: (B, H, lq, D), kb: (B, H, lk, D). Returns (B, H, lq, 1) bool; NaN or inf gives False.
+    Row by row, so a row's choice (and its bits) depends only on what it attends to."""
+    limit = min(clamp[1], -clamp[0])  # |score| <= limit keeps it inside [lo, hi]
+    if limit < 0:
+        return torch.zeros(*qb.shape[:3], 1, dtype=torch.bool, device=qb.device)
+    with torch.no_grad():
+        # (B, L, H, D) is the rows' own contiguous layout: norms there, not on the transposed view
+        qn, kn = (torch.linalg.vector_norm(x.transpose(1, 2), dim=-1).transpose(1, 2) for x in (qb, kb))  # (B, H, L)
+        kmax = kn.cummax(-1).values if causal else kn.amax(-1, keepdim=True)
+        return (qn.mul_(kmax).mul_(abs(scale)) <= limit)[..., None]  # NaN compares False
+
+
+def _clamp_forward(qb, kb, vb, mask, scale, clamp, need_grad):
+    """qb: (B, H, lq, D), kb: (B, H, lk, D), vb: (B, H, lk, Dv), mask (B, 1, lq, lk) bool or None.
+    Returns out (B, H, lq, Dv), w = exp(clamp(score)) masked (B, H, lq, lk), z (B, H, lq, 1) with
+    empty rows set to 1, and (if need_grad) where lo <= score <= hi (B, H, lq, lk) bool."""
+    w = torch.matmul(qb, kb.transpose(-1, -2)).mul_(scale)  # (B, H, lq, lk) scores
+    inside = ((w >= clamp[0]) & (w <= clamp[1])) if need_grad else None
+    w = w.clamp_(clamp[0], clamp[1]).exp_()
+    if mask is not None:
+        w.masked_fill_(~mask, 0.0)
+    z = w.sum(-1, keepdim=True)
+    z.masked_fill_(z == 0, 1.0)  # a row without edges: out = 0
+    return torch.matmul(w, vb).div_(z), w, z, inside
+
+
+def _clamp_backward(grad_out, qb, kb, vb, out, w, z, inside, scale):
+    """With g = grad_out / z: dw = g v^T - <g, out>, ds = dw * w * [lo <= score <= hi] (w = 0 off
+    the edges), dq = scale ds k, dk = scale ds^T q, dv = w^T g. Shapes as in _clamp_forward."""
+    g = grad_out / z  # (B, H, lq, Dv)
+    dv = torch.matmul(w.transpose(-1, -2), g)
+    ds = torch.matmul(g, vb.transpose(-1, -2)).sub_(torch.linalg.vecdot(g, out)[..., None])
+    ds.mul_(w).mul_(inside)
+    dq = torch.matmul(ds, kb).mul_(scale)
+    dk = torch.matmul(ds.transpose(-1, -2), qb).mul_(scale)
+    return dq, dk, dv
+
+
+class DenseClampAttention(torch.autograd.Function):
+    """Clamp-mode attention on one padded bucket, without bias, dropout or returned weights:
+    out = (w @ v) / sum(w) with w = exp(clamp(scale q k^T)) masked. forward(qb, kb, vb, mask,
+    scale, clamp): qb (B, H, lq, D), kb (B, H, lk, D), vb (B, H, lk, Dv), mask (B, 1, lq, lk) bool
+    or None; returns (B, H, lq, Dv). The backward is softmax's, through the clamp (zero gradient
+    where the score is outside [lo, hi]), with no (B, H, lq, lk) tensor beyond w and one ds."""
+
+    @staticmethod
+    def forward(ctx, qb, kb, vb, mask, scale: float, clamp):
+        need_grad = any(ctx.needs_input_grad[:3])
+        contiguous = [t.contiguous() for t in (qb, kb, vb)]  # bmm is ~2x slower on the strided views
+        out, w, z, inside = _clamp_forward(*contiguous, mask, scale, clamp, need_grad)
+        if need_grad:  # the inputs themselves, so a double backward can differentiate through them
+            ctx.save_for_backward(qb, kb, vb, mask, out, w, z, inside)
+        ctx.scale, ctx.clamp = scale, clamp
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        qb, kb, vb, mask, out, w, z, inside = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: recompute with differentiable ops
+            again = _clamp_forward_differentiable(qb, kb, vb, mask, ctx.scale, ctx.clamp)
+            wanted = [t for t, need in zip((qb, kb, vb), ctx.needs_input_grad[:3]) if need]
+            grads = iter(torch.autograd.grad(again, wanted, grad_out, create_graph=True))
+            return (*(next(grads) if need else None for need in ctx.needs_input_grad[:3]), None, None, None)
+        dq, dk, dv = _clamp_backward(grad_out, qb.contiguous(), kb.contiguous(), vb.contiguous(), out, w, z, inside,
+                                     ctx.scale)
+        return dq, dk, dv, None, None, None
+
+
+def _clamp_forward_differentiable(qb, kb, vb, mask, scale, clamp):
+    """_clamp_forward's output (B, H, lq, Dv) with out-of-place ops that autograd can differentiate."""
+    w = torch.exp((torch.matmul(qb, kb.transpose(-1, -2)) * scale).clamp(clamp[0], clamp[1]))
+    if mask is not None:
+        w = w.masked_fill(~mask, 0.0)
+    z = w.sum(-1, keepdim=True)
+    return torch.matmul(w, vb) / torch.where(z == 0, torch.ones_like(z), z)
+
+
 def _bucket_attention(q, k, v, bk: _Bucket, scale, clamp, bias, dropout_mask, return_weights):
     """One bucket: returns out (B * lq, H, Dv) and normalized weights (B, H, lq, lk) or None."""
     qb = _pad(q, bk.qrows, bk.qpos, bk.q0, bk.b, bk.lq)  # (B, H, lq, D)
     kb = _pad(k, bk.krows, bk.kpos, bk.k0, bk.b, bk.lk)  # (B, H, lk, D)
     vb = _pad(v, bk.krows, bk.kpos, bk.k0, bk.b, bk.lk)  # (B, H, lk, Dv)
-    plain = bias is None and dropout_mask is None and not return_weights and clamp is None
-    if plain and (bk.kind == "full" and not bk.padded or bk.kind == "causal" and not bk.padded and bk.lq == bk.lk):
-        out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=bk.kind == "causal", scale=scale)
+    plain = bias is None and dropout_mask is None and not return_weights
+    sdpa_shape = not bk.padded and (bk.kind == "full" or bk.kind == "causal" and bk.lq == bk.lk)
+    def sdpa():
+        return F.scaled_dot_product_attention(qb, kb, vb, is_causal=bk.kind == "causal", scale=scale)
+
+    out = None
+    if plain and clamp is None and sdpa_shape:
+        out = sdpa()
+    elif plain and clamp is not None:
+        # rows the clamp provably cannot reach get exact softmax from SDPA, the others the lean path
+        exact = _clamp_cannot_bind(qb, kb, scale, clamp, bk.kind == "causal") if sdpa_shape else None
+        if exact is not None and bool(exact.all()):
+            out = sdpa()
+        else:
+            out = DenseClampAttention.apply(qb, kb, vb, bk.mask, scale, clamp)  # (B, H, lq, Dv)
+            if exact is not None and bool(exact.any()):
+                out = torch.where(exact, sdpa(), out)
+    if out is not None:
         return out.transpose(1, 2).reshape(bk.b * bk.lq, *out.shape[1::2]), None
     scores = torch.matmul(qb, kb.transpose(-1, -2)) * scale  # (B, H, lq, lk)
     if bias is not None:

@@ -16,8 +16,10 @@ CPU_Q = torch.zeros(1, 1, 1)
     (graphs.batch([graphs.complete(128)] * 2), "dense"),               # 16384 edges per block, one shape
     (graphs.from_blocks([("full", 200, 100)] * 2), "dense"),           # cross attention
     (graphs.from_blocks([("causal", 256, 256)]), "dense"),
-    (graphs.batch([graphs.causal(128)] * 2), "csr"),                   # half the block is masked: csr wins
-    (graphs.batch([graphs.complete(32)] * 6), "csr"),                  # blocks too small to pay for padding
+    (graphs.batch([graphs.causal(128)] * 2), "dense"),                 # small, but unpadded causal: SDPA shapes
+    (graphs.batch([graphs.complete(32)] * 6), "dense"),                # small, but one unpadded complete batch
+    (graphs.from_blocks([("full", n, n) for n in (30, 31, 32)]), "csr"),  # small and padded: csr wins
+    (graphs.batch([graphs.complete(32, self_loops=False)] * 6), "csr"),  # small, masked: not an SDPA shape
     (graphs.from_blocks([("full", n, n) for n in range(130, 136)]), "csr"),  # too many shapes
     (graphs.batch([]), "csr"),                                         # empty
 ])
@@ -26,13 +28,15 @@ def test_rule(graph, expected):
 
 
 def test_dense_needs_enough_edges_per_block():
-    """Just at the edges-per-block threshold the rule picks dense; one edge fewer, csr."""
-    at = DENSE_MIN_EDGES_PER_BLOCK
-    assert choose_auto(CPU_Q, graphs.from_blocks([("full", at, 1)])) == "dense"
-    assert choose_auto(CPU_Q, graphs.from_blocks([("full", at - 1, 1)])) == "csr"
-    # the average over blocks counts: a large block carries a small one, not a smaller one
-    assert choose_auto(CPU_Q, graphs.from_blocks([("full", at + 1, 1), ("full", at - 1, 1)])) == "dense"
-    assert choose_auto(CPU_Q, graphs.from_blocks([("full", at, 1), ("full", at - 1, 1)])) == "csr"
+    """Masked blocks (no SDPA shape) go to dense from the edges-per-block threshold on: one edge
+    block that clears it picks dense, one just under it csr; the average over blocks counts."""
+    assert 128 * 127 < DENSE_MIN_EDGES_PER_BLOCK <= 129 * 128  # full_no_self n x n holds n (n - 1) edges
+    def blocks(*sizes):
+        return graphs.from_blocks([("full_no_self", n, n) for n in sizes])
+    assert choose_auto(CPU_Q, blocks(129)) == "dense"
+    assert choose_auto(CPU_Q, blocks(128)) == "csr"
+    assert choose_auto(CPU_Q, blocks(130, 128)) == "dense"  # (16770 + 16256) / 2 clears it
+    assert choose_auto(CPU_Q, blocks(129, 127)) == "csr"  # (16512 + 16002) / 2 does not
 
 
 def test_dense_needs_few_distinct_block_shapes():

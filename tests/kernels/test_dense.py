@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sparseattn import edge_attention, graphs
-from sparseattn.kernels.dense import MAX_WASTE, dense_attention, plan
+from sparseattn.kernels.dense import MAX_WASTE, _clamp_cannot_bind, dense_attention, plan
 
 
 def test_hand_computed_complete_pair():
@@ -82,3 +82,90 @@ def test_blocks_without_edges_and_rows_without_in_edges_give_zero():
         out.sum().backward()
         assert (q.grad[isolated] == 0).all() and torch.isfinite(q.grad).all()
 
+
+
+@pytest.mark.parametrize("spec", [[("full", 3, 2), ("full", 2, 3)], [("causal", 4, 4)] * 2, [("full_no_self", 3, 3)]])
+@pytest.mark.parametrize("clamp", [(-5.0, 5.0), (-0.3, 0.3)])
+def test_clamp_function_gradcheck(spec, clamp):
+    """DenseClampAttention (clamp mode, no bias/dropout/weights; scores of +-6 make the clamp bind)."""
+    g = graphs.from_blocks(spec)
+    gen = torch.Generator().manual_seed(1)
+    q = (3 * torch.randn(g.num_dst, 2, 3, generator=gen, dtype=torch.float64)).requires_grad_()
+    k = torch.randn(g.num_src, 2, 3, generator=gen, dtype=torch.float64).requires_grad_()
+    v = torch.randn(g.num_src, 2, 2, generator=gen, dtype=torch.float64).requires_grad_()
+
+    def f(q, k, v):
+        return dense_attention(q, k, v, g, scale=0.7, clamp=clamp, bias=None, dropout_mask=None,
+                               return_weights=False)[0]
+
+    assert not _clamp_cannot_bind(*(x[:, None].transpose(1, 2) for x in (q, k)), 0.7, clamp, False).all()
+    assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["full", "causal"])
+@pytest.mark.parametrize("size, binds", [(0.3, False), (3.0, True)])
+def test_clamp_mode_paths_equal_dense_reference(kind, size, binds):
+    """Clamp mode on unpadded full/causal buckets: SDPA when the Cauchy-Schwarz bound proves the
+    clamp cannot bind, DenseClampAttention when it might; both equal tests/dense.py."""
+    from tests.dense import dense_attention as dense_ref
+
+    g = graphs.from_blocks([(kind, 7, 7)] * 3)
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (size * torch.randn(21, 2, 5, generator=gen, dtype=torch.float64) for _ in range(3))
+    qb, kb = (x.view(3, 7, 2, 5).transpose(1, 2) for x in (q, k))
+    assert bool(_clamp_cannot_bind(qb, kb, 5 ** -0.5, (-5.0, 5.0), kind == "causal").all()) == (not binds)
+    if binds:  # some score really is outside [-5, 5]
+        assert (torch.einsum("thd,shd->hts", q, k).abs() * 5 ** -0.5).max() > 5.0
+    for x in (q, k, v):
+        x.requires_grad_()
+    out = edge_attention(q, k, v, g, backend="dense")
+    ref = dense_ref(q, k, v, g.edge_index)
+    assert torch.allclose(out, ref, atol=1e-12)
+    ga = torch.autograd.grad((out * v).sum(), (q, k, v))
+    gb = torch.autograd.grad((ref * v).sum(), (q, k, v))
+    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(ga, gb))
+
+
+def test_clamp_bound_fails_on_nonfinite_and_narrow_clamps():
+    qb = torch.ones(1, 1, 2, 4) * 0.1
+
+    def holds(q, k, clamp):
+        return bool(_clamp_cannot_bind(q, k, 1.0, clamp, False).all())
+    assert holds(qb, qb, (-1.0, 1.0))
+    assert not holds(qb, qb, (0.0, 1.0))  # a score of 0.04 is above lo, but the bound is not
+    assert not holds(qb, qb, (-1.0, 0.01))
+    assert not holds(qb.clone().index_fill_(2, torch.tensor([0]), float("nan")), qb, (-5.0, 5.0))
+    assert not holds(qb.clone().index_fill_(2, torch.tensor([0]), float("inf")), qb, (-5.0, 5.0))
+
+
+def test_causal_bound_is_per_row_prefix():
+    """Row i of a causal block is bounded by the keys j <= i only."""
+    kb = torch.ones(1, 1, 3, 2) * 0.1
+    kb[0, 0, 2] = 100.0  # only the last row sees it
+    rows = _clamp_cannot_bind(torch.ones(1, 1, 3, 2), kb, 1.0, (-5.0, 5.0), True)
+    assert rows.view(-1).tolist() == [True, True, False]
+    assert not _clamp_cannot_bind(torch.ones(1, 1, 3, 2), kb, 1.0, (-5.0, 5.0), False).any()
+
+
+@pytest.mark.parametrize("kind", ["full", "causal"])
+def test_mixed_rows_equal_reference_and_stay_local(kind):
+    """Some rows provably inside the clamp (SDPA), some not (the lean path), in one bucket:
+    values and gradients equal the reference; changing a later token or another block leaves a
+    row's output bit for bit (its path depends only on what it attends to)."""
+    g = graphs.from_blocks([(kind, 6, 6)] * 3)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(18, 2, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    q[7:9] *= 8  # block 1, rows 1-2: the clamp may bind there
+    for x in (q, k, v):
+        x.requires_grad_()
+    out = edge_attention(q, k, v, g, backend="dense")
+    ref = edge_attention(q, k, v, g, backend="reference")
+    assert torch.allclose(out, ref, atol=1e-12)
+    ga, gb = (torch.autograd.grad((o * v).sum(), (q, k, v)) for o in (out, ref))
+    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(ga, gb))
+    k2 = k.detach().clone()
+    k2[11] *= 50  # the last token of block 1: now every row of block 1 that sees it may bind
+    out2 = edge_attention(q, k2, v, g, backend="dense")
+    assert torch.equal(out2[:6], out[:6]) and torch.equal(out2[12:], out[12:])
+    if kind == "causal":
+        assert torch.equal(out2[6:11], out[6:11])

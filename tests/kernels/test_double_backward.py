@@ -134,3 +134,18 @@ def test_gradient_penalty_on_q_alone(backend):
         (gq,) = torch.autograd.grad(loss, q, create_graph=True)
         grads.append(torch.autograd.grad(loss + gq.square().sum(), q)[0])
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["full", "causal"])
+def test_gradgradcheck_of_the_dense_clamp_path(kind):
+    """Unpadded complete/causal blocks without bias, dropout or weights take dense's own clamp-mode
+    Function (or SDPA for rows the clamp cannot reach): both, with scores on both sides of the bounds."""
+    g = graphs.from_blocks([(kind, 4, 4), (kind, 4, 4)])
+    assert choose_auto(torch.zeros(1, 1, 1), g) == "dense"
+    q, k, v, _ = inputs(g, d=3, dv=2, seed=2)
+
+    def f(q, k, v):
+        return edge_attention(q, k, v, g, scale=2.0, clamp=(-1.0, 1.5), backend="dense")
+
+    assert torch.autograd.gradgradcheck(f, (q, k, v), eps=1e-6, atol=1e-6)
+    torch.testing.assert_close(f(q, k, v), dense_attention(q, k, v, g.edge_index, scale=2.0, clamp=(-1.0, 1.5)))
