@@ -10,9 +10,9 @@ Contenders: every registered backend and "auto"; "auto (raw)" (the same call on 
 F.scaled_dot_product_attention on uniform batches: exact softmax, is_causal); "sdpa-masked" (padded batch + boolean mask, as a
 user would write it with F.scaled_dot_product_attention); "dense bmm" (block families: padded
 bmm + clamp-exp computed directly, no graph: the floor a dense-block kernel can reach);
-"pyg-style" (gather -> torch_geometric.utils.softmax -> scatter_add; reimplemented faithfully
-when torch_geometric is not importable, on torch_scatter when it is); FlexAttention (compiled,
-block mask) on the families in FLEX_FAMILIES; DGL when importable. Inputs are N(0, 0.25), so no
+"pyg" (torch_geometric itself: TransformerConv's gather -> utils.softmax -> utils.scatter; listed as
+skipped when it is not installed); FlexAttention (compiled, block mask) on the families in
+FLEX_FAMILIES. DGL runs in its own environment: benchmarks/bench_dgl.py. Inputs are N(0, 0.25), so no
 score reaches the clamp and clamp-mode and exact-softmax contenders compute the same numbers;
 every output is checked against the reference (or, where the reference would not fit the memory
 budget, against "csr") before it is timed. A contender whose estimated memory exceeds
@@ -35,7 +35,8 @@ from sparseattn.kernels import available_backends, choose_auto, plan
 
 from .harness import Result, machine_header, machine_info, machine_tag, median, peak_extra_mib, time_interleaved, \
     write_json, write_png
-from .peers import DIM, HEADS, make_dense_bmm, make_flex, make_pyg, make_sdpa, make_sdpa_exact, sdpa_kernel_name
+from .peers import (DIM, HEADS, make_dense_bmm, make_flex, make_pyg, make_sdpa, make_sdpa_exact, pyg_label,
+                    sdpa_kernel_name)
 
 GiB = 2**30
 FAMILY_INFO: Dict[str, dict] = {}  # per family: sizes, auto's pick, dense padding waste (written to the JSON)
@@ -100,7 +101,7 @@ COMPILE_FAMILIES = ("window-8192", "random-50k", "window-2048")  # inductor comp
 def estimate_bytes(name: str, g: graphs.Graph) -> float:
     """Rough fwd+bwd peak of a contender on this graph (used only to skip hopeless runs)."""
     e, n = g.num_edges, g.num_src + g.num_dst
-    if name in ("reference", "scatter", "pyg-style"):
+    if name in ("reference", "scatter", "pyg"):
         return e * HEADS * DIM * 4 * 7
     if name in ("csr", "auto", "auto (raw)", "auto (compiled)"):
         return e * HEADS * 4 * 12 + n * HEADS * DIM * 4 * 10
@@ -144,17 +145,16 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
     contenders["sdpa-masked"] = ("sdpa", "padded batch + boolean mask", 0)
     if fam.lengths is not None:
         contenders["dense bmm"] = ("bmm", "padded bmm + clamp-exp, no graph", 0)
-    contenders["pyg-style"] = ("pyg", "", estimate_bytes("pyg-style", g))
+    try:
+        contenders["pyg"] = ("pyg", pyg_label(), estimate_bytes("pyg", g))
+    except ImportError:
+        contenders["pyg"] = (None, "skipped: torch_geometric is not installed", 0)
     if args.flex == "all" or (args.flex == "default" and fam.name in FLEX_FAMILIES):
         contenders["flex_attention"] = ("flex", "torch.compile(flex_attention) + block mask", 0)
     else:
         contenders["flex_attention"] = (None, "skipped: compiling takes ~1 min per shape and pass on this machine; "
                                               "run with --flex all", 0)
-    try:
-        import dgl  # noqa: F401
-        contenders["dgl"] = (None, "importable but not wired into this benchmark", 0)
-    except Exception as exc:
-        contenders["dgl"] = (None, f"skipped: dgl not importable ({type(exc).__name__})", 0)
+    contenders["dgl"] = (None, "in its own environment (torch 2.2): python -m benchmarks.bench_dgl", 0)
 
     if args.contenders:
         contenders = {n: c for n, c in contenders.items() if n in args.contenders.split(",")}
@@ -188,8 +188,7 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
                 elif spec == "bmm":
                     call, est = make_dense_bmm(fam, g, *leaves)
                 elif spec == "pyg":
-                    call, est, where = make_pyg(g, *leaves)
-                    r.note = f"pyg-style ({where})" if where != "torch_geometric" else "torch_geometric.utils.softmax"
+                    call, est, r.note = make_pyg(g, *leaves)
                 elif spec == "flex":
                     call = make_flex(fam, g, *leaves)
                 else:

@@ -24,7 +24,6 @@ from .reference import reference_attention
 class Backend:
     name: str
     fn: Callable
-    description: str
     probe: Callable[[], Optional[str]] = lambda: None  # returns why it is unavailable, or None
     devices: tuple = ("cpu", "cuda")  # device types whose tensors it accepts
     _unavailable: Optional[str] = field(default=None, init=False)
@@ -105,11 +104,10 @@ def get_backend(name: str, q: Tensor, graph: Graph) -> Backend:
     return backend
 
 
-register_backend(Backend("reference", reference_attention, "gather, clamp-exp, index_add: the definition"))
-register_backend(Backend("csr", csr_attention, "SDDMM + CSR SpMM with a hand-written backward"))
-register_backend(Backend("dense", dense_attention, "bucketed batched matmuls over the graph's dense blocks"))
-register_backend(Backend("scatter", scatter.scatter_attention, "the reference math on torch_scatter segments",
-                         probe=scatter.probe))
+register_backend(Backend("reference", reference_attention))  # gather, clamp-exp, index_add: the definition
+register_backend(Backend("csr", csr_attention))  # SDDMM + CSR SpMM with a hand-written backward
+register_backend(Backend("dense", dense_attention))  # batched matmuls (or SDPA) over the graph's dense blocks
+register_backend(Backend("scatter", scatter.scatter_attention, probe=scatter.probe))  # the reference on torch_scatter
 
 
 def _triton_attention(*args, **kwargs):
@@ -127,7 +125,7 @@ def _probe_triton() -> Optional[str]:
 
 
 register_backend(Backend(
-    "triton", _triton_attention, "fused Triton kernels over the CSR: one pass forward, recomputing backward",
+    "triton", _triton_attention,  # fused kernels over the CSR: one pass forward, recomputing backward
     # CUDA only: CPU tensors run (slowly) in Triton's interpreter when TRITON_INTERPRET=1 was set
     # before first use; tests ask for backend="triton" by name, "auto" never picks it on CPU.
     probe=_probe_triton, devices=("cuda",)))

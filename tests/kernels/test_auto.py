@@ -58,12 +58,12 @@ def test_cuda_prefers_triton_when_available_and_head_dim_fits(monkeypatch):
     g = graphs.window(100, 8)
     cuda_q = types.SimpleNamespace(device=torch.device("cuda"), shape=(100, 2, 64))  # only device/shape are read
     wide_q = types.SimpleNamespace(device=torch.device("cuda"), shape=(100, 2, 300))
-    stand_in = Backend("triton", lambda *a, **k: None, "test stand-in")
+    stand_in = Backend("triton", lambda *a, **k: None)
     monkeypatch.setitem(_BACKENDS, "triton", stand_in)
     assert choose_auto(cuda_q, g) == "triton"
     assert choose_auto(wide_q, g) == "csr"  # D > 256: the kernel's limit
     assert choose_auto(CPU_Q, g) == "csr"
-    monkeypatch.setitem(_BACKENDS, "triton", Backend("triton", stand_in.fn, "absent", probe=lambda: "not installed"))
+    monkeypatch.setitem(_BACKENDS, "triton", Backend("triton", stand_in.fn, probe=lambda: "not installed"))
     assert choose_auto(cuda_q, g) == "csr"
 
 
