@@ -7,9 +7,10 @@
 Contenders: every registered backend and "auto"; "auto (raw)" (the same call on the graph's
 (2, E) edge_index tensor, so the structure is validated and built inside every call);
 "auto (compiled)" (torch.compile(fullgraph=True) of the call, on COMPILE_FAMILIES); "sdpa" (plain
-F.scaled_dot_product_attention on uniform batches: exact softmax, is_causal); "sdpa-masked" (padded batch + boolean mask, as a
-user would write it with F.scaled_dot_product_attention); "dense bmm" (block families: padded
-bmm + clamp-exp computed directly, no graph: the floor a dense-block kernel can reach);
+F.scaled_dot_product_attention on uniform batches: exact softmax, is_causal); "sdpa-masked"
+(padded batch + boolean mask, as a user would write it with F.scaled_dot_product_attention);
+"dense bmm" (block families: padded bmm + clamp-exp computed directly, no graph: the floor a
+dense-block kernel can reach);
 "pyg" (torch_geometric itself: TransformerConv's gather -> utils.softmax -> utils.scatter; listed as
 skipped when it is not installed); FlexAttention (compiled, block mask) on the families in
 FLEX_FAMILIES. DGL runs in its own environment: benchmarks/bench_dgl.py. Inputs are N(0, 0.25), so no
@@ -18,6 +19,7 @@ every output is checked against the reference (or, where the reference would not
 budget, against "csr") before it is timed. A contender whose estimated memory exceeds
 --budget-gib, or that fails, gets a null time and the reason.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,10 +35,28 @@ import torch
 from sparseattn import edge_attention, graphs
 from sparseattn.kernels import available_backends, choose_auto, plan
 
-from .harness import Result, machine_header, machine_info, machine_tag, median, peak_extra_mib, time_interleaved, \
-    write_json, write_png
-from .peers import (DIM, HEADS, make_dense_bmm, make_flex, make_pyg, make_sdpa, make_sdpa_exact, pyg_label,
-                    sdpa_kernel_name)
+from .harness import (
+    Result,
+    machine_header,
+    machine_info,
+    machine_tag,
+    median,
+    peak_extra_mib,
+    time_interleaved,
+    write_json,
+    write_png,
+)
+from .peers import (
+    DIM,
+    HEADS,
+    make_dense_bmm,
+    make_flex,
+    make_pyg,
+    make_sdpa,
+    make_sdpa_exact,
+    pyg_label,
+    sdpa_kernel_name,
+)
 
 GiB = 2**30
 FAMILY_INFO: Dict[str, dict] = {}  # per family: sizes, auto's pick, dense padding waste (written to the JSON)
@@ -70,26 +90,30 @@ def families(quick: bool) -> Dict[str, Family]:
         return name, f
 
     if quick:
-        return dict([
-            fam("window-2048", Family("", lambda: graphs.window(2048, 8))),
-            fam("random-5k", Family("", lambda: graphs.random(5000, 5000, 5000 * 16, seed=0))),
-            fam("complete-16x32", _blocks("full", [(32, 32)] * 16)),
-            fam("causal-8x64", _blocks("causal", [(64, 64)] * 8)),
-            fam("bipartite-8x40x40", _blocks("full", [(40, 40)] * 8)),
-            fam("varlen-5..50-512", _blocks("full", [(n, n) for n in _varlen(512, 5, 50)])),
-        ])
-    return dict([
-        fam("window-8192", Family("", lambda: graphs.window(8192, 8))),
-        fam("window-65536", Family("", lambda: graphs.window(65536, 8))),
-        fam("random-50k", Family("", lambda: graphs.random(50_000, 50_000, 50_000 * 16, seed=0))),
-        fam("complete-64x32", _blocks("full", [(32, 32)] * 64)),
-        fam("complete-32x128", _blocks("full", [(128, 128)] * 32)),
-        fam("complete-8x512", _blocks("full", [(512, 512)] * 8)),
-        fam("causal-32x128", _blocks("causal", [(128, 128)] * 32)),
-        fam("bipartite-32x40x40", _blocks("full", [(40, 40)] * 32)),
-        fam("varlen-5..50-4096", _blocks("full", [(n, n) for n in _varlen(4096, 5, 50)])),
-        fam("complete-2x2048", _blocks("full", [(2048, 2048)] * 2)),
-    ])
+        return dict(
+            [
+                fam("window-2048", Family("", lambda: graphs.window(2048, 8))),
+                fam("random-5k", Family("", lambda: graphs.random(5000, 5000, 5000 * 16, seed=0))),
+                fam("complete-16x32", _blocks("full", [(32, 32)] * 16)),
+                fam("causal-8x64", _blocks("causal", [(64, 64)] * 8)),
+                fam("bipartite-8x40x40", _blocks("full", [(40, 40)] * 8)),
+                fam("varlen-5..50-512", _blocks("full", [(n, n) for n in _varlen(512, 5, 50)])),
+            ]
+        )
+    return dict(
+        [
+            fam("window-8192", Family("", lambda: graphs.window(8192, 8))),
+            fam("window-65536", Family("", lambda: graphs.window(65536, 8))),
+            fam("random-50k", Family("", lambda: graphs.random(50_000, 50_000, 50_000 * 16, seed=0))),
+            fam("complete-64x32", _blocks("full", [(32, 32)] * 64)),
+            fam("complete-32x128", _blocks("full", [(128, 128)] * 32)),
+            fam("complete-8x512", _blocks("full", [(512, 512)] * 8)),
+            fam("causal-32x128", _blocks("causal", [(128, 128)] * 32)),
+            fam("bipartite-32x40x40", _blocks("full", [(40, 40)] * 32)),
+            fam("varlen-5..50-4096", _blocks("full", [(n, n) for n in _varlen(4096, 5, 50)])),
+            fam("complete-2x2048", _blocks("full", [(2048, 2048)] * 2)),
+        ]
+    )
 
 
 FLEX_FAMILIES = ("window-8192", "causal-32x128", "window-2048", "causal-8x64")
@@ -97,6 +121,7 @@ COMPILE_FAMILIES = ("window-8192", "random-50k", "window-2048")  # inductor comp
 
 
 # ---- runner ------------------------------------------------------------------------------------
+
 
 def estimate_bytes(name: str, g: graphs.Graph) -> float:
     """Rough fwd+bwd peak of a contender on this graph (used only to skip hopeless runs)."""
@@ -116,11 +141,19 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
     torch.manual_seed(0)
     q, k, v = (torch.randn(n, HEADS, DIM) * 0.5 for n in (g.num_dst, g.num_src, g.num_src))
     budget = args.budget_gib * GiB
-    FAMILY_INFO[fam.name] = {"num_dst": g.num_dst, "num_src": g.num_src, "edges": g.num_edges,
-                             "auto": choose_auto(q, g), "dense_waste": plan(g).waste if g.blocks else None,
-                             "dense_buckets": len(plan(g).buckets) if g.blocks else None}
-    print(f"\n{fam.name}: N_dst={g.num_dst}, N_src={g.num_src}, E={g.num_edges}, H={HEADS}, D={DIM}, float32"
-          + (f", dense padding waste {plan(g).waste:.1%}" if g.blocks else "") + f", auto -> {choose_auto(q, g)}")
+    FAMILY_INFO[fam.name] = {
+        "num_dst": g.num_dst,
+        "num_src": g.num_src,
+        "edges": g.num_edges,
+        "auto": choose_auto(q, g),
+        "dense_waste": plan(g).waste if g.blocks else None,
+        "dense_buckets": len(plan(g).buckets) if g.blocks else None,
+    }
+    print(
+        f"\n{fam.name}: N_dst={g.num_dst}, N_src={g.num_src}, E={g.num_edges}, H={HEADS}, D={DIM}, float32"
+        + (f", dense padding waste {plan(g).waste:.1%}" if g.blocks else "")
+        + f", auto -> {choose_auto(q, g)}"
+    )
 
     contenders: Dict[str, Tuple[Optional[Callable], str, float]] = {}  # name -> (fn(q, k, v), note, bytes)
     for name in available_backends() + ["auto"]:
@@ -128,20 +161,35 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
             contenders[name] = (None, "not applicable: graph has no dense blocks", 0)
             continue
         note = f"-> {choose_auto(q, g)}" if name == "auto" else ""
-        contenders[name] = ((lambda b: lambda q_, k_, v_: edge_attention(q_, k_, v_, g, backend=b))(name), note,
-                            estimate_bytes(name, g))
+        contenders[name] = (
+            (lambda b: lambda q_, k_, v_: edge_attention(q_, k_, v_, g, backend=b))(name),
+            note,
+            estimate_bytes(name, g),
+        )
     for name in ("scatter",):
         if name not in contenders:
             contenders[name] = (None, "skipped: torch_scatter not importable", 0)
     ei = g.edge_index
-    contenders["auto (raw)"] = (lambda q_, k_, v_: edge_attention(q_, k_, v_, ei), "edge_index tensor: builds per call",
-                                estimate_bytes("auto", g))
+    contenders["auto (raw)"] = (
+        lambda q_, k_, v_: edge_attention(q_, k_, v_, ei),
+        "edge_index tensor: builds per call",
+        estimate_bytes("auto", g),
+    )
     if fam.name in COMPILE_FAMILIES:
-        contenders["auto (compiled)"] = ("compiled", "torch.compile(fullgraph=True), inductor", estimate_bytes("auto", g))
+        contenders["auto (compiled)"] = (
+            "compiled",
+            "torch.compile(fullgraph=True), inductor",
+            estimate_bytes("auto", g),
+        )
     if fam.lengths is not None and fam.kind in ("full", "causal"):
         uniform = all(x == fam.lengths[0] and x[0] == x[1] for x in fam.lengths)
-        contenders["sdpa"] = ("sdpa-exact" if uniform else None, "unmasked SDPA on (B, H, L, D) views, exact softmax"
-                              if uniform else "not applicable: needs a uniform batch of square blocks", 0)
+        contenders["sdpa"] = (
+            "sdpa-exact" if uniform else None,
+            "unmasked SDPA on (B, H, L, D) views, exact softmax"
+            if uniform
+            else "not applicable: needs a uniform batch of square blocks",
+            0,
+        )
     contenders["sdpa-masked"] = ("sdpa", "padded batch + boolean mask", 0)
     if fam.lengths is not None:
         contenders["dense bmm"] = ("bmm", "padded bmm + clamp-exp, no graph", 0)
@@ -152,8 +200,11 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
     if args.flex == "all" or (args.flex == "default" and fam.name in FLEX_FAMILIES):
         contenders["flex_attention"] = ("flex", "torch.compile(flex_attention) + block mask", 0)
     else:
-        contenders["flex_attention"] = (None, "skipped: compiling takes ~1 min per shape and pass on this machine; "
-                                              "run with --flex all", 0)
+        contenders["flex_attention"] = (
+            None,
+            "skipped: compiling takes ~1 min per shape and pass on this machine; run with --flex all",
+            0,
+        )
     contenders["dgl"] = (None, "in its own environment (torch 2.2): python -m benchmarks.bench_dgl", 0)
 
     if args.contenders:
@@ -182,9 +233,10 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
                     r.note += f"; {FAMILY_INFO[fam.name]['sdpa_kernel']}"
                 elif spec == "compiled":
                     from sparseattn.kernels.csr_ops import prepare
+
                     prepare(g, HEADS)
                     compiled = torch.compile(lambda q_, k_, v_: edge_attention(q_, k_, v_, g), fullgraph=True)
-                    call = (lambda c: lambda: c(*leaves))(compiled)
+                    call = (lambda c, args: lambda: c(*args))(compiled, leaves)
                 elif spec == "bmm":
                     call, est = make_dense_bmm(fam, g, *leaves)
                 elif spec == "pyg":
@@ -192,23 +244,26 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
                 elif spec == "flex":
                     call = make_flex(fam, g, *leaves)
                 else:
-                    call = (lambda fn_: lambda: fn_(*leaves))(spec)
+                    call = (lambda fn_, args: lambda: fn_(*args))(spec, leaves)
                 factor = 1.0 if mode == "fwd+bwd" else 0.5
                 if est * factor > budget:
                     r.note = f"skipped: needs ~{est * factor / GiB:.0f} GiB > --budget-gib {args.budget_gib:g}"
                     _print_row(r)
                     continue
                 if mode == "fwd":
+
                     def fn(call=call):
                         with torch.no_grad():
                             return call()
                 else:
-                    def fn(call=call):
+
+                    def fn(call=call, gout=gout, leaves=leaves):
                         out = call()
                         out.backward(gout)
                         for x in leaves:
                             x.grad = None
                         return out
+
                 with torch.no_grad():
                     out = call()
                 r.max_err_vs_reference = (out.float() - gold).abs().max().item()
@@ -249,8 +304,11 @@ def _fail(r: Result, exc: BaseException, verbose: bool) -> None:
 
 def _print_row(r: Result) -> None:
     fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
-    print(f"  {r.mode:8s} {r.contender:15s} {fmt(r.ms, '10.2f')} ms  peak +{fmt(r.peak_extra_mib, '8.1f')} MiB  "
-          f"{fmt(r.gb_per_s, '6.2f')} GB/s  err {fmt(r.max_err_vs_reference, '.1e')}  {r.note}", flush=True)
+    print(
+        f"  {r.mode:8s} {r.contender:15s} {fmt(r.ms, '10.2f')} ms  peak +{fmt(r.peak_extra_mib, '8.1f')} MiB  "
+        f"{fmt(r.gb_per_s, '6.2f')} GB/s  err {fmt(r.max_err_vs_reference, '.1e')}  {r.note}",
+        flush=True,
+    )
 
 
 def summary_table(results: List[Result]) -> str:
@@ -260,8 +318,10 @@ def summary_table(results: List[Result]) -> str:
             continue
         sp = "-" if r.speedup_vs_reference is None else f"{r.speedup_vs_reference:.1f}x"
         pk = "-" if r.peak_extra_mib is None else f"{r.peak_extra_mib:.0f}"
-        lines.append(f"{r.family:20s} {r.mode:8s} {r.contender:15s} {r.ms:10.2f} {sp:>10s} {pk:>15s}  "
-                     f"{r.max_err_vs_reference:.1e}")
+        lines.append(
+            f"{r.family:20s} {r.mode:8s} {r.contender:15s} {r.ms:10.2f} {sp:>10s} {pk:>15s}  "
+            f"{r.max_err_vs_reference:.1e}"
+        )
     return "\n".join(lines)
 
 
@@ -278,12 +338,17 @@ def ratio_table(results: List[Result]) -> Tuple[str, dict]:
     out, lines = {}, ["family               ratio            fwd     fwd+bwd  target"]
     for fam in dict.fromkeys(r.family for r in results):
         for name, (num, den, target) in RATIOS.items():
-            vals = [ms.get((fam, num, m)) and ms.get((fam, den, m)) and ms[fam, num, m] / ms[fam, den, m]
-                    for m in ("fwd", "fwd+bwd")]
+            vals = [
+                ms.get((fam, num, m)) and ms.get((fam, den, m)) and ms[fam, num, m] / ms[fam, den, m]
+                for m in ("fwd", "fwd+bwd")
+            ]
             if any(vals):
                 out[f"{fam} {name}"] = vals
-                lines.append(f"{fam:20s} {name:15s} " + "  ".join("      -" if x is None else f"{x:7.2f}" for x in vals)
-                             + (f"  <= {target}" if target else ""))
+                lines.append(
+                    f"{fam:20s} {name:15s} "
+                    + "  ".join("      -" if x is None else f"{x:7.2f}" for x in vals)
+                    + (f"  <= {target}" if target else "")
+                )
         f, fb = ms.get((fam, "csr", "fwd")), ms.get((fam, "csr", "fwd+bwd"))
         if f and fb:
             out[f"{fam} csr bwd/fwd"] = [(fb - f) / f]
@@ -319,15 +384,25 @@ def main(argv=None) -> None:
         fams = {f: fams[f] for f in args.families.split(",")}
     info = machine_info()
     print(machine_header(info))
-    print(f"H={HEADS}, D={DIM}, float32; median of up to {args.reps} runs after {args.warmup} warmup, contenders timed "
-          f"in interleaved rounds; peak extra = "
-          f"peak RSS during one call minus RSS before it")
+    print(
+        f"H={HEADS}, D={DIM}, float32; median of up to {args.reps} runs after {args.warmup} warmup, contenders timed "
+        f"in interleaved rounds; peak extra = "
+        f"peak RSS during one call minus RSS before it"
+    )
     results: List[Result] = []
     stem = f"bench_kernels{'_quick' if args.quick else ''}_{machine_tag(info)}{'_' + args.tag if args.tag else ''}"
-    config = {"heads": HEADS, "dim": DIM, "dtype": "float32", "reps": args.reps, "warmup": args.warmup,
-              "quick": args.quick, "families": list(fams), "budget_gib": args.budget_gib,
-              "peak_memory": "CPU: peak RSS (VmHWM, reset via /proc/self/clear_refs) during one call minus RSS before",
-              "family_info": FAMILY_INFO}
+    config = {
+        "heads": HEADS,
+        "dim": DIM,
+        "dtype": "float32",
+        "reps": args.reps,
+        "warmup": args.warmup,
+        "quick": args.quick,
+        "families": list(fams),
+        "budget_gib": args.budget_gib,
+        "peak_memory": "CPU: peak RSS (VmHWM, reset via /proc/self/clear_refs) during one call minus RSS before",
+        "family_info": FAMILY_INFO,
+    }
     for fam in fams.values():
         run_family(fam, args, results)
         write_json(os.path.join(args.out, stem + ".json"), info, config, results)  # partial results survive a kill

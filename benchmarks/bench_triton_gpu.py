@@ -26,6 +26,7 @@ in GB/s and as a fraction of the device's peak HBM bandwidth (--peak-gbs, defaul
 device name); the header also gives the measured device copy rate.
 Writes bench_triton_gpu_<machine>[_sweep][_smoke].{json,png,log} into --out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,14 +49,22 @@ from benchmarks import harness  # noqa: E402
 from sparseattn import Graph, edge_attention, graphs  # noqa: E402
 
 H, D = 8, 64
-SCALE = D ** -0.5
+SCALE = D**-0.5
 CLAMPS = {"clamp": (-5.0, 5.0), "exact": None}
 TOL = {torch.bfloat16: 4e-2, torch.float16: 1e-2, torch.float32: 1e-4}  # |out - ref| <= TOL (1 + |ref|)
-PEAK_GBS = [("H200", 4800), ("H100 NVL", 3900), ("H100 PCIe", 2000), ("H100", 3350),  # datasheet HBM GB/s,
-            ("A100-SXM4-80GB", 2039), ("A100", 1555)]  # by the first substring of the device name that matches
-SWEEP = {"tile": dict(BLOCK_E=(16, 32, 64), num_warps=(2, 4, 8), num_stages=(None,)),
-         "lanes": dict(BLOCK_E=(8, 16, 32), num_warps=(2, 4), num_stages=(1, 2, 3)),
-         "heads": dict(BLOCK_E=(4, 8, 16), num_warps=(4, 8), num_stages=(1, 2))}
+PEAK_GBS = [
+    ("H200", 4800),
+    ("H100 NVL", 3900),
+    ("H100 PCIe", 2000),
+    ("H100", 3350),  # datasheet HBM GB/s,
+    ("A100-SXM4-80GB", 2039),
+    ("A100", 1555),
+]  # by the first substring of the device name that matches
+SWEEP = {
+    "tile": dict(BLOCK_E=(16, 32, 64), num_warps=(2, 4, 8), num_stages=(None,)),
+    "lanes": dict(BLOCK_E=(8, 16, 32), num_warps=(2, 4), num_stages=(1, 2, 3)),
+    "heads": dict(BLOCK_E=(4, 8, 16), num_warps=(4, 8), num_stages=(1, 2)),
+}
 
 
 def powerlaw(n: int, num_edges: int, device) -> Graph:
@@ -99,8 +108,10 @@ class Run:
 
 def make_backend(name, **settings):
     """A sparseattn backend; for triton, optionally with forward settings forced (`forward_config`)."""
+
     def make(g, clamp, q, k, v):
         from sparseattn.kernels import choose_auto
+
         if name == "auto" and choose_auto(q, g) == "triton":
             raise Skip("auto picks triton here")
         if settings:
@@ -109,7 +120,9 @@ def make_backend(name, **settings):
         def fn():
             with forward_config(**settings) if settings else contextlib.nullcontext():
                 return edge_attention(q, k, v, g, scale=SCALE, clamp=clamp, backend=name)
+
         return Run(fn)
+
     return make
 
 
@@ -118,13 +131,14 @@ def make_pyg(g, clamp, q, k, v):
         import torch_geometric
         from torch_geometric.utils import scatter, softmax
     except ImportError as e:
-        raise Skip(f"torch_geometric is not importable ({e})")
+        raise Skip(f"torch_geometric is not importable ({e})") from None
     src, dst, n = g.src, g.dst, g.num_dst
 
     def fn():  # TransformerConv.message, then aggr="add"
         alpha = (q[dst] * k[src]).sum(-1) * SCALE  # (E, H)
         alpha = softmax(alpha if clamp is None else alpha.clamp(*clamp), dst, num_nodes=n)
         return scatter(v[src] * alpha[..., None], dst, dim=0, dim_size=n, reduce="sum")  # (N_dst, H, Dv)
+
     return Run(fn, f"torch_geometric {torch_geometric.__version__}")
 
 
@@ -133,6 +147,7 @@ def graph_block_mask(g: Graph, block: int = 128):
     sources lo[t]..hi[t]: the (q block, kv block) tiles that hold edges, full where every pair in the
     tile is an edge, and a mask_mod that looks the range up. Returns the mask and a description."""
     from torch.nn.attention.flex_attention import BlockMask
+
     ptr, idx, _ = g.csr()
     deg = ptr.diff()
     lo = torch.where(deg > 0, idx[ptr[:-1].clamp(max=g.num_edges - 1)], 1)  # (N_dst,); no in-edges: lo > hi
@@ -152,13 +167,16 @@ def graph_block_mask(g: Graph, block: int = 128):
 
     def mask_mod(b, h, q_idx, kv_idx):
         return (lo[q_idx] <= kv_idx) & (kv_idx <= hi[q_idx])
-    mask = BlockMask.from_kv_blocks(*blocks(~full), *blocks(full), BLOCK_SIZE=block, mask_mod=mask_mod,
-                                    seq_lengths=(g.num_dst, g.num_src))
+
+    mask = BlockMask.from_kv_blocks(
+        *blocks(~full), *blocks(full), BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(g.num_dst, g.num_src)
+    )
     return mask, f"{int((~full).sum())} partial + {int(full.sum())} full {block}x{block} blocks of {nq * nk}"
 
 
 def make_flex(g, clamp, q, k, v):
     from torch.nn.attention.flex_attention import flex_attention
+
     mask, detail = graph_block_mask(g)
     torch._dynamo.config.recompile_limit = 64  # one compile per case and mode; not eager after the 8th
     run = torch.compile(flex_attention) if q.is_cuda else flex_attention  # eager on CPU: dense math
@@ -169,6 +187,7 @@ def make_flex(g, clamp, q, k, v):
     def fn():  # (N, H, D) -> (1, H, N, D) and back
         out = run(*(x.transpose(0, 1)[None] for x in (q, k, v)), score_mod=score_mod, block_mask=mask, scale=SCALE)
         return out[0].transpose(0, 1)
+
     return Run(fn, detail, poison=False, backward=q.is_cuda)
 
 
@@ -183,6 +202,7 @@ def make_sdpa(g, clamp, q, k, v):
     def fn():  # (B L, H, D) -> (B, H, L, D) and back
         qb, kb, vb = (x.view(len(blocks), length, H, -1).transpose(1, 2) for x in (q, k, v))
         return F.scaled_dot_product_attention(qb, kb, vb, scale=SCALE).transpose(1, 2).reshape(n, H, -1)
+
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
     ops = " ".join(e.key for e in prof.key_averages())  # aten::_scaled_dot_product_flash_attention, ...
@@ -190,8 +210,15 @@ def make_sdpa(g, clamp, q, k, v):
     return Run(fn, "SDPA kernel: " + (ran[0] if ran else "math" if "attention_math" in ops else "unknown"))
 
 
-CONTENDERS = {"triton": make_backend("triton"), "csr": make_backend("csr"), "reference": make_backend("reference"),
-              "auto": make_backend("auto"), "pyg": make_pyg, "flex": make_flex, "sdpa": make_sdpa}
+CONTENDERS = {
+    "triton": make_backend("triton"),
+    "csr": make_backend("csr"),
+    "reference": make_backend("reference"),
+    "auto": make_backend("auto"),
+    "pyg": make_pyg,
+    "flex": make_flex,
+    "sdpa": make_sdpa,
+}
 
 
 def sweep_contenders() -> dict:
@@ -231,10 +258,9 @@ def reference_output(q, k, v, g, clamp, chunk_edges=2**20):
     a = 0
     while a < g.num_dst:  # destinations a..b-1 as a graph of their own
         b = min(g.num_dst, max(a + 1, int(torch.searchsorted(starts, starts[a] + chunk_edges, right=True)) - 1))
-        dst = torch.repeat_interleave(torch.arange(b - a, device=q.device), ptr[a + 1:b + 1] - ptr[a:b])
-        sub = Graph(torch.stack([idx[int(starts[a]):int(starts[b])], dst]), g.num_src, b - a)
-        ref[a:b] = edge_attention(q[a:b].detach().float(), k32, v32, sub, scale=SCALE, clamp=clamp,
-                                  backend="reference")
+        dst = torch.repeat_interleave(torch.arange(b - a, device=q.device), ptr[a + 1 : b + 1] - ptr[a:b])
+        sub = Graph(torch.stack([idx[int(starts[a]) : int(starts[b])], dst]), g.num_src, b - a)
+        ref[a:b] = edge_attention(q[a:b].detach().float(), k32, v32, sub, scale=SCALE, clamp=clamp, backend="reference")
         a = b
     return ref
 
@@ -244,7 +270,7 @@ def measure(name, make, case, mode, g, inputs, ref, args, device):
     then timed. Returns the rows and whether the output was wrong."""
     dtype, num_edges = inputs[0].dtype, g.num_edges
     moved = (g.num_dst + num_edges) * H * 2 * D * inputs[0].element_size() + 8 * num_edges  # bytes, see top
-    rows = [harness.Result(case, num_edges, name, f"{p} {mode}") for p in ("fwd", "fwd+bwd")[:2 - args.no_backward]]
+    rows = [harness.Result(case, num_edges, name, f"{p} {mode}") for p in ("fwd", "fwd+bwd")[: 2 - args.no_backward]]
     stage = rows[0]
     try:
         run = make(g, CLAMPS[mode], *inputs)
@@ -268,6 +294,7 @@ def measure(name, make, case, mode, g, inputs, ref, args, device):
                 for t in inputs:
                     t.grad = None
                 run.fn().backward(grad)
+
             stage.times_ms = harness.time_ms(step, device, args.warmup, args.rep, budget_s=args.contender_s)
             stage.ms, stage.peak_extra_mib = harness.median(stage.times_ms), peak_mib(step, device)
     except Skip as e:
@@ -311,8 +338,9 @@ def machine(args, device) -> dict:
         y = torch.empty_like(x)
         info["copy_gb_s"] = 2 * x.nbytes / harness.median(harness.time_ms(lambda: y.copy_(x), device, 3, 20)) / 1e6
         extra = f" | CUDA {info['cuda']}, peak HBM {info['peak_gb_s']} GB/s, copy {info['copy_gb_s']:.0f} GB/s"
-    info["header"] = (harness.machine_header(info) + extra
-                      + f" | triton {info['triton']} | torch_geometric {info['torch_geometric']}")
+    info["header"] = (
+        harness.machine_header(info) + extra + f" | triton {info['triton']} | torch_geometric {info['torch_geometric']}"
+    )
     return info
 
 
@@ -323,6 +351,7 @@ def targets(rows, peak) -> dict:
     def ratio(case, mode, a, b):
         x, y = by.get((case, f"fwd+bwd {mode}", a)), by.get((case, f"fwd+bwd {mode}", b))
         return x.ms / y.ms if x and y else None
+
     out = {}
     for mode in CLAMPS:
         fwd = by.get(("random", f"fwd {mode}", "triton"))
@@ -342,16 +371,20 @@ def run_cases(args, contenders, device, dtype, info, say):
         g = build(smoke_size if args.smoke else size, device)
         g.csr(), g.csc()  # built once, as a model's layers share them
         gen = torch.Generator(device=device).manual_seed(0)
-        inputs = [torch.randn(n, H, D, generator=gen, device=device).to(dtype).requires_grad_()
-                  for n in (g.num_dst, g.num_src, g.num_src)]
+        inputs = [
+            torch.randn(n, H, D, generator=gen, device=device).to(dtype).requires_grad_()
+            for n in (g.num_dst, g.num_src, g.num_src)
+        ]
         for mode in args.modes.split(","):
             say(f"\n{case} {mode}: N_dst={g.num_dst}, E={g.num_edges}, max in-degree {int(g.in_degree().max())}")
             if args.budget is not None and time.time() - t0 > args.budget:
                 rows.append(harness.Result(case, g.num_edges, "-", f"fwd {mode}", note="skipped: --budget reached"))
                 say("skipped: --budget reached")
                 continue
-            say(f"{'contender':20}{'fwd ms':>9}{'fwd+bwd ms':>12}{'GB/s':>7}{'% peak':>8}{'peak MiB':>10}"
-                f"{'max|err|':>10}  note")
+            say(
+                f"{'contender':20}{'fwd ms':>9}{'fwd+bwd ms':>12}{'GB/s':>7}{'% peak':>8}{'peak MiB':>10}"
+                f"{'max|err|':>10}  note"
+            )
             ref = reference_output(*inputs, g, CLAMPS[mode])
             for name, make in contenders.items():
                 new, bad = measure(name, make, case, mode, g, inputs, ref, args, device)
@@ -360,9 +393,11 @@ def run_cases(args, contenders, device, dtype, info, say):
                 fwd, both = new[0], new[-1] if len(new) > 1 else harness.Result("", 0, "", "")
                 frac = 100 * fwd.gb_per_s / info["peak_gb_s"] if fwd.gb_per_s and info["peak_gb_s"] else None
                 mib = max((r.peak_extra_mib for r in new if r.peak_extra_mib is not None), default=None)
-                say(f"{name:20}{_fmt(fwd.ms, '9.3f')}{_fmt(both.ms, '12.3f')}{_fmt(fwd.gb_per_s, '7.0f')}"
+                say(
+                    f"{name:20}{_fmt(fwd.ms, '9.3f')}{_fmt(both.ms, '12.3f')}{_fmt(fwd.gb_per_s, '7.0f')}"
                     f"{_fmt(frac, '8.1f')}{_fmt(mib, '10.0f')}{_fmt(fwd.max_err_vs_reference, '10.2g')}  "
-                    + "; ".join(r.note for r in new if r.note))
+                    + "; ".join(r.note for r in new if r.note)
+                )
             del ref
     return rows, wrong
 
@@ -371,6 +406,7 @@ def write_png(path, title, rows):
     """One panel per pass and mode: bars of median ms per case, one color per contender (log scale)."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -411,8 +447,11 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=None, help="seconds; later cases are skipped")
     parser.add_argument("--peak-gbs", type=float, default=None, help="peak HBM GB/s (default: PEAK_GBS by name)")
     args = parser.parse_args(argv)
-    unknown = [x for x in args.cases.split(",") + args.modes.split(",") + args.contenders.split(",")
-               if x not in {**CASES, **CLAMPS, **CONTENDERS}]
+    unknown = [
+        x
+        for x in args.cases.split(",") + args.modes.split(",") + args.contenders.split(",")
+        if x not in {**CASES, **CLAMPS, **CONTENDERS}
+    ]
     if unknown:
         parser.error(f"unknown {unknown}")
     device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
@@ -424,25 +463,33 @@ def main(argv=None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are first imported
     args.no_backward = args.no_backward or args.sweep  # the backward does not depend on forward settings
     info = machine(args, device)
-    path = os.path.join(args.out, "bench_triton_gpu_" + harness.machine_tag(info) + "_sweep" * args.sweep
-                        + "_smoke" * args.smoke)
+    path = os.path.join(
+        args.out, "bench_triton_gpu_" + harness.machine_tag(info) + "_sweep" * args.sweep + "_smoke" * args.smoke
+    )
     os.makedirs(args.out, exist_ok=True)
     with open(path + ".log", "w") as log:
+
         def say(line=""):
             print(line, flush=True)
             log.write(line + "\n")
             log.flush()
+
         say(info["header"])
-        say(f"H={H}, D=Dv={D}, {str(dtype)[6:]}, median of up to {args.rep} runs after {args.warmup} warmup; "
-            f"outputs checked on all destinations against the float32 reference (tolerance {TOL[dtype]:g})")
+        say(
+            f"H={H}, D=Dv={D}, {str(dtype)[6:]}, median of up to {args.rep} runs after {args.warmup} warmup; "
+            f"outputs checked on all destinations against the float32 reference (tolerance {TOL[dtype]:g})"
+        )
         rows, wrong = run_cases(args, contenders, device, dtype, info, say)
         goals = {} if args.sweep else targets(rows, info["peak_gb_s"])
         say("\ntargets: " + "; ".join(f"{k}: {_fmt(v, '.2f').strip()}" for k, v in goals.items()))
         say(f"wrong: {', '.join(wrong) or 'none'}")
         config = dict(vars(args), dtype=str(dtype), H=H, D=D, tol=TOL[dtype])
         with open(path + ".json", "w") as f:
-            json.dump(dict(machine=info, config=config, results=[asdict(r) for r in rows], targets=goals,
-                           wrong=wrong), f, indent=1)
+            json.dump(
+                dict(machine=info, config=config, results=[asdict(r) for r in rows], targets=goals, wrong=wrong),
+                f,
+                indent=1,
+            )
         write_png(path + ".png", info["header"], rows)
         say(f"wrote {path}.json, .png and .log")
     return 1 if wrong else 0

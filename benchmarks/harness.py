@@ -9,6 +9,7 @@ resident set follows what is live, glibc is told to serve allocations above 64 K
 (returned to the OS on free) and free heap pages are trimmed before each measurement. Where the
 kernel cannot reset the peak, memory is reported as null.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -30,8 +31,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_ms(fn: Callable[[], object], device: str = "cpu", warmup: int = 3, reps: int = 10,
-            budget_s: float = 20.0) -> List[float]:
+def time_ms(
+    fn: Callable[[], object], device: str = "cpu", warmup: int = 3, reps: int = 10, budget_s: float = 20.0
+) -> List[float]:
     """Run fn `warmup` times, then up to `reps` synchronized timed runs (fewer when one run is slow,
     so a contender spends about `budget_s` at most). Returns the per-run times in ms."""
     t0 = time.perf_counter()
@@ -53,8 +55,9 @@ def time_ms(fn: Callable[[], object], device: str = "cpu", warmup: int = 3, reps
     return times
 
 
-def time_interleaved(fns: List[Callable[[], object]], device: str = "cpu", warmup: int = 3, reps: int = 10,
-                     budget_s: float = 20.0) -> List[object]:
+def time_interleaved(
+    fns: List[Callable[[], object]], device: str = "cpu", warmup: int = 3, reps: int = 10, budget_s: float = 20.0
+) -> List[object]:
     """time_ms for several contenders at once, in rounds (one timed run of each per round), so that
     load changes on a shared machine hit every contender alike. Returns per contender its list of
     times in ms, or the exception it raised."""
@@ -71,8 +74,11 @@ def time_interleaved(fns: List[Callable[[], object]], device: str = "cpu", warmu
             times[i] = exc
     spent = [0.0] * len(fns)
     while True:
-        active = [i for i, t in enumerate(times) if isinstance(t, list)
-                  and len(t) < reps and not (len(t) >= 3 and spent[i] > budget_s)]
+        active = [
+            i
+            for i, t in enumerate(times)
+            if isinstance(t, list) and len(t) < reps and not (len(t) >= 3 and spent[i] > budget_s)
+        ]
         if not active:
             return times
         for i in active:
@@ -170,8 +176,10 @@ def machine_info(device: str = "cpu") -> dict:
 
 
 def machine_header(info: dict) -> str:
-    return (f"sparseattn {info['sparseattn']} | torch {info['torch']} | {info['cpu']}, {info['threads']} threads | "
-            f"{info['gpu']} | {info['date']} | load {info['load_average']:.1f}")
+    return (
+        f"sparseattn {info['sparseattn']} | torch {info['torch']} | {info['cpu']}, {info['threads']} threads | "
+        f"{info['gpu']} | {info['date']} | load {info['load_average']:.1f}"
+    )
 
 
 def machine_tag(info: dict) -> str:
@@ -225,8 +233,7 @@ def write_png(path: str, title: str, results: List[Result]) -> bool:
             pts = sorted((r.edges, r.ms, r.family) for r in rows if r.contender == name)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name, alpha=0.8, color=colors[name])
         for e, fam in sorted({(r.edges, r.family) for r in rows}):
-            ax.annotate(fam, (e, 1.0), fontsize=6, rotation=90, alpha=0.5,
-                        xycoords=("data", "axes fraction"), va="top")
+            ax.annotate(fam, (e, 1.0), fontsize=6, rotation=90, alpha=0.5, xycoords=("data", "axes fraction"), va="top")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("edges E")

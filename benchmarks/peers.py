@@ -65,6 +65,7 @@ def make_sdpa_exact(fam, g: graphs.Graph, q, k, v):
         qb, kb, vb = (x.view(b, -1, HEADS, x.shape[2]).transpose(1, 2) for x in (q, k, v))  # (B, H, L, D)
         o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=fam.kind == "causal")
         return o.transpose(1, 2).reshape(-1, HEADS, o.shape[-1])
+
     return fn
 
 
@@ -74,7 +75,11 @@ def sdpa_kernel_name(fn) -> str:
 
     with profile() as prof, torch.no_grad():
         fn()
-    names = {e.key for e in prof.key_averages() if "scaled_dot_product" in e.key and e.key != "aten::scaled_dot_product_attention"}
+    names = {
+        e.key
+        for e in prof.key_averages()
+        if "scaled_dot_product" in e.key and e.key != "aten::scaled_dot_product_attention"
+    }
     return ", ".join(sorted(names)) or "none"
 
 

@@ -1,4 +1,5 @@
 """sparseattn: multi-head attention over the edges of a graph, in pure PyTorch."""
+
 from . import graphs
 from .functional import edge_attention
 from .graphs import Graph
@@ -8,5 +9,17 @@ from .modules import EdgeAttention
 from .recording import AttentionRecord, record_attention
 
 __version__ = "0.1.0"
-__all__ = ["edge_attention", "EdgeAttention", "Graph", "graphs", "KeyValue", "KVStore", "KVCache", "NodeKV",
-           "record_attention", "AttentionRecord", "backend_names", "__version__"]
+__all__ = [
+    "edge_attention",
+    "EdgeAttention",
+    "Graph",
+    "graphs",
+    "KeyValue",
+    "KVStore",
+    "KVCache",
+    "NodeKV",
+    "record_attention",
+    "AttentionRecord",
+    "backend_names",
+    "__version__",
+]

@@ -1,4 +1,5 @@
 """`python -m sparseattn <command>`: the application's command line (sparseattn/train/cli.py)."""
+
 import sys
 
 from .train.cli import main

@@ -3,6 +3,7 @@
 Every message names the argument and says what is wrong with it, so a user
 can fix the call without reading the source.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,15 +19,13 @@ def check_edge_index(edge_index: object, name: str = "edge_index") -> Tensor:
     """Check that `edge_index` is a (2, E) integer tensor; return it as int64."""
     if not isinstance(edge_index, Tensor):
         raise TypeError(
-            f"{name} must be a torch.Tensor of shape (2, E) or a sparseattn.Graph, "
-            f"got {type(edge_index).__name__}"
+            f"{name} must be a torch.Tensor of shape (2, E) or a sparseattn.Graph, got {type(edge_index).__name__}"
         )
     if edge_index.dtype not in _INT_DTYPES:
         raise TypeError(f"{name} must have an integer dtype (int64 preferred), got {edge_index.dtype}")
     if edge_index.dim() != 2 or edge_index.shape[0] != 2:
         raise ValueError(
-            f"{name} must have shape (2, E) (row 0 = source, row 1 = destination), "
-            f"got shape {tuple(edge_index.shape)}"
+            f"{name} must have shape (2, E) (row 0 = source, row 1 = destination), got shape {tuple(edge_index.shape)}"
         )
     return edge_index.long()
 
@@ -60,7 +59,9 @@ def check_qkv(q: object, k: object, v: object) -> None:
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"q and k must have the same head dim D (dim 2), got q {tuple(q.shape)}, k {tuple(k.shape)}")
     if k.shape[0] != v.shape[0]:
-        raise ValueError(f"k and v must have the same number of source nodes (dim 0), got k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(
+            f"k and v must have the same number of source nodes (dim 0), got k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     check_same_device(q=q, k=k, v=v)
@@ -88,8 +89,7 @@ def check_bias(bias: Optional[Tensor], num_edges: int, num_heads: int) -> Option
     if bias.dim() == 2 and bias.shape == (num_edges, num_heads):
         return bias
     raise ValueError(
-        f"bias must have shape (E, H) = ({num_edges}, {num_heads}) or (E,) = ({num_edges},), "
-        f"got {tuple(bias.shape)}"
+        f"bias must have shape (E, H) = ({num_edges}, {num_heads}) or (E,) = ({num_edges},), got {tuple(bias.shape)}"
     )
 
 

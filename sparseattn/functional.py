@@ -1,4 +1,5 @@
 """`edge_attention`: multi-head attention along the edges of a graph."""
+
 from __future__ import annotations
 
 from typing import Optional, Tuple, Union
@@ -88,8 +89,9 @@ def edge_attention(
         dropout_mask = keep.to(q.dtype) / (1.0 - dropout_p)
     fn = get_backend(backend, q, g).fn
     with torch.autocast(q.device.type, enabled=False):  # backends keep their own precision rules under autocast
-        out, weights = fn(q, k, v, g, scale=scale, clamp=clamp, bias=bias, dropout_mask=dropout_mask,
-                          return_weights=return_weights)
+        out, weights = fn(
+            q, k, v, g, scale=scale, clamp=clamp, bias=bias, dropout_mask=dropout_mask, return_weights=return_weights
+        )
     return (out, weights) if return_weights else out
 
 

@@ -8,6 +8,7 @@ reads the keys and values to attend to from:
     NodeKV   one row per node of a fixed graph; a call with `dst_rows` overwrites those nodes' rows
              and the others keep theirs (Adaptive Computation Time: halted nodes stay readable)
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional

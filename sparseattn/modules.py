@@ -1,8 +1,9 @@
 """`EdgeAttention`: a multi-head attention module over graph edges."""
+
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, NamedTuple, Optional, Tuple, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -62,7 +63,9 @@ class EdgeAttention(nn.Module):
         if embed_dim <= 0 or num_heads <= 0:
             raise ValueError(f"embed_dim and num_heads must be > 0, got embed_dim={embed_dim}, num_heads={num_heads}")
         if embed_dim % num_heads != 0:
-            raise ValueError(f"embed_dim must be divisible by num_heads, got embed_dim={embed_dim}, num_heads={num_heads}")
+            raise ValueError(
+                f"embed_dim must be divisible by num_heads, got embed_dim={embed_dim}, num_heads={num_heads}"
+            )
         if backend not in backend_names():
             raise ValueError(f"unknown backend {backend!r}; valid names are {', '.join(map(repr, backend_names()))}")
         self.embed_dim = embed_dim
@@ -107,10 +110,10 @@ class EdgeAttention(nn.Module):
         """Weight and bias of projection `which` (0 = query, 1 = key, 2 = value)."""
         e = self.embed_dim
         if self._qkv_same_embed_dim:
-            w = self.in_proj_weight[which * e:(which + 1) * e]
+            w = self.in_proj_weight[which * e : (which + 1) * e]
         else:
             w = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)[which]
-        b = None if self.in_proj_bias is None else self.in_proj_bias[which * e:(which + 1) * e]
+        b = None if self.in_proj_bias is None else self.in_proj_bias[which * e : (which + 1) * e]
         return w, b
 
     def project_q(self, x_dst: Tensor) -> Tensor:
@@ -125,13 +128,16 @@ class EdgeAttention(nn.Module):
         _check_rows("x_src", x_src, self.kdim, "kdim", "N_src")
         if x_value is None:
             if self.kdim != self.vdim:
-                raise ValueError(f"pass x_value= when kdim != vdim (kdim={self.kdim}, vdim={self.vdim}): the values "
-                                 "cannot be projected from x_src")
+                raise ValueError(
+                    f"pass x_value= when kdim != vdim (kdim={self.kdim}, vdim={self.vdim}): the values "
+                    "cannot be projected from x_src"
+                )
             x_value = x_src
         _check_rows("x_value", x_value, self.vdim, "vdim", "N_src", num_rows=x_src.shape[0])
         h, d = self.num_heads, self.head_dim
-        return KeyValue(F.linear(x_src, *self._weights(1)).reshape(-1, h, d),
-                        F.linear(x_value, *self._weights(2)).reshape(-1, h, d))
+        return KeyValue(
+            F.linear(x_src, *self._weights(1)).reshape(-1, h, d), F.linear(x_value, *self._weights(2)).reshape(-1, h, d)
+        )
 
     def forward(
         self,
@@ -185,7 +191,10 @@ class EdgeAttention(nn.Module):
             graph, q = _select_destinations(graph, q, kv.k.shape[0], dst_rows)
         need_weights = return_weights or bool(self._weights_hooks)
         result = edge_attention(
-            q, kv.k, kv.v, graph,
+            q,
+            kv.k,
+            kv.v,
+            graph,
             clamp=self.clamp,
             bias=edge_bias,
             dropout_p=self.dropout if self.training else 0.0,
@@ -213,14 +222,19 @@ class EdgeAttention(nn.Module):
         return handle
 
     def extra_repr(self) -> str:
-        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, "
-                f"clamp={self.clamp}, backend={self.backend!r}")
+        return (
+            f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, "
+            f"clamp={self.clamp}, backend={self.backend!r}"
+        )
 
 
-def _check_rows(name: str, x: object, width: int, width_name: str, rows: str,
-                num_rows: Optional[int] = None) -> None:
-    if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != width or \
-            (num_rows is not None and x.shape[0] != num_rows):
+def _check_rows(name: str, x: object, width: int, width_name: str, rows: str, num_rows: Optional[int] = None) -> None:
+    if (
+        not isinstance(x, Tensor)
+        or x.dim() != 2
+        or x.shape[1] != width
+        or (num_rows is not None and x.shape[0] != num_rows)
+    ):
         rows = rows if num_rows is None else f"{rows}={num_rows}"
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
         raise ValueError(f"{name} must have shape ({rows}, {width_name}={width}), got {shape}")

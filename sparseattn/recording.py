@@ -1,5 +1,6 @@
 """`record_attention(model)`: the attention weights of every `EdgeAttention` in a model, for plots
 and inspection, without threading anything through the model's forward."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -35,9 +36,11 @@ def record_attention(model: nn.Module) -> Iterator[List[AttentionRecord]]:
     handles = []
     for name, module in model.named_modules():
         if isinstance(module, EdgeAttention):
+
             def hook(mod, graph, weights, name=name):
                 call = sum(r.name == name for r in records)
                 records.append(AttentionRecord(name, call, graph, weights.detach()))
+
             handles.append(module.register_weights_hook(hook))
     try:
         yield records

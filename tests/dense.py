@@ -3,6 +3,7 @@
 The graph becomes a (N_dst, N_src) multiplicity matrix (how many edges run s -> t); the mask is
 where it is positive. Scores are computed densely for all pairs and masked afterwards.
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,8 +17,11 @@ def dense_attention(q, k, v, edge_index, *, scale=None, clamp=(-5.0, 5.0), bias_
     if scale is None:
         scale = q.shape[-1] ** -0.5
     count = torch.zeros(n_dst, n_src, dtype=torch.float64, device=q.device)
-    count.index_put_((edge_index[1], edge_index[0]), torch.ones(edge_index.shape[1], dtype=torch.float64,
-                                                                device=q.device), accumulate=True)
+    count.index_put_(
+        (edge_index[1], edge_index[0]),
+        torch.ones(edge_index.shape[1], dtype=torch.float64, device=q.device),
+        accumulate=True,
+    )
     mask = count > 0  # (N_dst, N_src)
     scores = torch.einsum("thd,shd->hts", q.double(), k.double()) * scale  # (H, N_dst, N_src)
     if bias_table is not None:

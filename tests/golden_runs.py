@@ -5,6 +5,7 @@ when code moves (per-step losses, validation and decoded test metrics, a hash of
 
 tests/test_golden_runs.py reruns every case and asserts the numbers are equal bit for bit.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,16 +22,41 @@ GOLDEN = FIXTURES / "golden_runs.json"
 CONLL_SAMPLE = FIXTURES / "conll_sample.txt"
 MULTI30K_SAMPLE = FIXTURES / "multi30k_sample"
 
-LETTERS = dict(num_train=320, num_valid=16, num_test=16, seq_mean=5.0, seq_std=1.0, batch_size=16, d_model=32,
-               d_ff=64, num_heads=2, epochs=3, warmup=30, lr_factor=2.0, dropout=0.1)
+LETTERS = dict(
+    num_train=320,
+    num_valid=16,
+    num_test=16,
+    seq_mean=5.0,
+    seq_std=1.0,
+    batch_size=16,
+    d_model=32,
+    d_ff=64,
+    num_heads=2,
+    epochs=3,
+    warmup=30,
+    lr_factor=2.0,
+    dropout=0.1,
+)
 TAGGING = dict(word_dim=8, pos_dim=4, caps_dim=2, char_out=4, dev_fraction=0.25, max_tokens=20, epochs=2)
 CASES = {
     "copy-transformer": dict(LETTERS, task="copy", model="transformer", num_layers=2, beam=2),
     "sort-ut": dict(LETTERS, task="sort", model="ut", clamp="none", ema_decay=0.9, keep_best=False),
     "reverse-transformer-reference": dict(LETTERS, task="reverse", model="transformer", backend="reference"),
-    "multi30k-transformer": dict(task="multi30k", model="transformer", vocab_size=200, num_layers=1, d_model=32,
-                                 d_ff=64, num_heads=2, max_tokens=64, epochs=1, beam=2, warmup=10,
-                                 checkpoint_every=0, valid_bleu_sentences=8),
+    "multi30k-transformer": dict(
+        task="multi30k",
+        model="transformer",
+        vocab_size=200,
+        num_layers=1,
+        d_model=32,
+        d_ff=64,
+        num_heads=2,
+        max_tokens=64,
+        epochs=1,
+        beam=2,
+        warmup=10,
+        checkpoint_every=0,
+        valid_bleu_sentences=8,
+    ),
     "chunking-tagger": dict(TAGGING, task="chunking", model="tagger", d_model=8, num_heads=2, num_layers=1, d_ff=16),
     # recorded when one flat config held every key: the BiLSTM's Noam schedule used d_model=8
     "chunking-bilstm": dict(TAGGING, task="chunking", model="bilstm", lstm_hidden=8, lr_dim=8),
@@ -39,8 +65,10 @@ CASES = {
 
 def weights_digest(model: torch.nn.Module) -> dict:
     """{parameter or buffer name: sha256 of its bytes}."""
-    return {name: hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
-            for name, t in model.state_dict().items()}
+    return {
+        name: hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
+        for name, t in model.state_dict().items()
+    }
 
 
 def decoded_test(trainer) -> list:
@@ -82,9 +110,14 @@ def _run(name: str) -> dict:
         records = [json.loads(line) for line in (Path(over["out"]) / "metrics.jsonl").read_text().splitlines()]
         return {
             "train_loss": [r["loss"] for r in records if r["kind"] == "train"],
-            "valid": [{k: v for k, v in r["valid"].items() if not isinstance(v, list)}
-                      for r in records if r["kind"] == "valid"],
-            "test": {k: v for k, v in results.items() if k not in ("train_seconds", "plots") and not isinstance(v, list)},
+            "valid": [
+                {k: v for k, v in r["valid"].items() if not isinstance(v, list)}
+                for r in records
+                if r["kind"] == "valid"
+            ],
+            "test": {
+                k: v for k, v in results.items() if k not in ("train_seconds", "plots") and not isinstance(v, list)
+            },
             "weights": weights_digest(trainer.model),
             "decoded": decoded_test(trainer),
         }

@@ -1,5 +1,6 @@
 """Hypothesis strategies: small random graphs with the awkward cases (E = 0, duplicate edges,
 isolated destinations, bipartite sizes) and matching attention inputs."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,6 +1,7 @@
 """benchmarks/bench_triton_gpu.py on CPU: --smoke writes its JSON, PNG and log into --out, times the
 contenders that apply, and marks a contender whose output is wrong or never written instead of timing
 it; the FlexAttention block mask comes from the graph. A few seconds, on tiny graphs."""
+
 import importlib.util
 import json
 import math
@@ -14,18 +15,33 @@ from sparseattn import edge_attention, graphs
 
 def forgets_the_last_destination(g, clamp, q, k, v):
     """A broken contender: the last row of its output is never written."""
+
     def fn():
         out = torch.empty(g.num_dst, q.shape[1], v.shape[2], dtype=q.dtype)
         out[:-1] = edge_attention(q, k, v, g, scale=bench.SCALE, clamp=clamp)[:-1]
         return out
+
     return bench.Run(fn)
 
 
 def test_smoke_run_writes_results_and_flags_a_wrong_contender(tmp_path, monkeypatch):
     monkeypatch.setitem(bench.CONTENDERS, "broken", forgets_the_last_destination)
     cases = ["window8", "complete512"]
-    status = bench.main(["--smoke", "--out", str(tmp_path), "--cases", ",".join(cases), "--warmup", "0",
-                         "--rep", "1", "--contenders", "csr,reference,pyg,sdpa,broken"])
+    status = bench.main(
+        [
+            "--smoke",
+            "--out",
+            str(tmp_path),
+            "--cases",
+            ",".join(cases),
+            "--warmup",
+            "0",
+            "--rep",
+            "1",
+            "--contenders",
+            "csr,reference,pyg,sdpa,broken",
+        ]
+    )
     assert status == 1  # the broken contender fails the run
     stems = {p.name.rsplit(".", 1)[0] for p in tmp_path.iterdir()}
     assert len(stems) == 1 and stems.pop().endswith("_smoke")
@@ -49,8 +65,11 @@ def test_smoke_run_writes_results_and_flags_a_wrong_contender(tmp_path, monkeypa
     sdpa = {k: r for k, r in rows.items() if r["contender"] == "sdpa"}
     assert sdpa[("complete512", "fwd exact", "sdpa")]["note"].startswith("SDPA kernel: ")
     assert sdpa[("complete512", "fwd+bwd exact", "sdpa")]["ms"] > 0
-    assert all(r["ms"] is None and r["note"].startswith("skipped") for k, r in sdpa.items() if k[0] == "window8"
-               or "clamp" in k[1])
+    assert all(
+        r["ms"] is None and r["note"].startswith("skipped")
+        for k, r in sdpa.items()
+        if k[0] == "window8" or "clamp" in k[1]
+    )
     assert data["wrong"] == [f"{c} {m} broken" for c in cases for m in bench.CLAMPS]
     assert "wrong: window8 clamp broken" in next(tmp_path.glob("*.log")).read_text()
 

@@ -1,4 +1,5 @@
 """Bad input raises a clear error that names the argument and the problem."""
+
 import pytest
 import torch
 
@@ -8,47 +9,56 @@ Q, K, V = torch.randn(3, 2, 4), torch.randn(5, 2, 4), torch.randn(5, 2, 6)
 EI = torch.tensor([[0, 4, 2], [0, 1, 2]])
 
 
-@pytest.mark.parametrize("graph, exc, pattern", [
-    (torch.tensor([[0.0, 1.0], [0.0, 1.0]]), TypeError, "integer dtype"),
-    ([[0, 1], [0, 1]], TypeError, r"graph must be a \(2, E\) tensor or a sparseattn.Graph, got list"),
-    (torch.tensor([0, 1, 2]), ValueError, r"shape \(2, E\).*got shape \(3,\)"),
-    (torch.zeros(3, 4, dtype=torch.long), ValueError, r"shape \(2, E\).*got shape \(3, 4\)"),
-    (torch.tensor([[0, -1], [0, 1]]), IndexError, r"negative node id \(-1\)"),
-    (torch.tensor([[0, 5], [0, 1]]), IndexError, "sources.*node id 5.*5 nodes"),
-    (torch.tensor([[0, 1], [0, 3]]), IndexError, "destinations.*node id 3.*3 nodes"),
-])
+@pytest.mark.parametrize(
+    "graph, exc, pattern",
+    [
+        (torch.tensor([[0.0, 1.0], [0.0, 1.0]]), TypeError, "integer dtype"),
+        ([[0, 1], [0, 1]], TypeError, r"graph must be a \(2, E\) tensor or a sparseattn.Graph, got list"),
+        (torch.tensor([0, 1, 2]), ValueError, r"shape \(2, E\).*got shape \(3,\)"),
+        (torch.zeros(3, 4, dtype=torch.long), ValueError, r"shape \(2, E\).*got shape \(3, 4\)"),
+        (torch.tensor([[0, -1], [0, 1]]), IndexError, r"negative node id \(-1\)"),
+        (torch.tensor([[0, 5], [0, 1]]), IndexError, "sources.*node id 5.*5 nodes"),
+        (torch.tensor([[0, 1], [0, 3]]), IndexError, "destinations.*node id 3.*3 nodes"),
+    ],
+)
 def test_bad_edge_index(graph, exc, pattern):
     with pytest.raises(exc, match=pattern):
         edge_attention(Q, K, V, graph)
 
 
-@pytest.mark.parametrize("q, k, v, exc, pattern", [
-    (Q, K, torch.randn(5, 3, 6), ValueError, "same number of heads"),
-    (Q, torch.randn(5, 2, 3), V, ValueError, "same head dim D"),
-    (Q, K, torch.randn(4, 2, 6), ValueError, "same number of source nodes"),
-    (Q.double(), K, V, TypeError, "share one dtype"),
-    (Q[0], K, V, ValueError, "q must have 3 dimensions"),
-    (Q.long(), K, V, TypeError, "q must be a floating-point"),
-    ("q", K, V, TypeError, "q must be a torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "q, k, v, exc, pattern",
+    [
+        (Q, K, torch.randn(5, 3, 6), ValueError, "same number of heads"),
+        (Q, torch.randn(5, 2, 3), V, ValueError, "same head dim D"),
+        (Q, K, torch.randn(4, 2, 6), ValueError, "same number of source nodes"),
+        (Q.double(), K, V, TypeError, "share one dtype"),
+        (Q[0], K, V, ValueError, "q must have 3 dimensions"),
+        (Q.long(), K, V, TypeError, "q must be a floating-point"),
+        ("q", K, V, TypeError, "q must be a torch.Tensor"),
+    ],
+)
 def test_bad_qkv(q, k, v, exc, pattern):
     with pytest.raises(exc, match=pattern):
         edge_attention(q, k, v, EI)
 
 
-@pytest.mark.parametrize("kwargs, exc, pattern", [
-    (dict(bias=torch.zeros(4, 2)), ValueError, r"bias must have shape \(E, H\) = \(3, 2\)"),
-    (dict(bias=torch.zeros(3, 3)), ValueError, "bias must have shape"),
-    (dict(bias=torch.zeros(3, dtype=torch.long)), TypeError, "bias must be a floating-point"),
-    (dict(bias=[0.0, 0.0, 0.0]), TypeError, r"bias must be a torch.Tensor of shape \(E, H\) or \(E,\), got list"),
-    (dict(bias=0.5), TypeError, "bias must be a torch.Tensor.*got float"),
-    (dict(clamp=(5.0, -5.0)), ValueError, "lo <= hi.*lo=5.0 > hi=-5.0"),
-    (dict(clamp=5.0), TypeError, "clamp must be None or a pair"),
-    (dict(backend="fast"), ValueError, "unknown backend 'fast'; valid names are 'auto', 'reference'"),
-    (dict(dropout_p=1.0), ValueError, r"dropout_p must be in \[0, 1\)"),
-    (dict(scale=float("nan")), ValueError, "scale must be finite"),
-    (dict(scale="x"), TypeError, "scale must be a float"),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc, pattern",
+    [
+        (dict(bias=torch.zeros(4, 2)), ValueError, r"bias must have shape \(E, H\) = \(3, 2\)"),
+        (dict(bias=torch.zeros(3, 3)), ValueError, "bias must have shape"),
+        (dict(bias=torch.zeros(3, dtype=torch.long)), TypeError, "bias must be a floating-point"),
+        (dict(bias=[0.0, 0.0, 0.0]), TypeError, r"bias must be a torch.Tensor of shape \(E, H\) or \(E,\), got list"),
+        (dict(bias=0.5), TypeError, "bias must be a torch.Tensor.*got float"),
+        (dict(clamp=(5.0, -5.0)), ValueError, "lo <= hi.*lo=5.0 > hi=-5.0"),
+        (dict(clamp=5.0), TypeError, "clamp must be None or a pair"),
+        (dict(backend="fast"), ValueError, "unknown backend 'fast'; valid names are 'auto', 'reference'"),
+        (dict(dropout_p=1.0), ValueError, r"dropout_p must be in \[0, 1\)"),
+        (dict(scale=float("nan")), ValueError, "scale must be finite"),
+        (dict(scale="x"), TypeError, "scale must be a float"),
+    ],
+)
 def test_bad_options(kwargs, exc, pattern):
     with pytest.raises(exc, match=pattern):
         edge_attention(Q, K, V, EI, **kwargs)
@@ -70,6 +80,7 @@ def test_tensors_on_different_devices():
 def test_device_check_names_tensors():
     # the check itself, exercised without a GPU through meta tensors
     from sparseattn._checks import check_same_device
+
     with pytest.raises(ValueError, match="q on cpu, k on meta"):
         check_same_device(q=Q, k=K.to("meta"))
 
@@ -89,15 +100,18 @@ def test_graph_constructor_checks():
         graphs.batch([graphs.complete(2), EI])
 
 
-@pytest.mark.parametrize("blocks, exc, pattern", [
-    ([("full", -1, 2)], ValueError, r"blocks\[0\] n_src must be >= 0, got -1"),
-    ([("full", 2, 2), ("causal", -3, -3)], ValueError, r"blocks\[1\] n_src must be >= 0, got -3"),
-    ([("full", 2, -1)], ValueError, r"blocks\[0\] n_dst must be >= 0, got -1"),
-    ([("full", 2.0, 2)], TypeError, r"blocks\[0\] n_src must be an int, got float"),
-    ([("full", 2)], TypeError, r"blocks\[0\] must be a \(kind, n_src, n_dst\) triple, got \('full', 2\)"),
-    ([("diagonal", 2, 2)], ValueError, r"blocks\[0\] kind must be one of \('full', .*got 'diagonal'"),
-    ([("causal", 2, 3)], ValueError, r"blocks\[0\]: a 'causal' block must be square, got 2 x 3"),
-])
+@pytest.mark.parametrize(
+    "blocks, exc, pattern",
+    [
+        ([("full", -1, 2)], ValueError, r"blocks\[0\] n_src must be >= 0, got -1"),
+        ([("full", 2, 2), ("causal", -3, -3)], ValueError, r"blocks\[1\] n_src must be >= 0, got -3"),
+        ([("full", 2, -1)], ValueError, r"blocks\[0\] n_dst must be >= 0, got -1"),
+        ([("full", 2.0, 2)], TypeError, r"blocks\[0\] n_src must be an int, got float"),
+        ([("full", 2)], TypeError, r"blocks\[0\] must be a \(kind, n_src, n_dst\) triple, got \('full', 2\)"),
+        ([("diagonal", 2, 2)], ValueError, r"blocks\[0\] kind must be one of \('full', .*got 'diagonal'"),
+        ([("causal", 2, 3)], ValueError, r"blocks\[0\]: a 'causal' block must be square, got 2 x 3"),
+    ],
+)
 def test_from_blocks_checks(blocks, exc, pattern):
     with pytest.raises(exc, match=pattern):
         graphs.from_blocks(blocks)
@@ -145,15 +159,18 @@ def test_nan_and_inf_inputs_reach_only_touched_destinations():
     assert torch.equal(out[2], torch.zeros_like(out[2]))
 
 
-@pytest.mark.parametrize("dtype, clamp, bound", [
-    (torch.float32, (-89.0, 89.0), 65.0),   # exp(89) overflows float32: all-NaN output before this check
-    (torch.float32, (-5.0, 66.0), 65.0),    # exp(66) is finite, but 2^32 of them are not
-    (torch.float32, (-110.0, 5.0), 65.0),   # exp(-110) is 0 in float32: all-at-lo destinations got 0
-    (torch.float32, (float("-inf"), 5.0), 65.0),
-    (torch.float16, (-89.0, 89.0), 65.0),   # half types accumulate in float32
-    (torch.bfloat16, (-66.0, 0.0), 65.0),
-    (torch.float64, (-700.0, 700.0), 686.0),
-])
+@pytest.mark.parametrize(
+    "dtype, clamp, bound",
+    [
+        (torch.float32, (-89.0, 89.0), 65.0),  # exp(89) overflows float32: all-NaN output before this check
+        (torch.float32, (-5.0, 66.0), 65.0),  # exp(66) is finite, but 2^32 of them are not
+        (torch.float32, (-110.0, 5.0), 65.0),  # exp(-110) is 0 in float32: all-at-lo destinations got 0
+        (torch.float32, (float("-inf"), 5.0), 65.0),
+        (torch.float16, (-89.0, 89.0), 65.0),  # half types accumulate in float32
+        (torch.bfloat16, (-66.0, 0.0), 65.0),
+        (torch.float64, (-700.0, 700.0), 686.0),
+    ],
+)
 def test_clamp_bounds_whose_exp_overflows_or_underflows(dtype, clamp, bound):
     q, k, v = (t.to(dtype) for t in (Q, K, V))
     name = str(dtype).replace("torch.", "")

@@ -1,5 +1,6 @@
 """Every backend against the independent dense reference and the reference backend: values and
 gradients of q, k, v and bias, on random graphs, for every dtype, plus the invariances."""
+
 import math
 
 import pytest
@@ -20,8 +21,9 @@ HALF = [torch.float16, torch.bfloat16]
 # "dense" runs only on graphs that record dense blocks; the raw-edge-index tests skip it with this
 # reason and the block tests at the end of this file run it (and every other backend) instead.
 BLOCK_ONLY = {"dense": "dense needs a Graph with recorded blocks; covered by the *_on_blocks tests"}
-EDGE_BACKENDS = [pytest.param(b, marks=pytest.mark.skip(reason=BLOCK_ONLY[b])) if b in BLOCK_ONLY else b
-                 for b in BACKENDS]
+EDGE_BACKENDS = [
+    pytest.param(b, marks=pytest.mark.skip(reason=BLOCK_ONLY[b])) if b in BLOCK_ONLY else b for b in BACKENDS
+]
 
 
 def run(case, backend, dtype=torch.float64, magnitude=1.0):
@@ -38,8 +40,9 @@ def run(case, backend, dtype=torch.float64, magnitude=1.0):
 
 def dense_run(case, grad_out, magnitude=1.0):
     q, k, v, table = case.tensors(torch.float64, magnitude=magnitude)
-    out = dense_attention(q, k, v, case.edge_index, scale=case.scale, clamp=case.clamp,
-                          bias_table=table if case.use_bias else None)
+    out = dense_attention(
+        q, k, v, case.edge_index, scale=case.scale, clamp=case.clamp, bias_table=table if case.use_bias else None
+    )
     out.backward(grad_out)
     grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in (q, k, v, table)]
     if not case.use_bias:
@@ -91,8 +94,9 @@ def test_exact_softmax_equals_sdpa_at_large_scores(backend, case, magnitude):
     out = edge_attention(q, k, v, ei, clamp=None, backend=backend)
     mask = torch.zeros(case.n_dst, case.n_src, dtype=torch.bool)
     mask[ei[1], ei[0]] = True
-    sdpa = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                          attn_mask=mask).transpose(0, 1)
+    sdpa = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
+    ).transpose(0, 1)
     has_in = mask.any(1)
     assert torch.isfinite(out).all()
     assert_close(out[has_in], sdpa[has_in], torch.float64, "out vs SDPA")
@@ -123,8 +127,9 @@ def test_edge_order_and_node_labels_do_not_matter(backend, case):
     out, w = edge_attention(q, k, v, ei, bias=bias, clamp=case.clamp, backend=backend, return_weights=True)
     gen = torch.Generator().manual_seed(case.seed)
     perm = torch.randperm(ei.shape[1], generator=gen)
-    out_p, w_p = edge_attention(q, k, v, ei[:, perm], bias=bias[perm], clamp=case.clamp, backend=backend,
-                                return_weights=True)
+    out_p, w_p = edge_attention(
+        q, k, v, ei[:, perm], bias=bias[perm], clamp=case.clamp, backend=backend, return_weights=True
+    )
     assert_close(out_p, out, torch.float64, "edge permutation: out")
     assert_close(w_p, w[perm], torch.float64, "edge permutation: weights")
     # relabel nodes: new id of old source s is ps_inv[s]
@@ -172,8 +177,9 @@ def test_empty_graph(backend, dtype):
     k = torch.randn(5, 2, 4, dtype=dtype, requires_grad=True)
     v = torch.randn(5, 2, 6, dtype=dtype, requires_grad=True)
     bias = torch.zeros(0, 2, dtype=dtype, requires_grad=True)
-    out, w = edge_attention(q, k, v, torch.empty(2, 0, dtype=torch.long), bias=bias, backend=backend,
-                            return_weights=True)
+    out, w = edge_attention(
+        q, k, v, torch.empty(2, 0, dtype=torch.long), bias=bias, backend=backend, return_weights=True
+    )
     assert out.shape == (3, 2, 6) and out.dtype == dtype and (out == 0).all()
     assert w.shape == (0, 2)
     out.sum().backward()
@@ -215,8 +221,12 @@ def test_zero_heads_or_head_dims_with_edges(backend, heads, d, dv, clamp, use_bi
 def test_graph_and_tensor_spellings_agree(backend):
     g = graphs.window(20, 3)
     q, k, v = (torch.randn(20, 2, 8, dtype=torch.float64) for _ in range(3))
-    assert_close(edge_attention(q, k, v, g, backend=backend), edge_attention(q, k, v, g.edge_index, backend=backend),
-                 torch.float64, "Graph vs tensor")
+    assert_close(
+        edge_attention(q, k, v, g, backend=backend),
+        edge_attention(q, k, v, g.edge_index, backend=backend),
+        torch.float64,
+        "Graph vs tensor",
+    )
 
 
 def test_hand_computed_two_edges():
@@ -269,6 +279,7 @@ def test_dropout_matches_reference_mask_across_backends():
 
 # ---- graphs built from dense blocks: every backend, "dense" included --------------------------
 
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @given(case=block_cases())
 def test_matches_dense_float64_on_blocks(backend, case):
@@ -318,6 +329,7 @@ def test_autocast_leaves_each_backend_its_own_precision(backend):
     projections; inside the kernel autocast is off, so the result equals the same layer fed the
     projections' bf16 outputs without autocast, for every backend."""
     from sparseattn import EdgeAttention
+
     torch.manual_seed(0)
     g = graphs.batch([graphs.complete(n) for n in (5, 3, 7)])  # with blocks, so "dense" runs too
     attn = EdgeAttention(16, 4, backend=backend, clamp=None)
@@ -327,8 +339,10 @@ def test_autocast_leaves_each_backend_its_own_precision(backend):
     out.float().square().sum().backward()
     assert out.dtype == torch.bfloat16 and torch.isfinite(x.grad).all()
     with torch.no_grad():
-        q, k, v = (torch.nn.functional.linear(x.bfloat16(), w.bfloat16(), b.bfloat16()).view(-1, 4, 4)
-                   for w, b in zip(attn.in_proj_weight.chunk(3), attn.in_proj_bias.chunk(3)))
+        q, k, v = (
+            torch.nn.functional.linear(x.bfloat16(), w.bfloat16(), b.bfloat16()).view(-1, 4, 4)
+            for w, b in zip(attn.in_proj_weight.chunk(3), attn.in_proj_bias.chunk(3))
+        )
         ref = edge_attention(q, k, v, g, clamp=None, backend="reference").reshape(-1, 16)
         ref = torch.nn.functional.linear(ref, attn.out_proj.weight.bfloat16(), attn.out_proj.bias.bfloat16())
     torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)

@@ -1,5 +1,6 @@
 """The redesign moved every model and task; these short runs, recorded before it (tests/golden_runs.py),
 must still give the same losses, metrics, decoded outputs and weights, bit for bit, at one thread."""
+
 import json
 
 import pytest

@@ -28,8 +28,9 @@ def test_bipartite_window_random():
     assert not torch.equal(r1.edge_index, graphs.random(50, 40, 300, seed=4).edge_index)
 
 
-@pytest.mark.parametrize("g", [graphs.complete(5), graphs.causal(4), graphs.window(9, 2), graphs.random(6, 8, 30),
-                               graphs.bipartite(3, 4)])
+@pytest.mark.parametrize(
+    "g", [graphs.complete(5), graphs.causal(4), graphs.window(9, 2), graphs.random(6, 8, 30), graphs.bipartite(3, 4)]
+)
 def test_builders_are_destination_major_with_valid_blocks(g):
     """Builders promise destination-major order; recorded blocks must describe the edges exactly."""
     ei = g.edge_index
@@ -37,7 +38,7 @@ def test_builders_are_destination_major_with_valid_blocks(g):
     assert g.is_sorted_by_dst and torch.equal(key, torch.sort(key).values)
     for b in g.blocks or ():
         local = graphs.block_edges(b.kind, b.n_src, b.n_dst)
-        got = ei[:, b.edge_start:b.edge_start + b.num_edges]
+        got = ei[:, b.edge_start : b.edge_start + b.num_edges]
         assert torch.equal(got, local + torch.tensor([[b.src_start], [b.dst_start]]))
 
 
@@ -88,11 +89,14 @@ def test_graph_defaults_and_to():
     assert "num_edges=2" in repr(g)
 
 
-@pytest.mark.parametrize("spec", [
-    [("full", 5, 4), ("causal", 6, 6), ("full", 7, 7)],
-    [("causal", 8, 8)] * 3,
-    [("full", 1, 4), ("full", 3, 5)],  # one-source rows: equal ranges, a full block
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        [("full", 5, 4), ("causal", 6, 6), ("full", 7, 7)],
+        [("causal", 8, 8)] * 3,
+        [("full", 1, 4), ("full", 3, 5)],  # one-source rows: equal ranges, a full block
+    ],
+)
 def test_raw_destination_major_blocks_are_recognized(spec):
     built = graphs.from_blocks(spec)
     raw = Graph(built.edge_index)
@@ -121,6 +125,7 @@ def test_raw_tensor_takes_dense_and_matches_reference():
     k, v = (torch.randn(g.num_src, 2, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
     assert choose_auto(q, Graph(g.edge_index)) == "dense"
     from sparseattn import edge_attention
+
     out = edge_attention(q, k, v, g.edge_index)
     ref = edge_attention(q, k, v, g, backend="reference")
     assert torch.allclose(out, ref, atol=1e-12)

@@ -1,5 +1,6 @@
 """The library never imports the application: `import sparseattn, sparseattn.models` loads no module
 of sparseattn.train and none of the application's dependencies."""
+
 import subprocess
 import sys
 

@@ -1,11 +1,12 @@
 """EdgeAttention's reuse features against its plain forward: keys/values projected once (kv=),
 incremental decoding with a KVCache (== teacher forcing on the causal graph), selected destination
 rows (== full forward, then select), NodeKV updates, and weight hooks / record_attention."""
+
 import pytest
 import torch
 
 from sparseattn import EdgeAttention, Graph, KeyValue, KVCache, NodeKV, graphs, record_attention
-from sparseattn.models import GraphTransformer, GraphPool
+from sparseattn.models import GraphPool, GraphTransformer
 
 D, H = 16, 4
 
@@ -104,8 +105,16 @@ def test_record_attention_collects_every_layer_of_a_model():
     with record_attention(model) as records:
         logits = model(batch).logits
     names = [r.name for r in records]
-    assert sorted(names) == sorted(["encoder.0.self_attn", "encoder.1.self_attn", "decoder.0.self_attn",
-                                    "decoder.0.cross_attn", "decoder.1.self_attn", "decoder.1.cross_attn"])
+    assert sorted(names) == sorted(
+        [
+            "encoder.0.self_attn",
+            "encoder.1.self_attn",
+            "decoder.0.self_attn",
+            "decoder.0.cross_attn",
+            "decoder.1.self_attn",
+            "decoder.1.cross_attn",
+        ]
+    )
     for r in records:
         assert isinstance(r.graph, Graph) and not r.weights.requires_grad
         sums = torch.zeros(r.graph.num_dst, r.weights.shape[1]).index_add_(0, r.graph.dst, r.weights)

@@ -1,4 +1,5 @@
 """Tolerances: float64/float32 absolute bounds; half types measured against the reference's own error."""
+
 import torch
 
 ATOL = {torch.float64: 1e-10, torch.float32: 2e-5}

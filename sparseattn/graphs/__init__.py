@@ -1,6 +1,18 @@
 """Graphs for edge attention: the `Graph` wrapper and builders of common patterns."""
+
 from .builders import batch, bipartite, block_edges, causal, complete, from_blocks, random, window
 from .graph import CSR, Block, Graph
 
-__all__ = ["Graph", "Block", "CSR", "complete", "causal", "bipartite", "window", "random", "batch",
-           "from_blocks", "block_edges"]
+__all__ = [
+    "Graph",
+    "Block",
+    "CSR",
+    "complete",
+    "causal",
+    "bipartite",
+    "window",
+    "random",
+    "batch",
+    "from_blocks",
+    "block_edges",
+]

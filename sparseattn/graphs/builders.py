@@ -4,9 +4,10 @@ Every builder lists edges destination-major (for each destination in order, its
 sources in increasing order) and returns a `Graph`. The dense patterns (complete,
 causal, bipartite) also record their `Block` so a dense backend can use them.
 """
+
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Sequence, Union
 
 import torch
 from torch import Tensor
@@ -101,8 +102,9 @@ def batch(graphs: Sequence[Graph]) -> Graph:
         if not isinstance(g, Graph):
             raise TypeError(f"graphs[{i}] must be a sparseattn.Graph, got {type(g).__name__}")
     if not graphs:
-        return Graph._trusted(torch.empty(2, 0, dtype=torch.long), 0, 0, src_ptr=[0], dst_ptr=[0], blocks=[],
-                              sorted_by_dst=True)
+        return Graph._trusted(
+            torch.empty(2, 0, dtype=torch.long), 0, 0, src_ptr=[0], dst_ptr=[0], blocks=[], sorted_by_dst=True
+        )
     device = graphs[0].device
     if any(g.device != device for g in graphs):
         raise ValueError("all graphs passed to batch() must be on one device")
@@ -114,18 +116,19 @@ def batch(graphs: Sequence[Graph]) -> Graph:
     shift = torch.tensor([src_ptr[:-1], dst_ptr[:-1]], device=device)  # (2, B)
     counts = torch.tensor([g.num_edges for g in graphs], device=device)
     ei = torch.cat([g.edge_index for g in graphs], dim=1) + shift.repeat_interleave(counts, dim=1)
-    blocks: Optional[list] = []
+    found: list = []
     for g, s0, d0, e0 in zip(graphs, src_ptr, dst_ptr, edge_ptr):
         if g.blocks is None:
-            blocks = None
             break
-        blocks.extend(Block(b.kind, b.src_start + s0, b.dst_start + d0, b.n_src, b.n_dst, b.edge_start + e0)
-                      for b in g.blocks)
+        found.extend(
+            Block(b.kind, b.src_start + s0, b.dst_start + d0, b.n_src, b.n_dst, b.edge_start + e0) for b in g.blocks
+        )
+    every_graph_has_blocks = all(g.blocks is not None for g in graphs)
     return Graph._trusted(
         ei,
         src_ptr[-1],
         dst_ptr[-1],
-        blocks=blocks,
+        blocks=found if every_graph_has_blocks else None,
         src_ptr=src_ptr,
         dst_ptr=dst_ptr,
         sorted_by_dst=all(g.is_sorted_by_dst for g in graphs),

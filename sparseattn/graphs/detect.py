@@ -1,5 +1,6 @@
 """Recognizing dense blocks in a raw edge index, so that a (2, E) tensor listing a Transformer
 batch destination-major (as the builders do) can take the dense backend like a built `Graph`."""
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -39,8 +40,9 @@ def find_blocks(src: Tensor, ptr: Tensor) -> Optional[Tuple[Block, ...]]:
     n_step = torch.zeros_like(n_equal).index_add_(0, run, step.long())
     ends = torch.cat([starts[1:], starts.new_tensor([rows.numel()])])
     blocks = []
-    for s, e, ne, ns, r0, l0, h0, p0 in zip(*(t.tolist() for t in (starts, ends, n_equal, n_step, rows[starts],
-                                                                     lo[starts], hi[starts], ptr[rows[starts]]))):
+    for s, e, ne, ns, r0, l0, h0, p0 in zip(
+        *(t.tolist() for t in (starts, ends, n_equal, n_step, rows[starts], lo[starts], hi[starts], ptr[rows[starts]]))
+    ):
         if ns == 0:
             blocks.append(Block("full", l0, r0, h0 - l0 + 1, e - s, p0))
         elif ne == 0 and l0 == h0:

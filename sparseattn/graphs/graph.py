@@ -1,4 +1,5 @@
 """`Graph`: a validated (2, E) edge index that caches what kernels need."""
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional, Sequence, Tuple, Union
@@ -99,7 +100,7 @@ class Graph:
         least_step = int((dst * max(num_src, 1) + src).diff().min()) if src.numel() > 1 else 1
         sorted_by_dst = least_step >= 0
         blocks = _UNKNOWN if least_step > 0 else None
-        self._init(edge_index, num_src, num_dst, blocks, sorted_by_dst=sorted_by_dst)
+        self._init(edge_index, num_src, num_dst, blocks, sorted_by_dst=sorted_by_dst)  # type: ignore[arg-type]
 
     def _init(
         self,

@@ -6,6 +6,7 @@ with q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv), bias and dropout_mas
 or None, out (N_dst, H, Dv) and weights (E, H) in the graph's edge order or None.
 Optional dependencies are probed once, when a backend is first asked for.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -80,8 +81,9 @@ def choose_auto(q: Tensor, graph: Graph) -> str:
     "reference" or "scatter" (both are slower everywhere)."""
     blocks = graph.blocks
     if blocks and len({(b.kind, b.n_src, b.n_dst) for b in blocks}) <= DENSE_MAX_SHAPES:
-        if graph.num_edges >= DENSE_MIN_EDGES_PER_BLOCK * len(blocks) or \
-                all(not bk.padded and bk.kind in ("full", "causal") for bk in plan(graph).buckets):
+        if graph.num_edges >= DENSE_MIN_EDGES_PER_BLOCK * len(blocks) or all(
+            not bk.padded and bk.kind in ("full", "causal") for bk in plan(graph).buckets
+        ):
             return "dense"
     triton = _BACKENDS.get("triton")
     if q.device.type == "cuda" and q.shape[-1] <= 256 and triton is not None and triton.available:
@@ -113,6 +115,7 @@ register_backend(Backend("scatter", scatter.scatter_attention, probe=scatter.pro
 def _triton_attention(*args, **kwargs):
     # Imported on first use: Triton reads TRITON_INTERPRET when the kernels are defined.
     from .triton_kernel import triton_attention
+
     return triton_attention(*args, **kwargs)
 
 
@@ -124,12 +127,29 @@ def _probe_triton() -> Optional[str]:
     return None
 
 
-register_backend(Backend(
-    "triton", _triton_attention,  # fused kernels over the CSR: one pass forward, recomputing backward
-    # CUDA only: CPU tensors run (slowly) in Triton's interpreter when TRITON_INTERPRET=1 was set
-    # before first use; tests ask for backend="triton" by name, "auto" never picks it on CPU.
-    probe=_probe_triton, devices=("cuda",)))
+register_backend(
+    Backend(
+        "triton",
+        _triton_attention,  # fused kernels over the CSR: one pass forward, recomputing backward
+        # CUDA only: CPU tensors run (slowly) in Triton's interpreter when TRITON_INTERPRET=1 was set
+        # before first use; tests ask for backend="triton" by name, "auto" never picks it on CPU.
+        probe=_probe_triton,
+        devices=("cuda",),
+    )
+)
 
-__all__ = ["Backend", "register_backend", "backend_names", "available_backends", "backends_for", "choose_auto",
-           "get_backend", "reference_attention", "csr_attention", "dense_attention", "plan",
-           "DENSE_MIN_EDGES_PER_BLOCK", "DENSE_MAX_SHAPES"]
+__all__ = [
+    "Backend",
+    "register_backend",
+    "backend_names",
+    "available_backends",
+    "backends_for",
+    "choose_auto",
+    "get_backend",
+    "reference_attention",
+    "csr_attention",
+    "dense_attention",
+    "plan",
+    "DENSE_MIN_EDGES_PER_BLOCK",
+    "DENSE_MAX_SHAPES",
+]

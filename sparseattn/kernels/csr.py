@@ -22,10 +22,11 @@ gradients torch can differentiate again. torch's CPU sparse kernels have no half
 float16/bfloat16 inputs run in float32 (as the reference accumulates) and are cast back.
 Degenerate inputs (E = 0, or H, D, Dv = 0) go to the reference backend.
 """
+
 from __future__ import annotations
 
 import warnings
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -83,16 +84,18 @@ class _Pattern:
             num_edges, device = csr.perm.numel(), csr.perm.device
             sorted_pos = torch.empty_like(csr.perm)
             sorted_pos[csr.perm] = torch.arange(num_edges, device=device)  # (E,) caller edge -> sorted edge
-            dst_sorted = torch.repeat_interleave(torch.arange(g.num_dst, device=device), csr.ptr.diff(),
-                                                 output_size=num_edges)
+            dst_sorted = torch.repeat_interleave(
+                torch.arange(g.num_dst, device=device), csr.ptr.diff(), output_size=num_edges
+            )
             # sorted edge e into destination t, head hh: slot offsets[t * H] + hh * deg[t] + e - ptr[t]
             slot0 = _take(self.offsets, dst_sorted * h) - _take(csr.ptr, dst_sorted)
             slot0 += torch.arange(num_edges, device=device)  # (E,) head-0 slot of each sorted edge
             step = _take(csr.ptr.diff(), dst_sorted)  # (E,) deg[t]
             sorted_c = _take(sorted_pos.to(it), _take(csc.perm.to(it), ce))  # (H * E,) sorted edge of each slot
             to_csc = _take(slot0.to(it), sorted_c).add_(_take(step.to(it), sorted_c).mul_(head))
-            to_caller = (_take(slot0, sorted_pos)[:, None] + _take(step, sorted_pos)[:, None]
-                         * torch.arange(h, device=device))  # (E, H)
+            to_caller = _take(slot0, sorted_pos)[:, None] + _take(step, sorted_pos)[:, None] * torch.arange(
+                h, device=device
+            )  # (E, H)
             self._t = (ccrow.to(it), ccol, to_csc, to_caller.to(it))
         return self._t
 
@@ -124,8 +127,7 @@ def _sddmm(crow: Tensor, col: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0) 
         return torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0, alpha=alpha, out=pattern).values()
 
 
-def _spmm(crow: Tensor, col: Tensor, values: Tensor, x: Tensor, shape: Tuple[int, int],
-          alpha: float = 1.0) -> Tensor:
+def _spmm(crow: Tensor, col: Tensor, values: Tensor, x: Tensor, shape: Tuple[int, int], alpha: float = 1.0) -> Tensor:
     """out[r] = alpha * sum_{slots of row r} values[slot] x[col] for x: (C, D). Returns (R, D)."""
     mat = _sparse(crow, col, values, shape)
     out = x.new_empty(shape[0], x.shape[1])
@@ -155,28 +157,53 @@ def _to_caller(x: Tensor, pat: _Pattern, heads: int) -> Tensor:
     return x.view(-1, heads) if pat.to_caller is None else _take(x, pat.to_caller.view(-1)).view(-1, heads)
 
 
-def _csr_forward(q2: Tensor, k2: Tensor, v2: Tensor, pat: _Pattern, scale: float,
-                 clamp: Optional[Tuple[float, float]], bias: Optional[Tensor], mask: Optional[Tensor]):
+# what the kernels read of a pattern: a _Pattern, or csr_ops' _Index rebuilt from custom-op arguments
+PatternLike = Any
+
+
+def _csr_forward(
+    q2: Tensor,
+    k2: Tensor,
+    v2: Tensor,
+    pat: PatternLike,
+    scale: float,
+    clamp: Optional[Tuple[float, float]],
+    bias: Optional[Tensor],
+    mask: Optional[Tensor],
+):
     """q2: (N_dst * H, D), k2: (N_src * H, D), v2: (N_src * H, Dv); bias, mask: slot order or None.
     Returns out (N_dst * H, Dv), w and score (slot order; score None in exact mode), z_safe (N_dst * H,)."""
-    score = _sddmm(pat.crow, pat.col, q2, k2, alpha=scale)  # (H * E,)
+    scores = _sddmm(pat.crow, pat.col, q2, k2, alpha=scale)  # (H * E,)
     if bias is not None:
-        score += bias
+        scores += bias
+    score: Optional[Tensor] = scores  # kept for the clamp's gradient mask
     if clamp is not None:
-        w = score.clamp(clamp[0], clamp[1]).exp_()
+        w = scores.clamp(clamp[0], clamp[1]).exp_()
     else:
-        m = _segment(score, pat, "max")  # (N_dst * H,)
+        m = _segment(scores, pat, "max")  # (N_dst * H,)
         m.masked_fill_(torch.isneginf(m), 0.0)  # a head row whose scores are all -inf gets w = 0
-        w, score = score.sub_(_take(m, pat.row)).exp_(), None
+        w, score = scores.sub_(_take(m, pat.row)).exp_(), None
     z = _segment(w, pat, "sum")
     z_safe = z.masked_fill_(z == 0, 1.0)  # no in-edges: wv = 0, so out = 0
     out = _spmm(pat.crow, pat.col, w if mask is None else w * mask, v2, pat.shape)
     return out.div_(z_safe[:, None]), w, score, z_safe
 
 
-def _csr_backward(grad_out: Tensor, grad_weights: Optional[Tensor], q2: Tensor, k2: Tensor, v2: Tensor,
-                  w: Tensor, score: Optional[Tensor], z_safe: Tensor, mask: Optional[Tensor],
-                  pat: _Pattern, scale: float, clamp, need: Tuple[bool, bool, bool, bool]):
+def _csr_backward(
+    grad_out: Tensor,
+    grad_weights: Optional[Tensor],
+    q2: Tensor,
+    k2: Tensor,
+    v2: Tensor,
+    w: Tensor,
+    score: Optional[Tensor],
+    z_safe: Tensor,
+    mask: Optional[Tensor],
+    pat: PatternLike,
+    scale: float,
+    clamp,
+    need: Tuple[bool, bool, bool, bool],
+):
     """grad_out: (N_dst * H, Dv); grad_weights: slot order or None. Returns dq (N_dst * H, D),
     dk (N_src * H, D), dv (N_src * H, Dv) and ds (slot order), None where not needed."""
     transposed = (pat.shape[1], pat.shape[0])
@@ -228,17 +255,37 @@ class CSRAttention(torch.autograd.Function):
     def backward(ctx, grad_out, grad_weights):
         q, k, v, bias, dropout_mask, w, score, z_safe, mask = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
-            grads = reference_backward((q, k, v, bias), ctx.needs_input_grad[:4], ctx.graph, scale=ctx.scale,
-                                       clamp=ctx.clamp, dropout_mask=dropout_mask, grad_out=grad_out,
-                                       grad_weights=grad_weights)
+            grads = reference_backward(
+                (q, k, v, bias),
+                ctx.needs_input_grad[:4],
+                ctx.graph,
+                scale=ctx.scale,
+                clamp=ctx.clamp,
+                dropout_mask=dropout_mask,
+                grad_out=grad_out,
+                grad_weights=grad_weights,
+            )
             return (*grads, None, None, None, None, None)
         heads = q.shape[1]
         q2, k2, v2 = (t.view(-1, t.shape[2]) for t in (q, k, v))
         shape = (q2.shape[0], v2.shape[1])  # (N_dst * H, Dv)
         grad_out = v2.new_zeros(shape) if grad_out is None else grad_out.reshape(shape)
         gw = _to_slots(grad_weights, ctx.pat)
-        dq, dk, dv, ds = _csr_backward(grad_out, gw, q2, k2, v2, w, score, z_safe, mask, ctx.pat, ctx.scale,
-                                       ctx.clamp, tuple(ctx.needs_input_grad[:4]))
+        dq, dk, dv, ds = _csr_backward(
+            grad_out,
+            gw,
+            q2,
+            k2,
+            v2,
+            w,
+            score,
+            z_safe,
+            mask,
+            ctx.pat,
+            ctx.scale,
+            ctx.clamp,
+            tuple(ctx.needs_input_grad[:4]),
+        )
         dq, dk, dv = (None if t is None else t.view(-1, heads, t.shape[1]) for t in (dq, dk, dv))
         dbias = _to_caller(ds, ctx.pat, heads) if ctx.needs_input_grad[3] else None
         return dq, dk, dv, dbias, None, None, None, None, None
@@ -260,18 +307,28 @@ def csr_attention(
     dropout_mask: (E, H) in the graph's edge order or None. Returns out (N_dst, H, Dv) in q's
     dtype and, if asked, the normalized weights (E, H) in the graph's edge order."""
     if graph.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):  # torch sparse ops reject empty shapes
-        return reference_attention(q, k, v, graph, scale=scale, clamp=clamp, bias=bias, dropout_mask=dropout_mask,
-                                   return_weights=return_weights)
+        return reference_attention(
+            q,
+            k,
+            v,
+            graph,
+            scale=scale,
+            clamp=clamp,
+            bias=bias,
+            dropout_mask=dropout_mask,
+            return_weights=return_weights,
+        )
     dtype, acc = q.dtype, accumulation_dtype(q.dtype)
     q, k, v = (t.to(acc).contiguous() for t in (q, k, v))
     bias = None if bias is None else bias.to(acc)
     mask = None if dropout_mask is None else dropout_mask.to(acc)
     if torch.compiler.is_compiling() or torch.compiler.is_exporting():  # dynamo cannot trace sparse tensors
         from .csr_ops import csr_op_attention
+
         out, weights = csr_op_attention(q, k, v, graph, scale, clamp, bias, mask, return_weights)
     else:
         out, weights = CSRAttention.apply(q, k, v, bias, mask, graph, scale, clamp, return_weights)
-    return out.to(dtype), (weights.to(dtype) if return_weights else None)
+    return out.to(dtype), (weights.to(dtype) if weights is not None and return_weights else None)
 
 
 __all__ = ["csr_attention", "CSRAttention"]

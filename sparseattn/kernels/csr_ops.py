@@ -9,6 +9,7 @@ Both paths run the same `_csr_forward`/`_csr_backward`.
 Shapes: q2 (N_dst * H, D), k2 (N_src * H, D), v2 (N_src * H, Dv); bias, mask and every per-edge
 value in slot order (H * E,) (see csr.py); out (N_dst * H, Dv); z (N_dst * H,).
 """
+
 from __future__ import annotations
 
 from typing import List, NamedTuple, Optional, Tuple
@@ -38,10 +39,23 @@ def _clamp(lo_hi: Optional[List[float]]) -> Optional[Tuple[float, float]]:
 
 
 @torch.library.custom_op("sparseattn::csr_forward", mutates_args=())
-def csr_forward(q2: Tensor, k2: Tensor, v2: Tensor, crow: Tensor, col: Tensor, offsets: Tensor, row: Tensor,
-                ccrow: Tensor, ccol: Tensor, to_csc: Tensor, bias: Optional[Tensor], mask: Optional[Tensor],
-                scale: float, clamp: Optional[List[float]], return_weights: bool
-                ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def csr_forward(
+    q2: Tensor,
+    k2: Tensor,
+    v2: Tensor,
+    crow: Tensor,
+    col: Tensor,
+    offsets: Tensor,
+    row: Tensor,
+    ccrow: Tensor,
+    ccol: Tensor,
+    to_csc: Tensor,
+    bias: Optional[Tensor],
+    mask: Optional[Tensor],
+    scale: float,
+    clamp: Optional[List[float]],
+    return_weights: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Returns out, p = w / z if return_weights (else empty), w, score (empty in exact mode), z.
     The transposed index (ccrow, ccol, to_csc) is only kept for the backward."""
     idx = _Index(crow, col, offsets, row, ccrow, ccol, to_csc, (q2.shape[0], k2.shape[0]))
@@ -53,19 +67,53 @@ def csr_forward(q2: Tensor, k2: Tensor, v2: Tensor, crow: Tensor, col: Tensor, o
 @csr_forward.register_fake
 def _(q2, k2, v2, crow, col, offsets, row, ccrow, ccol, to_csc, bias, mask, scale, clamp, return_weights):
     nnz = col.shape[0]
-    return (q2.new_empty(q2.shape[0], v2.shape[1]), q2.new_empty(nnz if return_weights else 0), q2.new_empty(nnz),
-            q2.new_empty(0 if clamp is None else nnz), q2.new_empty(q2.shape[0]))
+    return (
+        q2.new_empty(q2.shape[0], v2.shape[1]),
+        q2.new_empty(nnz if return_weights else 0),
+        q2.new_empty(nnz),
+        q2.new_empty(0 if clamp is None else nnz),
+        q2.new_empty(q2.shape[0]),
+    )
 
 
 @torch.library.custom_op("sparseattn::csr_backward", mutates_args=())
-def csr_backward(grad_out: Tensor, grad_p: Optional[Tensor], q2: Tensor, k2: Tensor, v2: Tensor, w: Tensor,
-                 score: Tensor, z: Tensor, mask: Optional[Tensor], crow: Tensor, col: Tensor, offsets: Tensor,
-                 row: Tensor, ccrow: Tensor, ccol: Tensor, to_csc: Tensor, scale: float,
-                 clamp: Optional[List[float]]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def csr_backward(
+    grad_out: Tensor,
+    grad_p: Optional[Tensor],
+    q2: Tensor,
+    k2: Tensor,
+    v2: Tensor,
+    w: Tensor,
+    score: Tensor,
+    z: Tensor,
+    mask: Optional[Tensor],
+    crow: Tensor,
+    col: Tensor,
+    offsets: Tensor,
+    row: Tensor,
+    ccrow: Tensor,
+    ccol: Tensor,
+    to_csc: Tensor,
+    scale: float,
+    clamp: Optional[List[float]],
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Returns dq2, dk2, dv2 and ds (slot order, the gradient of bias)."""
     idx = _Index(crow, col, offsets, row, ccrow, ccol, to_csc, (q2.shape[0], k2.shape[0]))
-    return _csr_backward(grad_out.contiguous(), grad_p, q2, k2, v2, w, score if clamp is not None else None, z,
-                         mask, idx, scale, _clamp(clamp), (True, True, True, True))
+    return _csr_backward(
+        grad_out.contiguous(),
+        grad_p,
+        q2,
+        k2,
+        v2,
+        w,
+        score if clamp is not None else None,
+        z,
+        mask,
+        idx,
+        scale,
+        _clamp(clamp),
+        (True, True, True, True),
+    )
 
 
 @csr_backward.register_fake
@@ -97,8 +145,17 @@ def prepare(graph: Graph, heads: int) -> None:
     _pattern(graph, heads).to_caller  # noqa: B018 (touching it builds the transposed half)
 
 
-def csr_op_attention(q: Tensor, k: Tensor, v: Tensor, graph: Graph, scale: float, clamp, bias: Optional[Tensor],
-                     mask: Optional[Tensor], return_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+def csr_op_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    graph: Graph,
+    scale: float,
+    clamp,
+    bias: Optional[Tensor],
+    mask: Optional[Tensor],
+    return_weights: bool,
+) -> Tuple[Tensor, Optional[Tensor]]:
     """csr_attention's core through the custom ops: q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv)
     in float32/float64, bias and mask (E, H) in caller order or None. Returns out (N_dst, H, Dv)
     and the weights (E, H) in caller order or None."""
@@ -106,8 +163,22 @@ def csr_op_attention(q: Tensor, k: Tensor, v: Tensor, graph: Graph, scale: float
     pat = _pattern(graph, heads)
     q2, k2, v2 = (t.reshape(-1, t.shape[2]) for t in (q, k, v))  # (N * H, D)
     bias, mask = (None if x is None else _take(x.reshape(-1), pat.from_caller) for x in (bias, mask))
-    out, p, _, _, _ = csr_forward(q2, k2, v2, pat.crow, pat.col, pat.offsets, pat.row, pat.ccrow, pat.ccol,
-                                  pat.to_csc, bias, mask, scale, None if clamp is None else list(clamp),
-                                  return_weights)
+    out, p, _, _, _ = csr_forward(
+        q2,
+        k2,
+        v2,
+        pat.crow,
+        pat.col,
+        pat.offsets,
+        pat.row,
+        pat.ccrow,
+        pat.ccol,
+        pat.to_csc,
+        bias,
+        mask,
+        scale,
+        None if clamp is None else list(clamp),
+        return_weights,
+    )
     weights = _take(p, pat.to_caller.view(-1)).view(-1, heads) if return_weights else None
     return out.view(q.shape[0], heads, -1), weights

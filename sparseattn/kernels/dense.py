@@ -11,12 +11,14 @@ with torch's own autograd. A bucket accepts a block while its padded area stays 
 (`plan(graph).waste` reports it). With no bias, dropout or returned weights, uniform full/causal
 buckets call `F.scaled_dot_product_attention` in exact mode (clamp=None), and in clamp mode for
 the rows whose scores provably stay inside the clamp (`_clamp_cannot_bind`), where clamp-exp is
-exact softmax; the other clamp-mode rows run `DenseClampAttention` (hand-written backward). Half types run in float32. Inside a block every destination sees every
+exact softmax; the other clamp-mode rows run `DenseClampAttention` (hand-written backward).
+Half types run in float32. Inside a block every destination sees every
 source value, so NaN/inf in one source row reaches the whole block (the sparse backends keep it
 to the destinations with an edge from that row).
 
 Shapes: q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv), bias/dropout_mask (E, H).
 """
+
 from __future__ import annotations
 
 import functools
@@ -50,9 +52,14 @@ class _Bucket:
         self.kpos, self.krows = self._rows(self.lk, "src_start", "n_src")
 
     def _rows(self, length: int, start: str, size: str) -> Tuple[Tensor, Tensor]:
-        pos = [torch.arange(i * length, i * length + getattr(b, size), device=self.device) for i, b in enumerate(self.blocks)]
-        rows = [torch.arange(getattr(b, start), getattr(b, start) + getattr(b, size), device=self.device)
-                for b in self.blocks]
+        pos = [
+            torch.arange(i * length, i * length + getattr(b, size), device=self.device)
+            for i, b in enumerate(self.blocks)
+        ]
+        rows = [
+            torch.arange(getattr(b, start), getattr(b, start) + getattr(b, size), device=self.device)
+            for b in self.blocks
+        ]
         return torch.cat(pos), torch.cat(rows)
 
     @functools.cached_property
@@ -67,8 +74,9 @@ class _Bucket:
 
     @functools.cached_property
     def eids(self) -> Tensor:
-        return torch.cat([torch.arange(b.edge_start, b.edge_start + b.num_edges, device=self.device)
-                          for b in self.blocks])
+        return torch.cat(
+            [torch.arange(b.edge_start, b.edge_start + b.num_edges, device=self.device) for b in self.blocks]
+        )
 
     @functools.cached_property
     def mask(self) -> Optional[Tensor]:
@@ -93,29 +101,36 @@ def _contiguous_start(starts: List[int], step: int, padded: bool) -> int:
 def plan(graph: Graph) -> Plan:
     """Buckets of the graph's blocks (cached on the graph). Raises ValueError without blocks."""
     if graph.blocks is None:
-        raise ValueError("the dense backend needs a graph built from dense blocks (graphs.complete, causal, "
-                         "bipartite, from_blocks or a batch of them); this graph has no recorded blocks, "
-                         "use backend='csr' or 'auto'")
+        raise ValueError(
+            "the dense backend needs a graph built from dense blocks (graphs.complete, causal, "
+            "bipartite, from_blocks or a batch of them); this graph has no recorded blocks, "
+            "use backend='csr' or 'auto'"
+        )
 
     def build() -> Plan:
+        all_blocks = graph.blocks or ()
         buckets = []
-        for kind in sorted({b.kind for b in graph.blocks}):
-            blocks = sorted((b for b in graph.blocks if b.kind == kind and b.num_edges > 0),
-                            key=lambda b: (b.n_dst * b.n_src, b.n_dst), reverse=True)
+        for kind in sorted({b.kind for b in all_blocks}):
+            blocks = sorted(
+                (b for b in all_blocks if b.kind == kind and b.num_edges > 0),
+                key=lambda b: (b.n_dst * b.n_src, b.n_dst),
+                reverse=True,
+            )
             current: list = []
             for blk in blocks:
                 grown = current + [blk]
                 lq, lk = max(b.n_dst for b in grown), max(b.n_src for b in grown)
                 own = sum(b.n_dst * b.n_src for b in grown)
-                if current and (len(grown) * lq * lk > (1 + MAX_WASTE) * own
-                                or len(grown) * lq * lk > MAX_BUCKET_PAIRS):
+                if current and (
+                    len(grown) * lq * lk > (1 + MAX_WASTE) * own or len(grown) * lq * lk > MAX_BUCKET_PAIRS
+                ):
                     buckets.append(_Bucket(kind, current, graph.device))
                     grown = [blk]
                 current = grown
             if current:
                 buckets.append(_Bucket(kind, current, graph.device))
         padded_area = sum(bk.b * bk.lq * bk.lk for bk in buckets)
-        area = sum(b.n_dst * b.n_src for b in graph.blocks if b.num_edges > 0)
+        area = sum(b.n_dst * b.n_src for b in all_blocks if b.num_edges > 0)
         contiguous = len(buckets) == 1 and buckets[0].q0 == 0 and buckets[0].b * buckets[0].lq == graph.num_dst
         return Plan(tuple(buckets), padded_area / area - 1.0 if area else 0.0, contiguous)
 
@@ -127,7 +142,7 @@ def _pad(x: Tensor, rows: Tensor, pos: Tensor, start: int, b: int, length: int) 
     if start == 0 and b * length == x.shape[0]:
         xb = x  # all rows in order: a view (a slice would cost a zero-filled copy in backward)
     elif start >= 0:
-        xb = x[start:start + b * length]
+        xb = x[start : start + b * length]
     else:
         xb = x.new_zeros(b * length, *x.shape[1:]).index_put((pos,), x[rows])
     return xb.view(b, length, *x.shape[1:]).transpose(1, 2)
@@ -192,8 +207,8 @@ class DenseClampAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qb, kb, vb, mask, scale: float, clamp):
         need_grad = any(ctx.needs_input_grad[:3])
-        contiguous = [t.contiguous() for t in (qb, kb, vb)]  # bmm is ~2x slower on the strided views
-        out, w, z, inside = _clamp_forward(*contiguous, mask, scale, clamp, need_grad)
+        qc, kc, vc = (t.contiguous() for t in (qb, kb, vb))  # bmm is ~2x slower on the strided views
+        out, w, z, inside = _clamp_forward(qc, kc, vc, mask, scale, clamp, need_grad)
         if need_grad:  # the inputs themselves, so a double backward can differentiate through them
             ctx.save_for_backward(qb, kb, vb, mask, out, w, z, inside)
         ctx.scale, ctx.clamp = scale, clamp
@@ -207,8 +222,9 @@ class DenseClampAttention(torch.autograd.Function):
             wanted = [t for t, need in zip((qb, kb, vb), ctx.needs_input_grad[:3]) if need]
             grads = iter(torch.autograd.grad(again, wanted, grad_out, create_graph=True))
             return (*(next(grads) if need else None for need in ctx.needs_input_grad[:3]), None, None, None)
-        dq, dk, dv = _clamp_backward(grad_out, qb.contiguous(), kb.contiguous(), vb.contiguous(), out, w, z, inside,
-                                     ctx.scale)
+        dq, dk, dv = _clamp_backward(
+            grad_out, qb.contiguous(), kb.contiguous(), vb.contiguous(), out, w, z, inside, ctx.scale
+        )
         return dq, dk, dv, None, None, None
 
 
@@ -228,6 +244,7 @@ def _bucket_attention(q, k, v, bk: _Bucket, scale, clamp, bias, dropout_mask, re
     vb = _pad(v, bk.krows, bk.kpos, bk.k0, bk.b, bk.lk)  # (B, H, lk, Dv)
     plain = bias is None and dropout_mask is None and not return_weights
     sdpa_shape = not bk.padded and (bk.kind == "full" or bk.kind == "causal" and bk.lq == bk.lk)
+
     def sdpa():
         return F.scaled_dot_product_attention(qb, kb, vb, is_causal=bk.kind == "causal", scale=scale)
 

@@ -9,6 +9,7 @@ Autograd is torch's own, so it differentiates to any order; `reference_backward`
 the fast backends' hand-written backwards under create_graph=True. Every fast backend is tested
 against this file.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -62,19 +63,37 @@ def reference_attention(
     return out, weights
 
 
-def reference_backward(inputs: Tuple[Tensor, Tensor, Tensor, Optional[Tensor]], needs: Tuple[bool, ...], graph: Graph,
-                       *, scale: float, clamp: Optional[Tuple[float, float]], dropout_mask: Optional[Tensor],
-                       grad_out: Optional[Tensor], grad_weights: Optional[Tensor]) -> list:
+def reference_backward(
+    inputs: Tuple[Tensor, Tensor, Tensor, Optional[Tensor]],
+    needs: Tuple[bool, ...],
+    graph: Graph,
+    *,
+    scale: float,
+    clamp: Optional[Tuple[float, float]],
+    dropout_mask: Optional[Tensor],
+    grad_out: Optional[Tensor],
+    grad_weights: Optional[Tensor],
+) -> list:
     """Gradients of <out, grad_out> + <weights, grad_weights> with respect to inputs = (q, k, v, bias),
     recomputed through `reference_attention` with create_graph=True, so they can be differentiated
     again. A fast backend's backward calls this when it runs under create_graph=True
     (torch.is_grad_enabled() inside backward). needs[i] says whether inputs[i] wants a gradient;
     the others get None. Shapes as `reference_attention`."""
     q, k, v, bias = inputs
-    out, weights = reference_attention(q, k, v, graph, scale=scale, clamp=clamp, bias=bias, dropout_mask=dropout_mask,
-                                       return_weights=grad_weights is not None)
-    pairs = [(o, g) for o, g in ((out, grad_out), (weights, grad_weights)) if g is not None]
-    wanted = [t for t, need in zip(inputs, needs) if need]
-    grads = iter(torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], create_graph=True,
-                                     allow_unused=True))
+    out, weights = reference_attention(
+        q,
+        k,
+        v,
+        graph,
+        scale=scale,
+        clamp=clamp,
+        bias=bias,
+        dropout_mask=dropout_mask,
+        return_weights=grad_weights is not None,
+    )
+    pairs = [(o, g) for o, g in ((out, grad_out), (weights, grad_weights)) if g is not None and o is not None]
+    wanted = [t for t, need in zip(inputs, needs) if need and t is not None]
+    grads = iter(
+        torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], create_graph=True, allow_unused=True)
+    )
     return [next(grads) if need else None for need in needs]

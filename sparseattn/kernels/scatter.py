@@ -13,6 +13,7 @@ users and as a second independent implementation. Needs `pip install torch-scatt
 
 Shapes: q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv), bias/dropout_mask (E, H).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -39,6 +40,7 @@ class _SegmentSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, ptr: Tensor) -> Tensor:
         from torch_scatter import segment_csr
+
         ctx.save_for_backward(ptr)
         return segment_csr(x, ptr, reduce="sum")
 
@@ -54,6 +56,7 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, ptr: Tensor) -> Tensor:
         from torch_scatter import gather_csr
+
         ctx.save_for_backward(ptr)
         return gather_csr(x, ptr)
 
@@ -80,8 +83,17 @@ def scatter_attention(
     from torch_scatter import segment_csr
 
     if graph.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):  # torch_scatter rejects empty shapes
-        return reference_attention(q, k, v, graph, scale=scale, clamp=clamp, bias=bias, dropout_mask=dropout_mask,
-                                   return_weights=return_weights)
+        return reference_attention(
+            q,
+            k,
+            v,
+            graph,
+            scale=scale,
+            clamp=clamp,
+            bias=bias,
+            dropout_mask=dropout_mask,
+            return_weights=return_weights,
+        )
     csr = graph.csr()
     ptr, src, perm = csr.ptr, csr.idx, None if graph.is_sorted_by_dst else csr.perm
     acc = accumulation_dtype(q.dtype)

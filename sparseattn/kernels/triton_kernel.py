@@ -23,6 +23,7 @@ create_graph=True (double backward) backward recomputes through the reference in
 Runs on CUDA tensors, or on CPU tensors when TRITON_INTERPRET=1 was set before this module was
 imported (tests do that). Degenerate inputs (E = 0, or H, D, Dv = 0) go to the reference backend.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,17 +70,55 @@ def _fold_max(x, LANES: tl.constexpr):
 def _gather(P, rows, heads, offs, s_n, s_h, live_h, width):
     """P[rows, heads, :width] as a (BLOCK_E, BLOCK_H, BLOCK_X) tile, 0 where live_h (BLOCK_E, BLOCK_H) is False."""
     mask = live_h[:, :, None] & (offs < width)[None, None, :]
-    return tl.load(P + rows[:, None, None] * s_n + heads[None, :, None] * s_h + offs[None, None, :], mask=mask,
-                   other=0.0)
+    return tl.load(
+        P + rows[:, None, None] * s_n + heads[None, :, None] * s_h + offs[None, None, :], mask=mask, other=0.0
+    )
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, BIAS, MASK, OUT, LSE, W, PTR, IDX, PERM,
-                sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, so_n, so_h, sb_e, sb_h, sm_e, sm_h,
-                H, D, DV, scale: "fp64", lo: "fp64", hi: "fp64",
-                BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                LANES: tl.constexpr, V_EARLY: tl.constexpr, NUM_STAGES: tl.constexpr, CLAMP: tl.constexpr,
-                HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, RETURN_WEIGHTS: tl.constexpr, ACC: tl.constexpr):
+def _fwd_kernel(
+    Q,
+    K,
+    V,
+    BIAS,
+    MASK,
+    OUT,
+    LSE,
+    W,
+    PTR,
+    IDX,
+    PERM,
+    sq_n,
+    sq_h,
+    sk_n,
+    sk_h,
+    sv_n,
+    sv_h,
+    so_n,
+    so_h,
+    sb_e,
+    sb_h,
+    sm_e,
+    sm_h,
+    H,
+    D,
+    DV,
+    scale: "fp64",
+    lo: "fp64",
+    hi: "fp64",
+    BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    LANES: tl.constexpr,
+    V_EARLY: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    CLAMP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    RETURN_WEIGHTS: tl.constexpr,
+    ACC: tl.constexpr,
+):
     """One program per destination t and group of BLOCK_H heads (see LAYOUTS). Accumulators have
     ROWS = BLOCK_E rows with per-lane accumulators (LANES), else 1: z, m (ROWS, BLOCK_H),
     acc (ROWS, BLOCK_H, BLOCK_DV); the lanes are combined once, after the loop."""
@@ -90,8 +129,9 @@ def _fwd_kernel(Q, K, V, BIAS, MASK, OUT, LSE, W, PTR, IDX, PERM,
     sc, lo, hi = tl.full([], scale, ACC), tl.full([], lo, ACC), tl.full([], hi, ACC)
     offs_e, offs_d, offs_dv = tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     start, end = tl.load(PTR + t), tl.load(PTR + t + 1)
-    q = tl.load(Q + t * sq_n + heads[:, None] * sq_h + offs_d[None, :],
-                mask=in_h[:, None] & (offs_d[None, :] < D), other=0.0).to(ACC)  # (BLOCK_H, BLOCK_D)
+    q = tl.load(
+        Q + t * sq_n + heads[:, None] * sq_h + offs_d[None, :], mask=in_h[:, None] & (offs_d[None, :] < D), other=0.0
+    ).to(ACC)  # (BLOCK_H, BLOCK_D)
     m_i = tl.full([ROWS, BLOCK_H], float("-inf"), ACC)  # running max of the scores (exact mode)
     z_i = tl.zeros([ROWS, BLOCK_H], ACC)
     acc = tl.zeros([ROWS, BLOCK_H, BLOCK_DV], ACC)
@@ -133,8 +173,11 @@ def _fwd_kernel(Q, K, V, BIAS, MASK, OUT, LSE, W, PTR, IDX, PERM,
         f = tl.exp(m_i - m[None, :])  # 0 for a lane that saw no edge
         z, wv = tl.sum(z_i * f, 0), tl.sum(acc * f[:, :, None], 0)
     z_safe = tl.where(z > 0, z, 1.0)  # no in-edges: wv = 0, so out = 0
-    tl.store(OUT + t * so_n + heads[:, None] * so_h + offs_dv[None, :], (wv / z_safe[:, None]).to(OUT.dtype.element_ty),
-             mask=in_h[:, None] & (offs_dv[None, :] < DV))
+    tl.store(
+        OUT + t * so_n + heads[:, None] * so_h + offs_dv[None, :],
+        (wv / z_safe[:, None]).to(OUT.dtype.element_ty),
+        mask=in_h[:, None] & (offs_dv[None, :] < DV),
+    )
     lse = tl.log(z_safe) + m  # (BLOCK_H,)
     tl.store(LSE + t * H + heads, lse, mask=in_h)
     if RETURN_WEIGHTS:  # second pass over the scores, now that lse is known
@@ -152,11 +195,50 @@ def _fwd_kernel(Q, K, V, BIAS, MASK, OUT, LSE, W, PTR, IDX, PERM,
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, BIAS, MASK, DO, LSE, DW, DQ, DELTA, PDP, PTR, IDX, PERM,
-                   sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, sdo_n, sdo_h, sb_e, sb_h, sm_e, sm_h, sw_e, sw_h,
-                   H, D, DV, scale: "fp64", lo: "fp64", hi: "fp64",
-                   BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CLAMP: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DW: tl.constexpr, ACC: tl.constexpr):
+def _bwd_dq_kernel(
+    Q,
+    K,
+    V,
+    BIAS,
+    MASK,
+    DO,
+    LSE,
+    DW,
+    DQ,
+    DELTA,
+    PDP,
+    PTR,
+    IDX,
+    PERM,
+    sq_n,
+    sq_h,
+    sk_n,
+    sk_h,
+    sv_n,
+    sv_h,
+    sdo_n,
+    sdo_h,
+    sb_e,
+    sb_h,
+    sm_e,
+    sm_h,
+    sw_e,
+    sw_h,
+    H,
+    D,
+    DV,
+    scale: "fp64",
+    lo: "fp64",
+    hi: "fp64",
+    BLOCK_E: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    CLAMP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_DW: tl.constexpr,
+    ACC: tl.constexpr,
+):
     """One pass: with g = clamp indicator, dq = scale (sum g p dp k - delta sum g p k), delta = sum p dp."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -174,14 +256,18 @@ def _bwd_dq_kernel(Q, K, V, BIAS, MASK, DO, LSE, DW, DQ, DELTA, PDP, PTR, IDX, P
         live = e < end
         src = tl.load(IDX + e, mask=live, other=0)
         pos = tl.load(PERM + e, mask=live, other=0)
-        kt = tl.load(K + src[:, None] * sk_n + h * sk_h + offs_d[None, :],
-                     mask=live[:, None] & (offs_d[None, :] < D), other=0.0).to(ACC)
+        kt = tl.load(
+            K + src[:, None] * sk_n + h * sk_h + offs_d[None, :], mask=live[:, None] & (offs_d[None, :] < D), other=0.0
+        ).to(ACC)
         s = tl.sum(kt * q[None, :], 1) * sc
         if HAS_BIAS:
             s += tl.load(BIAS + pos * sb_e + h * sb_h, mask=live, other=0.0).to(ACC)
         p = tl.where(live, tl.exp(_logit(s, lo, hi, CLAMP) - lse), 0.0)
-        vt = tl.load(V + src[:, None] * sv_n + h * sv_h + offs_dv[None, :],
-                     mask=live[:, None] & (offs_dv[None, :] < DV), other=0.0).to(ACC)
+        vt = tl.load(
+            V + src[:, None] * sv_n + h * sv_h + offs_dv[None, :],
+            mask=live[:, None] & (offs_dv[None, :] < DV),
+            other=0.0,
+        ).to(ACC)
         dp = tl.sum(vt * do[None, :], 1)  # <do[t], v[s]>
         if HAS_MASK:
             dp *= tl.load(MASK + pos * sm_e + h * sm_h, mask=live, other=0.0).to(ACC)
@@ -198,16 +284,50 @@ def _bwd_dq_kernel(Q, K, V, BIAS, MASK, DO, LSE, DW, DQ, DELTA, PDP, PTR, IDX, P
             gpdp_k += tl.sum(pdp[:, None] * kt, 0)
         tl.store(PDP + pos * H + h, pdp, mask=live)
     tl.store(DELTA + t * H + h, delta)
-    tl.store(DQ + t * sq_n + h * sq_h + offs_d, ((gpdp_k - delta * gp_k) * sc).to(DQ.dtype.element_ty),
-             mask=offs_d < D)
+    tl.store(DQ + t * sq_n + h * sq_h + offs_d, ((gpdp_k - delta * gp_k) * sc).to(DQ.dtype.element_ty), mask=offs_d < D)
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, BIAS, MASK, DO, LSE, DELTA, DS, DK, DV_OUT, PTR, IDX, PERM,
-                     sq_n, sq_h, sk_n, sk_h, sv_n, sv_h, sdo_n, sdo_h, sb_e, sb_h, sm_e, sm_h,
-                     H, D, DV, scale: "fp64", lo: "fp64", hi: "fp64",
-                     BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, CLAMP: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, HAS_MASK: tl.constexpr, ACC: tl.constexpr):
+def _bwd_dkdv_kernel(
+    Q,
+    K,
+    BIAS,
+    MASK,
+    DO,
+    LSE,
+    DELTA,
+    DS,
+    DK,
+    DV_OUT,
+    PTR,
+    IDX,
+    PERM,
+    sq_n,
+    sq_h,
+    sk_n,
+    sk_h,
+    sv_n,
+    sv_h,
+    sdo_n,
+    sdo_h,
+    sb_e,
+    sb_h,
+    sm_e,
+    sm_h,
+    H,
+    D,
+    DV,
+    scale: "fp64",
+    lo: "fp64",
+    hi: "fp64",
+    BLOCK_E: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    CLAMP: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    ACC: tl.constexpr,
+):
     """DS holds p dp from `_bwd_dq_kernel` and leaves holding dscore = g (p dp - p delta): overwritten in
     place, so a triton.autotune of this kernel needs restore_value=["DS"]."""
     u = tl.program_id(0).to(tl.int64)  # a source node; PTR/IDX/PERM are the transposed CSR
@@ -223,8 +343,9 @@ def _bwd_dkdv_kernel(Q, K, BIAS, MASK, DO, LSE, DELTA, DS, DK, DV_OUT, PTR, IDX,
         live = e < end
         dst = tl.load(IDX + e, mask=live, other=0)
         pos = tl.load(PERM + e, mask=live, other=0)
-        qt = tl.load(Q + dst[:, None] * sq_n + h * sq_h + offs_d[None, :],
-                     mask=live[:, None] & (offs_d[None, :] < D), other=0.0).to(ACC)  # (BLOCK_E, BLOCK_D)
+        qt = tl.load(
+            Q + dst[:, None] * sq_n + h * sq_h + offs_d[None, :], mask=live[:, None] & (offs_d[None, :] < D), other=0.0
+        ).to(ACC)  # (BLOCK_E, BLOCK_D)
         s = tl.sum(qt * k[None, :], 1) * sc
         if HAS_BIAS:
             s += tl.load(BIAS + pos * sb_e + h * sb_h, mask=live, other=0.0).to(ACC)
@@ -237,8 +358,11 @@ def _bwd_dkdv_kernel(Q, K, BIAS, MASK, DO, LSE, DELTA, DS, DK, DV_OUT, PTR, IDX,
         dk += tl.sum(ds[:, None] * qt, 0)
         if HAS_MASK:
             p *= tl.load(MASK + pos * sm_e + h * sm_h, mask=live, other=0.0).to(ACC)
-        dot = tl.load(DO + dst[:, None] * sdo_n + h * sdo_h + offs_dv[None, :],
-                      mask=live[:, None] & (offs_dv[None, :] < DV), other=0.0).to(ACC)  # (BLOCK_E, BLOCK_DV)
+        dot = tl.load(
+            DO + dst[:, None] * sdo_n + h * sdo_h + offs_dv[None, :],
+            mask=live[:, None] & (offs_dv[None, :] < DV),
+            other=0.0,
+        ).to(ACC)  # (BLOCK_E, BLOCK_DV)
         dv += tl.sum(p[:, None] * dot, 0)
     tl.store(DK + u * sk_n + h * sk_h + offs_d, (dk * sc).to(DK.dtype.element_ty), mask=offs_d < D)
     tl.store(DV_OUT + u * sv_n + h * sv_h + offs_dv, dv.to(DV_OUT.dtype.element_ty), mask=offs_dv < DV)
@@ -261,9 +385,11 @@ def _tiles(d: int, dv: int, mean_degree: float) -> dict:
 #          (no reduction inside the loop, lanes combined once at the end), loop pipelined with num_stages.
 #   heads: one program per destination for all heads: (BLOCK_E, H, D) tiles read whole H * D source rows
 #          and the index once instead of H times; k and v gathered together, pipelined with num_stages.
-LAYOUTS = {"tile": dict(all_heads=False, LANES=False, V_EARLY=False),
-           "lanes": dict(all_heads=False, LANES=True, V_EARLY=True),
-           "heads": dict(all_heads=True, LANES=False, V_EARLY=True)}
+LAYOUTS = {
+    "tile": dict(all_heads=False, LANES=False, V_EARLY=False),
+    "lanes": dict(all_heads=False, LANES=True, V_EARLY=True),
+    "heads": dict(all_heads=True, LANES=False, V_EARLY=True),
+}
 DEFAULT_LAYOUT = "tile"
 _overrides: dict = {}  # set by forward_config()
 
@@ -311,10 +437,18 @@ def _shared_args(q, v, scale, clamp, bias, dropout_mask):
     scalars (H, D, Dv, scale, lo, hi), and the compile-time flags."""
     dummy = q.new_empty(1)
     lo, hi = clamp if clamp is not None else (0.0, 0.0)
-    flags = dict(CLAMP=clamp is not None, HAS_BIAS=bias is not None, HAS_MASK=dropout_mask is not None,
-                 ACC=_TL_DTYPE[accumulation_dtype(q.dtype)])
-    return (bias if bias is not None else dummy, dropout_mask if dropout_mask is not None else dummy,
-            (q.shape[1], q.shape[2], v.shape[2], scale, lo, hi), flags)
+    flags = dict(
+        CLAMP=clamp is not None,
+        HAS_BIAS=bias is not None,
+        HAS_MASK=dropout_mask is not None,
+        ACC=_TL_DTYPE[accumulation_dtype(q.dtype)],
+    )
+    return (
+        bias if bias is not None else dummy,
+        dropout_mask if dropout_mask is not None else dummy,
+        (q.shape[1], q.shape[2], v.shape[2], scale, lo, hi),
+        flags,
+    )
 
 
 def _triton_forward(q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights):
@@ -327,9 +461,26 @@ def _triton_forward(q, k, v, graph, scale, clamp, bias, dropout_mask, return_wei
     weights = torch.empty(num_edges, h, dtype=q.dtype, device=q.device) if return_weights else lse
     cfg = _config(q.shape[2], v.shape[2], h, num_edges / n_dst)
     _fwd_kernel[(n_dst, triton.cdiv(h, cfg["BLOCK_H"]))](
-        q, k, v, bias_t, mask_t, out, lse, weights, *graph.csr(),
-        *_strides(q), *_strides(k), *_strides(v), *_strides(out), *_strides(bias), *_strides(dropout_mask), *dims,
-        RETURN_WEIGHTS=return_weights, **flags, **cfg)
+        q,
+        k,
+        v,
+        bias_t,
+        mask_t,
+        out,
+        lse,
+        weights,
+        *graph.csr(),
+        *_strides(q),
+        *_strides(k),
+        *_strides(v),
+        *_strides(out),
+        *_strides(bias),
+        *_strides(dropout_mask),
+        *dims,
+        RETURN_WEIGHTS=return_weights,
+        **flags,
+        **cfg,
+    )
     return out, lse, (weights if return_weights else None)
 
 
@@ -344,14 +495,52 @@ def _triton_backward(q, k, v, graph, scale, clamp, bias, dropout_mask, lse, d_ou
     ds = torch.empty(num_edges, h, dtype=acc, device=q.device)  # p dp, then dscore; caller order
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _bwd_dq_kernel[(n_dst, h)](
-        q, k, v, bias_t, mask_t, d_out, lse, d_weights if d_weights is not None else ds, dq, delta, ds, *graph.csr(),
-        *_strides(q), *_strides(k), *_strides(v), *_strides(d_out), *_strides(bias), *_strides(dropout_mask),
-        *_strides(d_weights), *dims, HAS_DW=d_weights is not None, **flags,
-        **_tiles(q.shape[2], v.shape[2], num_edges / n_dst))
+        q,
+        k,
+        v,
+        bias_t,
+        mask_t,
+        d_out,
+        lse,
+        d_weights if d_weights is not None else ds,
+        dq,
+        delta,
+        ds,
+        *graph.csr(),
+        *_strides(q),
+        *_strides(k),
+        *_strides(v),
+        *_strides(d_out),
+        *_strides(bias),
+        *_strides(dropout_mask),
+        *_strides(d_weights),
+        *dims,
+        HAS_DW=d_weights is not None,
+        **flags,
+        **_tiles(q.shape[2], v.shape[2], num_edges / n_dst),
+    )
     _bwd_dkdv_kernel[(n_src, h)](
-        q, k, bias_t, mask_t, d_out, lse, delta, ds, dk, dv, *graph.csc(),
-        *_strides(q), *_strides(k), *_strides(v), *_strides(d_out), *_strides(bias), *_strides(dropout_mask), *dims,
-        **flags, **_tiles(q.shape[2], v.shape[2], num_edges / n_src))
+        q,
+        k,
+        bias_t,
+        mask_t,
+        d_out,
+        lse,
+        delta,
+        ds,
+        dk,
+        dv,
+        *graph.csc(),
+        *_strides(q),
+        *_strides(k),
+        *_strides(v),
+        *_strides(d_out),
+        *_strides(bias),
+        *_strides(dropout_mask),
+        *dims,
+        **flags,
+        **_tiles(q.shape[2], v.shape[2], num_edges / n_src),
+    )
     return dq, dk, dv, ds
 
 
@@ -373,15 +562,23 @@ class _TritonEdgeAttention(torch.autograd.Function):
     def backward(ctx, d_out, d_weights):
         q, k, v, bias, dropout_mask, lse = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
-            grads = reference_backward((q, k, v, bias), ctx.needs_input_grad[:4], ctx.graph, scale=ctx.scale,
-                                       clamp=ctx.clamp, dropout_mask=dropout_mask, grad_out=d_out,
-                                       grad_weights=d_weights)
+            grads = reference_backward(
+                (q, k, v, bias),
+                ctx.needs_input_grad[:4],
+                ctx.graph,
+                scale=ctx.scale,
+                clamp=ctx.clamp,
+                dropout_mask=dropout_mask,
+                grad_out=d_out,
+                grad_weights=d_weights,
+            )
             return (*grads, None, None, None, None, None)
         if d_out is None:  # only the weights were used
             d_out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
         with _on(q.device):
-            dq, dk, dv, ds = _triton_backward(q, k, v, ctx.graph, ctx.scale, ctx.clamp, bias, dropout_mask, lse,
-                                              d_out, d_weights)
+            dq, dk, dv, ds = _triton_backward(
+                q, k, v, ctx.graph, ctx.scale, ctx.clamp, bias, dropout_mask, lse, d_out, d_weights
+            )
         dbias = ds.to(bias.dtype) if bias is not None and ctx.needs_input_grad[3] else None
         return dq, dk, dv, dbias, None, None, None, None, None
 
@@ -389,8 +586,10 @@ class _TritonEdgeAttention(torch.autograd.Function):
 def _check_runnable(q: Tensor) -> None:
     interpreted = not isinstance(_fwd_kernel, triton.runtime.jit.JITFunction)  # TRITON_INTERPRET=1 at import
     if q.device.type != "cuda" and not (q.device.type == "cpu" and interpreted):
-        raise RuntimeError(f"the triton backend needs CUDA tensors, got {q.device.type} (on CPU it runs only in "
-                           "Triton's interpreter: set TRITON_INTERPRET=1 before the backend is first used)")
+        raise RuntimeError(
+            f"the triton backend needs CUDA tensors, got {q.device.type} (on CPU it runs only in "
+            "Triton's interpreter: set TRITON_INTERPRET=1 before the backend is first used)"
+        )
 
 
 def triton_attention(
@@ -413,15 +612,27 @@ def triton_attention(
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         raise TypeError(f"the triton backend supports float16, bfloat16, float32 and float64, got {q.dtype}")
     if max(q.shape[2], v.shape[2]) > MAX_HEAD_DIM:
-        raise ValueError(f"the triton backend supports head dims up to {MAX_HEAD_DIM}, got D={q.shape[2]}, "
-                         f"Dv={v.shape[2]}; use another backend")
+        raise ValueError(
+            f"the triton backend supports head dims up to {MAX_HEAD_DIM}, got D={q.shape[2]}, "
+            f"Dv={v.shape[2]}; use another backend"
+        )
     if graph.num_edges == 0 or min(q.shape[2], v.shape[2], q.shape[1]) == 0:
-        return reference_attention(q, k, v, graph, scale=scale, clamp=clamp, bias=bias, dropout_mask=dropout_mask,
-                                   return_weights=return_weights)
+        return reference_attention(
+            q,
+            k,
+            v,
+            graph,
+            scale=scale,
+            clamp=clamp,
+            bias=bias,
+            dropout_mask=dropout_mask,
+            return_weights=return_weights,
+        )
     if dropout_mask is not None:
         dropout_mask = dropout_mask.detach()
-    return _TritonEdgeAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), bias, dropout_mask, graph,
-                                      scale, clamp, return_weights)
+    return _TritonEdgeAttention.apply(
+        q.contiguous(), k.contiguous(), v.contiguous(), bias, dropout_mask, graph, scale, clamp, return_weights
+    )
 
 
 __all__ = ["triton_attention", "MAX_HEAD_DIM"]

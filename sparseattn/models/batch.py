@@ -8,12 +8,12 @@ A batch of B (source, target) pairs becomes one row per token, all sentences end
 batch is a `graphs.batch` of cached pieces; `bucket_batches` groups sentences of similar length
 into batches of a fixed number of sentences, `token_batches` into batches under a token budget.
 """
+
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, fields
 from typing import Any, Dict, List, Optional, Sequence, Tuple
-
-import random
 
 import numpy as np
 import torch
@@ -98,8 +98,13 @@ class GraphPool:
         cross = graphs.batch([self.cross(n, m) for n, m in zip(src_lens, tgt_lens)])
         return enc, dec, cross
 
-    def batch(self, src_seqs: Sequence[Sequence[int]], tgt_seqs: Optional[Sequence[Sequence[int]]] = None,
-              bos: int = 1, eos: int = 2) -> GraphBatch:
+    def batch(
+        self,
+        src_seqs: Sequence[Sequence[int]],
+        tgt_seqs: Optional[Sequence[Sequence[int]]] = None,
+        bos: int = 1,
+        eos: int = 2,
+    ) -> GraphBatch:
         """Sentences -> GraphBatch. Each source must be non-empty; the decoder sees BOS + target and
         predicts target + EOS (so a target of length m gives m + 1 decoder nodes)."""
         src_lens = tuple(len(s) for s in src_seqs)
@@ -109,8 +114,18 @@ class GraphPool:
         src_pos = torch.cat([torch.arange(n) for n in src_lens]) if src_lens else torch.zeros(0, dtype=torch.long)
         if tgt_seqs is None:
             empty = torch.zeros(0, dtype=torch.long)
-            return GraphBatch(src, src_pos, empty, empty, empty, graphs.batch([self.encoder(n) for n in src_lens]),
-                              None, None, src_lens, ())
+            return GraphBatch(
+                src,
+                src_pos,
+                empty,
+                empty,
+                empty,
+                graphs.batch([self.encoder(n) for n in src_lens]),
+                None,
+                None,
+                src_lens,
+                (),
+            )
         if len(tgt_seqs) != len(src_seqs):
             raise ValueError(f"got {len(src_seqs)} sources but {len(tgt_seqs)} targets")
         tgt_lens = tuple(len(t) + 1 for t in tgt_seqs)
@@ -121,8 +136,9 @@ class GraphPool:
         return GraphBatch(src, src_pos, tgt_in, tgt_out, tgt_pos, enc, dec, cross, src_lens, tgt_lens)
 
 
-def bucket_batches(lengths: Sequence[int], batch_size: int, seed: Optional[int] = None,
-                   pool_factor: int = 50) -> List[List[int]]:
+def bucket_batches(
+    lengths: Sequence[int], batch_size: int, seed: Optional[int] = None, pool_factor: int = 50
+) -> List[List[int]]:
     """Indices grouped into batches of at most `batch_size` sentences of similar length.
 
     With a seed: shuffle, sort within pools of `pool_factor * batch_size` by length, cut, and
@@ -133,20 +149,21 @@ def bucket_batches(lengths: Sequence[int], batch_size: int, seed: Optional[int] 
     lens = np.asarray(lengths)
     if seed is None:
         order = np.argsort(lens, kind="stable")
-        return [order[i:i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+        return [order[i : i + batch_size].tolist() for i in range(0, len(order), batch_size)]
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(lengths))
     pool = pool_factor * batch_size
     batches: List[List[int]] = []
     for start in range(0, len(order), pool):
-        chunk = order[start:start + pool]
+        chunk = order[start : start + pool]
         chunk = chunk[np.argsort(lens[chunk], kind="stable")]
-        batches.extend(chunk[i:i + batch_size].tolist() for i in range(0, len(chunk), batch_size))
+        batches.extend(chunk[i : i + batch_size].tolist() for i in range(0, len(chunk), batch_size))
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def token_batches(sizes: Sequence[int], max_tokens: int, seed: Optional[int] = None,
-                  pool_factor: int = 50, by_length: bool = True) -> List[List[int]]:
+def token_batches(
+    sizes: Sequence[int], max_tokens: int, seed: Optional[int] = None, pool_factor: int = 50, by_length: bool = True
+) -> List[List[int]]:
     """Indices grouped into batches whose summed `sizes` (tokens per example) stay within
     `max_tokens`; an example larger than the budget gets a batch of its own. Every index
     appears exactly once.
@@ -171,7 +188,7 @@ def token_batches(sizes: Sequence[int], max_tokens: int, seed: Optional[int] = N
         shuffled = rng.permutation(len(counts))
         per_batch = max(1, max_tokens // max(1, int(np.median(counts)) if len(counts) else 1))
         pool = pool_factor * per_batch
-        chunks = [shuffled[i:i + pool] for i in range(0, len(shuffled), pool)]
+        chunks = [shuffled[i : i + pool] for i in range(0, len(shuffled), pool)]
         chunks = [c[np.argsort(counts[c], kind="stable")] for c in chunks]
     batches = [b for chunk in chunks for b in _cut(chunk.tolist(), counts.tolist(), max_tokens)]
     if seed is not None:

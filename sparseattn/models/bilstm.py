@@ -1,4 +1,5 @@
 """`BiLSTMTagger`: the baseline, a bidirectional LSTM over packed sentences (no padding compute)."""
+
 from __future__ import annotations
 
 from typing import Dict, Optional
@@ -17,13 +18,24 @@ class BiLSTMTagger(Tagger):
     Shapes: batch of L tokens -> logits (L, num_tags).
     """
 
-    def __init__(self, num_words: int, num_pos: int, num_chars: int, num_tags: int, *, hidden: int = 200,
-                 layers: int = 1, dropout: float = 0.3, features: Optional[Dict] = None) -> None:
+    def __init__(
+        self,
+        num_words: int,
+        num_pos: int,
+        num_chars: int,
+        num_tags: int,
+        *,
+        hidden: int = 200,
+        layers: int = 1,
+        dropout: float = 0.3,
+        features: Optional[Dict] = None,
+    ) -> None:
         super().__init__()
         self.num_tags = num_tags
         self.features = TokenFeatures(num_words, num_pos, num_chars, **(features or {}))
-        self.lstm = nn.LSTM(self.features.out_dim, hidden, num_layers=layers, bidirectional=True,
-                            dropout=dropout if layers > 1 else 0.0)
+        self.lstm = nn.LSTM(
+            self.features.out_dim, hidden, num_layers=layers, bidirectional=True, dropout=dropout if layers > 1 else 0.0
+        )
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(2 * hidden, num_tags)
 

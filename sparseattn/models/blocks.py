@@ -8,6 +8,7 @@ keys and values in a `NodeKV`).
 
 Shapes: N tokens, d = d_model, H heads, D = d // H.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,8 +59,9 @@ class Embeddings(nn.Module):
         return self.lut(tokens) * self.scale
 
 
-def source_target_embeddings(src_vocab_size: int, tgt_vocab_size: int, d_model: int,
-                             share: bool) -> Tuple[Embeddings, Embeddings]:
+def source_target_embeddings(
+    src_vocab_size: int, tgt_vocab_size: int, d_model: int, share: bool
+) -> Tuple[Embeddings, Embeddings]:
     """(source, target) embeddings; one shared module when `share` (equal vocabularies required)."""
     src = Embeddings(src_vocab_size, d_model)
     if not share:
@@ -112,8 +114,17 @@ class EncoderLayer(nn.Module):
     holds just those rows (R, d) and `cache` (a NodeKV) the keys and values of every node.
     """
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float, *, ffn: str = "linear",
-                 rel_pos: int = 0, **attn_kw) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float,
+        *,
+        ffn: str = "linear",
+        rel_pos: int = 0,
+        **attn_kw,
+    ) -> None:
         super().__init__()
         self.self_attn = EdgeAttention(d_model, num_heads, dropout=dropout, **attn_kw)
         self.ff = FeedForward(d_model, d_ff, dropout, kind=ffn)
@@ -130,11 +141,19 @@ class EncoderLayer(nn.Module):
             return None
         return self.rel_bias((graph.src - graph.dst).clamp(-self.rel_pos, self.rel_pos) + self.rel_pos)
 
-    def forward(self, x: Tensor, graph: Graph, lengths: Optional[Tensor] = None, *,
-                cache: Optional[KVStore] = None, rows: Optional[Tensor] = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        graph: Graph,
+        lengths: Optional[Tensor] = None,
+        *,
+        cache: Optional[KVStore] = None,
+        rows: Optional[Tensor] = None,
+    ) -> Tensor:
         bias = self.edge_bias(graph)
-        x = residual(x, self.norm1, lambda h: self.self_attn(h, graph, edge_bias=bias, cache=cache, dst_rows=rows),
-                     self.dropout)
+        x = residual(
+            x, self.norm1, lambda h: self.self_attn(h, graph, edge_bias=bias, cache=cache, dst_rows=rows), self.dropout
+        )
         return residual(x, self.norm2, lambda h: self.ff(h, lengths), self.dropout)
 
 
@@ -157,8 +176,16 @@ class DecoderLayer(nn.Module):
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, self_graph: Graph, cross_graph: Graph, memory: Union[Tensor, KeyValue], *,
-                cache: Optional[KVStore] = None, rows: Optional[Tensor] = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        self_graph: Graph,
+        cross_graph: Graph,
+        memory: Union[Tensor, KeyValue],
+        *,
+        cache: Optional[KVStore] = None,
+        rows: Optional[Tensor] = None,
+    ) -> Tensor:
         x = residual(x, self.norm1, lambda h: self.self_attn(h, self_graph, cache=cache, dst_rows=rows), self.dropout)
         if isinstance(memory, KeyValue):
             cross = lambda h: self.cross_attn(h, cross_graph, kv=memory, dst_rows=rows)  # noqa: E731

@@ -7,6 +7,7 @@ sentence stops at EOS or after max_len tokens.
 Beam search ranks hypotheses by log P / lp(len) with the GNMT length penalty
 lp = ((5 + len) / 6) ** alpha (len counts the EOS); alpha = 0 ranks by log P.
 """
+
 from __future__ import annotations
 
 from typing import List, Optional, Sequence, Union
@@ -25,8 +26,9 @@ def _max_lens(batch: GraphBatch, max_len: Union[int, Sequence[int]]) -> Tensor:
 
 
 @torch.no_grad()
-def greedy_decode(model: Seq2SeqModel, batch: GraphBatch, bos: int, eos: int,
-                  max_len: Union[int, Sequence[int]]) -> List[List[int]]:
+def greedy_decode(
+    model: Seq2SeqModel, batch: GraphBatch, bos: int, eos: int, max_len: Union[int, Sequence[int]]
+) -> List[List[int]]:
     """Argmax decoding of every sentence of `batch` (only its source side is used).
     max_len: one limit or one per sentence. Finished sentences leave the computation."""
     b = batch.num_sentences
@@ -53,8 +55,15 @@ def greedy_decode(model: Seq2SeqModel, batch: GraphBatch, bos: int, eos: int,
 
 
 @torch.no_grad()
-def beam_search(model: Seq2SeqModel, batch: GraphBatch, bos: int, eos: int, max_len: Union[int, Sequence[int]],
-                beam: int = 4, alpha: float = 0.6) -> List[List[int]]:
+def beam_search(
+    model: Seq2SeqModel,
+    batch: GraphBatch,
+    bos: int,
+    eos: int,
+    max_len: Union[int, Sequence[int]],
+    beam: int = 4,
+    alpha: float = 0.6,
+) -> List[List[int]]:
     """Beam search with `beam` hypotheses per sentence, all sentences in one batch.
     Finished hypotheses stay in the beam and extend only by EOS at no cost."""
     if beam < 1:
@@ -93,13 +102,24 @@ def beam_search(model: Seq2SeqModel, batch: GraphBatch, bos: int, eos: int, max_
         if bool(finished.all()):
             break
     best = history[:, 0].tolist()  # topk sorts by normalised score, so beam 0 is the best
-    return [[tok for tok in seq[:seq.index(eos)]] if eos in seq else seq for seq in best]
+    return [[tok for tok in seq[: seq.index(eos)]] if eos in seq else seq for seq in best]
 
 
 @torch.no_grad()
-def decode(model: Seq2SeqModel, sources: Sequence[Sequence[int]], bos: int, eos: int, *, beam: int = 1,
-           alpha: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 10, batch_size: int = 256,
-           device: Optional[Union[str, torch.device]] = None, pool: Optional[GraphPool] = None) -> List[List[int]]:
+def decode(
+    model: Seq2SeqModel,
+    sources: Sequence[Sequence[int]],
+    bos: int,
+    eos: int,
+    *,
+    beam: int = 1,
+    alpha: float = 0.6,
+    max_len_a: float = 1.0,
+    max_len_b: int = 10,
+    batch_size: int = 256,
+    device: Optional[Union[str, torch.device]] = None,
+    pool: Optional[GraphPool] = None,
+) -> List[List[int]]:
     """Decode many sources (lists of token ids) in length-bucketed batches; outputs in input order.
     Each output has at most int(max_len_a * len(source) + max_len_b) tokens."""
     was_training = model.training

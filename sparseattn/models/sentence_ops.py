@@ -4,6 +4,7 @@ Sentences are given by their lengths (B,); token rows of sentence b are contiguo
 Nothing here ever reads a token of another sentence: neighbours across a sentence boundary are
 zeros, exactly as if each sentence were zero-padded on its own.
 """
+
 from __future__ import annotations
 
 import torch

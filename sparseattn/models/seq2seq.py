@@ -7,6 +7,7 @@ Decoding (decoding.py) drives any `Seq2SeqModel` through
     logp = model.decode_next(state, tokens)         (Nh,) last tokens -> (Nh, V) next-token log-probabilities
     model.reorder_state(state, index)               keep hypotheses `index` (beam reordering, pruning)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -45,14 +46,14 @@ def cross_graph_for_hyps(src_ptr: Tensor, src_lens: Tensor, hyp_sent: Tensor, st
 class DecodeState:
     """What incremental decoding carries between steps."""
 
-    memory: Tensor                     # (N_enc, d)
-    src_ptr: Tensor                    # (B,) first encoder node of each sentence
-    src_lens: Tensor                   # (B,)
-    hyp_sent: Tensor                   # (Nh,) sentence of each hypothesis
-    memory_kv: List[KeyValue]          # per decoder layer: cross-attention keys/values of the memory
-    step: int = 0                      # tokens fed so far
+    memory: Tensor  # (N_enc, d)
+    src_ptr: Tensor  # (B,) first encoder node of each sentence
+    src_lens: Tensor  # (B,)
+    hyp_sent: Tensor  # (Nh,) sentence of each hypothesis
+    memory_kv: List[KeyValue]  # per decoder layer: cross-attention keys/values of the memory
+    step: int = 0  # tokens fed so far
     caches: List[KVCache] = field(default_factory=list)  # per decoder layer (models that cache)
-    prefix: Optional[Tensor] = None    # (Nh, t) tokens fed so far (models that recompute)
+    prefix: Optional[Tensor] = None  # (Nh, t) tokens fed so far (models that recompute)
     _one_step_graph: Optional[Graph] = None
 
     def cross_graph(self, steps: int = 1) -> Graph:
@@ -72,14 +73,23 @@ class Seq2SeqModel(nn.Module):
     Subclasses build their layers between `super().__init__` and `finish_init`, and implement
     encode, forward, decode_next and `decoder_cross_attentions` (for start_decoding)."""
 
-    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int, num_heads: int, dropout: float,
-                 share_embeddings: bool, max_len: int) -> None:
+    def __init__(
+        self,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        d_model: int,
+        num_heads: int,
+        dropout: float,
+        share_embeddings: bool,
+        max_len: int,
+    ) -> None:
         super().__init__()
         self.d_model, self.num_heads = d_model, num_heads
         self.src_embed: nn.Module
         self.tgt_embed: Embeddings
-        self.src_embed, self.tgt_embed = source_target_embeddings(src_vocab_size, tgt_vocab_size, d_model,
-                                                                  share_embeddings)
+        self.src_embed, self.tgt_embed = source_target_embeddings(
+            src_vocab_size, tgt_vocab_size, d_model, share_embeddings
+        )
         self.pos_enc = PositionalEncoding(d_model, max_len)
         self.dropout = nn.Dropout(dropout)
 
@@ -115,4 +125,3 @@ class Seq2SeqModel(nn.Module):
 
     def decode_next(self, state: DecodeState, tokens: Tensor) -> Tensor:
         raise NotImplementedError
-

@@ -9,6 +9,7 @@ distance src - dst) goes in through `EdgeAttention`'s `edge_bias`. Its layers ar
 Checkpoints written before the layers were shared name a layer's attention `attn` and its
 feed-forward `ffn`; `load_state_dict` renames them to `self_attn` and `ff`.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
@@ -38,11 +39,25 @@ class TransformerTagger(Tagger):
     Shapes: batch of L tokens -> logits (L, num_tags).
     """
 
-    def __init__(self, num_words: int, num_pos: int, num_chars: int, num_tags: int, *, dim: int = 128,
-                 heads: int = 4, layers: int = 2, ffn_dim: int = 256, ffn: str = "conv",
-                 window: Optional[int] = None, rel_pos: int = 0, dropout: float = 0.1,
-                 clamp: Optional[Tuple[float, float]] = None, backend: str = "auto",
-                 features: Optional[Dict] = None) -> None:
+    def __init__(
+        self,
+        num_words: int,
+        num_pos: int,
+        num_chars: int,
+        num_tags: int,
+        *,
+        dim: int = 128,
+        heads: int = 4,
+        layers: int = 2,
+        ffn_dim: int = 256,
+        ffn: str = "conv",
+        window: Optional[int] = None,
+        rel_pos: int = 0,
+        dropout: float = 0.1,
+        clamp: Optional[Tuple[float, float]] = None,
+        backend: str = "auto",
+        features: Optional[Dict] = None,
+    ) -> None:
         super().__init__()
         self.num_tags = num_tags
         self.window = window
@@ -50,7 +65,8 @@ class TransformerTagger(Tagger):
         self.input = nn.Linear(self.features.out_dim, dim)
         self.layers = nn.ModuleList(
             EncoderLayer(dim, heads, ffn_dim, dropout, ffn=ffn, rel_pos=rel_pos, clamp=clamp, backend=backend)
-            for _ in range(layers))
+            for _ in range(layers)
+        )
         self.norm = nn.LayerNorm(dim)
         self.classifier = nn.Linear(dim, num_tags)
         self.dim = dim
@@ -66,8 +82,11 @@ class TransformerTagger(Tagger):
     def _sentence_graph(self, n: int, device: torch.device) -> Graph:
         key = (n, str(device))
         if key not in self._graphs:
-            self._graphs[key] = (graphs.complete(n, device=device) if self.window is None
-                                 else graphs.window(n, self.window, device=device))
+            self._graphs[key] = (
+                graphs.complete(n, device=device)
+                if self.window is None
+                else graphs.window(n, self.window, device=device)
+            )
         return self._graphs[key]
 
     def graph(self, lengths: List[int], device: torch.device) -> Graph:

@@ -4,6 +4,7 @@ the loss/predict interface.
 A tagger is an `nn.Module` whose `forward(batch)` maps a `TaggingBatch` (L tokens of B
 sentences, concatenated, no padding) to per-token logits (L, num_tags).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,8 +42,15 @@ class TaggingBatch:
     def to(self, device: Union[str, torch.device]) -> "TaggingBatch":
         def move(t: Optional[Tensor]) -> Optional[Tensor]:
             return None if t is None else t.to(device)
-        return TaggingBatch(self.words.to(device), self.pos.to(device), self.caps.to(device), self.chars.to(device),
-                            move(self.tags), self.lengths.to(device))
+
+        return TaggingBatch(
+            self.words.to(device),
+            self.pos.to(device),
+            self.caps.to(device),
+            self.chars.to(device),
+            move(self.tags),
+            self.lengths.to(device),
+        )
 
     def split(self, x: Tensor) -> Tuple[Tensor, ...]:
         """Split a (L, ...) per-token tensor into per-sentence pieces."""
@@ -74,9 +82,21 @@ class TokenFeatures(nn.Module):
     Shapes: batch with L tokens -> (L, out_dim).
     """
 
-    def __init__(self, num_words: int, num_pos: int, num_chars: int, *, word_dim: int = 100,
-                 pos_dim: int = 25, caps_dim: int = 5, char_dim: int = 30, char_out: int = 50,
-                 use_chars: bool = True, dropout: float = 0.3, word_dropout: float = 0.05) -> None:
+    def __init__(
+        self,
+        num_words: int,
+        num_pos: int,
+        num_chars: int,
+        *,
+        word_dim: int = 100,
+        pos_dim: int = 25,
+        caps_dim: int = 5,
+        char_dim: int = 30,
+        char_out: int = 50,
+        use_chars: bool = True,
+        dropout: float = 0.3,
+        word_dropout: float = 0.05,
+    ) -> None:
         super().__init__()
         self.words = nn.Embedding(num_words, word_dim, padding_idx=0)
         self.pos = nn.Embedding(num_pos, pos_dim, padding_idx=0) if pos_dim else None

@@ -12,6 +12,7 @@ Shapes: N_enc source tokens, N_dec decoder tokens, d = d_model, V vocabulary.
 Incremental decoding adds one decoder node per hypothesis and step; each layer's self-attention
 reads the keys and values of the earlier steps from a `KVCache`.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
@@ -40,14 +41,29 @@ class GraphTransformer(Seq2SeqModel):
         max_len: longest sentence the positional table covers.
     """
 
-    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, num_layers: int = 1, d_model: int = 128,
-                 num_heads: int = 1, d_ff: int = 128, dropout: float = 0.1, share_embeddings: bool = False,
-                 tie_generator: bool = False, clamp: Optional[Tuple[float, float]] = (-5.0, 5.0),
-                 backend: str = "auto", max_len: int = 1024) -> None:
+    def __init__(
+        self,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        num_layers: int = 1,
+        d_model: int = 128,
+        num_heads: int = 1,
+        d_ff: int = 128,
+        dropout: float = 0.1,
+        share_embeddings: bool = False,
+        tie_generator: bool = False,
+        clamp: Optional[Tuple[float, float]] = (-5.0, 5.0),
+        backend: str = "auto",
+        max_len: int = 1024,
+    ) -> None:
         super().__init__(src_vocab_size, tgt_vocab_size, d_model, num_heads, dropout, share_embeddings, max_len)
         attn_kw: Dict[str, Any] = dict(clamp=clamp, backend=backend)
-        self.encoder = nn.ModuleList(EncoderLayer(d_model, num_heads, d_ff, dropout, **attn_kw) for _ in range(num_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(d_model, num_heads, d_ff, dropout, **attn_kw) for _ in range(num_layers))
+        self.encoder = nn.ModuleList(
+            EncoderLayer(d_model, num_heads, d_ff, dropout, **attn_kw) for _ in range(num_layers)
+        )
+        self.decoder = nn.ModuleList(
+            DecoderLayer(d_model, num_heads, d_ff, dropout, **attn_kw) for _ in range(num_layers)
+        )
         self.finish_init(tgt_vocab_size, tie_generator)
 
     def encode(self, batch: GraphBatch) -> Tensor:

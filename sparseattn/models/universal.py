@@ -19,6 +19,7 @@ active nodes still attend to. The layers are the `EncoderLayer`/`DecoderLayer` o
 Shapes as in `GraphTransformer`; forward(batch).stats holds "act_steps_enc" (N_enc,) and
 "act_steps_dec" (N_dec,) int64 step counts.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -55,11 +56,23 @@ class UniversalTransformer(Seq2SeqModel):
     """Universal Transformer with ACT on graph batches (arguments as `GraphTransformer`, plus
     max_steps, threshold and act_loss_weight; there is one shared layer per stack)."""
 
-    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int = 128, num_heads: int = 4,
-                 d_ff: int = 512, dropout: float = 0.1, max_steps: int = 8, threshold: float = 0.99,
-                 act_loss_weight: float = 0.01, share_embeddings: bool = False, tie_generator: bool = False,
-                 clamp: Optional[Tuple[float, float]] = (-5.0, 5.0), backend: str = "auto",
-                 max_len: int = 1024) -> None:
+    def __init__(
+        self,
+        src_vocab_size: int,
+        tgt_vocab_size: int,
+        d_model: int = 128,
+        num_heads: int = 4,
+        d_ff: int = 512,
+        dropout: float = 0.1,
+        max_steps: int = 8,
+        threshold: float = 0.99,
+        act_loss_weight: float = 0.01,
+        share_embeddings: bool = False,
+        tie_generator: bool = False,
+        clamp: Optional[Tuple[float, float]] = (-5.0, 5.0),
+        backend: str = "auto",
+        max_len: int = 1024,
+    ) -> None:
         super().__init__(src_vocab_size, tgt_vocab_size, d_model, num_heads, dropout, share_embeddings, max_len)
         attn_kw: Dict[str, Any] = dict(clamp=clamp, backend=backend)
         self.max_steps, self.threshold, self.act_loss_weight = max_steps, threshold, act_loss_weight
@@ -73,8 +86,9 @@ class UniversalTransformer(Seq2SeqModel):
         self.trace: Optional[list] = None  # set to [] to record per-step ACT tensors (tests)
 
     # ---- ACT ----------------------------------------------------------------------------------
-    def _act(self, x: Tensor, pos: Tensor, layer_step: LayerStep, halt: HaltingUnit,
-             name: str) -> Tuple[Tensor, Tensor, Tensor]:
+    def _act(
+        self, x: Tensor, pos: Tensor, layer_step: LayerStep, halt: HaltingUnit, name: str
+    ) -> Tuple[Tensor, Tensor, Tensor]:
         """Run `layer_step(x_active, active_ids)` until every node halts.
         x: (N, d) embeddings, pos: (N,). Returns s (N, d) weighted states, steps (N,), r (N,)."""
         n = x.shape[0]
@@ -99,8 +113,9 @@ class UniversalTransformer(Seq2SeqModel):
             x = x.index_copy(0, idx, xa)
             steps = steps.index_add(0, idx, torch.ones_like(idx))
             if self.trace is not None:
-                self.trace.append(dict(name=name, t=t, idx=idx, weight=weight.detach(), x=x.detach(),
-                                       active=active.clone()))
+                self.trace.append(
+                    dict(name=name, t=t, idx=idx, weight=weight.detach(), x=x.detach(), active=active.clone())
+                )
             active = active.clone()
             active[idx] = cont
         return s, steps, r
@@ -115,8 +130,9 @@ class UniversalTransformer(Seq2SeqModel):
     def encode(self, batch: GraphBatch) -> Tensor:
         return self.encode_with_stats(batch)[0]
 
-    def _decode(self, memory_kv: KeyValue, tgt_in: Tensor, tgt_pos: Tensor, dec_graph: Graph,
-                cross_graph: Graph) -> Tuple[Tensor, Tensor, Tensor]:
+    def _decode(
+        self, memory_kv: KeyValue, tgt_in: Tensor, tgt_pos: Tensor, dec_graph: Graph, cross_graph: Graph
+    ) -> Tuple[Tensor, Tensor, Tensor]:
         kv = NodeKV()
         step = lambda xa, idx: self.dec_layer(xa, dec_graph, cross_graph, memory_kv, cache=kv, rows=idx)  # noqa: E731
         s, steps, r = self._act(self.tgt_embed(tgt_in), tgt_pos, step, self.halt_dec, "dec")

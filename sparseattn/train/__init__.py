@@ -5,4 +5,5 @@ models and their configs), trainer.py (the loop), checkpoint.py, distributed.py,
 metrics.py, plots.py, vocab.py, and tasks/ (letters, multi30k, chunking). Nothing in the library
 (`sparseattn`, `sparseattn.models`) imports from here.
 """
+
 from . import model_configs, tasks  # noqa: E402,F401  (register the built-in models and tasks)

@@ -6,6 +6,7 @@ averages, ema.py) when ema_decay > 0. Everything in it is tensors and plain Pyth
 loads with `torch.load(weights_only=True)`: a crafted file cannot run code. Files that are not
 checkpoints (truncated, empty, another format, another dict) fail with one line naming them.
 """
+
 from __future__ import annotations
 
 import os
@@ -74,8 +75,9 @@ def load(path: Union[str, Path], map_location: Union[str, torch.device] = "cpu")
             first = "it holds Python objects other than tensors and plain values; they are not loaded"
         raise ValueError(f"{path} is not a readable sparseattn checkpoint ({first[:200]})") from None
     if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
-        raise ValueError(f"{path} is not a sparseattn checkpoint (a dict with keys {', '.join(REQUIRED_KEYS)} "
-                         f"is expected)")
+        raise ValueError(
+            f"{path} is not a sparseattn checkpoint (a dict with keys {', '.join(REQUIRED_KEYS)} is expected)"
+        )
     return state
 
 
@@ -99,8 +101,13 @@ def rng_state() -> Dict[str, Any]:
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     state: Dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
         "python": random.getstate(),
     }
     if torch.cuda.is_available():
@@ -112,8 +119,9 @@ def set_rng_state(state: Dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     npy = state["numpy"]
     if isinstance(npy, dict):
-        np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
-                             npy["gauss"]))
+        np.random.set_state(
+            (npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["gauss"])
+        )
     else:  # a numpy state tuple, as older checkpoints stored it
         np.random.set_state(npy)
     version, internal, gauss = state["python"]

@@ -16,6 +16,7 @@
 `sparseattn train --help [--task T --model M]` lists every config key with its type, default and
 help. trainer.py says what a run directory holds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,13 +45,15 @@ def train_main(argv: List[str]) -> int:
         if i + 1 == len(argv):
             raise ValueError("--config needs a FILE")
         config_file = argv[i + 1]
-        argv = argv[:i] + argv[i + 2:]
+        argv = argv[:i] + argv[i + 2 :]
     if "-h" in argv or "--help" in argv:
         flags = parse_flags([a for a in argv if a not in ("-h", "--help")])
         task = flags.get("task", "copy")
         print(__doc__)
-        print("config keys (defaults, before presets):\n" + "\n".join(describe(task, flags.get("model",
-                                                                                              DEFAULT_MODELS[task]))))
+        print(
+            "config keys (defaults, before presets):\n"
+            + "\n".join(describe(task, flags.get("model", DEFAULT_MODELS[task])))
+        )
         return 0
     overwrite = "--overwrite" in argv
     argv = [a for a in argv if a != "--overwrite"]
@@ -70,6 +73,7 @@ def train_main(argv: List[str]) -> int:
             raise ValueError("--out RUN_DIR is required (where the run's checkpoints, logs and plots go)")
         prepare_run_dir(Path(cfg.run.out), overwrite)
     from . import distributed
+
     try:
         if distributed.launched_by_torchrun():
             distributed.init_from_env(cfg)
@@ -92,8 +96,10 @@ def prepare_run_dir(out: Path, overwrite: bool) -> None:
     if not found:
         return
     if not overwrite:
-        raise ValueError(f"--out {out} already holds a run ({', '.join(found)}): continue it with --resume, or "
-                         "replace it with --overwrite")
+        raise ValueError(
+            f"--out {out} already holds a run ({', '.join(found)}): continue it with --resume, or "
+            "replace it with --overwrite"
+        )
     for name in found:
         (out / name).unlink()
     for stale in [*out.glob("hyp.*"), *out.glob("*.tmp"), *(out / "plots").glob("*.png")]:
@@ -102,12 +108,17 @@ def prepare_run_dir(out: Path, overwrite: bool) -> None:
 
 def refuse_changed_keys(saved, cfg, path: Path) -> None:
     """--resume may change run keys (epochs, time budget, batch size, ...), not the task or model."""
-    changed = [f"--{k} ({old!r} -> {new!r})" for section in ("task_cfg", "model_cfg")
-               for k, old in dataclasses.asdict(getattr(saved, section)).items()
-               if (new := getattr(getattr(cfg, section), k)) != old]
+    changed = [
+        f"--{k} ({old!r} -> {new!r})"
+        for section in ("task_cfg", "model_cfg")
+        for k, old in dataclasses.asdict(getattr(saved, section)).items()
+        if (new := getattr(getattr(cfg, section), k)) != old
+    ]
     if changed:
-        raise ValueError(f"--resume cannot change the task or model of {path}: {', '.join(changed)}; start a new run "
-                         "with another --out to train a different one")
+        raise ValueError(
+            f"--resume cannot change the task or model of {path}: {', '.join(changed)}; start a new run "
+            "with another --out to train a different one"
+        )
 
 
 def _run(trainer: Trainer) -> int:
@@ -115,14 +126,20 @@ def _run(trainer: Trainer) -> int:
     n_params = sum(p.numel() for p in trainer.model.parameters())
     if trainer.main_process:
         world = getattr(trainer, "world_size", 1)
-        print(f"task {cfg.task}, model {cfg.model} ({n_params:,} parameters), {trainer.device}"
-              f"{f' x {world} processes' if world > 1 else ''}, out {run.out}", file=sys.stderr)
+        print(
+            f"task {cfg.task}, model {cfg.model} ({n_params:,} parameters), {trainer.device}"
+            f"{f' x {world} processes' if world > 1 else ''}, out {run.out}",
+            file=sys.stderr,
+        )
     status = trainer.fit()
     if status == "interrupted":
         return 130
     if status == "time_budget" and trainer.main_process:
-        print(f"time budget of {run.time_budget_min:g} min reached at step {trainer.position['step']} "
-              f"(epoch {trainer.position['epoch']}, cut short); testing", file=sys.stderr)
+        print(
+            f"time budget of {run.time_budget_min:g} min reached at step {trainer.position['step']} "
+            f"(epoch {trainer.position['epoch']}, cut short); testing",
+            file=sys.stderr,
+        )
     if status == "max_steps":
         if trainer.main_process:
             print(f"stopped at max_steps={run.max_steps}; checkpoint {trainer.ckpt_path}", file=sys.stderr)
@@ -131,14 +148,20 @@ def _run(trainer: Trainer) -> int:
         return 0
     results = trainer.finish()
     if "f1" in results:
-        print(f"test: chunk F1 {100 * results['f1']:.2f} (precision {100 * results['precision']:.2f}, recall "
-              f"{100 * results['recall']:.2f}); trained {results['train_seconds']:.0f} s")
+        print(
+            f"test: chunk F1 {100 * results['f1']:.2f} (precision {100 * results['precision']:.2f}, recall "
+            f"{100 * results['recall']:.2f}); trained {results['train_seconds']:.0f} s"
+        )
     elif "bleu" in results:
-        print(f"test: BLEU {results['bleu']:.2f} (beam {run.beam}, alpha {run.alpha}); "
-              f"trained {results['train_seconds']:.0f} s")
+        print(
+            f"test: BLEU {results['bleu']:.2f} (beam {run.beam}, alpha {run.alpha}); "
+            f"trained {results['train_seconds']:.0f} s"
+        )
     else:
-        print(f"test: token accuracy {results['token_accuracy']:.4f}, sequence accuracy "
-              f"{results['sequence_accuracy']:.4f} (decoded, beam {run.beam}); trained {results['train_seconds']:.0f} s")
+        print(
+            f"test: token accuracy {results['token_accuracy']:.4f}, sequence accuracy "
+            f"{results['sequence_accuracy']:.4f} (decoded, beam {run.beam}); trained {results['train_seconds']:.0f} s"
+        )
     if "best_epoch" in results:
         print(f"(weights of epoch {results['best_epoch']}, the best on the validation split: {trainer.best_path})")
     if results.get("plots"):
@@ -230,15 +253,20 @@ def plot_main(argv: List[str]) -> int:
 
 
 def compare_main(argv: List[str]) -> int:
-    p = argparse.ArgumentParser(prog="sparseattn compare",
-                                description="a validation metric of several runs per epoch and per minute of training")
+    p = argparse.ArgumentParser(
+        prog="sparseattn compare",
+        description="a validation metric of several runs per epoch and per minute of training",
+    )
     p.add_argument("--run", action="append", required=True, metavar="LABEL=RUN_DIR", help="repeatable")
     p.add_argument("--metric", default="f1", help="a key of the runs' validation records (default: f1)")
     p.add_argument("--output", required=True, help="PNG path")
     p.add_argument("--title", default=None)
-    p.add_argument("--error", action="store_true", help="plot 100 - metric (%%) on a log scale (for accuracies near 100%%)")
+    p.add_argument(
+        "--error", action="store_true", help="plot 100 - metric (%%) on a log scale (for accuracies near 100%%)"
+    )
     args = p.parse_args(argv)
     from .plots import compare_runs
+
     runs = {}
     for spec in args.run:
         label, eq, run_dir = spec.partition("=")
@@ -270,8 +298,9 @@ def translate_main(argv: List[str]) -> int:
         try:
             text = sys.stdin.buffer.read().decode("utf-8")
         except UnicodeDecodeError as e:
-            raise ValueError(f"standard input is not UTF-8 text (byte {e.object[e.start]:#x} at offset {e.start})") \
-                from None
+            raise ValueError(
+                f"standard input is not UTF-8 text (byte {e.object[e.start]:#x} at offset {e.start})"
+            ) from None
         sentences = [line for line in text.splitlines() if line.strip()]
     for line in task.translate(model, sentences, cfg):
         print(line)
@@ -286,8 +315,9 @@ def configs_main(argv: List[str]) -> int:
 
 
 def demo_main(argv: List[str]) -> int:
-    p = argparse.ArgumentParser(prog="sparseattn demo",
-                                description="EdgeAttention on a batched graph vs padded, masked nn.MultiheadAttention")
+    p = argparse.ArgumentParser(
+        prog="sparseattn demo", description="EdgeAttention on a batched graph vs padded, masked nn.MultiheadAttention"
+    )
     p.add_argument("--sequences", type=int, default=64)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--heads", type=int, default=8)
@@ -316,14 +346,22 @@ def demo_main(argv: List[str]) -> int:
     ref, _ = mha(padded, padded, padded, key_padding_mask=pad_mask)
     ref = torch.cat([r[:n] for r, n in zip(ref, lengths)])
     print(f"{len(lengths)} sequences, {g.num_dst} tokens, {g.num_edges} edges, backend {attn.backend!r}")
-    print(f"EdgeAttention forward: {elapsed * 1e3:.1f} ms; max |diff| vs padded nn.MultiheadAttention: "
-          f"{(out - ref).abs().max().item():.2e}")
+    print(
+        f"EdgeAttention forward: {elapsed * 1e3:.1f} ms; max |diff| vs padded nn.MultiheadAttention: "
+        f"{(out - ref).abs().max().item():.2e}"
+    )
     return 0
 
 
 COMMANDS: Dict[str, Callable[[List[str]], int]] = {
-    "train": train_main, "evaluate": evaluate_main, "plot": plot_main, "compare": compare_main,
-    "translate": translate_main, "configs": configs_main, "demo": demo_main}
+    "train": train_main,
+    "evaluate": evaluate_main,
+    "plot": plot_main,
+    "compare": compare_main,
+    "translate": translate_main,
+    "configs": configs_main,
+    "demo": demo_main,
+}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

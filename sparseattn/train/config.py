@@ -20,6 +20,7 @@ them), or any file given with `--config FILE`:
     name = "ut"
     clamp = "none"
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,6 +53,7 @@ def in_range(lo: float, hi: float, *, hi_open: bool = False) -> Callable[[Any], 
     def check(v):
         ok = lo <= v < hi if hi_open else lo <= v <= hi
         return None if ok else f"must be in [{lo:g}, {hi:g}{')' if hi_open else ']'}"
+
     return check
 
 
@@ -66,37 +68,50 @@ class RunConfig:
     out: str = cfg_field("", "run directory: config.json, metrics.jsonl, checkpoint.pt, best.pt, results.json, plots/")
     seed: int = cfg_field(0, "seed of the model's init, dropout and batch order")
     epochs: int = cfg_field(4, "training epochs", check=at_least(0))
-    max_steps: int = cfg_field(0, "stop (with a checkpoint) after this many steps in all; 0: no limit", check=at_least(0))
+    max_steps: int = cfg_field(
+        0, "stop (with a checkpoint) after this many steps in all; 0: no limit", check=at_least(0)
+    )
     batch_size: int = cfg_field(128, "sentences per batch (bucketed by length) when max_tokens is 0", check=at_least(1))
     max_tokens: int = cfg_field(0, "> 0: batches by a token budget instead of batch_size sentences", check=at_least(0))
-    time_budget_min: float = cfg_field(0.0, "> 0: stop after this many minutes of training (mid-epoch), then "
-                                            "validate, test and plot; a resume with a larger budget goes on",
-                                       check=at_least(0))
+    time_budget_min: float = cfg_field(
+        0.0,
+        "> 0: stop after this many minutes of training (mid-epoch), then "
+        "validate, test and plot; a resume with a larger budget goes on",
+        check=at_least(0),
+    )
     eval_batch_size: int = cfg_field(500, "sentences per batch when decoding", check=at_least(1))
     label_smoothing: float = cfg_field(0.1, "label smoothing of the cross entropy", check=in_range(0, 1, hi_open=True))
-    lr_factor: float = cfg_field(1.0, "Noam: lr = factor * lr_dim^-0.5 * min(step^-0.5, step * warmup^-1.5)",
-                                 check=lambda v: None if 0 < v < math.inf else "must be a finite number > 0")
+    lr_factor: float = cfg_field(
+        1.0,
+        "Noam: lr = factor * lr_dim^-0.5 * min(step^-0.5, step * warmup^-1.5)",
+        check=lambda v: None if 0 < v < math.inf else "must be a finite number > 0",
+    )
     lr_dim: int = cfg_field(0, "the d in Noam's d^-0.5; 0: the model's d_model", check=at_least(0))
     warmup: int = cfg_field(400, "Noam warm-up steps", check=at_least(1))
     beta1: float = cfg_field(0.9, "Adam beta1", check=in_range(0, 1, hi_open=True))
     beta2: float = cfg_field(0.98, "Adam beta2", check=in_range(0, 1, hi_open=True))
     adam_eps: float = cfg_field(1e-9, "Adam epsilon", check=lambda v: None if 0 < v < 1 else "must be in (0, 1)")
     grad_clip: float = cfg_field(1.0, "max gradient norm; 0: off", check=at_least(0))
-    ema_decay: float = cfg_field(0.0, "> 0: validate, keep and test a moving average of the weights over about "
-                                      "1/(1 - decay) steps", check=in_range(0, 1, hi_open=True))
+    ema_decay: float = cfg_field(
+        0.0,
+        "> 0: validate, keep and test a moving average of the weights over about 1/(1 - decay) steps",
+        check=in_range(0, 1, hi_open=True),
+    )
     beam: int = cfg_field(1, "beam size when decoding; 1: greedy", check=at_least(1))
     alpha: float = cfg_field(0.6, "length penalty ((5 + len) / 6) ** alpha of beam search", check=at_least(0))
     max_len_a: float = cfg_field(1.0, "decode at most max_len_a * source length + max_len_b tokens", check=at_least(0))
     max_len_b: int = cfg_field(10, "see max_len_a", check=at_least(0))
     eval_decode: bool = cfg_field(True, "decode the validation split after each epoch")
     keep_best: bool = cfg_field(True, "test and plot the best validation epoch's weights (best.pt)")
-    checkpoint_every: int = cfg_field(0, "steps between checkpoints (also at each epoch end); 0: epochs only",
-                                      check=at_least(0))
+    checkpoint_every: int = cfg_field(
+        0, "steps between checkpoints (also at each epoch end); 0: epochs only", check=at_least(0)
+    )
     log_every: int = cfg_field(50, "steps between train records in metrics.jsonl", check=at_least(1))
     progress: bool = cfg_field(True, "show progress bars")
     plots: bool = cfg_field(True, "write plots when training finishes")
-    threads: int = cfg_field(1, "torch threads (0: torch's default); 1 is fastest on a shared 2-core machine",
-                             check=at_least(0))
+    threads: int = cfg_field(
+        1, "torch threads (0: torch's default); 1 is fastest on a shared 2-core machine", check=at_least(0)
+    )
     device: str = cfg_field("auto", "cpu, cuda, cuda:N, or auto (cuda when available)")
 
 
@@ -111,14 +126,19 @@ class Config:
     model_cfg: Any
 
     def to_dict(self) -> dict:
-        return {"task": self.task, "model": self.model, "run": dataclasses.asdict(self.run),
-                "task_config": dataclasses.asdict(self.task_cfg), "model_config": dataclasses.asdict(self.model_cfg)}
+        return {
+            "task": self.task,
+            "model": self.model,
+            "run": dataclasses.asdict(self.run),
+            "task_config": dataclasses.asdict(self.task_cfg),
+            "model_config": dataclasses.asdict(self.model_cfg),
+        }
 
     def sections(self) -> Dict[str, Any]:
         return {"run": self.run, "task": self.task_cfg, "model": self.model_cfg}
 
 
-TASK_CONFIGS: Dict[str, type] = {}   # filled by register_task
+TASK_CONFIGS: Dict[str, type] = {}  # filled by register_task
 MODEL_CONFIGS: Dict[str, type] = {}  # filled by register_model
 DEFAULT_MODELS: Dict[str, str] = {}  # task -> the model `--model` defaults to
 
@@ -160,7 +180,7 @@ def convert(key: str, typ: Any, value: Any) -> Any:
 
 
 def parse_clamp(key: str, value: Any) -> Clamp:
-    """"none" / None -> None (exact softmax); "lo,hi", [lo, hi] -> (lo, hi); one number c -> (-c, c)."""
+    """ "none" / None -> None (exact softmax); "lo,hi", [lo, hi] -> (lo, hi); one number c -> (-c, c)."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "exact")):
         return None
     try:
@@ -174,7 +194,9 @@ def parse_clamp(key: str, value: Any) -> Clamp:
         raise ValueError(f"--{key} expects 'none' or 'lo,hi', got {value!r}") from None
     if len(parts) == 1:
         if parts[0] == 0:
-            raise ValueError(f"--{key}=0 would clamp every score to 0 (it once meant exact softmax: write --{key}=none)")
+            raise ValueError(
+                f"--{key}=0 would clamp every score to 0 (it once meant exact softmax: write --{key}=none)"
+            )
         parts = [-abs(parts[0]), abs(parts[0])]
     if len(parts) != 2 or any(not math.isfinite(p) for p in parts) or parts[0] > parts[1]:
         raise ValueError(f"--{key} expects 'none' or finite 'lo,hi' with lo <= hi, got {value!r}")
@@ -241,14 +263,19 @@ def read_toml(path: Path) -> Dict[str, Any]:
 
 def build_config(task: str, model: str, values: Dict[str, Any]) -> Config:
     """Defaults of the three sections with `values` (flag texts or TOML values) applied."""
-    sections = {"run": RunConfig, "task": _lookup(TASK_CONFIGS, "task", task),
-                "model": _lookup(MODEL_CONFIGS, "model", model)}
+    sections = {
+        "run": RunConfig,
+        "task": _lookup(TASK_CONFIGS, "task", task),
+        "model": _lookup(MODEL_CONFIGS, "model", model),
+    }
     owner = {key: name for name, cls in sections.items() for key in _types(cls)}
     per: Dict[str, Dict[str, Any]] = {name: {} for name in sections}
     for key, value in values.items():
         if key not in owner:
-            raise ValueError(f"unknown config key {key!r} for task {task!r} and model {model!r}; valid keys: "
-                             f"{', '.join(sorted(owner))}")
+            raise ValueError(
+                f"unknown config key {key!r} for task {task!r} and model {model!r}; valid keys: "
+                f"{', '.join(sorted(owner))}"
+            )
         cls = sections[owner[key]]
         per[owner[key]][key] = convert(key, _types(cls)[key], value)
     cfg = Config(task, model, *(sections[name](**per[name]) for name in ("run", "task", "model")))
@@ -285,7 +312,6 @@ def config_from_dict(saved: Dict[str, Any]) -> Config:
     return build_config(task, model, {k: v for k, v in flat.items() if k in known})
 
 
-
 def with_overrides(cfg: Config, values: Dict[str, Any]) -> Config:
     """cfg with some keys changed (flag texts or values), checked again."""
     merged = {**dataclasses.asdict(cfg.run), **dataclasses.asdict(cfg.task_cfg), **dataclasses.asdict(cfg.model_cfg)}
@@ -295,8 +321,11 @@ def with_overrides(cfg: Config, values: Dict[str, Any]) -> Config:
 def describe(task: str, model: str) -> List[str]:
     """Help lines of every key for this task and model: name, type, default and help, by section."""
     lines = []
-    for title, cls in (("run", RunConfig), (f"task {task}", _lookup(TASK_CONFIGS, "task", task)),
-                       (f"model {model}", _lookup(MODEL_CONFIGS, "model", model))):
+    for title, cls in (
+        ("run", RunConfig),
+        (f"task {task}", _lookup(TASK_CONFIGS, "task", task)),
+        (f"model {model}", _lookup(MODEL_CONFIGS, "model", model)),
+    ):
         lines.append(f"{title} ({cls.__name__}):")
         types = _types(cls)
         for f in fields(cls):
@@ -310,7 +339,13 @@ def list_presets() -> List[Tuple[str, str]]:
     """(file name, first comment line) of each preset in configs/."""
     out = []
     for path in sorted(CONFIG_DIR.glob("*.toml")):
-        first = next((line.lstrip("# ").strip() for line in path.read_text(encoding="utf-8").splitlines()
-                      if line.startswith("#")), "")
+        first = next(
+            (
+                line.lstrip("# ").strip()
+                for line in path.read_text(encoding="utf-8").splitlines()
+                if line.startswith("#")
+            ),
+            "",
+        )
         out.append((path.name, first))
     return out

@@ -12,6 +12,7 @@ DistributedDataParallel with gloo on CPU and nccl on CUDA (one GPU per LOCAL_RAN
 - Rank 0 alone writes checkpoints, metrics, tokenizer and results and runs the per-epoch
   validation; all ranks load the same checkpoint on --resume. Logged train stats are rank 0's.
 """
+
 from __future__ import annotations
 
 import os

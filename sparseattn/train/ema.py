@@ -5,6 +5,7 @@ update n (from 0): the plain mean of all weights so far until n reaches 1 / (1 -
 exponential average over about the last 1 / (1 - decay) steps. The initial weights never count.
 Averaging the weights of a noisy small-batch run smooths the step noise out.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -30,8 +31,9 @@ class WeightEMA:
     @torch.no_grad()
     def update(self) -> None:
         keys = list(self.params)
-        torch._foreach_lerp_([self.average[k] for k in keys], [self.params[k].detach() for k in keys],
-                             1.0 - self.current_decay())
+        torch._foreach_lerp_(
+            [self.average[k] for k in keys], [self.params[k].detach() for k in keys], 1.0 - self.current_decay()
+        )
         self.num_updates += 1
 
     @torch.no_grad()

@@ -3,6 +3,7 @@
 token_accuracy: matching positions / max(len(prediction), len(reference)) summed over the
 corpus, so missing and extra tokens both count as errors; sequence_accuracy: exact matches.
 """
+
 from __future__ import annotations
 
 import json
@@ -80,6 +81,8 @@ def read_metrics(path: Union[str, Path]) -> List[dict]:
         except json.JSONDecodeError as e:
             if number < len(lines):
                 raise ValueError(f"{path}:{number} is not a JSON record ({e.msg})") from None
-            print(f"warning: {path}:{number}: skipping a torn last line (the run was killed while writing it)",
-                  file=sys.stderr)
+            print(
+                f"warning: {path}:{number}: skipping a torn last line (the run was killed while writing it)",
+                file=sys.stderr,
+            )
     return records

@@ -4,6 +4,7 @@ Extension point: `register_model("name", Config)` with a dataclass whose `build(
 model; `info` is what the task tells models (`Task.model_info()`: vocabulary sizes, ...). The model
 config is saved in checkpoints, so `evaluate`/`plot` rebuild the model from it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,10 +33,14 @@ class AttentionStackConfig:
     d_model: int = cfg_field(128, "model width", check=_positive)
     num_heads: int = cfg_field(1, "attention heads (must divide d_model)", check=_positive)
     d_ff: int = cfg_field(128, "feed-forward hidden width", check=_positive)
-    dropout: float = cfg_field(0.1, "dropout of sublayer outputs, attention weights, the feed-forward (and "
-                                    "embeddings)", check=in_range(0, 1, hi_open=True))
-    clamp: Clamp = cfg_field((-5.0, 5.0), "attention score bounds 'lo,hi' (exp of the clamped score), or 'none' "
-                                          "for exact softmax")
+    dropout: float = cfg_field(
+        0.1,
+        "dropout of sublayer outputs, attention weights, the feed-forward (and embeddings)",
+        check=in_range(0, 1, hi_open=True),
+    )
+    clamp: Clamp = cfg_field(
+        (-5.0, 5.0), "attention score bounds 'lo,hi' (exp of the clamped score), or 'none' for exact softmax"
+    )
     backend: str = cfg_field("auto", "edge-attention backend", check=one_of(*backend_names()))
 
     def validate(self, cfg) -> None:
@@ -47,15 +52,24 @@ class AttentionStackConfig:
 class TransformerConfig(AttentionStackConfig):
     """The graph Transformer (`sparseattn.models.GraphTransformer`)."""
 
-    share_embeddings: bool = cfg_field(True, "one embedding table for source and target when their vocabularies "
-                                             "are equal")
+    share_embeddings: bool = cfg_field(
+        True, "one embedding table for source and target when their vocabularies are equal"
+    )
     tie_generator: bool = cfg_field(False, "the output layer reuses the target embedding matrix")
 
     def common(self, info: Dict[str, Any]) -> Dict[str, Any]:
-        return dict(src_vocab_size=info["src_vocab_size"], tgt_vocab_size=info["tgt_vocab_size"],
-                    d_model=self.d_model, num_heads=self.num_heads, d_ff=self.d_ff, dropout=self.dropout,
-                    clamp=self.clamp, backend=self.backend, tie_generator=self.tie_generator,
-                    share_embeddings=bool(self.share_embeddings and info.get("shared_vocab", False)))
+        return dict(
+            src_vocab_size=info["src_vocab_size"],
+            tgt_vocab_size=info["tgt_vocab_size"],
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            d_ff=self.d_ff,
+            dropout=self.dropout,
+            clamp=self.clamp,
+            backend=self.backend,
+            tie_generator=self.tie_generator,
+            share_embeddings=bool(self.share_embeddings and info.get("shared_vocab", False)),
+        )
 
     def build(self, info: Dict[str, Any]) -> nn.Module:
         return GraphTransformer(num_layers=self.num_layers, **self.common(info))
@@ -68,13 +82,20 @@ class UniversalConfig(TransformerConfig):
     num_heads: int = cfg_field(4, "attention heads (must divide d_model)", check=_positive)
     d_ff: int = cfg_field(512, "feed-forward hidden width", check=_positive)
     act_max_steps: int = cfg_field(8, "ACT: most steps per token", check=_positive)
-    act_threshold: float = cfg_field(0.99, "ACT: halt when the summed halting probability reaches this",
-                                     check=lambda v: None if 0 < v <= 1 else "must be in (0, 1]")
+    act_threshold: float = cfg_field(
+        0.99,
+        "ACT: halt when the summed halting probability reaches this",
+        check=lambda v: None if 0 < v <= 1 else "must be in (0, 1]",
+    )
     act_loss_weight: float = cfg_field(0.01, "ACT: weight of the ponder cost", check=at_least(0))
 
     def build(self, info: Dict[str, Any]) -> nn.Module:
-        return UniversalTransformer(max_steps=self.act_max_steps, threshold=self.act_threshold,
-                                    act_loss_weight=self.act_loss_weight, **self.common(info))
+        return UniversalTransformer(
+            max_steps=self.act_max_steps,
+            threshold=self.act_threshold,
+            act_loss_weight=self.act_loss_weight,
+            **self.common(info),
+        )
 
 
 @dataclass
@@ -87,28 +108,47 @@ class TokenFeatureConfig:
     use_chars: bool = cfg_field(True, "add a character CNN")
     char_out: int = cfg_field(50, "character CNN output size", check=_positive)
     input_dropout: float = cfg_field(0.2, "dropout on the concatenated features", check=in_range(0, 1, hi_open=True))
-    word_dropout: float = cfg_field(0.05, "training words replaced by <unk> with this probability",
-                                    check=in_range(0, 1, hi_open=True))
+    word_dropout: float = cfg_field(
+        0.05, "training words replaced by <unk> with this probability", check=in_range(0, 1, hi_open=True)
+    )
 
     def features(self) -> Dict[str, Any]:
-        return dict(word_dim=self.word_dim, pos_dim=self.pos_dim, caps_dim=self.caps_dim, use_chars=self.use_chars,
-                    char_out=self.char_out, dropout=self.input_dropout, word_dropout=self.word_dropout)
+        return dict(
+            word_dim=self.word_dim,
+            pos_dim=self.pos_dim,
+            caps_dim=self.caps_dim,
+            use_chars=self.use_chars,
+            char_out=self.char_out,
+            dropout=self.input_dropout,
+            word_dropout=self.word_dropout,
+        )
 
 
 @dataclass
 class TaggerConfig(AttentionStackConfig, TokenFeatureConfig):
     """The Transformer tagger (`sparseattn.models.TransformerTagger`)."""
 
-    ffn: str = cfg_field("linear", "feed-forward: linear, or conv (width 3 within each sentence)",
-                         check=one_of("linear", "conv"))
+    ffn: str = cfg_field(
+        "linear", "feed-forward: linear, or conv (width 3 within each sentence)", check=one_of("linear", "conv")
+    )
     window: int = cfg_field(0, "attention graph: 0 complete per sentence, r: only |i - j| <= r", check=at_least(0))
     rel_pos: int = cfg_field(0, "clip distance of a learned relative-position bias; 0: none", check=at_least(0))
 
     def build(self, info: Dict[str, Any]) -> nn.Module:
-        return TransformerTagger(**info, dim=self.d_model, heads=self.num_heads, layers=self.num_layers,
-                                 ffn_dim=self.d_ff, ffn=self.ffn, window=self.window or None, rel_pos=self.rel_pos,
-                                 dropout=self.dropout, clamp=self.clamp, backend=self.backend,
-                                 features=self.features())
+        return TransformerTagger(
+            **info,
+            dim=self.d_model,
+            heads=self.num_heads,
+            layers=self.num_layers,
+            ffn_dim=self.d_ff,
+            ffn=self.ffn,
+            window=self.window or None,
+            rel_pos=self.rel_pos,
+            dropout=self.dropout,
+            clamp=self.clamp,
+            backend=self.backend,
+            features=self.features(),
+        )
 
 
 @dataclass
@@ -117,16 +157,22 @@ class BiLSTMConfig(TokenFeatureConfig):
 
     lstm_hidden: int = cfg_field(200, "units per direction", check=_positive)
     lstm_layers: int = cfg_field(1, "stacked layers", check=_positive)
-    lstm_dropout: float = cfg_field(0.3, "dropout between layers and before the classifier",
-                                    check=in_range(0, 1, hi_open=True))
+    lstm_dropout: float = cfg_field(
+        0.3, "dropout between layers and before the classifier", check=in_range(0, 1, hi_open=True)
+    )
 
     def validate(self, cfg) -> None:
         if not cfg.run.lr_dim:
             raise ValueError("model bilstm has no d_model: set --lr_dim for the Noam schedule (the preset uses 128)")
 
     def build(self, info: Dict[str, Any]) -> nn.Module:
-        return BiLSTMTagger(**info, hidden=self.lstm_hidden, layers=self.lstm_layers, dropout=self.lstm_dropout,
-                            features=self.features())
+        return BiLSTMTagger(
+            **info,
+            hidden=self.lstm_hidden,
+            layers=self.lstm_layers,
+            dropout=self.lstm_dropout,
+            features=self.features(),
+        )
 
 
 register_model("transformer", TransformerConfig)
@@ -143,4 +189,3 @@ def build_model(cfg, info: Dict[str, Any]) -> nn.Module:
 def lr_dim(cfg) -> int:
     """The d of the Noam schedule: --lr_dim, else the model's d_model."""
     return cfg.run.lr_dim or cfg.model_cfg.d_model
-

@@ -9,6 +9,7 @@ act_steps_epochs   the distribution of steps over nodes, per training epoch.
 compare_runs       one validation metric of several runs, per epoch and per minute of training.
 loss_curve         a run's training loss (per logged interval) and validation loss (per epoch) by step.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,8 +23,10 @@ from .. import AttentionRecord, record_attention
 
 def _pyplot():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -36,7 +39,7 @@ def dense_weights(graph, weights: torch.Tensor) -> np.ndarray:
 
 
 def attention_kind(name: str) -> str:
-    """"encoder", "decoder" or "cross" for a seq2seq model's EdgeAttention module name."""
+    """ "encoder", "decoder" or "cross" for a seq2seq model's EdgeAttention module name."""
     if name.endswith("cross_attn"):
         return "cross"
     return "encoder" if name.startswith("enc") else "decoder"
@@ -48,8 +51,9 @@ def layer_of(record: AttentionRecord) -> int:
     return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else record.call
 
 
-def attention_maps(records: Sequence[AttentionRecord], labels: dict, out_dir: Path,
-                   prefix: str = "attention") -> List[Path]:
+def attention_maps(
+    records: Sequence[AttentionRecord], labels: dict, out_dir: Path, prefix: str = "attention"
+) -> List[Path]:
     """records: from `record_attention` around one forward of a seq2seq model; labels: {"src": [...],
     "tgt_in": [...]} token strings for the axes."""
     plt = _pyplot()
@@ -60,7 +64,9 @@ def attention_maps(records: Sequence[AttentionRecord], labels: dict, out_dir: Pa
         if not recs:
             continue
         heads = recs[0][3].shape[1]
-        fig, axes = plt.subplots(len(recs), heads, figsize=(max(4.8, 2.6 * heads + 0.5), 2.6 * len(recs) + 0.5), squeeze=False)
+        fig, axes = plt.subplots(
+            len(recs), heads, figsize=(max(4.8, 2.6 * heads + 0.5), 2.6 * len(recs) + 0.5), squeeze=False
+        )
         ylab, xlab = (labels[k] for k in axes_labels[kind])
         for row, (_, layer, graph, w) in enumerate(recs):
             maps = dense_weights(graph, w)
@@ -81,8 +87,13 @@ def attention_maps(records: Sequence[AttentionRecord], labels: dict, out_dir: Pa
     return paths
 
 
-def act_steps_map(enc_steps: Sequence[np.ndarray], dec_steps: Sequence[np.ndarray], max_steps: int,
-                  path: Path, src_labels: Sequence[str] = ()) -> Path:
+def act_steps_map(
+    enc_steps: Sequence[np.ndarray],
+    dec_steps: Sequence[np.ndarray],
+    max_steps: int,
+    path: Path,
+    src_labels: Sequence[str] = (),
+) -> Path:
     """Heatmaps of ACT steps per position (rows: examples), encoder and decoder."""
     plt = _pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(8, 5))
@@ -90,7 +101,7 @@ def act_steps_map(enc_steps: Sequence[np.ndarray], dec_steps: Sequence[np.ndarra
         width = max(len(s) for s in steps)
         grid = np.full((len(steps), width), np.nan)
         for i, s in enumerate(steps):
-            grid[i, :len(s)] = s
+            grid[i, : len(s)] = s
         im = ax.imshow(grid, cmap="magma", vmin=1, vmax=max_steps, aspect="auto")
         ax.set_ylabel("example")
         ax.set_yticks(range(len(steps)))
@@ -109,15 +120,19 @@ def act_steps_map(enc_steps: Sequence[np.ndarray], dec_steps: Sequence[np.ndarra
 def act_steps_epochs(history: list, path: Path) -> Path:
     """Fraction of nodes that took k steps (columns) in each training epoch (rows)."""
     plt = _pyplot()
-    hists = [np.asarray(r["train"]["act_steps_hist"], dtype=float) for r in history
-             if r.get("train") and "act_steps_hist" in r["train"]]
+    hists = [
+        np.asarray(r["train"]["act_steps_hist"], dtype=float)
+        for r in history
+        if r.get("train") and "act_steps_hist" in r["train"]
+    ]
     if not hists:
         raise ValueError("no ACT step histograms in the training history")
     grid = np.stack([h[1:] / h[1:].sum() for h in hists])  # (epochs, max_steps)
     means = [(h * np.arange(len(h))).sum() / h.sum() for h in hists]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    im = axes[0].imshow(grid, cmap="Blues", aspect="auto", origin="lower",
-                        extent=(0.5, grid.shape[1] + 0.5, 0.5, grid.shape[0] + 0.5))
+    im = axes[0].imshow(
+        grid, cmap="Blues", aspect="auto", origin="lower", extent=(0.5, grid.shape[1] + 0.5, 0.5, grid.shape[0] + 0.5)
+    )
     axes[0].set_xlabel("ACT steps")
     axes[0].set_ylabel("epoch")
     axes[0].set_title("share of nodes by steps taken", fontsize=9)
@@ -133,8 +148,9 @@ def act_steps_epochs(history: list, path: Path) -> Path:
     return path
 
 
-def compare_runs(runs: Dict[str, list], metric: str, path: Path, title: Optional[str] = None,
-                 error: bool = False) -> Path:
+def compare_runs(
+    runs: Dict[str, list], metric: str, path: Path, title: Optional[str] = None, error: bool = False
+) -> Path:
     """Validation `metric` of each run (label -> its "valid" metrics records) against the epoch
     and against the training wall-clock minutes (validation included); fractions in [0, 1] are
     shown as percentages. error=True plots 100 * (1 - metric) on a log scale instead, which
@@ -153,8 +169,9 @@ def compare_runs(runs: Dict[str, list], metric: str, path: Path, title: Optional
         by_epoch.plot([r["epoch"] for r in records], shown, marker="o", label=label)
         by_time.plot([r["time_s"] / 60 for r in records], shown, marker="o", label=label)
     by_epoch.set_xlabel("epoch (the last one may be cut short by a time budget)")
-    by_epoch.set_ylabel(f"validation error, 100 - {metric} (%)" if error else
-                        f"validation {metric}" + (" (%)" if fraction else ""))
+    by_epoch.set_ylabel(
+        f"validation error, 100 - {metric} (%)" if error else f"validation {metric}" + (" (%)" if fraction else "")
+    )
     by_time.set_xlabel("training wall-clock (min, validation included)")
     for ax in (by_epoch, by_time):
         ax.grid(alpha=0.3)
@@ -174,7 +191,9 @@ def loss_curve(records: Sequence[dict], path: Path) -> Path:
     """Training loss of each "train" record and validation loss of each "valid" record of a run's
     metrics.jsonl, against the optimizer step. Raises ValueError when there are no losses."""
     train = [(r["step"], r["loss"]) for r in records if r.get("kind") == "train" and "loss" in r]
-    valid = [(r["step"], r["valid"]["loss"]) for r in records if r.get("kind") == "valid" and "loss" in r.get("valid", {})]
+    valid = [
+        (r["step"], r["valid"]["loss"]) for r in records if r.get("kind") == "valid" and "loss" in r.get("valid", {})
+    ]
     if not train and not valid:
         raise ValueError("no training or validation losses in the records")
     plt = _pyplot()
@@ -207,8 +226,7 @@ def seq2seq_plots(task, model, cfg, out_dir, history: list, example: int = 0, nu
     batch = task.make_batch("test", [example], device)
     with record_attention(model) as records:
         out = model(batch)
-    labels = {"src": task.src_vocab.decode(src[example]),
-              "tgt_in": ["<s>"] + task.tgt_vocab.decode(tgt[example])}
+    labels = {"src": task.src_vocab.decode(src[example]), "tgt_in": ["<s>"] + task.tgt_vocab.decode(tgt[example])}
     paths = attention_maps(records, labels, out_dir)
     if "act_steps_enc" in out.stats:
         idx = list(range(min(num_examples, len(src))))

@@ -15,6 +15,7 @@ last completed step, so a resumed run takes the same steps as an uninterrupted o
 by `time_budget_min` validates the cut-short epoch and counts it as done; resuming it with a larger
 budget starts the next epoch.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,11 +45,11 @@ class NoamLambda:
 
     def __call__(self, step: int) -> float:
         step += 1
-        return self.factor * self.d_model ** -0.5 * min(step ** -0.5, step * self.warmup ** -1.5)
+        return self.factor * self.d_model**-0.5 * min(step**-0.5, step * self.warmup**-1.5)
 
 
 def resolve_device(name: str) -> torch.device:
-    """"auto" -> cuda when available, else cpu; a cuda device without CUDA is a ValueError."""
+    """ "auto" -> cuda when available, else cpu; a cuda device without CUDA is a ValueError."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -104,10 +105,12 @@ class Trainer:
         torch.manual_seed(run.seed)
         self.model = cfg.model_cfg.build(self.task.model_info())
         self.model.to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1.0, betas=(run.beta1, run.beta2),
-                                          eps=run.adam_eps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, NoamLambda(lr_dim(cfg), run.lr_factor,
-                                                                                      run.warmup))
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=1.0, betas=(run.beta1, run.beta2), eps=run.adam_eps
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, NoamLambda(lr_dim(cfg), run.lr_factor, run.warmup)
+        )
         self.position = {"epoch": 0, "batch": 0, "step": 0}
         self.history: list = []  # one record per finished epoch
         self.train_seconds = 0.0  # wall time spent in fit(), summed over resumed runs
@@ -125,11 +128,19 @@ class Trainer:
 
     # ---- checkpoints ------------------------------------------------------------------------
     def state(self) -> dict:
-        return {"version": 2, "config": self.cfg.to_dict(), "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "rng": self.rng, "position": dict(self.position), "task_state": self.task.state_dict(),
-                "history": self.history, "train_seconds": self.elapsed(),
-                **({"ema": self.ema.state_dict()} if self.ema is not None else {})}
+        return {
+            "version": 2,
+            "config": self.cfg.to_dict(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": self.rng,
+            "position": dict(self.position),
+            "task_state": self.task.state_dict(),
+            "history": self.history,
+            "train_seconds": self.elapsed(),
+            **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
+        }
 
     def elapsed(self) -> float:
         running = time.perf_counter() - self._fit_start if self._fit_start is not None else 0.0
@@ -142,11 +153,14 @@ class Trainer:
     def _load(self, state: dict) -> None:
         missing = [k for k in ("optimizer", "scheduler", "rng", "position", "history") if k not in state]
         if missing:
-            raise ValueError(f"{self.ckpt_path} cannot be resumed: it lacks {', '.join(missing)} (best.pt only holds "
-                             "weights; resume from checkpoint.pt)")
+            raise ValueError(
+                f"{self.ckpt_path} cannot be resumed: it lacks {', '.join(missing)} (best.pt only holds "
+                "weights; resume from checkpoint.pt)"
+            )
         if ckpt_io.non_finite([state["model"], state["optimizer"]]):
-            raise ValueError(f"{self.ckpt_path} holds NaN or infinite weights or optimizer state; refusing to resume "
-                             "into them")
+            raise ValueError(
+                f"{self.ckpt_path} holds NaN or infinite weights or optimizer state; refusing to resume into them"
+            )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -198,9 +212,11 @@ class Trainer:
         """NonFiniteLoss (before any update) when the loss is NaN or infinite."""
         if not bool(torch.isfinite(loss.detach())):
             pos = self.position
-            raise NonFiniteLoss(f"the training loss became {loss.item()} at step {pos['step'] + 1} (epoch "
-                                f"{pos['epoch'] + 1}); stopped without saving, {self.ckpt_path} holds the last good "
-                                "state. Lower --lr_factor or raise --warmup, then --resume or start again")
+            raise NonFiniteLoss(
+                f"the training loss became {loss.item()} at step {pos['step'] + 1} (epoch "
+                f"{pos['epoch'] + 1}); stopped without saving, {self.ckpt_path} holds the last good "
+                "state. Lower --lr_factor or raise --warmup, then --resume or start again"
+            )
 
     def optimizer_step(self) -> None:
         """Clip, step, schedule and average (the gradients are in .grad)."""
@@ -219,6 +235,7 @@ class Trainer:
         """Train to cfg.epochs (or cfg.max_steps, or cfg.time_budget_min). Returns "finished",
         "max_steps", "time_budget" or "interrupted"."""
         from tqdm.auto import tqdm
+
         self.model.train()
         self._fit_start = time.perf_counter()
         try:
@@ -236,9 +253,14 @@ class Trainer:
                     batches = self.epoch_batches(pos["epoch"])
                     meter, log_meter = Meter(), Meter()
                     first_batch = pos["batch"]  # > 0 when this run resumed in the middle of the epoch
-                    bar = tqdm(total=len(batches), initial=pos["batch"],
-                               disable=not (cfg.progress and self.main_process),
-                               desc=f"epoch {pos['epoch'] + 1}/{cfg.epochs}", dynamic_ncols=True, leave=True)
+                    bar = tqdm(
+                        total=len(batches),
+                        initial=pos["batch"],
+                        disable=not (cfg.progress and self.main_process),
+                        desc=f"epoch {pos['epoch'] + 1}/{cfg.epochs}",
+                        dynamic_ncols=True,
+                        leave=True,
+                    )
                     while pos["batch"] < len(batches):
                         if cfg.max_steps and pos["step"] >= cfg.max_steps:
                             bar.close()
@@ -254,11 +276,22 @@ class Trainer:
                         bar.update(1)
                         if pos["step"] % 10 == 0 or pos["batch"] == len(batches):
                             s = meter.summary()
-                            bar.set_postfix(loss=f"{s['loss']:.3f}", acc=f"{s['accuracy']:.3f}",
-                                            tok_s=f"{s['tokens_per_s']:.0f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}")
+                            bar.set_postfix(
+                                loss=f"{s['loss']:.3f}",
+                                acc=f"{s['accuracy']:.3f}",
+                                tok_s=f"{s['tokens_per_s']:.0f}",
+                                lr=f"{self.scheduler.get_last_lr()[0]:.2e}",
+                            )
                         if cfg.log_every and pos["step"] % cfg.log_every == 0:
-                            self.log({"kind": "train", "epoch": pos["epoch"], "step": pos["step"],
-                                      "lr": self.scheduler.get_last_lr()[0], **log_meter.summary()})
+                            self.log(
+                                {
+                                    "kind": "train",
+                                    "epoch": pos["epoch"],
+                                    "step": pos["step"],
+                                    "lr": self.scheduler.get_last_lr()[0],
+                                    **log_meter.summary(),
+                                }
+                            )
                             log_meter = Meter()
                         if cfg.checkpoint_every and pos["step"] % cfg.checkpoint_every == 0:
                             self.save()
@@ -275,8 +308,11 @@ class Trainer:
                 return "finished"
             except KeyboardInterrupt:
                 self.save()  # weights, optimizer and RNG as after the last completed step
-                print(f"interrupted at step {pos['step']}; checkpoint saved to {self.ckpt_path}; "
-                      f"continue with: sparseattn train --out {cfg.out} --resume", file=sys.stderr)
+                print(
+                    f"interrupted at step {pos['step']}; checkpoint saved to {self.ckpt_path}; "
+                    f"continue with: sparseattn train --out {cfg.out} --resume",
+                    file=sys.stderr,
+                )
                 return "interrupted"
 
     def out_of_time(self) -> bool:
@@ -298,14 +334,20 @@ class Trainer:
         with self.eval_weights():
             if self.main_process:  # under torchrun the other ranks go on to the next collective and wait
                 valid = self.task.evaluate(self.model, "valid", self.cfg, decode=self.cfg.run.eval_decode)
-            record = {"epoch": pos["epoch"] + 1, "step": pos["step"], "time_s": round(self.elapsed(), 1),
-                      "train": train, "valid": valid}
+            record = {
+                "epoch": pos["epoch"] + 1,
+                "step": pos["step"],
+                "time_s": round(self.elapsed(), 1),
+                "train": train,
+                "valid": valid,
+            }
             self.log({"kind": "valid", **record})
             score = best_score(valid)
             if self.cfg.run.keep_best and all(score > best_score(r["valid"]) for r in self.history):
                 best = {k: v for k, v in self.state().items() if k not in ("optimizer", "scheduler", "rng", "ema")}
-                ckpt_io.save_atomic({**best, "epoch": pos["epoch"] + 1, "score": score},
-                                    self.best_path)  # the evaluated weights, which evaluate/plot read
+                ckpt_io.save_atomic(
+                    {**best, "epoch": pos["epoch"] + 1, "score": score}, self.best_path
+                )  # the evaluated weights, which evaluate/plot read
         self.history.append(record)
         shown = {k: round(v, 4) for k, v in valid.items() if isinstance(v, float)}
         if self.cfg.run.progress and self.main_process:
@@ -325,12 +367,18 @@ class Trainer:
         elif self.ema is not None:  # training is over: keep the averaged weights
             self.ema.copy_to_model()
         results = self.task.evaluate(self.model, "test", self.cfg, decode=True)
-        results = {"split": "test", "beam": self.cfg.run.beam, "train_seconds": round(self.train_seconds, 1), **extra,
-                   **results}
+        results = {
+            "split": "test",
+            "beam": self.cfg.run.beam,
+            "train_seconds": round(self.train_seconds, 1),
+            **extra,
+            **results,
+        }
         self.log({"kind": "test", "step": self.position["step"], **results})
         (self.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         if self.cfg.run.plots:
             from .plots import loss_curve
+
             paths = list(self.task.plot(self.model, self.cfg, self.out / "plots", self.history))
             if self.history:  # every trained epoch logged a validation loss
                 records = read_metrics(self.out / "metrics.jsonl")

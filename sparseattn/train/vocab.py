@@ -1,4 +1,5 @@
 """`Vocab`: symbol <-> id for word-level vocabularies (letters, CoNLL words, POS and chunk tags)."""
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence

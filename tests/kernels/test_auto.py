@@ -1,4 +1,5 @@
 """The "auto" rule (README, "Backends"): which backend it picks, and that the pick computes the same."""
+
 import types
 
 import pytest
@@ -10,19 +11,22 @@ from sparseattn.kernels import _BACKENDS, DENSE_MAX_SHAPES, DENSE_MIN_EDGES_PER_
 CPU_Q = torch.zeros(1, 1, 1)
 
 
-@pytest.mark.parametrize("graph, expected", [
-    (graphs.window(100, 8), "csr"),                                    # no blocks
-    (graphs.random(50, 50, 400), "csr"),
-    (graphs.batch([graphs.complete(128)] * 2), "dense"),               # 16384 edges per block, one shape
-    (graphs.from_blocks([("full", 200, 100)] * 2), "dense"),           # cross attention
-    (graphs.from_blocks([("causal", 256, 256)]), "dense"),
-    (graphs.batch([graphs.causal(128)] * 2), "dense"),                 # small, but unpadded causal: SDPA shapes
-    (graphs.batch([graphs.complete(32)] * 6), "dense"),                # small, but one unpadded complete batch
-    (graphs.from_blocks([("full", n, n) for n in (30, 31, 32)]), "csr"),  # small and padded: csr wins
-    (graphs.batch([graphs.complete(32, self_loops=False)] * 6), "csr"),  # small, masked: not an SDPA shape
-    (graphs.from_blocks([("full", n, n) for n in range(130, 136)]), "csr"),  # too many shapes
-    (graphs.batch([]), "csr"),                                         # empty
-])
+@pytest.mark.parametrize(
+    "graph, expected",
+    [
+        (graphs.window(100, 8), "csr"),  # no blocks
+        (graphs.random(50, 50, 400), "csr"),
+        (graphs.batch([graphs.complete(128)] * 2), "dense"),  # 16384 edges per block, one shape
+        (graphs.from_blocks([("full", 200, 100)] * 2), "dense"),  # cross attention
+        (graphs.from_blocks([("causal", 256, 256)]), "dense"),
+        (graphs.batch([graphs.causal(128)] * 2), "dense"),  # small, but unpadded causal: SDPA shapes
+        (graphs.batch([graphs.complete(32)] * 6), "dense"),  # small, but one unpadded complete batch
+        (graphs.from_blocks([("full", n, n) for n in (30, 31, 32)]), "csr"),  # small and padded: csr wins
+        (graphs.batch([graphs.complete(32, self_loops=False)] * 6), "csr"),  # small, masked: not an SDPA shape
+        (graphs.from_blocks([("full", n, n) for n in range(130, 136)]), "csr"),  # too many shapes
+        (graphs.batch([]), "csr"),  # empty
+    ],
+)
 def test_rule(graph, expected):
     assert choose_auto(CPU_Q, graph) == expected
 
@@ -31,8 +35,10 @@ def test_dense_needs_enough_edges_per_block():
     """Masked blocks (no SDPA shape) go to dense from the edges-per-block threshold on: one edge
     block that clears it picks dense, one just under it csr; the average over blocks counts."""
     assert 128 * 127 < DENSE_MIN_EDGES_PER_BLOCK <= 129 * 128  # full_no_self n x n holds n (n - 1) edges
+
     def blocks(*sizes):
         return graphs.from_blocks([("full_no_self", n, n) for n in sizes])
+
     assert choose_auto(CPU_Q, blocks(129)) == "dense"
     assert choose_auto(CPU_Q, blocks(128)) == "csr"
     assert choose_auto(CPU_Q, blocks(130, 128)) == "dense"  # (16770 + 16256) / 2 clears it
@@ -67,8 +73,14 @@ def test_cuda_prefers_triton_when_available_and_head_dim_fits(monkeypatch):
     assert choose_auto(cuda_q, g) == "csr"
 
 
-@pytest.mark.parametrize("graph", [graphs.window(60, 4), graphs.batch([graphs.complete(128)] * 2),
-                                   graphs.from_blocks([("full", n, n) for n in (5, 9, 17, 3)])])
+@pytest.mark.parametrize(
+    "graph",
+    [
+        graphs.window(60, 4),
+        graphs.batch([graphs.complete(128)] * 2),
+        graphs.from_blocks([("full", n, n) for n in (5, 9, 17, 3)]),
+    ],
+)
 def test_auto_equals_reference(graph):
     q, k, v = (torch.randn(n, 2, 8, dtype=torch.float64) for n in (graph.num_dst, graph.num_src, graph.num_src))
     out = edge_attention(q, k, v, graph, backend="auto")

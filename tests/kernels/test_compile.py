@@ -1,5 +1,6 @@
 """torch.compile and torch.export over the csr custom ops (csr_ops.py): no graph break, same
 values and gradients as the reference. Tiny graphs: each compile takes seconds."""
+
 import pytest
 import torch
 
@@ -9,8 +10,10 @@ from sparseattn.kernels.csr_ops import csr_forward, prepare
 
 def _inputs(g, heads=2, dim=4, dtype=torch.float32):
     gen = torch.Generator().manual_seed(0)
-    return [torch.randn(n, heads, dim, generator=gen, dtype=dtype).requires_grad_()
-            for n in (g.num_dst, g.num_src, g.num_src)]
+    return [
+        torch.randn(n, heads, dim, generator=gen, dtype=dtype).requires_grad_()
+        for n in (g.num_dst, g.num_src, g.num_src)
+    ]
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
@@ -65,8 +68,20 @@ def test_ops_gradcheck(clamp):
 
     assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7)
     if clamp is not None:  # schema, fake kernel and autograd registration agree (opcheck: ~8 s)
-        torch.library.opcheck(csr_forward, (q.reshape(-1, 3), k.reshape(-1, 3), v.reshape(-1, 3),
-                                            *_index(g), bias.reshape(-1), None, 0.8, clamp, True))
+        torch.library.opcheck(
+            csr_forward,
+            (
+                q.reshape(-1, 3),
+                k.reshape(-1, 3),
+                v.reshape(-1, 3),
+                *_index(g),
+                bias.reshape(-1),
+                None,
+                0.8,
+                clamp,
+                True,
+            ),
+        )
 
 
 def _index(g):

@@ -1,4 +1,5 @@
 """The csr backend: hand-computed cases, float64 gradcheck of CSRAttention, no (E, H, D) tensors."""
+
 import math
 
 import pytest
@@ -65,7 +66,7 @@ def test_weights_gradient_matches_reference():
     grads = []
     for backend in ("csr", "reference"):
         out, w = edge_attention(q, k, v, g, bias=bias, clamp=None, backend=backend, return_weights=True)
-        loss = (out ** 2).sum() + (w * torch.arange(w.numel(), dtype=w.dtype).view_as(w)).sum()
+        loss = (out**2).sum() + (w * torch.arange(w.numel(), dtype=w.dtype).view_as(w)).sum()
         grads.append(torch.autograd.grad(loss, (q, k, v, bias)))
     for a, b in zip(*grads):
         assert torch.allclose(a, b, atol=1e-12)
@@ -94,8 +95,9 @@ def test_never_allocates_an_edge_by_feature_tensor():
     bias = torch.randn(g.num_edges, heads, requires_grad=True)
     _pattern(g, heads)  # the cached index build may use (E, H) int tensors; not what we measure
     with _LargestIntermediate() as mode:
-        out, w = csr_attention(q, k, v, g, scale=0.25, clamp=(-5.0, 5.0), bias=bias, dropout_mask=None,
-                               return_weights=True)
+        out, w = csr_attention(
+            q, k, v, g, scale=0.25, clamp=(-5.0, 5.0), bias=bias, dropout_mask=None, return_weights=True
+        )
         (out.sum() + w.sum()).backward()
     assert mode.largest <= max(g.num_edges * heads, n * heads * d)
     assert mode.largest < g.num_edges * heads * d

@@ -1,4 +1,5 @@
 """The dense backend: hand-computed cases, gradcheck, bucketing and padding waste, its limits."""
+
 import math
 
 import pytest
@@ -83,7 +84,6 @@ def test_blocks_without_edges_and_rows_without_in_edges_give_zero():
         assert (q.grad[isolated] == 0).all() and torch.isfinite(q.grad).all()
 
 
-
 @pytest.mark.parametrize("spec", [[("full", 3, 2), ("full", 2, 3)], [("causal", 4, 4)] * 2, [("full_no_self", 3, 3)]])
 @pytest.mark.parametrize("clamp", [(-5.0, 5.0), (-0.3, 0.3)])
 def test_clamp_function_gradcheck(spec, clamp):
@@ -95,8 +95,9 @@ def test_clamp_function_gradcheck(spec, clamp):
     v = torch.randn(g.num_src, 2, 2, generator=gen, dtype=torch.float64).requires_grad_()
 
     def f(q, k, v):
-        return dense_attention(q, k, v, g, scale=0.7, clamp=clamp, bias=None, dropout_mask=None,
-                               return_weights=False)[0]
+        return dense_attention(q, k, v, g, scale=0.7, clamp=clamp, bias=None, dropout_mask=None, return_weights=False)[
+            0
+        ]
 
     assert not _clamp_cannot_bind(*(x[:, None].transpose(1, 2) for x in (q, k)), 0.7, clamp, False).all()
     assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-6, atol=1e-7)
@@ -113,9 +114,9 @@ def test_clamp_mode_paths_equal_dense_reference(kind, size, binds):
     gen = torch.Generator().manual_seed(2)
     q, k, v = (size * torch.randn(21, 2, 5, generator=gen, dtype=torch.float64) for _ in range(3))
     qb, kb = (x.view(3, 7, 2, 5).transpose(1, 2) for x in (q, k))
-    assert bool(_clamp_cannot_bind(qb, kb, 5 ** -0.5, (-5.0, 5.0), kind == "causal").all()) == (not binds)
+    assert bool(_clamp_cannot_bind(qb, kb, 5**-0.5, (-5.0, 5.0), kind == "causal").all()) == (not binds)
     if binds:  # some score really is outside [-5, 5]
-        assert (torch.einsum("thd,shd->hts", q, k).abs() * 5 ** -0.5).max() > 5.0
+        assert (torch.einsum("thd,shd->hts", q, k).abs() * 5**-0.5).max() > 5.0
     for x in (q, k, v):
         x.requires_grad_()
     out = edge_attention(q, k, v, g, backend="dense")
@@ -131,6 +132,7 @@ def test_clamp_bound_fails_on_nonfinite_and_narrow_clamps():
 
     def holds(q, k, clamp):
         return bool(_clamp_cannot_bind(q, k, 1.0, clamp, False).all())
+
     assert holds(qb, qb, (-1.0, 1.0))
     assert not holds(qb, qb, (0.0, 1.0))  # a score of 0.04 is above lo, but the bound is not
     assert not holds(qb, qb, (-1.0, 0.01))

@@ -1,6 +1,7 @@
 """Double backward (create_graph=True, e.g. a gradient penalty) is correct for every CPU backend and
 "auto": float64 gradgradcheck in both clamp modes with a bias, and a gradient penalty against the
 reference backend and the independent dense reference. The triton backend's test is in test_triton.py."""
+
 import pytest
 import torch
 
@@ -79,8 +80,9 @@ def penalized_grads(attention, clamp, q, k, v, table):
 
 
 def edge_backend(backend, g):
-    return lambda q, k, v, clamp, table: edge_attention(q, k, v, g, clamp=clamp, bias=table[g.dst, g.src],
-                                                        backend=backend)
+    return lambda q, k, v, clamp, table: edge_attention(
+        q, k, v, g, clamp=clamp, bias=table[g.dst, g.src], backend=backend
+    )
 
 
 @pytest.mark.parametrize("clamp", CLAMPS)
@@ -90,8 +92,11 @@ def test_gradient_penalty_matches_reference_and_dense(backend, clamp):
     leaves = inputs(g, heads=2, d=4, dv=3, seed=4)
     got = penalized_grads(edge_backend(backend, g), clamp, *leaves)
     ref = penalized_grads(edge_backend("reference", g), clamp, *leaves)
-    gold = penalized_grads(lambda q, k, v, clamp, table: dense_attention(q, k, v, g.edge_index, clamp=clamp,
-                                                                         bias_table=table), clamp, *leaves)
+    gold = penalized_grads(
+        lambda q, k, v, clamp, table: dense_attention(q, k, v, g.edge_index, clamp=clamp, bias_table=table),
+        clamp,
+        *leaves,
+    )
     for name, a, b, c in zip("q k v bias".split(), got, ref, gold):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=f"d{name} vs reference")
         torch.testing.assert_close(a, c, rtol=1e-10, atol=1e-10, msg=f"d{name} vs tests/dense.py")

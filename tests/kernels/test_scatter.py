@@ -1,4 +1,5 @@
 """The scatter backend (torch_scatter): hand-computed case, gradcheck, and its availability probe."""
+
 import math
 import sys
 
@@ -31,8 +32,9 @@ def test_gradcheck(clamp):
     bias = torch.randn(6, 2, generator=gen, dtype=torch.float64).requires_grad_()
 
     def f(q, k, v, bias):
-        return scatter_mod.scatter_attention(q, k, v, g, scale=0.7, clamp=clamp, bias=bias, dropout_mask=None,
-                                             return_weights=True)
+        return scatter_mod.scatter_attention(
+            q, k, v, g, scale=0.7, clamp=clamp, bias=bias, dropout_mask=None, return_weights=True
+        )
 
     assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7)
 

@@ -2,6 +2,7 @@
 gradients per dtype, the awkward graphs, dropout, returned weights, and that the kernels compile
 for a real GPU. Without CUDA the kernels run in Triton's interpreter on CPU tensors (conftest.py
 sets TRITON_INTERPRET=1 before the kernels are first imported); the graphs are kept small."""
+
 import math
 import os
 import subprocess
@@ -67,10 +68,12 @@ def awkward_graph(n_src=7, n_dst=9, num_edges=40, seed=0):
 def inputs(n_src, n_dst, heads, d, dv, seed=0, magnitude=1.0):
     """float64 q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv), bias table (N_dst, N_src, H)."""
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(n_dst, heads, d, generator=gen, dtype=torch.float64) * magnitude,
-            torch.randn(n_src, heads, d, generator=gen, dtype=torch.float64) * magnitude,
-            torch.randn(n_src, heads, dv, generator=gen, dtype=torch.float64),
-            torch.randn(n_dst, n_src, heads, generator=gen, dtype=torch.float64))
+    return (
+        torch.randn(n_dst, heads, d, generator=gen, dtype=torch.float64) * magnitude,
+        torch.randn(n_src, heads, d, generator=gen, dtype=torch.float64) * magnitude,
+        torch.randn(n_src, heads, dv, generator=gen, dtype=torch.float64),
+        torch.randn(n_dst, n_src, heads, generator=gen, dtype=torch.float64),
+    )
 
 
 def run(backend, base, ei, dtype, grad_out, use_bias=True, **kwargs):
@@ -232,8 +235,9 @@ def test_exact_softmax_at_large_scores_equals_sdpa(dtype, magnitude, layout):
     out = edge_attention(q, k, v, ei.to(DEVICE), clamp=None, backend="triton")
     mask = torch.zeros(n_dst, n_src, dtype=torch.bool, device=DEVICE)
     mask[ei[1], ei[0]] = True
-    sdpa = F.scaled_dot_product_attention(q.transpose(0, 1).double(), k.transpose(0, 1).double(),
-                                          v.transpose(0, 1).double(), attn_mask=mask).transpose(0, 1)
+    sdpa = F.scaled_dot_product_attention(
+        q.transpose(0, 1).double(), k.transpose(0, 1).double(), v.transpose(0, 1).double(), attn_mask=mask
+    ).transpose(0, 1)
     has_in = mask.any(1)
     assert torch.isfinite(out).all() and (out[~has_in] == 0).all()
     assert_close(out[has_in], sdpa[has_in], torch.float64 if dtype == torch.float64 else torch.float32, "vs SDPA")
@@ -252,8 +256,7 @@ def test_returned_weights_and_their_gradient(dtype, clamp, layout):
     for backend in ("triton", "reference"):
         q, k, v, table = (t.to(device=DEVICE, dtype=dtype).clone().requires_grad_() for t in base)
         bias = table[ei[1], ei[0]]
-        out, w = edge_attention(q, k, v, ei.to(DEVICE), bias=bias, clamp=clamp, backend=backend,
-                                return_weights=True)
+        out, w = edge_attention(q, k, v, ei.to(DEVICE), bias=bias, clamp=clamp, backend=backend, return_weights=True)
         ((out * g_out.to(out)).sum() + (w * g_w.to(w)).sum()).backward()
         results.append([out, w, q.grad, k.grad, v.grad, table.grad])
     for name, a, b in zip("out weights dq dk dv dbias".split(), *results):
@@ -310,9 +313,12 @@ def test_gradcheck_float64():
     q, k, v = (torch.randn(n, 1, 2, dtype=torch.float64, device=DEVICE, requires_grad=True) for n in (4, 3, 3))
     bias = torch.randn(5, 1, dtype=torch.float64, device=DEVICE, requires_grad=True)
     for clamp in ((-4.0, 4.0), None):  # scores stay inside the bounds: no kink for finite differences
-        def f(q, k, v, bias):
-            return triton_attention(q, k, v, g, scale=0.7, clamp=clamp, bias=bias, dropout_mask=None,
-                                    return_weights=True)
+
+        def f(q, k, v, bias, clamp=clamp):
+            return triton_attention(
+                q, k, v, g, scale=0.7, clamp=clamp, bias=bias, dropout_mask=None, return_weights=True
+            )
+
         assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7, fast_mode=True)
 
 
@@ -360,12 +366,14 @@ def test_node_counts_and_graph_spellings():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="auto picks triton only for CUDA tensors")
 def test_auto_picks_triton_on_cuda():
     from sparseattn.kernels import choose_auto
+
     g = graphs.window(8, 2, device="cuda")
     assert choose_auto(torch.randn(8, 2, 16, device="cuda"), g) == "triton"
 
 
 def test_head_dim_limit_and_registration():
     from sparseattn.kernels import backend_names, backends_for
+
     assert "triton" in backend_names() and "triton" not in backends_for("cpu")
     q = torch.randn(2, 1, 257, device=DEVICE)
     with pytest.raises(ValueError, match="head dims up to 256"):
@@ -437,8 +445,9 @@ def _compile_for_sm90(dtype, d):
         pytest.skip(f"this triton cannot compile for CUDA here: {e}")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    res = subprocess.run([sys.executable, "-c", _COMPILE, dtype, str(d)], cwd=root, env=env, capture_output=True,
-                         text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-c", _COMPILE, dtype, str(d)], cwd=root, env=env, capture_output=True, text=True, timeout=600
+    )
     assert res.returncode == 0 and "compiled" in res.stdout, res.stderr[-3000:]
 
 
@@ -465,8 +474,9 @@ def test_hypothesis_sweep(dtype):
     @given(case=graph_cases(max_nodes=8, max_edges=32))
     def check(case):
         base = [t.detach() for t in case.tensors(torch.float64)]
-        grad_out = torch.randn(case.n_dst, case.heads, case.dv, dtype=torch.float64,
-                               generator=torch.Generator().manual_seed(case.seed + 1))
+        grad_out = torch.randn(
+            case.n_dst, case.heads, case.dv, dtype=torch.float64, generator=torch.Generator().manual_seed(case.seed + 1)
+        )
         kw = dict(use_bias=case.use_bias, scale=case.scale, clamp=case.clamp)
         out, grads = run("triton", base, case.edge_index, dtype, grad_out, **kw)
         want, want_grads = gold(base, case.edge_index, grad_out.to(dtype).double(), **kw)

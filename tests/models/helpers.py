@@ -1,4 +1,5 @@
 """Small seq2seq batches and models shared by the model tests."""
+
 import torch
 
 from sparseattn.models import GraphPool, GraphTransformer, UniversalTransformer

@@ -1,4 +1,5 @@
 """The sample CoNLL file, its vocabulary and a small model builder shared by the tagger tests."""
+
 from pathlib import Path
 
 import torch

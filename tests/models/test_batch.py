@@ -103,5 +103,6 @@ def test_token_batches_not_by_length_cover_every_sentence_within_budget():
 @pytest.mark.parametrize("budget", [1, 10, 40, 1000])
 def test_token_batches_not_by_length_equal_the_old_chunking_batches(seed, budget):
     lengths = np.random.default_rng(11).integers(1, 30, size=200).tolist()
-    assert token_batches(lengths, budget, seed, by_length=False) == \
-        _chunking_batches_before_the_redesign(lengths, budget, seed)
+    assert token_batches(lengths, budget, seed, by_length=False) == _chunking_batches_before_the_redesign(
+        lengths, budget, seed
+    )

@@ -1,4 +1,5 @@
 """blocks: sinusoidal positions and the feed-forward block (linear, or convolutions along each sentence)."""
+
 import pytest
 import torch
 from hypothesis import given
@@ -11,9 +12,17 @@ from sparseattn.models import FeedForward, sinusoid
 
 def test_sinusoid_matches_formula():
     pe = sinusoid(torch.tensor([0, 5]), 4)
-    expected = torch.tensor([[0.0, 1.0, 0.0, 1.0],
-                             [torch.sin(torch.tensor(5.0)), torch.cos(torch.tensor(5.0)),
-                              torch.sin(torch.tensor(0.05)), torch.cos(torch.tensor(0.05))]])
+    expected = torch.tensor(
+        [
+            [0.0, 1.0, 0.0, 1.0],
+            [
+                torch.sin(torch.tensor(5.0)),
+                torch.cos(torch.tensor(5.0)),
+                torch.sin(torch.tensor(0.05)),
+                torch.cos(torch.tensor(0.05)),
+            ],
+        ]
+    )
     assert torch.allclose(pe, expected, atol=1e-6)
 
 
@@ -26,11 +35,11 @@ def test_conv_ffn_never_mixes_sentences(lengths, data):
     b = data.draw(st.integers(0, len(lengths) - 1))
     start = sum(lengths[:b])
     y = x.clone()
-    y[start:start + lengths[b]] += 10 * torch.randn(lengths[b], 5, dtype=torch.float64)
+    y[start : start + lengths[b]] += 10 * torch.randn(lengths[b], 5, dtype=torch.float64)
     lens = torch.tensor(lengths)
     out_x, out_y = ffn(x, lens), ffn(y, lens)
     other = torch.ones(sum(lengths), dtype=torch.bool)
-    other[start:start + lengths[b]] = False
+    other[start : start + lengths[b]] = False
     assert torch.equal(out_x[other], out_y[other])
     if lengths[b] > 1:  # and the perturbed sentence itself does change
         assert not torch.equal(out_x[~other], out_y[~other])

@@ -41,7 +41,9 @@ def test_beam_size_one_equals_greedy(kind):
     model = make_model(kind)
     batch = GraphPool().batch(_sources(6, seed=1))
     limits = [n + 3 for n in batch.src_lens]
-    assert beam_search(model, batch, BOS, EOS, limits, beam=1, alpha=0.6) == greedy_decode(model, batch, BOS, EOS, limits)
+    assert beam_search(model, batch, BOS, EOS, limits, beam=1, alpha=0.6) == greedy_decode(
+        model, batch, BOS, EOS, limits
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)

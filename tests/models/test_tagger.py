@@ -13,8 +13,9 @@ def small(vocab, **kw):
     return TransformerTagger(*sizes(vocab), **kw)
 
 
-@pytest.mark.parametrize("kw", [{}, {"ffn": "linear"}, {"window": 1}, {"rel_pos": 3, "layers": 2},
-                                {"clamp": (-5.0, 5.0)}])
+@pytest.mark.parametrize(
+    "kw", [{}, {"ffn": "linear"}, {"window": 1}, {"rel_pos": 3, "layers": 2}, {"clamp": (-5.0, 5.0)}]
+)
 def test_logits_shape_and_predict(kw):
     sentences, vocab, batch = sample()
     model = small(vocab, **kw).eval()

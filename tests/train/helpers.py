@@ -1,10 +1,25 @@
 """A tiny copy-task config and weight comparisons shared by the trainer, CLI and EMA tests."""
+
 import torch
 
 from sparseattn.train.config import make_config
 
-TINY = dict(num_train=96, num_valid=16, num_test=16, seq_mean=6.0, seq_std=1.0, batch_size=16, d_model=32, d_ff=32,
-            epochs=2, progress=False, plots=False, eval_decode=False, log_every=2, warmup=20)
+TINY = dict(
+    num_train=96,
+    num_valid=16,
+    num_test=16,
+    seq_mean=6.0,
+    seq_std=1.0,
+    batch_size=16,
+    d_model=32,
+    d_ff=32,
+    epochs=2,
+    progress=False,
+    plots=False,
+    eval_decode=False,
+    log_every=2,
+    warmup=20,
+)
 
 
 def tiny_config(tmp_path, name, **kw):

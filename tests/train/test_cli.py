@@ -1,5 +1,6 @@
 """The command line (`sparseattn.train.cli.main`): a tiny copy run that learns, evaluate --json and
 plot; flags and --config files; the time budget; compare; one-line errors with exit code 2."""
+
 import json
 import re
 
@@ -17,8 +18,13 @@ def test_flags_are_texts_typed_by_the_config_and_unknown_keys_rejected():
     over = parse_flags(["--epochs=3", "--dropout", "0.2", "--progress=false", "--plots", "--task=sort"])
     assert over == {"epochs": "3", "dropout": "0.2", "progress": "false", "plots": "true", "task": "sort"}
     cfg = make_config(over)
-    assert (cfg.run.epochs, cfg.model_cfg.dropout, cfg.run.progress, cfg.run.plots, cfg.task) == (3, 0.2, False,
-                                                                                                  True, "sort")
+    assert (cfg.run.epochs, cfg.model_cfg.dropout, cfg.run.progress, cfg.run.plots, cfg.task) == (
+        3,
+        0.2,
+        False,
+        True,
+        "sort",
+    )
     with pytest.raises(ValueError, match="unknown config key 'epoch'"):
         make_config(parse_flags(["--epoch=3"]))
     with pytest.raises(ValueError, match="expects int"):
@@ -43,10 +49,12 @@ def test_unknown_command_is_exit_code_2(capsys):
 def test_a_config_file_reaches_the_run_and_flags_override_it(tmp_path):
     """`train --config FILE`: the file's task, model and values are the run's, a flag beats the file."""
     preset = tmp_path / "mine.toml"
-    preset.write_text('# a test preset\n[task]\nname = "reverse"\nnum_train = 40\nnum_valid = 8\nnum_test = 8\n'
-                      'seq_mean = 5.0\n[run]\nepochs = 3\nbatch_size = 8\nwarmup = 7\nprogress = false\n'
-                      'plots = false\neval_decode = false\n[model]\nname = "transformer"\nd_model = 16\n'
-                      'd_ff = 24\nnum_heads = 2\nclamp = "-4,3"\n')
+    preset.write_text(
+        '# a test preset\n[task]\nname = "reverse"\nnum_train = 40\nnum_valid = 8\nnum_test = 8\n'
+        "seq_mean = 5.0\n[run]\nepochs = 3\nbatch_size = 8\nwarmup = 7\nprogress = false\n"
+        'plots = false\neval_decode = false\n[model]\nname = "transformer"\nd_model = 16\n'
+        'd_ff = 24\nnum_heads = 2\nclamp = "-4,3"\n'
+    )
     out = tmp_path / "run"
     assert main(["train", "--config", str(preset), f"--out={out}", "--epochs=1", "--d_ff=40"]) == 0
     saved = json.loads((out / "config.json").read_text())
@@ -65,9 +73,24 @@ def test_a_missing_config_file_is_a_one_line_error(tmp_path, capsys):
 
 def test_tiny_copy_run_learns_then_evaluate_and_plot(tmp_path, capsys):
     out = tmp_path / "copy"
-    args = ["train", "--task=copy", f"--out={out}", "--num_train=1500", "--num_valid=50", "--num_test=100",
-            "--seq_mean=5", "--seq_std=1", "--batch_size=16", "--d_model=64", "--d_ff=64", "--epochs=3",
-            "--warmup=100", "--progress=false", "--dropout=0", "--eval_decode=false"]
+    args = [
+        "train",
+        "--task=copy",
+        f"--out={out}",
+        "--num_train=1500",
+        "--num_valid=50",
+        "--num_test=100",
+        "--seq_mean=5",
+        "--seq_std=1",
+        "--batch_size=16",
+        "--d_model=64",
+        "--d_ff=64",
+        "--epochs=3",
+        "--warmup=100",
+        "--progress=false",
+        "--dropout=0",
+        "--eval_decode=false",
+    ]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "test: token accuracy" in printed and "plots:" in printed and "loss.png" in printed
@@ -78,8 +101,11 @@ def test_tiny_copy_run_learns_then_evaluate_and_plot(tmp_path, capsys):
     assert metrics["sequence_accuracy"] > 0.3, metrics  # ~0.78 measured
     plot_dir = tmp_path / "plots"
     assert main(["plot", "--checkpoint", str(out / "checkpoint.pt"), "--out", str(plot_dir)]) == 0
-    assert {p.name for p in plot_dir.glob("*.png")} == {"attention_encoder.png", "attention_decoder.png",
-                                                        "attention_cross.png"}
+    assert {p.name for p in plot_dir.glob("*.png")} == {
+        "attention_encoder.png",
+        "attention_decoder.png",
+        "attention_cross.png",
+    }
 
 
 def test_time_budget_stops_mid_epoch_then_validates_tests_and_resumes(tmp_path, monkeypatch, capsys):
@@ -104,12 +130,28 @@ def test_compare_plots_runs_and_names_bad_arguments(tmp_path, capsys):
     for name in ("a", "b"):
         Trainer(tiny_config(tmp_path, name, seed=len(name))).fit()
     png = tmp_path / "cmp" / "acc.png"
-    assert main(["compare", "--run", f"A={tmp_path / 'a'}", "--run", f"B={tmp_path / 'b'}",
-                 "--metric", "tf_accuracy", "--output", str(png)]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--run",
+                f"A={tmp_path / 'a'}",
+                "--run",
+                f"B={tmp_path / 'b'}",
+                "--metric",
+                "tf_accuracy",
+                "--output",
+                str(png),
+            ]
+        )
+        == 0
+    )
     assert png.stat().st_size > 1000
     err = tmp_path / "cmp" / "err.png"
-    assert main(["compare", "--run", f"A={tmp_path / 'a'}", "--metric", "tf_accuracy", "--error",
-                 "--output", str(err)]) == 0
+    assert (
+        main(["compare", "--run", f"A={tmp_path / 'a'}", "--metric", "tf_accuracy", "--error", "--output", str(err)])
+        == 0
+    )
     assert err.stat().st_size > 1000
     assert main(["compare", "--run", f"A={tmp_path / 'a'}", "--metric", "loss", "--error", "--output", str(err)]) == 2
     assert re.search("--metric 'loss'.*needs a metric in \\[0, 1\\]", capsys.readouterr().err)

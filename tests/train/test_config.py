@@ -1,17 +1,42 @@
 """Typed configs: flags to sections, presets from TOML files, help text for every key, checked
 ranges, and the flat configs of checkpoints written before the sections existed."""
+
 import dataclasses
 
 import pytest
 
 from sparseattn.train.cli import main
-from sparseattn.train.config import (MODEL_CONFIGS, TASK_CONFIGS, RunConfig, build_config, config_from_dict,
-                                     describe, list_presets, make_config, parse_clamp, parse_flags, with_overrides)
+from sparseattn.train.config import (
+    MODEL_CONFIGS,
+    TASK_CONFIGS,
+    RunConfig,
+    build_config,
+    config_from_dict,
+    describe,
+    list_presets,
+    make_config,
+    parse_clamp,
+    parse_flags,
+    with_overrides,
+)
 
 
 def test_flags_go_to_their_sections_with_their_types():
-    cfg = make_config(parse_flags(["--task=sort", "--model", "ut", "--epochs=3", "--num_train", "50",
-                                   "--clamp=-3,4", "--progress=false", "--plots"]), )
+    cfg = make_config(
+        parse_flags(
+            [
+                "--task=sort",
+                "--model",
+                "ut",
+                "--epochs=3",
+                "--num_train",
+                "50",
+                "--clamp=-3,4",
+                "--progress=false",
+                "--plots",
+            ]
+        ),
+    )
     assert (cfg.task, cfg.model) == ("sort", "ut")
     assert cfg.run.epochs == 3 and cfg.run.progress is False and cfg.run.plots is True
     assert cfg.task_cfg.num_train == 50 and cfg.model_cfg.clamp == (-3.0, 4.0)
@@ -26,8 +51,9 @@ def test_unknown_and_mistyped_keys_are_errors_naming_them():
         make_config({"task": "chunking", "model": "bilstm", "d_model": "8"})
 
 
-@pytest.mark.parametrize("text, want", [("none", None), ("exact", None), ("-5,5", (-5.0, 5.0)), ("3", (-3.0, 3.0)),
-                                        ([-1, 2], (-1.0, 2.0))])
+@pytest.mark.parametrize(
+    "text, want", [("none", None), ("exact", None), ("-5,5", (-5.0, 5.0)), ("3", (-3.0, 3.0)), ([-1, 2], (-1.0, 2.0))]
+)
 def test_clamp_is_a_pair_or_none_everywhere(text, want):
     assert parse_clamp("clamp", text) == want
 
@@ -40,8 +66,10 @@ def test_bad_clamps_are_rejected(text):
 
 def test_a_preset_file_sets_values_and_flags_override_it(tmp_path):
     path = tmp_path / "mine.toml"
-    path.write_text('# my preset\n[task]\nname = "reverse"\nnum_train = 77\n[run]\nepochs = 9\nwarmup = 50\n'
-                    '[model]\nname = "ut"\nd_ff = 96\nclamp = "none"\n')
+    path.write_text(
+        '# my preset\n[task]\nname = "reverse"\nnum_train = 77\n[run]\nepochs = 9\nwarmup = 50\n'
+        '[model]\nname = "ut"\nd_ff = 96\nclamp = "none"\n'
+    )
     cfg = make_config({"warmup": "60"}, str(path))
     assert (cfg.task, cfg.model) == ("reverse", "ut")
     assert cfg.task_cfg.num_train == 77 and cfg.run.epochs == 9 and cfg.run.warmup == 60
@@ -61,7 +89,7 @@ def test_every_shipped_preset_loads_for_its_task_and_model():
     presets = list_presets()
     assert presets, "configs/ holds the presets"
     for name, about in presets:
-        task, model = name[:-len(".toml")].split("-")
+        task, model = name[: -len(".toml")].split("-")
         cfg = make_config({"task": task, "model": model})
         assert about, f"{name} starts with a comment saying what it is"
         assert cfg.task == task and cfg.model == model
@@ -92,27 +120,40 @@ def test_configs_command_lists_the_presets(capsys):
     assert all(name in out for name, _ in list_presets())
 
 
-@pytest.mark.parametrize("flags, message", [
-    ({"epochs": "-1"}, "--epochs=-1: must be >= 0"),
-    ({"num_train": "0"}, "--num_train=0: must be >= 1"),
-    ({"max_steps": "-5"}, "--max_steps=-5: must be >= 0"),
-    ({"lr_factor": "nan"}, "--lr_factor must be a number"),
-    ({"lr_factor": "inf"}, "--lr_factor=inf: must be a finite number > 0"),
-    ({"d_model": "0"}, "--d_model=0: must be >= 1"),
-    ({"batch_size": "0"}, "--batch_size=0: must be >= 1"),
-    ({"threads": "-3"}, "--threads=-3: must be >= 0"),
-    ({"dropout": "1.5"}, r"--dropout=1.5: must be in \[0, 1\)"),
-    ({"num_heads": "3"}, "--num_heads=3 must divide --d_model=128"),
-    ({"backend": "fast"}, "--backend='fast': must be one of"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ({"epochs": "-1"}, "--epochs=-1: must be >= 0"),
+        ({"num_train": "0"}, "--num_train=0: must be >= 1"),
+        ({"max_steps": "-5"}, "--max_steps=-5: must be >= 0"),
+        ({"lr_factor": "nan"}, "--lr_factor must be a number"),
+        ({"lr_factor": "inf"}, "--lr_factor=inf: must be a finite number > 0"),
+        ({"d_model": "0"}, "--d_model=0: must be >= 1"),
+        ({"batch_size": "0"}, "--batch_size=0: must be >= 1"),
+        ({"threads": "-3"}, "--threads=-3: must be >= 0"),
+        ({"dropout": "1.5"}, r"--dropout=1.5: must be in \[0, 1\)"),
+        ({"num_heads": "3"}, "--num_heads=3 must divide --d_model=128"),
+        ({"backend": "fast"}, "--backend='fast': must be one of"),
+    ],
+)
 def test_settings_out_of_range_are_rejected(flags, message):
     with pytest.raises(ValueError, match=message):
         make_config(flags)
 
 
 def test_flat_configs_of_old_checkpoints_are_split_into_sections():
-    flat = {"task": "chunking", "model": "tagger", "out": "runs/t", "d_model": 64, "num_heads": 4, "clamp": 0.0,
-            "max_tokens": 500, "lstm_hidden": 99, "vocab_size": 8000, "dev_fraction": 0.2}
+    flat = {
+        "task": "chunking",
+        "model": "tagger",
+        "out": "runs/t",
+        "d_model": 64,
+        "num_heads": 4,
+        "clamp": 0.0,
+        "max_tokens": 500,
+        "lstm_hidden": 99,
+        "vocab_size": 8000,
+        "dev_fraction": 0.2,
+    }
     cfg = config_from_dict(flat)
     assert cfg.model_cfg.d_model == 64 and cfg.model_cfg.clamp is None  # 0 meant exact softmax
     assert cfg.run.max_tokens == 500 and cfg.task_cfg.dev_fraction == 0.2

@@ -1,4 +1,5 @@
 """torchrun DDP: two gloo processes take the same steps as one process with the global batch."""
+
 import os
 import socket
 import subprocess
@@ -14,9 +15,27 @@ from sparseattn.train.distributed import global_batches, shard_batches
 from sparseattn.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = dict(task="copy", num_train=64, num_valid=8, num_test=8, seq_mean=6.0, seq_std=1.0, batch_size=8,
-            d_model=32, d_ff=32, num_heads=2, dropout=0.0, epochs=1, max_steps=3, warmup=5, progress=False,
-            plots=False, eval_decode=False, log_every=1, adam_eps=1e-4)
+TINY = dict(
+    task="copy",
+    num_train=64,
+    num_valid=8,
+    num_test=8,
+    seq_mean=6.0,
+    seq_std=1.0,
+    batch_size=8,
+    d_model=32,
+    d_ff=32,
+    num_heads=2,
+    dropout=0.0,
+    epochs=1,
+    max_steps=3,
+    warmup=5,
+    progress=False,
+    plots=False,
+    eval_decode=False,
+    log_every=1,
+    adam_eps=1e-4,
+)
 # adam_eps: the key-projection bias has a zero gradient in exact arithmetic (softmax ignores a shift
 # shared by all keys of a query), so its gradient is rounding noise that Adam with eps 1e-9 would
 # scale up to +-lr, differently for a different summation order; eps 1e-4 keeps such noise at ~1e-6
@@ -44,8 +63,18 @@ def _free_port() -> int:
 
 def _torchrun(*args: str) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", "-m", "sparseattn", "train", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_free_port()}",
+        "-m",
+        "sparseattn",
+        "train",
+        *args,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -61,9 +90,13 @@ def _check_equals_single_process(tmp_path):
     for k, v in ref.items():
         torch.testing.assert_close(ddp["model"][k], v, rtol=1e-5, atol=1e-5, msg=k)
     start = ckpt_io.load(tmp_path / "single" / "checkpoint.pt")["model"]
-    assert any(not torch.equal(start[k], Trainer(make_config({**TINY, "out": str(tmp_path / "init"),
-                                                                "max_steps": 0})).model.state_dict()[k])
-               for k in start)  # the steps changed the weights
+    assert any(
+        not torch.equal(
+            start[k],
+            Trainer(make_config({**TINY, "out": str(tmp_path / "init"), "max_steps": 0})).model.state_dict()[k],
+        )
+        for k in start
+    )  # the steps changed the weights
 
 
 def test_two_gloo_processes_equal_one_process_with_the_global_batch(tmp_path):
@@ -87,6 +120,7 @@ def _agree_worker(rank: int, port: int, results) -> None:
     import torch.distributed as dist
 
     from sparseattn.train.distributed import DistributedTrainer
+
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         me = SimpleNamespace(device=torch.device("cpu"))

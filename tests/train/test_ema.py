@@ -1,5 +1,6 @@
 """WeightEMA and --ema_decay: the average's arithmetic, swapping weights in and out, exact resume,
 best.pt and evaluate using the averaged weights."""
+
 import json
 import re
 

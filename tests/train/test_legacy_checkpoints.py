@@ -1,5 +1,6 @@
 """Checkpoints written before the redesign (flat config, tagger layers named attn/ffn; made with
 `sparseattn train` at commit 10ee8d8) still load and evaluate to the metrics they gave then."""
+
 import json
 import shutil
 from pathlib import Path

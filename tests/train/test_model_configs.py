@@ -1,5 +1,6 @@
 """model_configs: every registered model builds from its config, the BiLSTM's Noam dimension, and
 that the registries are filled whatever module of sparseattn.train a user imports first."""
+
 import os
 import subprocess
 import sys
@@ -16,11 +17,22 @@ from sparseattn.train.tasks import get_task
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("task, model, cls", [("copy", "transformer", GraphTransformer),
-                                              ("sort", "ut", UniversalTransformer)])
+@pytest.mark.parametrize(
+    "task, model, cls", [("copy", "transformer", GraphTransformer), ("sort", "ut", UniversalTransformer)]
+)
 def test_seq2seq_configs_build_their_models(task, model, cls):
-    cfg = make_config({"task": task, "model": model, "d_model": 16, "d_ff": 16, "num_heads": 2, "num_train": 8,
-                       "num_valid": 4, "num_test": 4})
+    cfg = make_config(
+        {
+            "task": task,
+            "model": model,
+            "d_model": 16,
+            "d_ff": 16,
+            "num_heads": 2,
+            "num_train": 8,
+            "num_valid": 4,
+            "num_test": 4,
+        }
+    )
     t = get_task(task)
     t.setup(cfg)
     built = cfg.model_cfg.build(t.model_info())
@@ -44,7 +56,6 @@ def test_make_config_knows_every_task_and_model_when_only_config_is_imported():
         print(cfg.task, cfg.model)
     """)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["sort", "ut"]

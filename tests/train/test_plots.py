@@ -1,4 +1,5 @@
 """plots: attention maps from AttentionRecords, ACT step maps and the per-epoch step distribution."""
+
 import numpy as np
 import pytest
 import torch
@@ -26,13 +27,19 @@ def test_ut_plots_write_attention_and_act_figures(tmp_path):
     hist = [{"train": {"act_steps_hist": np.bincount([1, 2, 2, 3, 4], minlength=5).tolist()}}] * 3
     paths = seq2seq_plots(task, model, cfg, tmp_path, hist)
     names = {p.name for p in paths}
-    assert names == {"attention_encoder.png", "attention_decoder.png", "attention_cross.png",
-                     "act_steps_per_position.png", "act_steps_by_epoch.png"}
+    assert names == {
+        "attention_encoder.png",
+        "attention_decoder.png",
+        "attention_cross.png",
+        "act_steps_per_position.png",
+        "act_steps_by_epoch.png",
+    }
     assert all(p.stat().st_size > 1000 for p in paths)
 
 
 def test_loss_curve_needs_losses(tmp_path):
     from sparseattn.train.plots import loss_curve
+
     records = [{"kind": "train", "step": 10, "loss": 2.0}, {"kind": "valid", "step": 20, "valid": {"loss": 1.5}}]
     assert loss_curve(records, tmp_path / "a" / "loss.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="no training or validation losses"):
@@ -42,9 +49,16 @@ def test_loss_curve_needs_losses(tmp_path):
 def test_records_are_sorted_into_kinds_and_layers():
     w = torch.zeros(1, 1)
     g = graphs.complete(1)
-    assert [attention_kind(n) for n in ("encoder.0.self_attn", "decoder.1.self_attn", "decoder.1.cross_attn",
-                                        "enc_layer.self_attn", "dec_layer.cross_attn")] == \
-        ["encoder", "decoder", "cross", "encoder", "cross"]
+    assert [
+        attention_kind(n)
+        for n in (
+            "encoder.0.self_attn",
+            "decoder.1.self_attn",
+            "decoder.1.cross_attn",
+            "enc_layer.self_attn",
+            "dec_layer.cross_attn",
+        )
+    ] == ["encoder", "decoder", "cross", "encoder", "cross"]
     assert layer_of(AttentionRecord("decoder.2.self_attn", 0, g, w)) == 2  # a stack: the layer index
     assert layer_of(AttentionRecord("enc_layer.self_attn", 3, g, w)) == 3  # a shared (ACT) layer: the call
 
@@ -55,8 +69,14 @@ def test_attention_maps_of_recorded_transformer_weights(tmp_path):
     with record_attention(model) as records:
         model(batch)
     assert sorted({(attention_kind(r.name), layer_of(r)) for r in records}) == [
-        ("cross", 0), ("cross", 1), ("decoder", 0), ("decoder", 1), ("encoder", 0), ("encoder", 1)]
-    labels = {"src": ["c", "d", "e", "</s>"][:batch.src.numel()], "tgt_in": ["<s>", "f", "g"]}
+        ("cross", 0),
+        ("cross", 1),
+        ("decoder", 0),
+        ("decoder", 1),
+        ("encoder", 0),
+        ("encoder", 1),
+    ]
+    labels = {"src": ["c", "d", "e", "</s>"][: batch.src.numel()], "tgt_in": ["<s>", "f", "g"]}
     paths = attention_maps(records, labels, tmp_path)
     assert [p.name for p in paths] == ["attention_encoder.png", "attention_decoder.png", "attention_cross.png"]
     assert all(p.stat().st_size > 1000 for p in paths)

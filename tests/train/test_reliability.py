@@ -4,6 +4,7 @@ error, a refusal, or a run that survives; nothing runs code from a checkpoint.
 
 Most commands run in-process through `cli.main` (the `sparseattn` entry point); the ones that need
 a process of their own (signals, kill -9, stdin) run as subprocesses."""
+
 import json
 import os
 import pickle
@@ -25,12 +26,37 @@ from sparseattn.train.trainer import NonFiniteLoss, Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
-TINY = ["--num_train=48", "--num_valid=8", "--num_test=8", "--seq_mean=5", "--seq_std=1", "--batch_size=16",
-        "--d_model=16", "--d_ff=16", "--num_heads=2", "--epochs=1", "--progress=false", "--plots=false",
-        "--warmup=10", "--eval_decode=false"]
-M30K = ["--task=multi30k", f"--data-dir={FIXTURES / 'multi30k_sample'}", "--vocab_size=200", "--d_model=16",
-        "--d_ff=16", "--num_heads=2", "--max_tokens=64", "--epochs=1", "--progress=false", "--plots=false",
-        "--valid_bleu_sentences=2", "--beam=1", "--eval_batch_size=8"]
+TINY = [
+    "--num_train=48",
+    "--num_valid=8",
+    "--num_test=8",
+    "--seq_mean=5",
+    "--seq_std=1",
+    "--batch_size=16",
+    "--d_model=16",
+    "--d_ff=16",
+    "--num_heads=2",
+    "--epochs=1",
+    "--progress=false",
+    "--plots=false",
+    "--warmup=10",
+    "--eval_decode=false",
+]
+M30K = [
+    "--task=multi30k",
+    f"--data-dir={FIXTURES / 'multi30k_sample'}",
+    "--vocab_size=200",
+    "--d_model=16",
+    "--d_ff=16",
+    "--num_heads=2",
+    "--max_tokens=64",
+    "--epochs=1",
+    "--progress=false",
+    "--plots=false",
+    "--valid_bleu_sentences=2",
+    "--beam=1",
+    "--eval_batch_size=8",
+]
 
 
 def run_cli(argv, capsys):
@@ -50,8 +76,14 @@ def assert_one_line_error(code, err, *fragments):
 
 def sparseattn(*argv, cwd=None, stdin=None, timeout=120):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "sparseattn", *map(str, argv)], cwd=cwd, input=stdin, env=env,
-                          capture_output=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "sparseattn", *map(str, argv)],
+        cwd=cwd,
+        input=stdin,
+        env=env,
+        capture_output=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,17 +102,20 @@ def m30k_run(tmp_path_factory):
 
 
 # ---- bad settings ------------------------------------------------------------------------------
-@pytest.mark.parametrize("flag, fragment", [
-    ("--d_model=0", "--d_model=0: must be >= 1"),
-    ("--batch_size=0", "--batch_size=0: must be >= 1"),
-    ("--threads=-3", "--threads=-3: must be >= 0"),
-    ("--epochs=-1", "--epochs=-1"),
-    ("--num_train=0", "--num_train=0"),
-    ("--max_steps=-5", "--max_steps=-5"),
-    ("--lr_factor=nan", "--lr_factor must be a number"),
-    ("--clamp=nan", "--clamp"),
-    ("--device=cuda:7" if not torch.cuda.is_available() else "--device=nodevice", "--device"),
-])
+@pytest.mark.parametrize(
+    "flag, fragment",
+    [
+        ("--d_model=0", "--d_model=0: must be >= 1"),
+        ("--batch_size=0", "--batch_size=0: must be >= 1"),
+        ("--threads=-3", "--threads=-3: must be >= 0"),
+        ("--epochs=-1", "--epochs=-1"),
+        ("--num_train=0", "--num_train=0"),
+        ("--max_steps=-5", "--max_steps=-5"),
+        ("--lr_factor=nan", "--lr_factor must be a number"),
+        ("--clamp=nan", "--clamp"),
+        ("--device=cuda:7" if not torch.cuda.is_available() else "--device=nodevice", "--device"),
+    ],
+)
 def test_bad_settings_are_one_line_errors(tmp_path, capsys, flag, fragment):
     code, _, err = run_cli(["train", "--task=copy", f"--out={tmp_path / 'run'}", *TINY, flag], capsys)
     assert_one_line_error(code, err, fragment)
@@ -118,8 +153,15 @@ def test_resume_refuses_changed_task_or_model_keys(copy_run, tmp_path, capsys):
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
-    cfg = make_config({**dict(a[2:].split("=") for a in TINY), "task": "copy", "out": str(tmp_path / "run"),
-                       "checkpoint_every": "1", "epochs": "2"})
+    cfg = make_config(
+        {
+            **dict(a[2:].split("=") for a in TINY),
+            "task": "copy",
+            "out": str(tmp_path / "run"),
+            "checkpoint_every": "1",
+            "epochs": "2",
+        }
+    )
     trainer = Trainer(cfg)
     real_loss = trainer.task.loss
     calls = {"n": 0}
@@ -155,8 +197,12 @@ class Payload:
 
 def _bad_checkpoints(tmp_path, good: Path):
     data = good.read_bytes()
-    files = {"truncated": data[:len(data) // 2], "empty": b"", "garbage": os.urandom(300),
-             "json": json.dumps({"config": {}, "model": {}}).encode()}
+    files = {
+        "truncated": data[: len(data) // 2],
+        "empty": b"",
+        "garbage": os.urandom(300),
+        "json": json.dumps({"config": {}, "model": {}}).encode(),
+    }
     for name, content in files.items():
         (tmp_path / f"{name}.pt").write_bytes(content)
     torch.save({"weights": torch.zeros(2)}, tmp_path / "wrongdict.pt")
@@ -229,8 +275,7 @@ def test_a_torn_last_metrics_line_is_skipped_with_a_warning(copy_run, tmp_path, 
     shutil.copytree(copy_run, out)
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"kind": "train", "step": 99, "lo')
-    code, _, err = run_cli(["compare", "--run", f"A={out}", "--metric", "loss", "--output", tmp_path / "c.png"],
-                           capsys)
+    code, _, err = run_cli(["compare", "--run", f"A={out}", "--metric", "loss", "--output", tmp_path / "c.png"], capsys)
     assert code == 0 and "torn last line" in err and "metrics.jsonl" in err
     code, _, err = run_cli(["train", f"--out={out}", "--resume", "--epochs=2"], capsys)
     assert code == 0, err
@@ -250,10 +295,13 @@ def test_an_epoch_resumed_in_the_middle_says_so(tmp_path):
 
 
 # ---- commands --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("argv, fragment", [
-    (["evaluate", "--split", "nosuch"], "--split 'nosuch'"),
-    (["evaluate", "--beam", "0"], "--beam must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["evaluate", "--split", "nosuch"], "--split 'nosuch'"),
+        (["evaluate", "--beam", "0"], "--beam must be >= 1"),
+    ],
+)
 def test_evaluate_arguments(copy_run, capsys, argv, fragment):
     code, _, err = run_cli([argv[0], "--checkpoint", copy_run / "best.pt", *argv[1:]], capsys)
     assert_one_line_error(code, err, fragment)
@@ -266,8 +314,19 @@ def test_demo_rejects_zero_sequences(capsys):
 
 def test_translate_decodes_long_lines_and_keeps_the_others(m30k_run, capsys):
     long_line = " ".join(["xylophone quartz"] * 80)  # 1280 subwords: more than the 1024-row position table
-    code, out, err = run_cli(["translate", "--checkpoint", m30k_run / "best.pt", "--max_len_a=0", "--max_len_b=4",
-                              "A dog runs.", long_line, "Two men."], capsys)
+    code, out, err = run_cli(
+        [
+            "translate",
+            "--checkpoint",
+            m30k_run / "best.pt",
+            "--max_len_a=0",
+            "--max_len_b=4",
+            "A dog runs.",
+            long_line,
+            "Two men.",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert len(out.splitlines()) == 3
 
@@ -289,8 +348,14 @@ def test_conll_files_that_are_not_utf8_or_empty(tmp_path, capsys):
     data.mkdir(parents=True)
     shutil.copy(FIXTURES / "conll_sample.txt", data / "train.txt")
     (data / "test.txt").write_bytes(b"Caf\xe9 NN B-NP\n")
-    argv = ["train", "--task=chunking", "--model=bilstm", f"--data-dir={tmp_path / 'data'}", f"--out={tmp_path / 'r'}",
-            "--progress=false"]
+    argv = [
+        "train",
+        "--task=chunking",
+        "--model=bilstm",
+        f"--data-dir={tmp_path / 'data'}",
+        f"--out={tmp_path / 'r'}",
+        "--progress=false",
+    ]
     code, _, err = run_cli(argv, capsys)
     assert_one_line_error(code, err, "test.txt is not UTF-8")
     (data / "test.txt").write_text("")
@@ -299,9 +364,26 @@ def test_conll_files_that_are_not_utf8_or_empty(tmp_path, capsys):
 
 
 # ---- processes that are stopped --------------------------------------------------------------------
-KILL_RUN = ["train", "--task=copy", "--num_train=96", "--num_valid=8", "--num_test=8", "--seq_mean=5", "--seq_std=1",
-            "--batch_size=8", "--d_model=128", "--d_ff=1024", "--num_layers=2", "--num_heads=2", "--epochs=1",
-            "--progress=false", "--plots=false", "--eval_decode=false", "--checkpoint_every=1", "--threads=1"]
+KILL_RUN = [
+    "train",
+    "--task=copy",
+    "--num_train=96",
+    "--num_valid=8",
+    "--num_test=8",
+    "--seq_mean=5",
+    "--seq_std=1",
+    "--batch_size=8",
+    "--d_model=128",
+    "--d_ff=1024",
+    "--num_layers=2",
+    "--num_heads=2",
+    "--epochs=1",
+    "--progress=false",
+    "--plots=false",
+    "--eval_decode=false",
+    "--checkpoint_every=1",
+    "--threads=1",
+]
 
 
 def _weights(run_dir):
@@ -324,8 +406,12 @@ def uninterrupted(tmp_path_factory):
 def test_kill_9_inside_the_save_window_then_resume_equals_an_uninterrupted_run(tmp_path, uninterrupted):
     out = tmp_path / "killed"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "sparseattn", *KILL_RUN, f"--out={out}"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparseattn", *KILL_RUN, f"--out={out}"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline, caught = time.time() + 60, False
     while proc.poll() is None and time.time() < deadline:
         names = os.listdir(out) if out.is_dir() else []
@@ -347,8 +433,12 @@ def test_kill_9_inside_the_save_window_then_resume_equals_an_uninterrupted_run(t
 def test_sigterm_saves_and_resume_finishes_exactly(tmp_path, uninterrupted):
     out = tmp_path / "term"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "sparseattn", *KILL_RUN, "--checkpoint_every=0", "--log_every=1",
-                             f"--out={out}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparseattn", *KILL_RUN, "--checkpoint_every=0", "--log_every=1", f"--out={out}"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.time() + 60
     while time.time() < deadline and not (out / "metrics.jsonl").exists():  # the first step is done
         time.sleep(0.01)

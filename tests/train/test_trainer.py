@@ -1,5 +1,6 @@
 """Trainer: exact resume after max_steps and after Ctrl-C, what a checkpoint holds, the best-epoch
 score."""
+
 import json
 
 import pytest

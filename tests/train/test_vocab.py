@@ -1,4 +1,5 @@
 """Vocab: specials first, then the symbols; `vocab[symbol]`, encode/decode, the unknown-symbol id."""
+
 import pytest
 
 from sparseattn.train.vocab import Vocab

@@ -15,6 +15,7 @@ loop (trainer.py) only calls, with cfg the run's `Config` (cfg.run, cfg.task_cfg
     task.state_dict() / load_state_dict()          what must travel in a checkpoint (vocabularies)
 Built in: letters.py (copy, sort, reverse), multi30k.py (translation), chunking.py (CoNLL-2000).
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -34,12 +35,14 @@ def register_task(name: str, config: type, default_model: str = "transformer"):
     """Class decorator: `sparseattn train --task name` uses this Task class, configured by the
     dataclass `config` (its fields become `--key=value` flags) and trained with `default_model`
     unless --model says otherwise."""
+
     def deco(cls):
         cls.name = name
         TASKS[name] = cls
         TASK_CONFIGS[name] = config
         DEFAULT_MODELS[name] = default_model
         return cls
+
     return deco
 
 
@@ -113,8 +116,11 @@ class Seq2SeqTask(Task):
         self.pool = GraphPool()
 
     def model_info(self) -> dict:
-        return dict(src_vocab_size=len(self.src_vocab), tgt_vocab_size=len(self.tgt_vocab),
-                    shared_vocab=self.src_vocab is self.tgt_vocab)
+        return dict(
+            src_vocab_size=len(self.src_vocab),
+            tgt_vocab_size=len(self.tgt_vocab),
+            shared_vocab=self.src_vocab is self.tgt_vocab,
+        )
 
     def num_examples(self, split: str) -> int:
         return len(self.splits[split][0])
@@ -126,17 +132,18 @@ class Seq2SeqTask(Task):
 
     def make_batch(self, split: str, indices: Sequence[int], device=None):
         src, tgt = self.splits[split]
-        batch = self.pool.batch([src[i] for i in indices], [tgt[i] for i in indices],
-                                bos=self.bos, eos=self.eos)
+        batch = self.pool.batch([src[i] for i in indices], [tgt[i] for i in indices], bos=self.bos, eos=self.eos)
         return batch if device is None else batch.to(device)
 
     def loss(self, model, batch, cfg) -> Tuple[torch.Tensor, dict]:
         out = model(batch)
-        loss_sum = F.cross_entropy(out.logits, batch.tgt_out, label_smoothing=cfg.run.label_smoothing,
-                                   reduction="sum")
+        loss_sum = F.cross_entropy(out.logits, batch.tgt_out, label_smoothing=cfg.run.label_smoothing, reduction="sum")
         tokens = batch.num_tokens
-        stats = {"loss": loss_sum.item(), "tokens": tokens,
-                 "correct": (out.logits.argmax(-1) == batch.tgt_out).sum().item()}
+        stats = {
+            "loss": loss_sum.item(),
+            "tokens": tokens,
+            "correct": (out.logits.argmax(-1) == batch.tgt_out).sum().item(),
+        }
         if "act_steps_enc" in out.stats:  # ACT: histogram of steps per node, index = steps
             steps = torch.cat([out.stats["act_steps_enc"], out.stats["act_steps_dec"]])
             stats["act_steps_hist"] = np.bincount(steps.cpu().numpy(), minlength=model.max_steps + 1)
@@ -148,7 +155,6 @@ class Seq2SeqTask(Task):
         """Teacher-forced loss/accuracy, and (decode=True) token and sequence accuracy of decoded outputs."""
         was_training = model.training
         model.eval()
-        device = next(model.parameters()).device
         summary = self.loss_summary(model, split, cfg)
         metrics = {"loss": summary["loss"], "tf_accuracy": summary["accuracy"]}
         if "act_steps_hist" in summary:
@@ -166,12 +172,23 @@ class Seq2SeqTask(Task):
     def decode(self, model, sources: Sequence[Sequence[int]], cfg, beam: Optional[int] = None) -> List[List[int]]:
         """Decoded target ids of `sources` with the run's beam (or `beam`) and length limits."""
         run = cfg.run
-        return decode(model, sources, self.bos, self.eos, beam=run.beam if beam is None else beam, alpha=run.alpha,
-                      max_len_a=run.max_len_a, max_len_b=run.max_len_b, batch_size=run.eval_batch_size,
-                      device=next(model.parameters()).device, pool=self.pool)
+        return decode(
+            model,
+            sources,
+            self.bos,
+            self.eos,
+            beam=run.beam if beam is None else beam,
+            alpha=run.alpha,
+            max_len_a=run.max_len_a,
+            max_len_b=run.max_len_b,
+            batch_size=run.eval_batch_size,
+            device=next(model.parameters()).device,
+            pool=self.pool,
+        )
 
     def plot(self, model, cfg, out_dir, history: list) -> list:
         from ..plots import seq2seq_plots
+
         return seq2seq_plots(self, model, cfg, out_dir, history)
 
 

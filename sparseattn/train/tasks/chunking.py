@@ -7,6 +7,7 @@ each, concatenated with no padding (`TaggingBatch`); models: `tagger` (Transform
 B-X I-X ... (an I-X that does not continue an X chunk starts one), as conlleval counts them,
 overall and per chunk type.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,15 +29,17 @@ class ChunkingConfig:
 
     data_dir: str = cfg_field("", "folder holding conll2000/{train,test}.txt")
     data_seed: int = cfg_field(0, "seed of the dev split")
-    dev_fraction: float = cfg_field(0.1, "share of train.txt held out as the valid split",
-                                    check=in_range(0, 1, hi_open=True))
+    dev_fraction: float = cfg_field(
+        0.1, "share of train.txt held out as the valid split", check=in_range(0, 1, hi_open=True)
+    )
     min_freq: int = cfg_field(2, "rarer training words map to <unk>", check=at_least(1))
 
 
 def load_split(data_dir: str, name: str) -> List[Sentence]:
     if not data_dir:
-        raise ValueError("task chunking needs --data-dir DIR holding conll2000/{train,test}.txt "
-                         "(for example ../shared/data)")
+        raise ValueError(
+            "task chunking needs --data-dir DIR holding conll2000/{train,test}.txt (for example ../shared/data)"
+        )
     path = Path(data_dir) / "conll2000" / f"{name}.txt"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found (the --data-dir folder should hold conll2000/{{train,test}}.txt)")
@@ -74,12 +77,23 @@ def chunk_scores(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -
     gold_l: List[List[str]] = [list(s) for s in gold]
     pred_l: List[List[str]] = [list(s) for s in pred]
     report = _seqeval().classification_report(gold_l, pred_l, output_dict=True, zero_division=0)
-    scores = {name: {"precision": float(r["precision"]), "recall": float(r["recall"]),
-                     "f1": float(r["f1-score"]), "support": int(r["support"])}
-              for name, r in report.items() if not name.endswith(" avg")}
+    scores = {
+        name: {
+            "precision": float(r["precision"]),
+            "recall": float(r["recall"]),
+            "f1": float(r["f1-score"]),
+            "support": int(r["support"]),
+        }
+        for name, r in report.items()
+        if not name.endswith(" avg")
+    }
     micro = report["micro avg"]
-    scores["overall"] = {"precision": float(micro["precision"]), "recall": float(micro["recall"]),
-                         "f1": float(micro["f1-score"]), "support": int(micro["support"])}
+    scores["overall"] = {
+        "precision": float(micro["precision"]),
+        "recall": float(micro["recall"]),
+        "f1": float(micro["f1-score"]),
+        "support": int(micro["support"]),
+    }
     return scores
 
 
@@ -105,8 +119,9 @@ class ChunkingTask(Task):
     def batch_indices(self, split: str, cfg, epoch: Optional[int]) -> List[List[int]]:
         if cfg.run.max_tokens <= 0:
             raise ValueError(f"task chunking batches by tokens: --max_tokens must be > 0, got {cfg.run.max_tokens}")
-        return token_batches([len(s) for s in self.splits[split]], cfg.run.max_tokens, epoch_seed(cfg, epoch),
-                             by_length=False)
+        return token_batches(
+            [len(s) for s in self.splits[split]], cfg.run.max_tokens, epoch_seed(cfg, epoch), by_length=False
+        )
 
     def make_batch(self, split: str, indices: Sequence[int], device=None):
         batch = encode([self.splits[split][i] for i in indices], self.vocab)
@@ -114,8 +129,9 @@ class ChunkingTask(Task):
 
     def loss(self, model, batch, cfg) -> Tuple[torch.Tensor, dict]:
         logits = model(batch)  # (L, num_tags)
-        loss_sum = F.cross_entropy(logits, batch.tags, ignore_index=IGNORE, label_smoothing=cfg.run.label_smoothing,
-                                   reduction="sum")
+        loss_sum = F.cross_entropy(
+            logits, batch.tags, ignore_index=IGNORE, label_smoothing=cfg.run.label_smoothing, reduction="sum"
+        )
         tokens = int((batch.tags != IGNORE).sum())
         stats = {"loss": loss_sum.item(), "tokens": tokens, "correct": (logits.argmax(-1) == batch.tags).sum().item()}
         return loss_sum / max(tokens, 1), stats
@@ -139,8 +155,11 @@ class ChunkingTask(Task):
         gold = [list(s.tags) for s in self.splits[split]]
         pred = self.predict(model, split, cfg)
         scores = chunk_scores(gold, pred)
-        metrics = {"loss": summary["loss"], "token_accuracy": summary["accuracy"],
-                   "sequence_accuracy": sum(p == g for p, g in zip(pred, gold)) / max(len(gold), 1)}
+        metrics = {
+            "loss": summary["loss"],
+            "token_accuracy": summary["accuracy"],
+            "sequence_accuracy": sum(p == g for p, g in zip(pred, gold)) / max(len(gold), 1),
+        }
         metrics.update({k: scores["overall"][k] for k in ("precision", "recall", "f1")})
         for name in sorted((n for n in scores if n != "overall"), key=lambda n: -scores[n]["support"]):
             metrics.update({f"{name}_{k}": scores[name][k] for k in ("precision", "recall", "f1")})
@@ -152,8 +171,10 @@ class ChunkingTask(Task):
         if not history:
             return []
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         fig, ax = plt.subplots(figsize=(6.4, 4.0))

@@ -7,9 +7,11 @@ Token features (documented choices, no pretrained embeddings):
     caps   capitalization class of the original word (`CAPS_CLASSES`)
     chars  characters of the original word, for an optional character CNN
 
-`encode` makes a `TaggingBatch` (sparseattn.models): it holds the tokens of several sentences concatenated (L tokens in all) and the
-sentence lengths: no token padding. Only `chars` is padded, along the character axis of a word.
+`encode` makes a `TaggingBatch` (sparseattn.models): it holds the tokens of several sentences
+concatenated (L tokens in all) and the sentence lengths: no token padding. Only `chars` is
+padded, along the character axis of a word.
 """
+
 from __future__ import annotations
 
 import random
@@ -17,7 +19,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Sequence, Tuple, Union
 
 import torch
 
@@ -62,8 +64,9 @@ def read_conll(path: Union[str, Path]) -> List[Sentence]:
     return sentences
 
 
-def split_dev(sentences: Sequence[Sentence], fraction: float = 0.1, seed: int = 0
-              ) -> Tuple[List[Sentence], List[Sentence]]:
+def split_dev(
+    sentences: Sequence[Sentence], fraction: float = 0.1, seed: int = 0
+) -> Tuple[List[Sentence], List[Sentence]]:
     """(train, dev): a seeded random `fraction` of the sentences becomes dev; order is kept in both."""
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"fraction must be in [0, 1), got {fraction}")
@@ -135,7 +138,7 @@ def encode(sentences: Sequence[Sentence], vocab: TaggingVocab, with_tags: bool =
     caps = torch.tensor([caps_class(w) for w in tokens])
     chars = torch.zeros(len(tokens), max(len(w) for w in tokens), dtype=torch.long)
     for i, w in enumerate(tokens):
-        chars[i, :len(w)] = torch.tensor([vocab.chars[c] for c in w])
+        chars[i, : len(w)] = torch.tensor([vocab.chars[c] for c in w])
     tags = None
     if with_tags:  # a tag never seen in training gets IGNORE (cross_entropy's ignore_index)
         tags = torch.tensor([vocab.tags.stoi.get(t, IGNORE) for s in sentences for t in s.tags])

@@ -3,6 +3,7 @@
 DGL's example); nothing is downloaded. Sources are the letters then EOS; targets the
 transformed letters (the decoder adds BOS and EOS).
 """
+
 from __future__ import annotations
 
 import string
@@ -58,8 +59,10 @@ class LetterTask(Seq2SeqTask):
         for i, split in enumerate(self.SPLITS):
             seqs = letter_sequences(sizes[split], seed=data.data_seed * 10 + i, mean=data.seq_mean, std=data.seq_std)
             end = [self.eos] if data.src_eos else []
-            self.splits[split] = ([self.src_vocab.encode(s) + end for s in seqs],
-                                  [self.tgt_vocab.encode(self.transform(s)) for s in seqs])
+            self.splits[split] = (
+                [self.src_vocab.encode(s) + end for s in seqs],
+                [self.tgt_vocab.encode(self.transform(s)) for s in seqs],
+            )
 
 
 @register_task("copy", config=LetterConfig)

@@ -16,6 +16,7 @@ after each epoch: val with greedy decoding on its first `valid_bleu_sentences` s
 preset), writes the detokenized hypotheses to RUN/hyp.{split}.de and reports sacrebleu's corpus
 BLEU against the raw references.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,13 +41,16 @@ class Multi30kConfig:
 
     data_dir: str = cfg_field("", "folder with Multi30k-format {train,val,test_2016_flickr}.{en,de}")
     vocab_size: int = cfg_field(8000, "joint BPE vocabulary size", check=at_least(8))
-    valid_bleu_sentences: int = cfg_field(200, "val sentences greedily decoded for BLEU after each epoch",
-                                          check=at_least(1))
+    valid_bleu_sentences: int = cfg_field(
+        200, "val sentences greedily decoded for BLEU after each epoch", check=at_least(1)
+    )
 
 
 def _is_main() -> bool:
-    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) \
+    return (
+        not (torch.distributed.is_available() and torch.distributed.is_initialized())
         or torch.distributed.get_rank() == 0
+    )
 
 
 def _barrier() -> None:
@@ -67,8 +71,9 @@ class Multi30kTask(Seq2SeqTask):
     def setup(self, cfg) -> None:
         data = cfg.task_cfg
         if not data.data_dir:
-            raise ValueError("task multi30k needs --data-dir DIR with train/val/test_2016_flickr.{en,de} "
-                             "(see README, 'Translation')")
+            raise ValueError(
+                "task multi30k needs --data-dir DIR with train/val/test_2016_flickr.{en,de} (see README, 'Translation')"
+            )
         self.out_dir = Path(cfg.run.out)
         self.text = {name: read_parallel(data.data_dir, name) for name in self.FILE_SPLITS}
         path = self.out_dir / TOKENIZER_FILE
@@ -94,7 +99,9 @@ class Multi30kTask(Seq2SeqTask):
         if not cfg.run.max_tokens:
             return super().batch_indices(split, cfg, epoch)
         src, tgt = self.splits[split]
-        return token_batches([len(s) + len(t) + 1 for s, t in zip(src, tgt)], cfg.run.max_tokens, epoch_seed(cfg, epoch))
+        return token_batches(
+            [len(s) + len(t) + 1 for s, t in zip(src, tgt)], cfg.run.max_tokens, epoch_seed(cfg, epoch)
+        )
 
     def translate(self, model, sentences: Sequence[str], cfg, beam: Optional[int] = None) -> List[str]:
         """Detokenized translations of raw source sentences."""
@@ -105,11 +112,16 @@ class Multi30kTask(Seq2SeqTask):
     def evaluate(self, model, split: str, cfg, decode: bool = True) -> dict:
         """Teacher-forced loss/accuracy and, when decoding, BLEU (see the module docstring)."""
         import sacrebleu
+
         metrics = super().evaluate(model, split, cfg, decode=False)
         if not decode:
             return metrics
         per_epoch = split == "valid"
-        n = min(cfg.task_cfg.valid_bleu_sentences, len(self.splits[split][0])) if per_epoch else len(self.splits[split][0])
+        n = (
+            min(cfg.task_cfg.valid_bleu_sentences, len(self.splits[split][0]))
+            if per_epoch
+            else len(self.splits[split][0])
+        )
         text_split = "val" if per_epoch else split
         sources, refs = self.text[text_split][0][:n], self.text[text_split][1][:n]
         was_training = model.training
@@ -129,6 +141,7 @@ class Multi30kTask(Seq2SeqTask):
         """Attention maps (encoder, decoder, cross) of one sentence (default: the first test source)
         and the model's own translation of it, axes labelled with the subword tokens."""
         from ..plots import attention_maps
+
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         sentence = self.text["test"][0][0] if sentence is None else sentence
@@ -152,4 +165,5 @@ class Multi30kTask(Seq2SeqTask):
         saved = state.get("tokenizer")
         if saved and (self.vocab is None or saved != self.vocab.tokenizer.to_str()):
             from tokenizers import Tokenizer
+
             self._set_vocab(SubwordVocab(Tokenizer.from_str(saved)))

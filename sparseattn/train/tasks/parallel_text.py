@@ -9,6 +9,7 @@ training split, so source, target and generator embeddings can be shared. Words 
 on whitespace (kept as the `▁` marker) and punctuation, so `decode` restores the original
 spacing and the output can be scored with sacrebleu as plain text.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,8 +52,9 @@ class SubwordVocab:
         tok.normalizer = normalizers.NFKC()
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation()])
         tok.decoder = decoders.Metaspace()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                      special_tokens=list(SPECIALS), show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIALS), show_progress=False
+        )
         tok.train_from_iterator(texts, trainer)
         return cls(tok)
 

@@ -1,5 +1,6 @@
 """The chunking task on the shared training CLI (`train --task chunking --model tagger|bilstm`) and its
 chunk metrics (conlleval-style, via seqeval)."""
+
 import json
 import shutil
 from pathlib import Path
@@ -15,10 +16,26 @@ from sparseattn.train.tasks.chunking import chunk_f1, chunk_scores
 SAMPLE = Path(__file__).resolve().parents[2] / "fixtures" / "conll_sample.txt"
 GOLD = [["B-NP", "I-NP", "O", "B-VP", "I-VP", "B-NP"], ["B-PP", "B-NP", "I-NP"]]
 
-TINY = ["--word_dim", "8", "--pos_dim", "4", "--caps_dim", "2", "--char_out", "4", "--dev_fraction", "0.25",
-        "--max_tokens", "20", "--progress", "false"]
-TINY_MODEL = {"tagger": ["--d_model", "8", "--num_heads", "2", "--num_layers", "1", "--d_ff", "16"],
-              "bilstm": ["--lstm_hidden", "8"]}  # each model rejects the other's keys
+TINY = [
+    "--word_dim",
+    "8",
+    "--pos_dim",
+    "4",
+    "--caps_dim",
+    "2",
+    "--char_out",
+    "4",
+    "--dev_fraction",
+    "0.25",
+    "--max_tokens",
+    "20",
+    "--progress",
+    "false",
+]
+TINY_MODEL = {
+    "tagger": ["--d_model", "8", "--num_heads", "2", "--num_layers", "1", "--d_ff", "16"],
+    "bilstm": ["--lstm_hidden", "8"],
+}  # each model rejects the other's keys
 
 
 @pytest.fixture
@@ -48,8 +65,19 @@ def test_task_batches_and_loss(data_dir):
 @pytest.mark.parametrize("model", ["tagger", "bilstm"])
 def test_train_evaluate_resume_on_the_sample(data_dir, tmp_path, capsys, model):
     out = str(tmp_path / "run")
-    args = ["train", "--task", "chunking", "--model", model, "--data_dir", data_dir, "--out", out, *TINY,
-            *TINY_MODEL[model]]
+    args = [
+        "train",
+        "--task",
+        "chunking",
+        "--model",
+        model,
+        "--data_dir",
+        data_dir,
+        "--out",
+        out,
+        *TINY,
+        *TINY_MODEL[model],
+    ]
     assert main([*args, "--epochs", "2"]) == 0
     records = [json.loads(line) for line in open(f"{out}/metrics.jsonl")]
     valid = [r for r in records if r["kind"] == "valid"]
@@ -63,8 +91,26 @@ def test_train_evaluate_resume_on_the_sample(data_dir, tmp_path, capsys, model):
     assert scores["f1"] == pytest.approx(test["f1"]) and "VP_precision" in scores
     # resumed == uninterrupted: train 1 epoch, resume to 2, same weights as the 2-epoch run
     out_b = str(tmp_path / "run_b")
-    assert main(["train", "--task", "chunking", "--model", model, "--data_dir", data_dir, "--out", out_b, *TINY,
-                 *TINY_MODEL[model], "--epochs", "1"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--task",
+                "chunking",
+                "--model",
+                model,
+                "--data_dir",
+                data_dir,
+                "--out",
+                out_b,
+                *TINY,
+                *TINY_MODEL[model],
+                "--epochs",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert main(["train", "--out", out_b, "--resume", "--epochs", "2"]) == 0
     a = torch.load(f"{out}/checkpoint.pt", weights_only=False)["model"]
     b = torch.load(f"{out_b}/checkpoint.pt", weights_only=False)["model"]
@@ -81,8 +127,22 @@ def test_chunking_needs_a_token_budget(data_dir):
 
 
 def test_chunking_without_a_data_dir_is_a_one_line_error(tmp_path, capsys):
-    assert main(["train", "--task", "chunking", "--model", "bilstm", "--out", str(tmp_path / "x"), *TINY,
-                 *TINY_MODEL["bilstm"]]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--task",
+                "chunking",
+                "--model",
+                "bilstm",
+                "--out",
+                str(tmp_path / "x"),
+                *TINY,
+                *TINY_MODEL["bilstm"],
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "task chunking needs --data-dir" in err and len(err.strip().splitlines()) == 1
 

@@ -39,8 +39,13 @@ def test_split_dev_is_seeded_and_disjoint():
 
 def test_features():
     assert normalize_word("May1989") == "may0000"
-    assert [CAPS_CLASSES[caps_class(w)] for w in ("dog", "Dog", "USA", "iPod", "3.5")] == \
-        ["lower", "title", "upper", "mixed", "nocase"]
+    assert [CAPS_CLASSES[caps_class(w)] for w in ("dog", "Dog", "USA", "iPod", "3.5")] == [
+        "lower",
+        "title",
+        "upper",
+        "mixed",
+        "nocase",
+    ]
 
 
 def test_vocab_and_encode():

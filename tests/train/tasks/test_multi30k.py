@@ -1,6 +1,7 @@
 """The multi30k task on the tiny sample: training, BLEU evaluation with a hypotheses file, the
 translate command, the tokenizer travelling with the run; the shared
 Multi30k files when present."""
+
 import json
 import os
 import shutil
@@ -15,9 +16,21 @@ from sparseattn.train.trainer import Trainer
 TESTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLE = os.path.join(TESTS, "fixtures", "multi30k_sample")
 SHARED = os.path.join(TESTS, "..", "..", "shared", "data", "multi30k")
-TINY = ["--task=multi30k", f"--data-dir={SAMPLE}", "--vocab_size=200", "--num_layers=1", "--d_model=32",
-        "--d_ff=64", "--num_heads=2", "--max_tokens=64", "--epochs=2", "--progress=false", "--beam=2",
-        "--warmup=10", "--checkpoint_every=0"]
+TINY = [
+    "--task=multi30k",
+    f"--data-dir={SAMPLE}",
+    "--vocab_size=200",
+    "--num_layers=1",
+    "--d_model=32",
+    "--d_ff=64",
+    "--num_heads=2",
+    "--max_tokens=64",
+    "--epochs=2",
+    "--progress=false",
+    "--beam=2",
+    "--warmup=10",
+    "--checkpoint_every=0",
+]
 
 
 def test_train_evaluate_translate_on_sample(tmp_path, capsys):
@@ -28,8 +41,11 @@ def test_train_evaluate_translate_on_sample(tmp_path, capsys):
     assert "test: BLEU" in capsys.readouterr().out
     assert (run / "tokenizer.json").is_file() and (run / "hyp.test.de").is_file()
     assert "bleu" in json.loads((run / "results.json").read_text())
-    valid = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
-             if json.loads(line)["kind"] == "valid"]
+    valid = [
+        json.loads(line)
+        for line in (run / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["kind"] == "valid"
+    ]
     assert len(valid) == 2 and "bleu" in valid[0]["valid"]  # greedy BLEU on val after each epoch
 
     # evaluate on a copy of the checkpoint alone: the tokenizer comes from the checkpoint
@@ -44,7 +60,10 @@ def test_train_evaluate_translate_on_sample(tmp_path, capsys):
 
     assert main(["plot", "--checkpoint", str(run / "checkpoint.pt"), "--out", str(tmp_path / "plots")]) == 0
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
-        "attention_cross.png", "attention_decoder.png", "attention_encoder.png"]
+        "attention_cross.png",
+        "attention_decoder.png",
+        "attention_encoder.png",
+    ]
 
 
 def test_translate_prints_one_deterministic_translation_per_sentence(tmp_path, capsys):
@@ -52,8 +71,18 @@ def test_translate_prints_one_deterministic_translation_per_sentence(tmp_path, c
     run = tmp_path / "run"
     assert main(["train", *TINY, f"--out={run}", "--plots=false"]) == 0
     capsys.readouterr()
-    assert main(["translate", "--checkpoint", str(run / "checkpoint.pt"), "A dog runs on the beach.",
-                 "A man throws a ball."]) == 0
+    assert (
+        main(
+            [
+                "translate",
+                "--checkpoint",
+                str(run / "checkpoint.pt"),
+                "A dog runs on the beach.",
+                "A man throws a ball.",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2  # one translation per input sentence
     cfg, task, model, _ = load_for_eval(str(run / "checkpoint.pt"), "cpu")
@@ -86,6 +115,7 @@ def test_missing_data_dir_is_explained(tmp_path, capsys):
 def test_shared_multi30k_files():
     pytest.importorskip("tokenizers", reason="translation needs the 'translate' extra (tokenizers)")
     from sparseattn.train.tasks.parallel_text import SubwordVocab, read_parallel
+
     sizes = {split: len(read_parallel(SHARED, split)[0]) for split in ("train", "val", "test")}
     assert sizes == {"train": 29000, "val": 1014, "test": 1000}
     src, tgt = read_parallel(SHARED, "train")
