@@ -38,10 +38,15 @@ LETTERS = dict(
     dropout=0.1,
 )
 TAGGING = dict(word_dim=8, pos_dim=4, caps_dim=2, char_out=4, dev_fraction=0.25, max_tokens=20, epochs=2)
+# The attention runs on the reference backend, the definition whose numbers do not move: the fast
+# backends and the auto rule keep improving (tested against the reference), which changes the last
+# bits of a run; what these cases guard is the code around the kernels.
 CASES = {
-    "copy-transformer": dict(LETTERS, task="copy", model="transformer", num_layers=2, beam=2),
-    "sort-ut": dict(LETTERS, task="sort", model="ut", clamp="none", ema_decay=0.9, keep_best=False),
-    "reverse-transformer-reference": dict(LETTERS, task="reverse", model="transformer", backend="reference"),
+    "copy-transformer": dict(LETTERS, task="copy", model="transformer", num_layers=2, beam=2, backend="reference"),
+    "sort-ut": dict(
+        LETTERS, task="sort", model="ut", clamp="none", ema_decay=0.9, keep_best=False, backend="reference"
+    ),
+    "reverse-transformer": dict(LETTERS, task="reverse", model="transformer", backend="reference"),
     "multi30k-transformer": dict(
         task="multi30k",
         model="transformer",
@@ -56,8 +61,11 @@ CASES = {
         warmup=10,
         checkpoint_every=0,
         valid_bleu_sentences=8,
+        backend="reference",
     ),
-    "chunking-tagger": dict(TAGGING, task="chunking", model="tagger", d_model=8, num_heads=2, num_layers=1, d_ff=16),
+    "chunking-tagger": dict(
+        TAGGING, task="chunking", model="tagger", d_model=8, num_heads=2, num_layers=1, d_ff=16, backend="reference"
+    ),
     # recorded when one flat config held every key: the BiLSTM's Noam schedule used d_model=8
     "chunking-bilstm": dict(TAGGING, task="chunking", model="bilstm", lstm_hidden=8, lr_dim=8),
 }
