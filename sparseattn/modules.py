@@ -247,8 +247,11 @@ def _select_destinations(graph: GraphLike, q: Tensor, num_src: int, dst_rows: Te
         raise TypeError("dst_rows must be a 1-D int64 tensor of destination ids")
     if dst_rows.shape[0] != q.shape[0]:
         raise ValueError(f"dst_rows has {dst_rows.shape[0]} ids but x_dst has {q.shape[0]} rows")
-    num_dst = graph.num_dst if isinstance(graph, Graph) else int(graph[1].max()) + 1 if graph.numel() else 0
-    g = as_graph(graph, num_src=num_src, num_dst=num_dst)
+    if isinstance(graph, Graph):
+        g = graph
+    else:  # a raw index does not say how many destinations there are: as many as it or dst_rows names
+        named = [int(t.max()) + 1 for t in (graph[1], dst_rows) if t.numel()]
+        g = as_graph(graph, num_src=num_src, num_dst=max(named, default=0))
     active = torch.zeros(g.num_dst, dtype=torch.bool, device=q.device)
     active[dst_rows] = True
     q_all = q.new_zeros(g.num_dst, *q.shape[1:]).index_copy(0, dst_rows, q)

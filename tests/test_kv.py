@@ -135,3 +135,13 @@ def test_dst_rows_must_be_int64_ids_matching_the_inputs():
     with pytest.raises(ValueError, match="dst_rows has 3 ids but x_dst has 2 rows"):
         attn(x[:2], g, kv=kv, dst_rows=torch.tensor([0, 1, 2]))
     assert isinstance(kv, KeyValue)
+
+
+def test_selected_rows_on_a_raw_edge_index_may_name_destinations_without_edges():
+    attn = _attn()
+    edge_index = torch.tensor([[0, 1, 2], [0, 0, 1]])  # destinations 0 and 1 have edges, 3 has none
+    x = torch.randn(4, D, dtype=torch.float64)
+    rows = torch.tensor([1, 3])
+    out = attn(x[rows], edge_index, kv=attn.project_kv(x[:3]), dst_rows=rows)
+    full = attn(x, Graph(edge_index, num_src=3, num_dst=4), kv=attn.project_kv(x[:3]))
+    torch.testing.assert_close(out, full[rows])
