@@ -209,22 +209,20 @@ class DenseClampAttention(torch.autograd.Function):
         need_grad = any(ctx.needs_input_grad[:3])
         qc, kc, vc = (t.contiguous() for t in (qb, kb, vb))  # bmm is ~2x slower on the strided views
         out, w, z, inside = _clamp_forward(qc, kc, vc, mask, scale, clamp, need_grad)
-        if need_grad:  # the inputs themselves, so a double backward can differentiate through them
-            ctx.save_for_backward(qb, kb, vb, mask, out, w, z, inside)
+        if need_grad:  # the inputs too, so a double backward can differentiate through them
+            ctx.save_for_backward(qb, kb, vb, qc, kc, vc, mask, out, w, z, inside)
         ctx.scale, ctx.clamp = scale, clamp
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        qb, kb, vb, mask, out, w, z, inside = ctx.saved_tensors
+        qb, kb, vb, qc, kc, vc, mask, out, w, z, inside = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: recompute with differentiable ops
             again = _clamp_forward_differentiable(qb, kb, vb, mask, ctx.scale, ctx.clamp)
             wanted = [t for t, need in zip((qb, kb, vb), ctx.needs_input_grad[:3]) if need]
             grads = iter(torch.autograd.grad(again, wanted, grad_out, create_graph=True))
             return (*(next(grads) if need else None for need in ctx.needs_input_grad[:3]), None, None, None)
-        dq, dk, dv = _clamp_backward(
-            grad_out, qb.contiguous(), kb.contiguous(), vb.contiguous(), out, w, z, inside, ctx.scale
-        )
+        dq, dk, dv = _clamp_backward(grad_out, qc, kc, vc, out, w, z, inside, ctx.scale)
         return dq, dk, dv, None, None, None
 
 
