@@ -12,6 +12,8 @@ with torch's own autograd. A bucket accepts a block while its padded area stays 
 buckets call `F.scaled_dot_product_attention` in exact mode (clamp=None), and in clamp mode for
 the rows whose scores provably stay inside the clamp (`_clamp_cannot_bind`), where clamp-exp is
 exact softmax; the other clamp-mode rows run `DenseClampAttention` (hand-written backward).
+Under torch.compile and torch.export every clamp-mode row runs `DenseClampAttention` (no branch
+on the data, so no graph break); `prepare(graph)` builds the cached plan before compiling.
 Half types run in float32. Inside a block every destination sees every
 source value, so NaN/inf in one source row reaches the whole block (the sparse backends keep it
 to the destinations with an edge from that row).
@@ -137,6 +139,17 @@ def plan(graph: Graph) -> Plan:
     return graph.cached("dense_plan", build)
 
 
+def prepare(graph: Graph) -> None:
+    """Build and cache everything the dense backend reads for this graph (its blocks, plan and each
+    bucket's edge positions, edge ids and mask), so that compiled code (torch.compile,
+    torch.export) only reads cached values: building them graph-breaks. Does nothing for a graph
+    without blocks (the dense backend does not take it)."""
+    if graph.blocks is None:
+        return
+    for bk in plan(graph).buckets:
+        bk.pos, bk.eids, bk.mask  # noqa: B018 (touching them builds them)
+
+
 def _pad(x: Tensor, rows: Tensor, pos: Tensor, start: int, b: int, length: int) -> Tensor:
     """Rows of x (N, H, D) -> (B, H, length, D), zeros in the padding."""
     if start == 0 and b * length == x.shape[0]:
@@ -235,6 +248,26 @@ def _clamp_forward_differentiable(qb, kb, vb, mask, scale, clamp):
     return torch.matmul(w, vb) / torch.where(z == 0, torch.ones_like(z), z)
 
 
+def _tracing() -> bool:
+    """Under torch.compile or torch.export, where a data-dependent Python branch breaks the graph."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+def _plain_clamp_attention(qb, kb, vb, bk: _Bucket, scale, clamp, sdpa) -> Tensor:
+    """Clamp mode without bias, dropout or returned weights on one bucket: qb (B, H, lq, D),
+    kb (B, H, lk, D), vb (B, H, lk, Dv) -> (B, H, lq, Dv). `sdpa()` (None unless the bucket has an
+    SDPA shape) computes exact softmax, which eager mode takes for the rows that the clamp provably
+    cannot reach; compiled code runs every row through DenseClampAttention (equal up to rounding)
+    instead of branching on the data."""
+    if sdpa is None or _tracing():
+        return DenseClampAttention.apply(qb, kb, vb, bk.mask, scale, clamp)
+    exact = _clamp_cannot_bind(qb, kb, scale, clamp, bk.kind == "causal")  # (B, H, lq, 1)
+    if bool(exact.all()):
+        return sdpa()
+    out = DenseClampAttention.apply(qb, kb, vb, bk.mask, scale, clamp)
+    return torch.where(exact, sdpa(), out) if bool(exact.any()) else out
+
+
 def _bucket_attention(q, k, v, bk: _Bucket, scale, clamp, bias, dropout_mask, return_weights):
     """One bucket: returns out (B * lq, H, Dv) and normalized weights (B, H, lq, lk) or None."""
     qb = _pad(q, bk.qrows, bk.qpos, bk.q0, bk.b, bk.lq)  # (B, H, lq, D)
@@ -250,14 +283,7 @@ def _bucket_attention(q, k, v, bk: _Bucket, scale, clamp, bias, dropout_mask, re
     if plain and clamp is None and sdpa_shape:
         out = sdpa()
     elif plain and clamp is not None:
-        # rows the clamp provably cannot reach get exact softmax from SDPA, the others the lean path
-        exact = _clamp_cannot_bind(qb, kb, scale, clamp, bk.kind == "causal") if sdpa_shape else None
-        if exact is not None and bool(exact.all()):
-            out = sdpa()
-        else:
-            out = DenseClampAttention.apply(qb, kb, vb, bk.mask, scale, clamp)  # (B, H, lq, Dv)
-            if exact is not None and bool(exact.any()):
-                out = torch.where(exact, sdpa(), out)
+        out = _plain_clamp_attention(qb, kb, vb, bk, scale, clamp, sdpa if sdpa_shape else None)
     if out is not None:
         return out.transpose(1, 2).reshape(bk.b * bk.lq, *out.shape[1::2]), None
     scores = torch.matmul(qb, kb.transpose(-1, -2)) * scale  # (B, H, lq, lk)
@@ -325,4 +351,4 @@ def dense_attention(
     return result.to(dtype), weights
 
 
-__all__ = ["dense_attention", "plan", "Plan", "MAX_WASTE"]
+__all__ = ["dense_attention", "plan", "prepare", "Plan", "MAX_WASTE"]
