@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..graphs import Graph, block_edges
+from ..graphs import Block, Graph, block_edges
 from .reference import accumulation_dtype
 
 MAX_WASTE = 0.25  # a bucket's padded area may exceed its blocks' areas by at most this fraction
@@ -54,15 +54,17 @@ class _Bucket:
         self.kpos, self.krows = self._rows(self.lk, "src_start", "n_src")
 
     def _rows(self, length: int, start: str, size: str) -> Tuple[Tensor, Tensor]:
-        pos = [
-            torch.arange(i * length, i * length + getattr(b, size), device=self.device)
-            for i, b in enumerate(self.blocks)
-        ]
-        rows = [
-            torch.arange(getattr(b, start), getattr(b, start) + getattr(b, size), device=self.device)
-            for b in self.blocks
-        ]
-        return torch.cat(pos), torch.cat(rows)
+        """Block i's rows start .. start + size: their padded positions i * length + j and node ids
+        start + j, j < size, concatenated over the blocks; (n,) each. Vectorized: a bucket may hold
+        thousands of blocks (one per sequence in a decoding step)."""
+        sizes_list = [getattr(b, size) for b in self.blocks]
+        n = sum(sizes_list)
+        sizes = torch.tensor(sizes_list, device=self.device)
+        first = torch.cumsum(sizes, 0) - sizes  # (B,) position of each block's first row in the result
+        local = torch.arange(n, device=self.device) - first.repeat_interleave(sizes, output_size=n)  # (n,) j
+        starts = torch.tensor([getattr(b, start) for b in self.blocks], device=self.device)
+        pos = (torch.arange(self.b, device=self.device) * length).repeat_interleave(sizes, output_size=n) + local
+        return pos, starts.repeat_interleave(sizes, output_size=n) + local
 
     @functools.cached_property
     def pos(self) -> Tensor:
@@ -100,6 +102,26 @@ def _contiguous_start(starts: List[int], step: int, padded: bool) -> int:
     return starts[0] if ok else -1
 
 
+def _group(blocks: List[Block]) -> List[List[Block]]:
+    """Split blocks (sorted by area, largest first) into consecutive buckets: a bucket takes the
+    next block while its padded area (blocks * largest n_dst * largest n_src) stays within
+    1 + MAX_WASTE times its blocks' own areas and within MAX_BUCKET_PAIRS. One pass, O(blocks)."""
+    groups: List[List[Block]] = []
+    current: List[Block] = []
+    lq = lk = own = 0
+    for blk in blocks:
+        glq, glk, gown = max(lq, blk.n_dst), max(lk, blk.n_src), own + blk.n_dst * blk.n_src
+        padded = (len(current) + 1) * glq * glk
+        if current and (padded > (1 + MAX_WASTE) * gown or padded > MAX_BUCKET_PAIRS):
+            groups.append(current)
+            current, glq, glk, gown = [], blk.n_dst, blk.n_src, blk.n_dst * blk.n_src
+        current.append(blk)
+        lq, lk, own = glq, glk, gown
+    if current:
+        groups.append(current)
+    return groups
+
+
 def plan(graph: Graph) -> Plan:
     """Buckets of the graph's blocks (cached on the graph). Raises ValueError without blocks."""
     if graph.blocks is None:
@@ -111,26 +133,14 @@ def plan(graph: Graph) -> Plan:
 
     def build() -> Plan:
         all_blocks = graph.blocks or ()
-        buckets = []
+        buckets: List[_Bucket] = []
         for kind in sorted({b.kind for b in all_blocks}):
             blocks = sorted(
                 (b for b in all_blocks if b.kind == kind and b.num_edges > 0),
                 key=lambda b: (b.n_dst * b.n_src, b.n_dst),
                 reverse=True,
             )
-            current: list = []
-            for blk in blocks:
-                grown = current + [blk]
-                lq, lk = max(b.n_dst for b in grown), max(b.n_src for b in grown)
-                own = sum(b.n_dst * b.n_src for b in grown)
-                if current and (
-                    len(grown) * lq * lk > (1 + MAX_WASTE) * own or len(grown) * lq * lk > MAX_BUCKET_PAIRS
-                ):
-                    buckets.append(_Bucket(kind, current, graph.device))
-                    grown = [blk]
-                current = grown
-            if current:
-                buckets.append(_Bucket(kind, current, graph.device))
+            buckets.extend(_Bucket(kind, group, graph.device) for group in _group(blocks))
         padded_area = sum(bk.b * bk.lq * bk.lk for bk in buckets)
         area = sum(b.n_dst * b.n_src for b in all_blocks if b.num_edges > 0)
         contiguous = len(buckets) == 1 and buckets[0].q0 == 0 and buckets[0].b * buckets[0].lq == graph.num_dst
