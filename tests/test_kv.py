@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from sparseattn import EdgeAttention, Graph, KeyValue, KVCache, NodeKV, graphs, record_attention
+from sparseattn.kernels import choose_auto
 from sparseattn.models import GraphPool, GraphTransformer
 
 D, H = 16, 4
@@ -40,6 +41,24 @@ def test_kv_cache_decoding_equals_the_causal_forward(clamp):
         out = attn(x[:, step], graph, cache=cache)  # (B, D): each sequence's newest token
         torch.testing.assert_close(out, full[:, step])
     assert cache.length == t
+
+
+@pytest.mark.parametrize("b, t", [(1, 0), (1, 4), (3, 0), (3, 5), (64, 7)])
+def test_step_graph_equals_the_validated_graph_with_from_blocks_blocks(b, t):
+    """step_graph is built without validation: its edges are what Graph validates and its blocks
+    what graphs.from_blocks records for one (T + 1) x 1 "full" block per sequence."""
+    cache = KVCache()
+    if t:
+        cache.k = cache.v = torch.zeros(b, t, H, D // H)
+    g = cache.step_graph(b)
+    checked = Graph(torch.stack([torch.arange(b * (t + 1)), torch.arange(b).repeat_interleave(t + 1)]))
+    built = graphs.from_blocks([("full", t + 1, 1)] * b)
+    for ref in (checked, built):
+        assert torch.equal(g.edge_index, ref.edge_index)
+        assert (g.num_src, g.num_dst, g.is_sorted_by_dst) == (ref.num_src, ref.num_dst, ref.is_sorted_by_dst)
+    assert g.blocks == built.blocks
+    assert checked.blocks is None  # too few rows per block for detection; recorded, they take "dense"
+    assert choose_auto(torch.zeros(b, H, D // H), g) == "dense"
 
 
 def test_kv_cache_reorder_keeps_the_chosen_sequences():

@@ -1,7 +1,9 @@
 import pytest
 import torch
 
+from sparseattn import Graph
 from sparseattn.models import GraphPool, beam_search, decode, greedy_decode
+from sparseattn.models.seq2seq import cross_graph_for_hyps
 
 from .helpers import BOS, EOS, make_model, random_pairs
 
@@ -71,3 +73,22 @@ def test_decode_keeps_input_order_across_buckets():
     outs = decode(model, sources, BOS, EOS, batch_size=2, max_len_a=0.0, max_len_b=4)
     single = [decode(model, [s], BOS, EOS, max_len_a=0.0, max_len_b=4)[0] for s in sources]
     assert outs == single
+
+
+@pytest.mark.parametrize(
+    "hyp_sent", [[0, 1, 2, 3], [0] * 4 + [1] * 4 + [3] * 4, [3, 3, 3, 3, 1, 1, 1, 1, 0], [2, 2, 2, 2]]
+)
+@pytest.mark.parametrize("steps", [1, 3])
+def test_cross_graph_equals_the_validated_graph(hyp_sent, steps):
+    """cross_graph_for_hyps is built without validation: same edges as a validated Graph of each
+    hypothesis' sentence into its steps nodes, and the blocks that Graph detects (or None)."""
+    lens, num_src = [3, 5, 0, 4], 12  # sentence 2 is empty
+    ptr = [0, 3, 8, 8]
+    edges = [(ptr[s] + i, h * steps + j) for h, s in enumerate(hyp_sent) for j in range(steps) for i in range(lens[s])]
+    checked = Graph(
+        torch.tensor(edges, dtype=torch.long).reshape(-1, 2).t(), num_src=num_src, num_dst=len(hyp_sent) * steps
+    )
+    g = cross_graph_for_hyps(torch.tensor(ptr), torch.tensor(lens), torch.tensor(hyp_sent), steps, num_src)
+    assert torch.equal(g.edge_index, checked.edge_index)
+    assert (g.num_src, g.num_dst, g.is_sorted_by_dst) == (checked.num_src, checked.num_dst, checked.is_sorted_by_dst)
+    assert g.blocks == checked.blocks
