@@ -39,16 +39,19 @@ def _head_rows(ptr: Tensor, heads: int, itype: torch.dtype) -> Tuple[Tensor, Ten
     """Head-interleaved CSR of one (rows, cols) pattern with row pointers ptr (rows + 1,): head row
     t * H + h holds the sorted edges ptr[t] .. ptr[t + 1] of row t. Returns crow (rows * H + 1,)
     int64, and in `itype`: row (H * E,) head row of each slot, e (H * E,) sorted edge of each slot
-    and head (H * E,) its head; built by repeat_interleave and gathers, no scatter."""
+    and head (H * E,) its head. A cumsum and three gathers over H * E entries."""
     rows, device = ptr.numel() - 1, ptr.device
     deg = ptr.diff().repeat_interleave(heads)  # (rows * H,) head-row lengths
     crow = torch.zeros(rows * heads + 1, dtype=torch.long, device=device)
     torch.cumsum(deg, 0, out=crow[1:])
     nnz = int(crow[-1])
-    row = torch.repeat_interleave(torch.arange(rows * heads, dtype=itype, device=device), deg, output_size=nnz)
+    # row = repeat_interleave(arange, deg), about 3x faster: +1 where each head row after the first starts
+    starts = torch.zeros(nnz + 1, dtype=itype, device=device)
+    starts.index_add_(0, crow[1:-1], torch.ones(1, dtype=itype, device=device).expand(rows * heads - 1))
+    row = torch.cumsum(starts[:nnz], 0, dtype=itype)
     shift = (ptr[:-1].repeat_interleave(heads) - crow[:-1]).to(itype)  # (rows * H,) sorted edge = slot + shift[row]
-    e = torch.arange(nnz, dtype=itype, device=device).add_(_take(shift, row))
-    head = _take(torch.arange(heads, dtype=itype, device=device).repeat(rows), row)
+    e = _take(shift, row).add_(torch.arange(nnz, dtype=itype, device=device))
+    head = _take(torch.arange(heads, dtype=itype, device=device).repeat(rows), row)  # a gather beats row % H
     return crow, row, e, head
 
 
@@ -56,11 +59,13 @@ class _Pattern:
     """Index tensors for one graph and head count H, cached on the graph.
 
     Built at once (forward): crow, col: CSR of the (N_dst * H, N_src * H) head-interleaved
-    pattern; offsets: crow as int64 (segment reductions); row: (H * E,) head row of each slot;
-    from_caller: (H * E,) position in a flattened caller-order (E, H) tensor of each slot.
-    Built on first use (backward, returned weights): ccrow, ccol: the transposed (N_src * H,
-    N_dst * H) pattern; to_csc: (H * E,) slot in the CSR order of each transposed slot; to_caller:
-    (E, H) slot of each caller edge and head. Index tensors are int32 when they fit (less traffic).
+    pattern; offsets: crow as int64 (segment reductions); row: (H * E,) head row of each slot.
+    Built on first use: from_caller (bias, dropout): (H * E,) position in a flattened caller-order
+    (E, H) tensor of each slot; ccrow, ccol, to_csc (backward): the transposed (N_src * H,
+    N_dst * H) pattern and the CSR slot of each transposed slot; to_caller (returned weights, the
+    bias gradient): (E, H) slot of each caller edge and head. Index tensors are int32 when they fit
+    (less traffic). Everything is a few passes over H * E entries: about one forward's time on a
+    window graph for the forward half, as much again for the transposed half.
     """
 
     def __init__(self, graph: Graph, heads: int) -> None:
@@ -68,41 +73,68 @@ class _Pattern:
         fits = (max(graph.num_edges, graph.num_src, graph.num_dst) + 1) * h < 2**31 - 1
         self.itype = torch.int32 if fits else torch.long
         crow, self.row, e, head = _head_rows(csr.ptr, h, self.itype)
-        self.col = _take(csr.idx.to(self.itype), e).mul_(h).add_(head)
-        caller = e if graph.is_sorted_by_dst else _take(csr.perm.to(self.itype), e)
-        self.from_caller = caller.mul_(h).add_(head)
+        self.col = _take(csr.idx.to(self.itype).mul_(h), e).add_(head)
         self.offsets, self.crow, self.heads, self._graph = crow, crow.to(self.itype), h, graph
         self.shape = (graph.num_dst * h, graph.num_src * h)
-        self._t: Optional[Tuple[Tensor, ...]] = None
+        self._cache: dict = {}
 
-    def _transposed(self) -> Tuple[Tensor, ...]:
-        if self._t is None:
+    def _lazy(self, key: str, build):
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    @property
+    def from_caller(self) -> Tensor:
+        def build() -> Tensor:
+            g, h, it = self._graph, self.heads, self.itype
+            _, _, e, head = _head_rows(g.csr().ptr, h, it)
+            caller = e if g.is_sorted_by_dst else _take(g.csr().perm.to(it), e)
+            return caller.mul_(h).add_(head)
+
+        return self._lazy("from_caller", build)
+
+    def _transposed(self) -> Tuple[Tensor, Tensor, Tensor]:
+        def build() -> Tuple[Tensor, Tensor, Tensor]:
             g, h, it = self._graph, self.heads, self.itype
             csr, csc = g.csr(), g.csc()
             ccrow, _, ce, head = _head_rows(csc.ptr, h, it)  # transposed slots: head row s * H + hh
-            ccol = _take(csc.idx.to(it), ce).mul_(h).add_(head)
-            num_edges, device = csr.perm.numel(), csr.perm.device
-            sorted_pos = torch.empty_like(csr.perm)
-            sorted_pos[csr.perm] = torch.arange(num_edges, device=device)  # (E,) caller edge -> sorted edge
-            dst_sorted = torch.repeat_interleave(
-                torch.arange(g.num_dst, device=device), csr.ptr.diff(), output_size=num_edges
-            )
-            # sorted edge e into destination t, head hh: slot offsets[t * H] + hh * deg[t] + e - ptr[t]
-            slot0 = _take(self.offsets, dst_sorted * h) - _take(csr.ptr, dst_sorted)
-            slot0 += torch.arange(num_edges, device=device)  # (E,) head-0 slot of each sorted edge
-            step = _take(csr.ptr.diff(), dst_sorted)  # (E,) deg[t]
-            sorted_c = _take(sorted_pos.to(it), _take(csc.perm.to(it), ce))  # (H * E,) sorted edge of each slot
-            to_csc = _take(slot0.to(it), sorted_c).add_(_take(step.to(it), sorted_c).mul_(head))
-            to_caller = _take(slot0, sorted_pos)[:, None] + _take(step, sorted_pos)[:, None] * torch.arange(
-                h, device=device
-            )  # (E, H)
-            self._t = (ccrow.to(it), ccol, to_csc, to_caller.to(it))
-        return self._t
+            ccol = _take(csc.idx.to(it).mul_(h), ce).add_(head)
+            # sorted edge es into destination t, head hh has slot H * ptr[t] + hh * deg[t] + es - ptr[t];
+            # per transposed edge (E,): its destination is csc.idx, its sorted position csc.perm mapped
+            sorted_c = csc.perm if g.is_sorted_by_dst else _take(self._sorted_pos(), csc.perm)
+            base = _take(csr.ptr, csc.idx).mul_(h - 1).add_(sorted_c).to(it)  # head-0 slot
+            step = _take(csr.ptr.diff(), csc.idx).to(it)  # deg[t]
+            to_csc = _take(step, ce).mul_(head).add_(_take(base, ce))
+            return ccrow.to(it), ccol, to_csc
+
+        return self._lazy("transposed", build)
+
+    def _sorted_pos(self) -> Tensor:
+        """(E,) int64 sorted position of each caller edge."""
+
+        def build() -> Tensor:
+            perm = self._graph.csr().perm
+            pos = torch.empty_like(perm)
+            pos[perm] = torch.arange(perm.numel(), device=perm.device)
+            return pos
+
+        return self._lazy("sorted_pos", build)
+
+    @property
+    def to_caller(self) -> Tensor:
+        def build() -> Tensor:
+            g, h = self._graph, self.heads
+            sorted_pos = torch.arange(g.num_edges, device=g.device) if g.is_sorted_by_dst else self._sorted_pos()
+            dst = g.dst
+            base = _take(g.csr().ptr, dst).mul_(h - 1).add_(sorted_pos)  # (E,) head-0 slot of each caller edge
+            step = _take(g.csr().ptr.diff(), dst)
+            return (base[:, None] + step[:, None] * torch.arange(h, device=g.device)).to(self.itype)  # (E, H)
+
+        return self._lazy("to_caller", build)
 
     ccrow = property(lambda self: self._transposed()[0])
     ccol = property(lambda self: self._transposed()[1])
     to_csc = property(lambda self: self._transposed()[2])
-    to_caller = property(lambda self: self._transposed()[3])
 
 
 def _pattern(graph: Graph, heads: int) -> _Pattern:
