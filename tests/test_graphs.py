@@ -131,3 +131,21 @@ def test_raw_tensor_takes_dense_and_matches_reference():
     assert torch.allclose(out, ref, atol=1e-12)
     ga, gb = (torch.autograd.grad(o.sum(), (q, k, v)) for o in (out, ref))
     assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(ga, gb))
+
+
+def test_sortedness_check_sees_steps_across_its_chunks(monkeypatch):
+    """Graph checks destination-major order in chunks of edges; a step down (or a duplicate)
+    exactly at a chunk boundary must still be seen."""
+    from sparseattn.graphs import graph as graph_module
+
+    monkeypatch.setattr(graph_module, "_CHUNK", 5)
+    ei = graphs.from_blocks([("full", 4, 4)] * 2).edge_index  # destination-major, no duplicates: 32 edges
+    assert Graph(ei).is_sorted_by_dst and Graph(ei).blocks is not None
+    for boundary in (5, 10, 15, 30):
+        swapped = ei.clone()
+        swapped[:, [boundary - 1, boundary]] = ei[:, [boundary, boundary - 1]]
+        assert not Graph(swapped).is_sorted_by_dst
+        duplicated = ei.clone()
+        duplicated[:, boundary] = ei[:, boundary - 1]
+        g = Graph(duplicated, num_src=8, num_dst=8)
+        assert g.is_sorted_by_dst and g.blocks is None  # sorted, but duplicates rule out blocks

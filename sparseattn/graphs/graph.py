@@ -97,7 +97,7 @@ class Graph:
         check_node_ids(dst, num_dst, "edge_index[1] (destinations)")
         # destination-major input (as the builders list edges) needs no sort, and without
         # duplicates its dense blocks are recognized on first use of `blocks`
-        least_step = int((dst * max(num_src, 1) + src).diff().min()) if src.numel() > 1 else 1
+        least_step = _least_step(src, dst, num_src)
         sorted_by_dst = least_step >= 0
         blocks = _UNKNOWN if least_step > 0 else None
         self._init(edge_index, num_src, num_dst, blocks, sorted_by_dst=sorted_by_dst)  # type: ignore[arg-type]
@@ -121,6 +121,7 @@ class Graph:
         self._sorted_by_dst = sorted_by_dst
         self._csr: Optional[CSR] = None
         self._csc: Optional[CSR] = None
+        self._ptr: Optional[Tensor] = None
         self._cache: dict = {}
 
     @classmethod
@@ -186,7 +187,8 @@ class Graph:
         if self._blocks is _UNKNOWN:
             from .detect import find_blocks
 
-            self._blocks = find_blocks(self.csr().idx, self.csr().ptr)
+            idx = self.src if self._sorted_by_dst else self.csr().idx
+            self._blocks = find_blocks(idx, self._row_ptr())
         return self._blocks
 
     @property
@@ -221,8 +223,16 @@ class Graph:
     def csr(self) -> CSR:
         """Destination-sorted CSR (sorted by destination, then source). Cached."""
         if self._csr is None:
-            self._csr = _compress(self.dst, self.src, self._num_dst, self._num_src, self._sorted_by_dst)
+            self._csr = _compress(self.dst, self.src, self._num_dst, self._num_src, self._sorted_by_dst, self._ptr)
         return self._csr
+
+    def _row_ptr(self) -> Tensor:
+        """csr().ptr, without sorting or a permutation when only the row pointers are needed."""
+        if self._csr is not None:
+            return self._csr.ptr
+        if self._ptr is None:
+            self._ptr = _row_pointers(self.dst, self._num_dst)
+        return self._ptr
 
     def csc(self) -> CSR:
         """Source-sorted (transposed) CSR: ptr over sources, idx holds destinations. Cached."""
@@ -232,7 +242,7 @@ class Graph:
 
     def in_degree(self) -> Tensor:
         """(N_dst,) int64 number of in-edges of each destination. Cached."""
-        ptr = self.csr().ptr
+        ptr = self._row_ptr()
         return ptr[1:] - ptr[:-1]
 
     def cached(self, key: str, build):
@@ -301,7 +311,32 @@ class Graph:
         return torch.split(x, sizes)
 
 
-def _compress(rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, presorted: bool) -> CSR:
+_CHUNK = 1 << 20  # edges per pass of the sortedness check: its temporaries stay small and reused
+
+
+def _least_step(src: Tensor, dst: Tensor, num_src: int) -> int:
+    """min over consecutive edges of the step in the (destination, source) key: >= 0 when the edges
+    are destination-major, > 0 when also free of duplicates (1 for fewer than two edges). In chunks,
+    so an 8M-edge index allocates no 64 MiB temporaries (each a page-faulting mmap on CPU)."""
+    least, width = 1, max(num_src, 1)
+    for start in range(0, src.numel() - 1, _CHUNK):
+        end = min(start + _CHUNK + 1, src.numel())  # one edge of overlap with the next chunk
+        key = dst[start:end] * width + src[start:end]
+        least = min(least, int(key.diff().min()))
+    return least
+
+
+def _row_pointers(rows: Tensor, num_rows: int) -> Tensor:
+    """(num_rows + 1,) int64 offsets of each row's edges once sorted by row."""
+    counts = torch.bincount(rows, minlength=num_rows) if rows.numel() else rows.new_zeros(num_rows)
+    ptr = torch.zeros(num_rows + 1, dtype=torch.long, device=rows.device)
+    ptr[1:] = torch.cumsum(counts, 0)
+    return ptr
+
+
+def _compress(
+    rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, presorted: bool, ptr: Optional[Tensor] = None
+) -> CSR:
     """Sort edges by (row, col) and compress rows. Returns ptr (num_rows + 1,), idx, perm."""
     if presorted:
         perm = torch.arange(rows.numel(), device=rows.device)
@@ -309,7 +344,4 @@ def _compress(rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, presorte
     else:
         perm = torch.argsort(rows * max(num_cols, 1) + cols, stable=True)
         idx = cols[perm]
-    counts = torch.bincount(rows, minlength=num_rows) if rows.numel() else rows.new_zeros(num_rows)
-    ptr = torch.zeros(num_rows + 1, dtype=torch.long, device=rows.device)
-    ptr[1:] = torch.cumsum(counts, 0)
-    return CSR(ptr, idx, perm)
+    return CSR(_row_pointers(rows, num_rows) if ptr is None else ptr, idx, perm)
