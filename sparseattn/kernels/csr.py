@@ -239,24 +239,29 @@ def _csr_backward(
     """grad_out: (N_dst * H, Dv); grad_weights: slot order or None. Returns dq (N_dst * H, D),
     dk (N_src * H, D), dv (N_src * H, Dv) and ds (slot order), None where not needed."""
     transposed = (pat.shape[1], pat.shape[0])
-    p = w / _take(z_safe, pat.row)  # (H * E,) normalized weights
+    # buffers of H * E values are reused where they can be: above 32 MiB each fresh one page-faults
+    p = torch.div(w, _take(z_safe, pat.row), out=w.new_empty(w.shape))  # (H * E,) normalized weights
     dq = dk = dv = ds = None
+    t_values = None  # values in the transposed order, for dv and then dk
     if need[2]:
-        pm = p if mask is None else p * mask
-        dv = _spmm(pat.ccrow, pat.ccol, _take(pm, pat.to_csc), grad_out, transposed)
+        t_values = _take(p if mask is None else p * mask, pat.to_csc)
+        dv = _spmm(pat.ccrow, pat.ccol, t_values, grad_out, transposed)
     if need[0] or need[1] or need[3]:
         a = _sddmm(pat.crow, pat.col, grad_out, v2)  # <grad_out[t], v[s]>
         if mask is not None:
             a *= mask
         if grad_weights is not None:
             a += grad_weights
-        ds = a.sub_(_take(_segment(a * p, pat, "sum"), pat.row)).mul_(p)
+        ap = a * p
+        delta = _segment(ap, pat, "sum")  # (N_dst * H,)
+        ds = a.sub_(torch.index_select(delta, 0, pat.row, out=ap)).mul_(p)
         if score is not None:  # clamp mode: no gradient where the clamp is active
             ds.masked_fill_((score < clamp[0]) | (score > clamp[1]), 0.0)
         if need[0]:
             dq = _spmm(pat.crow, pat.col, ds, k2, pat.shape, alpha=scale)
         if need[1]:
-            dk = _spmm(pat.ccrow, pat.ccol, _take(ds, pat.to_csc), q2, transposed, alpha=scale)
+            t_ds = _take(ds, pat.to_csc) if t_values is None else torch.index_select(ds, 0, pat.to_csc, out=t_values)
+            dk = _spmm(pat.ccrow, pat.ccol, t_ds, q2, transposed, alpha=scale)
     return dq, dk, dv, ds
 
 
