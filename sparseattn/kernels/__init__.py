@@ -91,6 +91,18 @@ def choose_auto(q: Tensor, graph: Graph) -> str:
     return "csr"
 
 
+def prepare(graph: Graph, heads: int) -> None:
+    """Build and cache every index the CPU kernels read for this graph and head count (csr's
+    interleaved pattern and its transpose; dense's plan when the graph has blocks), so that
+    `torch.compile(fullgraph=True)` or `torch.export` of code calling `edge_attention` on this
+    graph only reads cached tensors: building them would break the compiled graph."""
+    from .csr_ops import prepare as prepare_csr
+    from .dense import prepare as prepare_dense
+
+    prepare_csr(graph, heads)
+    prepare_dense(graph)
+
+
 def get_backend(name: str, q: Tensor, graph: Graph) -> Backend:
     """Resolve a backend name ("auto" included) to a usable Backend, or raise."""
     if not isinstance(name, str):
@@ -146,6 +158,7 @@ __all__ = [
     "backends_for",
     "choose_auto",
     "get_backend",
+    "prepare",
     "reference_attention",
     "csr_attention",
     "dense_attention",

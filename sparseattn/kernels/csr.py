@@ -26,7 +26,7 @@ Degenerate inputs (E = 0, or H, D, Dv = 0) go to the reference backend.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional, Tuple
+from typing import Any, Iterator, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -34,25 +34,41 @@ from torch import Tensor
 from ..graphs import Graph
 from .reference import accumulation_dtype, reference_attention, reference_backward
 
+_SLOTS_PER_PASS = 1 << 20  # index entries built per chunk: 4 MiB temporaries that the allocator reuses
 
-def _head_rows(ptr: Tensor, heads: int, itype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Head-interleaved CSR of one (rows, cols) pattern with row pointers ptr (rows + 1,): head row
-    t * H + h holds the sorted edges ptr[t] .. ptr[t + 1] of row t. Returns crow (rows * H + 1,)
-    int64, and in `itype`: row (H * E,) head row of each slot, e (H * E,) sorted edge of each slot
-    and head (H * E,) its head. A cumsum and three gathers over H * E entries."""
-    rows, device = ptr.numel() - 1, ptr.device
+
+def _head_crow(ptr: Tensor, heads: int) -> Tensor:
+    """Row pointers (rows * H + 1,) int64 of the head-interleaved CSR of one pattern with row
+    pointers ptr (rows + 1,): head row t * H + h holds the sorted edges ptr[t] .. ptr[t + 1] of row t."""
     deg = ptr.diff().repeat_interleave(heads)  # (rows * H,) head-row lengths
-    crow = torch.zeros(rows * heads + 1, dtype=torch.long, device=device)
+    crow = torch.zeros(deg.numel() + 1, dtype=torch.long, device=ptr.device)
     torch.cumsum(deg, 0, out=crow[1:])
-    nnz = int(crow[-1])
-    # row = repeat_interleave(arange, deg), about 3x faster: +1 where each head row after the first starts
-    starts = torch.zeros(nnz + 1, dtype=itype, device=device)
-    starts.index_add_(0, crow[1:-1], torch.ones(1, dtype=itype, device=device).expand(rows * heads - 1))
-    row = torch.cumsum(starts[:nnz], 0, dtype=itype)
+    return crow
+
+
+def _head_slots(
+    ptr: Tensor, crow: Tensor, heads: int, itype: torch.dtype, row_out: Optional[Tensor] = None
+) -> Iterator[Tuple[int, int, Tensor, Tensor]]:
+    """The slots of the head-interleaved CSR (ptr, crow as `_head_crow` made them) in chunks of whole
+    head rows, about _SLOTS_PER_PASS each: yields (s0, s1, e, head) with e (s1 - s0,) the sorted edge
+    of each slot and head its head, in `itype`. The head row of each slot is written into row_out
+    (H * E,) when given. Chunks keep an index of H * E entries at a cumsum and three gathers, with
+    no temporary of that size (above 32 MiB each would page-fault)."""
+    device, nnz, num_head_rows = ptr.device, int(crow[-1]), crow.numel() - 1
     shift = (ptr[:-1].repeat_interleave(heads) - crow[:-1]).to(itype)  # (rows * H,) sorted edge = slot + shift[row]
-    e = _take(shift, row).add_(torch.arange(nnz, dtype=itype, device=device))
-    head = _take(torch.arange(heads, dtype=itype, device=device).repeat(rows), row)  # a gather beats row % H
-    return crow, row, e, head
+    head_of = torch.arange(heads, dtype=itype, device=device).repeat(num_head_rows // max(heads, 1))
+    targets = torch.arange(0, nnz, _SLOTS_PER_PASS, device=device)
+    cuts = sorted(set(torch.searchsorted(crow, targets).tolist()) | {num_head_rows})
+    for r0, r1 in zip(cuts[:-1], cuts[1:]):
+        s0, s1 = int(crow[r0]), int(crow[r1])
+        if s0 == s1:
+            continue
+        # head row of each slot = repeat_interleave(arange, deg), ~3x faster: +1 at each later head row's start
+        starts = torch.zeros(s1 - s0 + 1, dtype=itype, device=device)
+        starts.index_add_(0, crow[r0 + 1 : r1] - s0, torch.ones(1, dtype=itype, device=device).expand(r1 - r0 - 1))
+        row = torch.cumsum(starts[:-1], 0, dtype=itype, out=None if row_out is None else row_out[s0:s1]).add_(r0)
+        e = _take(shift, row).add_(torch.arange(s0, s1, dtype=itype, device=device))
+        yield s0, s1, e, _take(head_of, row)  # a gather beats row % H
 
 
 class _Pattern:
@@ -64,17 +80,21 @@ class _Pattern:
     (E, H) tensor of each slot; ccrow, ccol, to_csc (backward): the transposed (N_src * H,
     N_dst * H) pattern and the CSR slot of each transposed slot; to_caller (returned weights, the
     bias gradient): (E, H) slot of each caller edge and head. Index tensors are int32 when they fit
-    (less traffic). Everything is a few passes over H * E entries: about one forward's time on a
-    window graph for the forward half, as much again for the transposed half.
+    (less traffic). Each is a few passes over H * E entries: the forward half costs about a
+    third of a forward on a window graph, the transposed half about as much again.
     """
 
     def __init__(self, graph: Graph, heads: int) -> None:
         csr, h = graph.csr(), heads
         fits = (max(graph.num_edges, graph.num_src, graph.num_dst) + 1) * h < 2**31 - 1
-        self.itype = torch.int32 if fits else torch.long
-        crow, self.row, e, head = _head_rows(csr.ptr, h, self.itype)
-        self.col = _take(csr.idx.to(self.itype).mul_(h), e).add_(head)
-        self.offsets, self.crow, self.heads, self._graph = crow, crow.to(self.itype), h, graph
+        it = self.itype = torch.int32 if fits else torch.long
+        crow = _head_crow(csr.ptr, h)
+        nnz = int(crow[-1])
+        self.row, self.col = (torch.empty(nnz, dtype=it, device=csr.ptr.device) for _ in range(2))
+        src_h = csr.idx.to(it).mul_(h)
+        for s0, s1, e, head in _head_slots(csr.ptr, crow, h, it, row_out=self.row):
+            torch.index_select(src_h, 0, e, out=self.col[s0:s1]).add_(head)
+        self.offsets, self.crow, self.heads, self._graph = crow, crow.to(it), h, graph
         self.shape = (graph.num_dst * h, graph.num_src * h)
         self._cache: dict = {}
 
@@ -87,9 +107,12 @@ class _Pattern:
     def from_caller(self) -> Tensor:
         def build() -> Tensor:
             g, h, it = self._graph, self.heads, self.itype
-            _, _, e, head = _head_rows(g.csr().ptr, h, it)
-            caller = e if g.is_sorted_by_dst else _take(g.csr().perm.to(it), e)
-            return caller.mul_(h).add_(head)
+            caller_h = (g.csr().perm if not g.is_sorted_by_dst else torch.arange(g.num_edges, device=g.device)).to(it)
+            caller_h.mul_(h)
+            out = torch.empty_like(self.col)
+            for s0, s1, e, head in _head_slots(g.csr().ptr, self.offsets, h, it):
+                torch.index_select(caller_h, 0, e, out=out[s0:s1]).add_(head)
+            return out
 
         return self._lazy("from_caller", build)
 
@@ -97,14 +120,17 @@ class _Pattern:
         def build() -> Tuple[Tensor, Tensor, Tensor]:
             g, h, it = self._graph, self.heads, self.itype
             csr, csc = g.csr(), g.csc()
-            ccrow, _, ce, head = _head_rows(csc.ptr, h, it)  # transposed slots: head row s * H + hh
-            ccol = _take(csc.idx.to(it).mul_(h), ce).add_(head)
+            ccrow = _head_crow(csc.ptr, h)  # transposed slots: head row s * H + hh
             # sorted edge es into destination t, head hh has slot H * ptr[t] + hh * deg[t] + es - ptr[t];
             # per transposed edge (E,): its destination is csc.idx, its sorted position csc.perm mapped
             sorted_c = csc.perm if g.is_sorted_by_dst else _take(self._sorted_pos(), csc.perm)
             base = _take(csr.ptr, csc.idx).mul_(h - 1).add_(sorted_c).to(it)  # head-0 slot
             step = _take(csr.ptr.diff(), csc.idx).to(it)  # deg[t]
-            to_csc = _take(step, ce).mul_(head).add_(_take(base, ce))
+            dst_h = csc.idx.to(it).mul_(h)
+            ccol, to_csc = torch.empty_like(self.col), torch.empty_like(self.col)
+            for s0, s1, ce, head in _head_slots(csc.ptr, ccrow, h, it):
+                torch.index_select(dst_h, 0, ce, out=ccol[s0:s1]).add_(head)
+                torch.index_select(step, 0, ce, out=to_csc[s0:s1]).mul_(head).add_(_take(base, ce))
             return ccrow.to(it), ccol, to_csc
 
         return self._lazy("transposed", build)

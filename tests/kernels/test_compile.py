@@ -4,8 +4,8 @@ graph break, same values and gradients as the reference. Tiny graphs: each compi
 import pytest
 import torch
 
-from sparseattn import edge_attention, graphs
-from sparseattn.kernels import choose_auto, dense
+from sparseattn import edge_attention, graphs, kernels
+from sparseattn.kernels import choose_auto
 from sparseattn.kernels.csr_ops import csr_forward, prepare
 
 
@@ -99,7 +99,7 @@ def test_dense_no_graph_break_and_compiled_equals_reference(backend, kind, clamp
     """The dense backend ("auto" takes it here). Compiled, its clamp mode runs every row through
     DenseClampAttention instead of routing rows to SDPA on their data as eager mode does."""
     g = graphs.from_blocks([(kind, 16, 16)] * 4)
-    dense.prepare(g)
+    kernels.prepare(g, 2)  # dense's plan (and csr's index, unused here)
     q, k, v = _inputs(g)
     assert choose_auto(q, g) == "dense"
 
