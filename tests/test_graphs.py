@@ -149,3 +149,31 @@ def test_sortedness_check_sees_steps_across_its_chunks(monkeypatch):
         duplicated[:, boundary] = ei[:, boundary - 1]
         g = Graph(duplicated, num_src=8, num_dst=8)
         assert g.is_sorted_by_dst and g.blocks is None  # sorted, but duplicates rule out blocks
+
+
+@pytest.mark.parametrize("validate", [True, False])
+def test_from_row_pointers_equals_the_validated_graph(validate):
+    """Rows given as CSR build the graph a validated edge_index does: edges, counts, order and
+    blocks (two full blocks of 4 rows, then a causal one; a row without sources in between)."""
+    rows = [[0, 1, 2]] * 4 + [[]] + [[3, 4]] * 4 + [[5], [5, 6], [5, 6, 7], [5, 6, 7, 8]]
+    ptr = torch.tensor([0] + [len(r) for r in rows]).cumsum(0)
+    src = torch.tensor([s for r in rows for s in r])
+    g = graphs.from_row_pointers(ptr, src, num_src=9, validate=validate)
+    dst = torch.arange(len(rows)).repeat_interleave(ptr.diff())
+    ref = Graph(torch.stack([src, dst]), num_src=9, num_dst=len(rows))
+    assert torch.equal(g.edge_index, ref.edge_index)
+    assert (g.num_src, g.num_dst, g.is_sorted_by_dst) == (ref.num_src, ref.num_dst, True)
+    assert g.blocks == ref.blocks and [b.kind for b in g.blocks] == ["full", "full", "causal"]
+    assert torch.equal(g.in_degree(), ref.in_degree()) and torch.equal(g.csr().idx, ref.csr().idx)
+
+
+def test_from_row_pointers_names_bad_arguments():
+    src = torch.tensor([0, 1, 1])
+    with pytest.raises(ValueError, match="ptr must start at 0 and end at E = 3"):
+        graphs.from_row_pointers(torch.tensor([0, 2]), src, num_src=2)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        graphs.from_row_pointers(torch.tensor([0, 2, 1, 3]), src, num_src=2)
+    with pytest.raises(ValueError, match="1-D integer tensor of row pointers"):
+        graphs.from_row_pointers(torch.tensor([0.0, 3.0]), src, num_src=2)
+    with pytest.raises(IndexError, match="out of range for 1 nodes"):
+        graphs.from_row_pointers(torch.tensor([0, 3]), src, num_src=1)

@@ -1,6 +1,6 @@
 """Graphs for edge attention: the `Graph` wrapper and builders of common patterns."""
 
-from .builders import batch, bipartite, block_edges, causal, complete, from_blocks, random, window
+from .builders import batch, bipartite, block_edges, causal, complete, from_blocks, from_row_pointers, random, window
 from .graph import CSR, Block, Graph
 
 __all__ = [
@@ -14,5 +14,6 @@ __all__ = [
     "random",
     "batch",
     "from_blocks",
+    "from_row_pointers",
     "block_edges",
 ]

@@ -12,6 +12,7 @@ from typing import Sequence, Union
 import torch
 from torch import Tensor
 
+from .detect import find_blocks
 from .graph import BLOCK_KINDS, Block, Graph
 
 Device = Union[str, torch.device, None]
@@ -150,3 +151,36 @@ def from_blocks(blocks: Sequence[tuple], *, device: Device = None) -> Graph:
             raise ValueError(f"blocks[{i}]: a {kind!r} block must be square, got {n_src} x {n_dst}")
         parts.append(_dense_graph(kind, n_src, n_dst, device))
     return batch(parts)
+
+
+def from_row_pointers(ptr: Tensor, src: Tensor, num_src: int, *, validate: bool = True) -> Graph:
+    """A graph given destination-major, as CSR rows: destination t's sources are
+    src[ptr[t] : ptr[t + 1]].
+
+    Args:
+        ptr: (N_dst + 1,) integer row pointers, ptr[0] = 0, non-decreasing, ptr[-1] = E.
+        src: (E,) integer source ids.
+        num_src: number of source nodes.
+        validate: check ptr, src and num_src as `Graph` does. False skips every check, for code
+            that builds valid rows each time, such as a decoder's per-step graphs: each row's
+            sources must then be increasing (no duplicates), and the dense blocks the rows form
+            are found at once (`graphs.detect`).
+    """
+    if validate:
+        if not isinstance(ptr, Tensor) or ptr.dim() != 1 or ptr.numel() == 0 or ptr.is_floating_point():
+            raise ValueError("ptr must be a non-empty 1-D integer tensor of row pointers (N_dst + 1,)")
+        if not isinstance(src, Tensor) or src.dim() != 1 or src.is_floating_point():
+            raise ValueError("src must be a 1-D integer tensor of source ids (E,)")
+        if int(ptr[0]) != 0 or int(ptr[-1]) != src.numel():
+            raise ValueError(f"ptr must start at 0 and end at E = {src.numel()}, got {int(ptr[0])} .. {int(ptr[-1])}")
+        if ptr.numel() > 1 and int(ptr.diff().min()) < 0:
+            raise ValueError("ptr must be non-decreasing")
+    ptr = ptr.long()
+    num_dst, num_edges = ptr.numel() - 1, src.numel()
+    dst = torch.arange(num_dst, device=ptr.device).repeat_interleave(ptr.diff(), output_size=num_edges)
+    edge_index = torch.stack([src.long(), dst])
+    if validate:
+        return Graph(edge_index, num_src=num_src, num_dst=num_dst)
+    g = Graph._trusted(edge_index, num_src, num_dst, blocks=find_blocks(src.long(), ptr), sorted_by_dst=True)
+    g._ptr = ptr  # the row pointers are known: no bincount on first use
+    return g

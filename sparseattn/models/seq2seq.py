@@ -16,8 +16,7 @@ from typing import Dict, List, NamedTuple, Optional
 import torch
 from torch import Tensor, nn
 
-from .. import EdgeAttention, Graph, KeyValue, KVCache
-from ..graphs.detect import find_blocks
+from .. import EdgeAttention, Graph, KeyValue, KVCache, graphs
 from .batch import GraphBatch
 from .blocks import Embeddings, PositionalEncoding, source_target_embeddings, xavier_init_
 
@@ -35,17 +34,15 @@ def cross_graph_for_hyps(src_ptr: Tensor, src_lens: Tensor, hyp_sent: Tensor, st
     """Complete bipartite graph from each hypothesis' source sentence into its `steps` decoder
     nodes (hypothesis-major: hyp h owns nodes h*steps .. h*steps+steps-1), destination-major.
     src_ptr/src_lens: (B,) start and length of each sentence's encoder nodes; hyp_sent: (Nh,).
-    Built without validation; its blocks are the ones a validated `Graph` would detect on first
-    use (runs of hypotheses reading one sentence, `find_blocks`), found here at once."""
+    Built without validation (`graphs.from_row_pointers(..., validate=False)`); its blocks are
+    the ones a validated `Graph` would detect on first use (runs of hypotheses reading one
+    sentence), found at once."""
     n = src_lens[hyp_sent].repeat_interleave(steps)  # sources per destination, (Nh*steps,)
     start = src_ptr[hyp_sent].repeat_interleave(steps)
     ptr = torch.cat([n.new_zeros(1), torch.cumsum(n, 0)])  # (Nh*steps + 1,) first edge of each destination
     num_edges = int(ptr[-1])
-    dst = torch.arange(n.numel(), device=n.device).repeat_interleave(n, output_size=num_edges)
     src = (start - ptr[:-1]).repeat_interleave(n, output_size=num_edges) + torch.arange(num_edges, device=n.device)
-    edge_index = torch.stack([src, dst]).long()
-    blocks = find_blocks(edge_index[0], ptr)
-    return Graph._trusted(edge_index, num_src, n.numel(), blocks=blocks, sorted_by_dst=True)
+    return graphs.from_row_pointers(ptr, src, num_src, validate=False)
 
 
 @dataclass
