@@ -32,7 +32,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from sparseattn import edge_attention, graphs
+from sparseattn import edge_attention, graphs, kernels
 from sparseattn.kernels import available_backends, choose_auto, plan
 
 from .harness import (
@@ -232,9 +232,7 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
                     FAMILY_INFO[fam.name]["sdpa_kernel"] = sdpa_kernel_name(call)
                     r.note += f"; {FAMILY_INFO[fam.name]['sdpa_kernel']}"
                 elif spec == "compiled":
-                    from sparseattn.kernels.csr_ops import prepare
-
-                    prepare(g, HEADS)
+                    kernels.prepare(g, HEADS)  # build the index eagerly: compiled code only reads it
                     compiled = torch.compile(lambda q_, k_, v_: edge_attention(q_, k_, v_, g), fullgraph=True)
                     call = (lambda c, args: lambda: c(*args))(compiled, leaves)
                 elif spec == "bmm":
