@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..graphs import Graph
-from .reference import accumulation_dtype, reference_attention, reference_backward
+from .reference import accumulation_dtype, reference_on_empty, twice_differentiable_backward
 
 _SLOTS_PER_PASS = 1 << 20  # index entries built per chunk: 4 MiB temporaries that the allocator reuses
 
@@ -96,12 +96,10 @@ class _Pattern:
             torch.index_select(src_h, 0, e, out=self.col[s0:s1]).add_(head)
         self.offsets, self.crow, self.heads, self._graph = crow, crow.to(it), h, graph
         self.shape = (graph.num_dst * h, graph.num_src * h)
-        self._cache: dict = {}
 
-    def _lazy(self, key: str, build):
-        if key not in self._cache:
-            self._cache[key] = build()
-        return self._cache[key]
+    def _lazy(self, name: str, build):
+        """build() once, cached on the graph beside this pattern (`Graph.cached`)."""
+        return self._graph.cached(f"csr_pattern_h{self.heads}_{name}", build)
 
     @property
     def from_caller(self) -> Tensor:
@@ -318,17 +316,7 @@ class CSRAttention(torch.autograd.Function):
     def backward(ctx, grad_out, grad_weights):
         q, k, v, bias, dropout_mask, w, score, z_safe, mask = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
-            grads = reference_backward(
-                (q, k, v, bias),
-                ctx.needs_input_grad[:4],
-                ctx.graph,
-                scale=ctx.scale,
-                clamp=ctx.clamp,
-                dropout_mask=dropout_mask,
-                grad_out=grad_out,
-                grad_weights=grad_weights,
-            )
-            return (*grads, None, None, None, None, None)
+            return twice_differentiable_backward(ctx, q, k, v, bias, dropout_mask, grad_out, grad_weights)
         heads = q.shape[1]
         q2, k2, v2 = (t.view(-1, t.shape[2]) for t in (q, k, v))
         shape = (q2.shape[0], v2.shape[1])  # (N_dst * H, Dv)
@@ -354,6 +342,7 @@ class CSRAttention(torch.autograd.Function):
         return dq, dk, dv, dbias, None, None, None, None, None
 
 
+@reference_on_empty  # torch's sparse ops reject empty shapes
 def csr_attention(
     q: Tensor,
     k: Tensor,
@@ -368,19 +357,8 @@ def csr_attention(
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """The "csr" backend. q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv), bias and
     dropout_mask: (E, H) in the graph's edge order or None. Returns out (N_dst, H, Dv) in q's
-    dtype and, if asked, the normalized weights (E, H) in the graph's edge order."""
-    if graph.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):  # torch sparse ops reject empty shapes
-        return reference_attention(
-            q,
-            k,
-            v,
-            graph,
-            scale=scale,
-            clamp=clamp,
-            bias=bias,
-            dropout_mask=dropout_mask,
-            return_weights=return_weights,
-        )
+    dtype and, if asked, the normalized weights (E, H) in the graph's edge order. Degenerate inputs
+    (E = 0, or H, D, Dv = 0) go to the reference backend."""
     dtype, acc = q.dtype, accumulation_dtype(q.dtype)
     q, k, v = (t.to(acc).contiguous() for t in (q, k, v))
     bias = None if bias is None else bias.to(acc)

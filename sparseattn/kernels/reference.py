@@ -12,7 +12,8 @@ against this file.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import functools
+from typing import Callable, Optional, Tuple, TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -63,6 +64,23 @@ def reference_attention(
     return out, weights
 
 
+Backend = TypeVar("Backend", bound=Callable[..., Tuple[Tensor, Optional[Tensor]]])
+
+
+def reference_on_empty(backend: Backend) -> Backend:
+    """Wraps a backend whose kernels reject empty shapes: inputs with no edges (E = 0) or a zero
+    head count or head dim (H, D or Dv = 0) go to `reference_attention`, which gives their
+    defined result (zeros, or empty tensors)."""
+
+    @functools.wraps(backend)
+    def wrapped(q: Tensor, k: Tensor, v: Tensor, graph: Graph, **kwargs):
+        if graph.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):
+            return reference_attention(q, k, v, graph, **kwargs)
+        return backend(q, k, v, graph, **kwargs)
+
+    return cast(Backend, wrapped)
+
+
 def reference_backward(
     inputs: Tuple[Tensor, Tensor, Tensor, Optional[Tensor]],
     needs: Tuple[bool, ...],
@@ -97,3 +115,21 @@ def reference_backward(
         torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], create_graph=True, allow_unused=True)
     )
     return [next(grads) if need else None for need in needs]
+
+
+def twice_differentiable_backward(ctx, q, k, v, bias, dropout_mask, grad_out, grad_weights) -> tuple:
+    """The backward of a fast backend's autograd.Function, forward(q, k, v, bias, dropout_mask,
+    graph, scale, clamp, return_weights) with ctx.graph, ctx.scale and ctx.clamp set, when it runs
+    under create_graph=True: `reference_backward`'s gradients for q, k, v and bias, and None for
+    the other inputs."""
+    grads = reference_backward(
+        (q, k, v, bias),
+        ctx.needs_input_grad[:4],
+        ctx.graph,
+        scale=ctx.scale,
+        clamp=ctx.clamp,
+        dropout_mask=dropout_mask,
+        grad_out=grad_out,
+        grad_weights=grad_weights,
+    )
+    return (*grads, None, None, None, None, None)

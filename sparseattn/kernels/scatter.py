@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..graphs import Graph
-from .reference import accumulation_dtype, reference_attention
+from .reference import accumulation_dtype, reference_on_empty
 
 
 def probe() -> Optional[str]:
@@ -66,6 +66,7 @@ class _Gather(torch.autograd.Function):
         return _SegmentSum.apply(grad, ptr), None
 
 
+@reference_on_empty  # torch_scatter rejects empty shapes
 def scatter_attention(
     q: Tensor,
     k: Tensor,
@@ -82,18 +83,6 @@ def scatter_attention(
     (E = 0, or H, D, Dv = 0) go to the reference backend."""
     from torch_scatter import segment_csr
 
-    if graph.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):  # torch_scatter rejects empty shapes
-        return reference_attention(
-            q,
-            k,
-            v,
-            graph,
-            scale=scale,
-            clamp=clamp,
-            bias=bias,
-            dropout_mask=dropout_mask,
-            return_weights=return_weights,
-        )
     csr = graph.csr()
     ptr, src, perm = csr.ptr, csr.idx, None if graph.is_sorted_by_dst else csr.perm
     acc = accumulation_dtype(q.dtype)

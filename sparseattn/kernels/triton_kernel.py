@@ -36,7 +36,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..graphs import Graph
-from .reference import accumulation_dtype, reference_attention, reference_backward
+from .reference import accumulation_dtype, reference_on_empty, twice_differentiable_backward
 
 MAX_HEAD_DIM = 256
 _TL_DTYPE = {torch.float32: tl.float32, torch.float64: tl.float64}
@@ -562,17 +562,7 @@ class _TritonEdgeAttention(torch.autograd.Function):
     def backward(ctx, d_out, d_weights):
         q, k, v, bias, dropout_mask, lse = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
-            grads = reference_backward(
-                (q, k, v, bias),
-                ctx.needs_input_grad[:4],
-                ctx.graph,
-                scale=ctx.scale,
-                clamp=ctx.clamp,
-                dropout_mask=dropout_mask,
-                grad_out=d_out,
-                grad_weights=d_weights,
-            )
-            return (*grads, None, None, None, None, None)
+            return twice_differentiable_backward(ctx, q, k, v, bias, dropout_mask, d_out, d_weights)
         if d_out is None:  # only the weights were used
             d_out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
         with _on(q.device):
@@ -616,18 +606,14 @@ def triton_attention(
             f"the triton backend supports head dims up to {MAX_HEAD_DIM}, got D={q.shape[2]}, "
             f"Dv={v.shape[2]}; use another backend"
         )
-    if graph.num_edges == 0 or min(q.shape[2], v.shape[2], q.shape[1]) == 0:
-        return reference_attention(
-            q,
-            k,
-            v,
-            graph,
-            scale=scale,
-            clamp=clamp,
-            bias=bias,
-            dropout_mask=dropout_mask,
-            return_weights=return_weights,
-        )
+    return _fused_attention(
+        q, k, v, graph, scale=scale, clamp=clamp, bias=bias, dropout_mask=dropout_mask, return_weights=return_weights
+    )
+
+
+@reference_on_empty
+def _fused_attention(q, k, v, graph, *, scale, clamp, bias, dropout_mask, return_weights):
+    """triton_attention past its checks."""
     if dropout_mask is not None:
         dropout_mask = dropout_mask.detach()
     return _TritonEdgeAttention.apply(
