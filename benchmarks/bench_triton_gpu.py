@@ -311,14 +311,7 @@ def measure(name, make, case, mode, g, inputs, ref, args, device):
 
 def peak_mib(fn, device):
     """CUDA memory one call of fn adds at its peak, in MiB (None on CPU, where this benchmark does not measure it)."""
-    if device != "cuda":
-        return None
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - before) / 2**20
+    return harness.peak_extra_mib(fn, device) if device == "cuda" else None
 
 
 def machine(args, device) -> dict:
