@@ -1,8 +1,16 @@
 import os
+from functools import partial
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+
+from sparseattn.kernels import Backend, register_backend
+from sparseattn.kernels.csr import csr_attention
+
+# csr picks its layout per graph (head-major only on large graphs without locality, which the
+# tests' small graphs never are); registered under its own name, every backend test runs it too.
+register_backend(Backend("csr-head-major", partial(csr_attention, layout="head-major"), devices=("cpu",)))
 
 settings.register_profile(
     "default", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]

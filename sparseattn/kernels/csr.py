@@ -21,19 +21,31 @@ gradient penalty) backward instead recomputes through the reference (`reference_
 gradients torch can differentiate again. torch's CPU sparse kernels have no half types, so
 float16/bfloat16 inputs run in float32 (as the reference accumulates) and are cast back.
 Degenerate inputs (E = 0, or H, D, Dv = 0) go to the reference backend.
+
+On graphs whose edges read sources from far apart (random graphs), the interleaved reads miss the
+cache and the heads run one after another instead, with the same formulas (csr_head_major.py);
+`CSRAttention` picks the layout per graph.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Iterator, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from ..graphs import Graph
+from .csr_head_major import (
+    HeadMajorPattern,
+    head_major_backward,
+    head_major_forward,
+    head_major_pattern,
+    prefers_head_major,
+)
 from .reference import accumulation_dtype, reference_on_empty, twice_differentiable_backward
+from .sparse_calls import sddmm, spmm, take
 
+LAYOUTS = (None, "interleaved", "head-major")
 _SLOTS_PER_PASS = 1 << 20  # index entries built per chunk: 4 MiB temporaries that the allocator reuses
 
 
@@ -67,8 +79,8 @@ def _head_slots(
         starts = torch.zeros(s1 - s0 + 1, dtype=itype, device=device)
         starts.index_add_(0, crow[r0 + 1 : r1] - s0, torch.ones(1, dtype=itype, device=device).expand(r1 - r0 - 1))
         row = torch.cumsum(starts[:-1], 0, dtype=itype, out=None if row_out is None else row_out[s0:s1]).add_(r0)
-        e = _take(shift, row).add_(torch.arange(s0, s1, dtype=itype, device=device))
-        yield s0, s1, e, _take(head_of, row)  # a gather beats row % H
+        e = take(shift, row).add_(torch.arange(s0, s1, dtype=itype, device=device))
+        yield s0, s1, e, take(head_of, row)  # a gather beats row % H
 
 
 class _Pattern:
@@ -121,14 +133,14 @@ class _Pattern:
             ccrow = _head_crow(csc.ptr, h)  # transposed slots: head row s * H + hh
             # sorted edge es into destination t, head hh has slot H * ptr[t] + hh * deg[t] + es - ptr[t];
             # per transposed edge (E,): its destination is csc.idx, its sorted position csc.perm mapped
-            sorted_c = csc.perm if g.is_sorted_by_dst else _take(self._sorted_pos(), csc.perm)
-            base = _take(csr.ptr, csc.idx).mul_(h - 1).add_(sorted_c).to(it)  # head-0 slot
-            step = _take(csr.ptr.diff(), csc.idx).to(it)  # deg[t]
+            sorted_c = csc.perm if g.is_sorted_by_dst else take(self._sorted_pos(), csc.perm)
+            base = take(csr.ptr, csc.idx).mul_(h - 1).add_(sorted_c).to(it)  # head-0 slot
+            step = take(csr.ptr.diff(), csc.idx).to(it)  # deg[t]
             dst_h = csc.idx.to(it).mul_(h)
             ccol, to_csc = torch.empty_like(self.col), torch.empty_like(self.col)
             for s0, s1, ce, head in _head_slots(csc.ptr, ccrow, h, it):
                 torch.index_select(dst_h, 0, ce, out=ccol[s0:s1]).add_(head)
-                torch.index_select(step, 0, ce, out=to_csc[s0:s1]).mul_(head).add_(_take(base, ce))
+                torch.index_select(step, 0, ce, out=to_csc[s0:s1]).mul_(head).add_(take(base, ce))
             return ccrow.to(it), ccol, to_csc
 
         return self._lazy("transposed", build)
@@ -150,8 +162,8 @@ class _Pattern:
             g, h = self._graph, self.heads
             sorted_pos = torch.arange(g.num_edges, device=g.device) if g.is_sorted_by_dst else self._sorted_pos()
             dst = g.dst
-            base = _take(g.csr().ptr, dst).mul_(h - 1).add_(sorted_pos)  # (E,) head-0 slot of each caller edge
-            step = _take(g.csr().ptr.diff(), dst)
+            base = take(g.csr().ptr, dst).mul_(h - 1).add_(sorted_pos)  # (E,) head-0 slot of each caller edge
+            step = take(g.csr().ptr.diff(), dst)
             return (base[:, None] + step[:, None] * torch.arange(h, device=g.device)).to(self.itype)  # (E, H)
 
         return self._lazy("to_caller", build)
@@ -165,36 +177,6 @@ def _pattern(graph: Graph, heads: int) -> _Pattern:
     return graph.cached(f"csr_pattern_h{heads}", lambda: _Pattern(graph, heads))
 
 
-def _sparse(crow: Tensor, col: Tensor, values: Tensor, shape: Tuple[int, int]) -> Tensor:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
-        return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
-
-
-def _sddmm(crow: Tensor, col: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0) -> Tensor:
-    """values[slot] = alpha * <a[row], b[col]> for a: (R, D), b: (C, D). Returns (nnz,)."""
-    nnz, d = col.numel(), a.shape[1]
-    if nnz > a.shape[0] * b.shape[0]:  # sampled_addmm fails when nnz > numel (many duplicates): pad columns
-        b = torch.cat([b, b.new_zeros(-(-nnz // a.shape[0]) - b.shape[0], d)])
-    pattern = _sparse(crow, col, a.new_zeros(nnz), (a.shape[0], b.shape[0]))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        # in place (out=pattern): no copy of the pattern's indices; beta=0 still reads the zeros
-        return torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0, alpha=alpha, out=pattern).values()
-
-
-def _spmm(crow: Tensor, col: Tensor, values: Tensor, x: Tensor, shape: Tuple[int, int], alpha: float = 1.0) -> Tensor:
-    """out[r] = alpha * sum_{slots of row r} values[slot] x[col] for x: (C, D). Returns (R, D)."""
-    mat = _sparse(crow, col, values, shape)
-    out = x.new_empty(shape[0], x.shape[1])
-    return torch.addmm(out, mat, x, beta=0.0, alpha=alpha, out=out)  # beta=0: out is never read
-
-
-def _take(x: Tensor, index: Tensor) -> Tensor:
-    """x[index] for 1-D x: index_select is several times faster than advanced indexing on CPU."""
-    return torch.index_select(x, 0, index)
-
-
 def _segment(values: Tensor, pat: _Pattern, reduce: str) -> Tensor:
     """Per-head-row sum or max of slot values (H * E,) -> (N_dst * H,); empty rows give 0 / -inf."""
     return torch.segment_reduce(values, reduce, offsets=pat.offsets)
@@ -205,12 +187,12 @@ def _to_slots(x: Optional[Tensor], pat: _Pattern) -> Optional[Tensor]:
     if x is None:
         return None
     x = x.reshape(-1)
-    return x.contiguous() if pat.from_caller is None else _take(x, pat.from_caller)
+    return x.contiguous() if pat.from_caller is None else take(x, pat.from_caller)
 
 
 def _to_caller(x: Tensor, pat: _Pattern, heads: int) -> Tensor:
     """(H * E,) in slot order -> (E, H) in caller order."""
-    return x.view(-1, heads) if pat.to_caller is None else _take(x, pat.to_caller.view(-1)).view(-1, heads)
+    return x.view(-1, heads) if pat.to_caller is None else take(x, pat.to_caller.view(-1)).view(-1, heads)
 
 
 # what the kernels read of a pattern: a _Pattern, or csr_ops' _Index rebuilt from custom-op arguments
@@ -229,7 +211,7 @@ def _csr_forward(
 ):
     """q2: (N_dst * H, D), k2: (N_src * H, D), v2: (N_src * H, Dv); bias, mask: slot order or None.
     Returns out (N_dst * H, Dv), w and score (slot order; score None in exact mode), z_safe (N_dst * H,)."""
-    scores = _sddmm(pat.crow, pat.col, q2, k2, alpha=scale)  # (H * E,)
+    scores = sddmm(pat.crow, pat.col, q2, k2, alpha=scale)  # (H * E,)
     if bias is not None:
         scores += bias
     score: Optional[Tensor] = scores  # kept for the clamp's gradient mask
@@ -238,10 +220,10 @@ def _csr_forward(
     else:
         m = _segment(scores, pat, "max")  # (N_dst * H,)
         m.masked_fill_(torch.isneginf(m), 0.0)  # a head row whose scores are all -inf gets w = 0
-        w, score = scores.sub_(_take(m, pat.row)).exp_(), None
+        w, score = scores.sub_(take(m, pat.row)).exp_(), None
     z = _segment(w, pat, "sum")
     z_safe = z.masked_fill_(z == 0, 1.0)  # no in-edges: wv = 0, so out = 0
-    out = _spmm(pat.crow, pat.col, w if mask is None else w * mask, v2, pat.shape)
+    out = spmm(pat.crow, pat.col, w if mask is None else w * mask, v2, pat.shape)
     return out.div_(z_safe[:, None]), w, score, z_safe
 
 
@@ -264,14 +246,14 @@ def _csr_backward(
     dk (N_src * H, D), dv (N_src * H, Dv) and ds (slot order), None where not needed."""
     transposed = (pat.shape[1], pat.shape[0])
     # buffers of H * E values are reused where they can be: above 32 MiB each fresh one page-faults
-    p = torch.div(w, _take(z_safe, pat.row), out=w.new_empty(w.shape))  # (H * E,) normalized weights
+    p = torch.div(w, take(z_safe, pat.row), out=w.new_empty(w.shape))  # (H * E,) normalized weights
     dq = dk = dv = ds = None
     t_values = None  # values in the transposed order, for dv and then dk
     if need[2]:
-        t_values = _take(p if mask is None else p * mask, pat.to_csc)
-        dv = _spmm(pat.ccrow, pat.ccol, t_values, grad_out, transposed)
+        t_values = take(p if mask is None else p * mask, pat.to_csc)
+        dv = spmm(pat.ccrow, pat.ccol, t_values, grad_out, transposed)
     if need[0] or need[1] or need[3]:
-        a = _sddmm(pat.crow, pat.col, grad_out, v2)  # <grad_out[t], v[s]>
+        a = sddmm(pat.crow, pat.col, grad_out, v2)  # <grad_out[t], v[s]>
         if mask is not None:
             a *= mask
         if grad_weights is not None:
@@ -282,17 +264,17 @@ def _csr_backward(
         if score is not None:  # clamp mode: no gradient where the clamp is active
             ds.masked_fill_((score < clamp[0]) | (score > clamp[1]), 0.0)
         if need[0]:
-            dq = _spmm(pat.crow, pat.col, ds, k2, pat.shape, alpha=scale)
+            dq = spmm(pat.crow, pat.col, ds, k2, pat.shape, alpha=scale)
         if need[1]:
-            t_ds = _take(ds, pat.to_csc) if t_values is None else torch.index_select(ds, 0, pat.to_csc, out=t_values)
-            dk = _spmm(pat.ccrow, pat.ccol, t_ds, q2, transposed, alpha=scale)
+            t_ds = take(ds, pat.to_csc) if t_values is None else torch.index_select(ds, 0, pat.to_csc, out=t_values)
+            dk = spmm(pat.ccrow, pat.ccol, t_ds, q2, transposed, alpha=scale)
     return dq, dk, dv, ds
 
 
 class CSRAttention(torch.autograd.Function):
     """Edge attention on the CSR pattern with a hand-written backward.
 
-    forward(q, k, v, bias, dropout_mask, graph, scale, clamp, return_weights) with contiguous
+    forward(q, k, v, bias, dropout_mask, graph, scale, clamp, return_weights, layout=None) with
     q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv) in float32/float64 and bias,
     dropout_mask (E, H) in caller order or None. Returns out (N_dst, H, Dv) and the normalized
     weights (E, H) in caller order (None unless return_weights). Twice differentiable: under
@@ -300,16 +282,24 @@ class CSRAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, dropout_mask, graph: Graph, scale: float, clamp, return_weights: bool):
+    def forward(ctx, q, k, v, bias, dropout_mask, graph: Graph, scale: float, clamp, return_weights: bool, layout=None):
         heads = q.shape[1]
-        pat = _pattern(graph, heads)
+        ctx.graph, ctx.scale, ctx.clamp = graph, scale, clamp
+        ctx.set_materialize_grads(False)
+        if layout == "head-major" or (layout is None and prefers_head_major(graph, k)):
+            hm = ctx.pat = head_major_pattern(graph)
+            mask = hm.to_sorted(dropout_mask)
+            out, w, score, z_safe = head_major_forward(q, k, v, hm, scale, clamp, hm.to_sorted(bias), mask)
+            weights = hm.to_caller(w / z_safe.index_select(1, hm.row)) if return_weights else None
+            ctx.save_for_backward(q, k, v, bias, dropout_mask, w, score, z_safe, mask)
+            return out, weights
+        pat = ctx.pat = _pattern(graph, heads)
+        q, k, v = (t.contiguous() for t in (q, k, v))
         q2, k2, v2 = (t.view(-1, t.shape[2]) for t in (q, k, v))  # (N * H, D): views
         mask = _to_slots(dropout_mask, pat)
         out, w, score, z_safe = _csr_forward(q2, k2, v2, pat, scale, clamp, _to_slots(bias, pat), mask)
-        weights = _to_caller(w / _take(z_safe, pat.row), pat, heads) if return_weights else None
+        weights = _to_caller(w / take(z_safe, pat.row), pat, heads) if return_weights else None
         ctx.save_for_backward(q, k, v, bias, dropout_mask, w, score, z_safe, mask)
-        ctx.graph, ctx.pat, ctx.scale, ctx.clamp = graph, pat, scale, clamp
-        ctx.set_materialize_grads(False)
         return out.view(q.shape[0], heads, -1), weights
 
     @staticmethod
@@ -317,29 +307,26 @@ class CSRAttention(torch.autograd.Function):
         q, k, v, bias, dropout_mask, w, score, z_safe, mask = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
             return twice_differentiable_backward(ctx, q, k, v, bias, dropout_mask, grad_out, grad_weights)
+        need = tuple(ctx.needs_input_grad[:4])
+        grad_out = v.new_zeros(q.shape[0], *v.shape[1:]) if grad_out is None else grad_out
+        if isinstance(ctx.pat, HeadMajorPattern):
+            hm = ctx.pat
+            gw = hm.to_sorted(grad_weights)
+            dq, dk, dv, ds = head_major_backward(
+                grad_out, gw, q, k, v, w, score, z_safe, mask, hm, ctx.scale, ctx.clamp, need
+            )
+            dbias = hm.to_caller(ds) if ctx.needs_input_grad[3] else None
+            return dq, dk, dv, dbias, None, None, None, None, None, None
         heads = q.shape[1]
         q2, k2, v2 = (t.view(-1, t.shape[2]) for t in (q, k, v))
-        shape = (q2.shape[0], v2.shape[1])  # (N_dst * H, Dv)
-        grad_out = v2.new_zeros(shape) if grad_out is None else grad_out.reshape(shape)
+        grad_out = grad_out.reshape(q2.shape[0], v2.shape[1])  # (N_dst * H, Dv)
         gw = _to_slots(grad_weights, ctx.pat)
         dq, dk, dv, ds = _csr_backward(
-            grad_out,
-            gw,
-            q2,
-            k2,
-            v2,
-            w,
-            score,
-            z_safe,
-            mask,
-            ctx.pat,
-            ctx.scale,
-            ctx.clamp,
-            tuple(ctx.needs_input_grad[:4]),
+            grad_out, gw, q2, k2, v2, w, score, z_safe, mask, ctx.pat, ctx.scale, ctx.clamp, need
         )
         dq, dk, dv = (None if t is None else t.view(-1, heads, t.shape[1]) for t in (dq, dk, dv))
         dbias = _to_caller(ds, ctx.pat, heads) if ctx.needs_input_grad[3] else None
-        return dq, dk, dv, dbias, None, None, None, None, None
+        return dq, dk, dv, dbias, None, None, None, None, None, None
 
 
 @reference_on_empty  # torch's sparse ops reject empty shapes
@@ -354,21 +341,29 @@ def csr_attention(
     bias: Optional[Tensor],
     dropout_mask: Optional[Tensor],
     return_weights: bool,
+    layout: Optional[str] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """The "csr" backend. q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv), bias and
     dropout_mask: (E, H) in the graph's edge order or None. Returns out (N_dst, H, Dv) in q's
     dtype and, if asked, the normalized weights (E, H) in the graph's edge order. Degenerate inputs
-    (E = 0, or H, D, Dv = 0) go to the reference backend."""
+    (E = 0, or H, D, Dv = 0) go to the reference backend.
+
+    layout: "interleaved" (all heads in one sparse call), "head-major" (one head at a time, for
+    graphs without locality; see csr_head_major.py) or None to let `prefers_head_major` choose.
+    Under torch.compile the layout is always interleaved."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     dtype, acc = q.dtype, accumulation_dtype(q.dtype)
-    q, k, v = (t.to(acc).contiguous() for t in (q, k, v))
+    q, k, v = (t.to(acc) for t in (q, k, v))
     bias = None if bias is None else bias.to(acc)
     mask = None if dropout_mask is None else dropout_mask.to(acc)
     if torch.compiler.is_compiling() or torch.compiler.is_exporting():  # dynamo cannot trace sparse tensors
         from .csr_ops import csr_op_attention
 
+        q, k, v = (t.contiguous() for t in (q, k, v))
         out, weights = csr_op_attention(q, k, v, graph, scale, clamp, bias, mask, return_weights)
     else:
-        out, weights = CSRAttention.apply(q, k, v, bias, mask, graph, scale, clamp, return_weights)
+        out, weights = CSRAttention.apply(q, k, v, bias, mask, graph, scale, clamp, return_weights, layout)
     return out.to(dtype), (weights.to(dtype) if weights is not None and return_weights else None)
 
 

@@ -18,7 +18,8 @@ import torch
 from torch import Tensor
 
 from ..graphs import Graph
-from .csr import _csr_backward, _csr_forward, _pattern, _take
+from .csr import _csr_backward, _csr_forward, _pattern
+from .sparse_calls import take
 
 
 class _Index(NamedTuple):
@@ -60,7 +61,7 @@ def csr_forward(
     The transposed index (ccrow, ccol, to_csc) is only kept for the backward."""
     idx = _Index(crow, col, offsets, row, ccrow, ccol, to_csc, (q2.shape[0], k2.shape[0]))
     out, w, score, z = _csr_forward(q2, k2, v2, idx, scale, _clamp(clamp), bias, mask)
-    p = w / _take(z, row) if return_weights else w.new_empty(0)
+    p = w / take(z, row) if return_weights else w.new_empty(0)
     return out, p, w, w.new_empty(0) if score is None else score, z
 
 
@@ -163,7 +164,7 @@ def csr_op_attention(
     heads = q.shape[1]
     pat = _pattern(graph, heads)
     q2, k2, v2 = (t.reshape(-1, t.shape[2]) for t in (q, k, v))  # (N * H, D)
-    bias, mask = (None if x is None else _take(x.reshape(-1), pat.from_caller) for x in (bias, mask))
+    bias, mask = (None if x is None else take(x.reshape(-1), pat.from_caller) for x in (bias, mask))
     out, p, _, _, _ = csr_forward(
         q2,
         k2,
@@ -181,5 +182,5 @@ def csr_op_attention(
         None if clamp is None else list(clamp),
         return_weights,
     )
-    weights = _take(p, pat.to_caller.view(-1)).view(-1, heads) if return_weights else None
+    weights = take(p, pat.to_caller.view(-1)).view(-1, heads) if return_weights else None
     return out.view(q.shape[0], heads, -1), weights

@@ -70,12 +70,14 @@ Backend = TypeVar("Backend", bound=Callable[..., Tuple[Tensor, Optional[Tensor]]
 def reference_on_empty(backend: Backend) -> Backend:
     """Wraps a backend whose kernels reject empty shapes: inputs with no edges (E = 0) or a zero
     head count or head dim (H, D or Dv = 0) go to `reference_attention`, which gives their
-    defined result (zeros, or empty tensors)."""
+    defined result (zeros, or empty tensors). Options of the backend's own (csr's layout) are
+    dropped there."""
+    shared = ("scale", "clamp", "bias", "dropout_mask", "return_weights")
 
     @functools.wraps(backend)
     def wrapped(q: Tensor, k: Tensor, v: Tensor, graph: Graph, **kwargs):
         if graph.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):
-            return reference_attention(q, k, v, graph, **kwargs)
+            return reference_attention(q, k, v, graph, **{key: kwargs[key] for key in shared})
         return backend(q, k, v, graph, **kwargs)
 
     return cast(Backend, wrapped)
@@ -119,9 +121,9 @@ def reference_backward(
 
 def twice_differentiable_backward(ctx, q, k, v, bias, dropout_mask, grad_out, grad_weights) -> tuple:
     """The backward of a fast backend's autograd.Function, forward(q, k, v, bias, dropout_mask,
-    graph, scale, clamp, return_weights) with ctx.graph, ctx.scale and ctx.clamp set, when it runs
-    under create_graph=True: `reference_backward`'s gradients for q, k, v and bias, and None for
-    the other inputs."""
+    graph, scale, clamp, return_weights, ...) with ctx.graph, ctx.scale and ctx.clamp set, when it
+    runs under create_graph=True: `reference_backward`'s gradients for q, k, v and bias, and None
+    for the other inputs."""
     grads = reference_backward(
         (q, k, v, bias),
         ctx.needs_input_grad[:4],
@@ -132,4 +134,4 @@ def twice_differentiable_backward(ctx, q, k, v, bias, dropout_mask, grad_out, gr
         grad_out=grad_out,
         grad_weights=grad_weights,
     )
-    return (*grads, None, None, None, None, None)
+    return (*grads, *[None] * (len(ctx.needs_input_grad) - 4))

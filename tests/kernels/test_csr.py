@@ -7,7 +7,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sparseattn import Graph, edge_attention, graphs
+from sparseattn.kernels import csr as csr_module
 from sparseattn.kernels.csr import CSRAttention, _pattern, csr_attention
+
+
+@pytest.fixture(autouse=True, params=["interleaved", "head-major"])
+def layout(request, monkeypatch):
+    """Every test here runs in both layouts: the automatic choice is forced one way or the other."""
+    monkeypatch.setattr(csr_module, "prefers_head_major", lambda graph, k: request.param == "head-major")
+    return request.param
 
 
 def test_hand_computed_with_a_duplicate_edge():
@@ -124,8 +132,6 @@ def test_index_built_in_chunks_equals_one_pass(monkeypatch, slots_per_pass):
     """The index is built in chunks of whole head rows: chunk sizes smaller than one head row,
     not dividing the rows, or covering everything give the same results (unsorted edges,
     duplicates, destinations without edges; values, weights and gradients)."""
-    from sparseattn.kernels import csr as csr_module
-
     monkeypatch.setattr(csr_module, "_SLOTS_PER_PASS", slots_per_pass)
     g, q, k, v, bias, _ = _gradcheck_inputs(None, heads=3)
     out, w = edge_attention(q, k, v, g, bias=bias, backend="csr", return_weights=True)

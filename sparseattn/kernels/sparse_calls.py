@@ -1,0 +1,52 @@
+"""The torch sparse calls the csr kernels are made of, with their CPU quirks handled.
+
+crow, col: a CSR pattern (int32 or int64); values: (nnz,) in the pattern's slot order.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+
+def sparse_csr(crow: Tensor, col: Tensor, values: Tensor, shape: Tuple[int, int]) -> Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
+        return torch.sparse_csr_tensor(crow, col, values, shape, check_invariants=False)
+
+
+def sddmm(crow: Tensor, col: Tensor, a: Tensor, b: Tensor, alpha: float = 1.0, out: Optional[Tensor] = None) -> Tensor:
+    """values[slot] = alpha * <a[row], b[col]> for a: (R, D), b: (C, D). Returns (nnz,), written into
+    out when given, which must hold zeros: sampled_addmm reads it even at beta=0 (NaN * 0 = NaN)."""
+    nnz, d = col.numel(), a.shape[1]
+    if nnz > a.shape[0] * b.shape[0]:  # sampled_addmm fails when nnz > numel (many duplicates): pad columns
+        b = torch.cat([b, b.new_zeros(-(-nnz // a.shape[0]) - b.shape[0], d)])
+    pattern = sparse_csr(crow, col, a.new_zeros(nnz) if out is None else out, (a.shape[0], b.shape[0]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # in place (out=pattern): no copy of the pattern's indices; beta=0 still reads the zeros
+        return torch.sparse.sampled_addmm(pattern, a, b.t(), beta=0.0, alpha=alpha, out=pattern).values()
+
+
+def spmm(
+    crow: Tensor,
+    col: Tensor,
+    values: Tensor,
+    x: Tensor,
+    shape: Tuple[int, int],
+    alpha: float = 1.0,
+    out: Optional[Tensor] = None,
+) -> Tensor:
+    """out[r] = alpha * sum_{slots of row r} values[slot] x[col] for x: (C, D) contiguous. Returns
+    (R, D), written into out when given (it may be strided: a view of one head's rows)."""
+    mat = sparse_csr(crow, col, values, shape)
+    out = x.new_empty(shape[0], x.shape[1]) if out is None else out
+    return torch.addmm(out, mat, x, beta=0.0, alpha=alpha, out=out)  # beta=0: out is never read
+
+
+def take(x: Tensor, index: Tensor) -> Tensor:
+    """x[index] for 1-D x: index_select is several times faster than advanced indexing on CPU."""
+    return torch.index_select(x, 0, index)

@@ -1,0 +1,85 @@
+"""csr's choice between its interleaved and head-major layouts, and head-major inputs read in place.
+(Both layouts run every csr test in test_csr.py and, as "csr-head-major", tests/test_equivalence.py.)"""
+
+import pytest
+import torch
+
+from sparseattn import edge_attention, graphs
+from sparseattn.kernels import csr as csr_module
+from sparseattn.kernels.csr import csr_attention
+from sparseattn.kernels.csr_head_major import HEAD_MAJOR_MIN_BYTES, prefers_head_major, source_spread
+
+
+def _keys(n: int, heads: int = 8, d: int = 64) -> torch.Tensor:
+    return torch.zeros(1, 1, 1).expand(n, heads, d)  # only shape and dtype matter to the rule
+
+
+def test_source_spread_tells_random_edges_from_local_ones():
+    assert source_spread(graphs.random(4000, 4000, 40_000, seed=0)) == pytest.approx(1 / 3, abs=0.02)
+    assert source_spread(graphs.window(4000, 8)) < 0.002
+    assert source_spread(graphs.from_blocks([("full", 40, 40)] * 100)) < 0.01
+
+
+def test_head_major_only_for_large_graphs_without_locality():
+    big, small = graphs.random(20_000, 20_000, 40_000, seed=0), graphs.random(10_000, 10_000, 20_000, seed=0)
+    # a third of 20K sources of 8 * 64 floats is 13 MiB; of 10K, 6.8 MiB
+    assert 20_000 * 8 * 64 * 4 / 3 > HEAD_MAJOR_MIN_BYTES > 10_000 * 8 * 64 * 4 / 3
+    assert prefers_head_major(big, _keys(20_000))
+    assert not prefers_head_major(small, _keys(10_000))
+    assert not prefers_head_major(big, _keys(20_000, heads=1))  # one head: the layouts coincide
+    assert not prefers_head_major(graphs.window(65_536, 8), _keys(65_536))  # large, but local
+
+
+def test_csr_takes_the_head_major_path_where_the_rule_says(monkeypatch):
+    calls = []
+    forward = csr_module.head_major_forward
+    monkeypatch.setattr(csr_module, "head_major_forward", lambda *a: calls.append(1) or forward(*a))
+    g = graphs.random(20_000, 20_000, 40_000, seed=0)
+    q, k, v = (torch.randn(20_000, 8, 64) for _ in range(3))
+    out = edge_attention(q, k, v, g, backend="csr")
+    assert calls == [1]
+    inter = csr_attention(
+        q,
+        k,
+        v,
+        g,
+        scale=0.125,
+        clamp=(-5.0, 5.0),
+        bias=None,
+        dropout_mask=None,
+        return_weights=False,
+        layout="interleaved",
+    )[0]
+    assert calls == [1]
+    assert torch.allclose(out, inter, atol=1e-5)
+
+
+def test_head_major_memory_is_read_in_place_with_the_same_results():
+    g = graphs.random(50, 40, 300, seed=3)
+    heads, d = 3, 8
+    base = [torch.randn(n, heads, d, dtype=torch.float64) for n in (40, 50, 50)]
+    grad_out = torch.randn(40, heads, d, dtype=torch.float64)
+    results = []
+    for head_major in (False, True):
+        q, k, v = (
+            (t.transpose(0, 1).contiguous().transpose(0, 1) if head_major else t.clone()).requires_grad_() for t in base
+        )
+        assert q.transpose(0, 1).is_contiguous() == head_major
+        out, _ = csr_attention(
+            q, k, v, g, scale=0.3, clamp=None, bias=None, dropout_mask=None, return_weights=False, layout="head-major"
+        )
+        grads = torch.autograd.grad(out, (q, k, v), grad_out)
+        if head_major:  # gradients keep the inputs' memory layout
+            assert all(gr.transpose(0, 1).is_contiguous() for gr in grads)
+        results.append((out, *grads))
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_unknown_layout_is_rejected_by_name():
+    g = graphs.window(8, 1)
+    q = torch.randn(8, 2, 4)
+    with pytest.raises(ValueError, match="layout must be one of .* got 'rows'"):
+        csr_attention(
+            q, q, q, g, scale=1.0, clamp=None, bias=None, dropout_mask=None, return_weights=False, layout="rows"
+        )
