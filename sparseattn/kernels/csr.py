@@ -349,8 +349,7 @@ def csr_attention(
     (E = 0, or H, D, Dv = 0) go to the reference backend.
 
     layout: "interleaved" (all heads in one sparse call), "head-major" (one head at a time, for
-    graphs without locality; see csr_head_major.py) or None to let `prefers_head_major` choose.
-    Under torch.compile the layout is always interleaved."""
+    graphs without locality; see csr_head_major.py) or None to let `prefers_head_major` choose."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     dtype, acc = q.dtype, accumulation_dtype(q.dtype)
@@ -358,10 +357,13 @@ def csr_attention(
     bias = None if bias is None else bias.to(acc)
     mask = None if dropout_mask is None else dropout_mask.to(acc)
     if torch.compiler.is_compiling() or torch.compiler.is_exporting():  # dynamo cannot trace sparse tensors
-        from .csr_ops import csr_op_attention
+        from .csr_ops import csr_op_attention, csr_op_head_major_attention
 
-        q, k, v = (t.contiguous() for t in (q, k, v))
-        out, weights = csr_op_attention(q, k, v, graph, scale, clamp, bias, mask, return_weights)
+        if layout == "head-major" or (layout is None and prefers_head_major(graph, k)):
+            out, weights = csr_op_head_major_attention(q, k, v, graph, scale, clamp, bias, mask, return_weights)
+        else:
+            q, k, v = (t.contiguous() for t in (q, k, v))
+            out, weights = csr_op_attention(q, k, v, graph, scale, clamp, bias, mask, return_weights)
     else:
         out, weights = CSRAttention.apply(q, k, v, bias, mask, graph, scale, clamp, return_weights, layout)
     return out.to(dtype), (weights.to(dtype) if weights is not None and return_weights else None)

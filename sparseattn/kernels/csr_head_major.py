@@ -14,7 +14,7 @@ graph: forward+backward about 20% faster; on a window graph about 25% slower).
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -85,6 +85,10 @@ class HeadMajorPattern:
         return x.t().contiguous() if self.sorted_pos is None else x.t().index_select(0, self.sorted_pos)
 
 
+# what the kernels read of a pattern: a HeadMajorPattern, or csr_ops' _Index rebuilt from custom-op arguments
+HeadMajorIndex = Any
+
+
 def head_major_pattern(graph: Graph) -> HeadMajorPattern:
     return graph.cached("csr_head_major", lambda: HeadMajorPattern(graph))
 
@@ -104,7 +108,7 @@ def head_major_forward(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    pat: HeadMajorPattern,
+    pat: HeadMajorIndex,
     scale: float,
     clamp: Optional[Tuple[float, float]],
     bias: Optional[Tensor],
@@ -150,7 +154,7 @@ def head_major_backward(
     score: Optional[Tensor],
     z_safe: Tensor,
     mask: Optional[Tensor],
-    pat: HeadMajorPattern,
+    pat: HeadMajorIndex,
     scale: float,
     clamp,
     need: Tuple[bool, bool, bool, bool],

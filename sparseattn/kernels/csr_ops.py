@@ -7,7 +7,9 @@ so the graph's structure must be built before compiling (one eager call, or `pre
 Both paths run the same `_csr_forward`/`_csr_backward`.
 
 Shapes: q2 (N_dst * H, D), k2 (N_src * H, D), v2 (N_src * H, Dv); bias, mask and every per-edge
-value in slot order (H * E,) (see csr.py); out (N_dst * H, Dv); z (N_dst * H,).
+value in slot order (H * E,) (see csr.py); out (N_dst * H, Dv); z (N_dst * H,). The head-major
+ops (csr_head_major.py) take q (N_dst, H, D), k, v (N_src, H, D) and per-edge values (H, E) in
+destination-sorted order; z is (H, N_dst).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import Tensor
 
 from ..graphs import Graph
 from .csr import _csr_backward, _csr_forward, _pattern
+from .csr_head_major import head_major_backward, head_major_forward, head_major_pattern, source_spread
 from .sparse_calls import take
 
 
@@ -140,11 +143,125 @@ def _backward(ctx, grad_out, grad_p, _w, _score, _z):
 csr_forward.register_autograd(_backward, setup_context=_setup)
 
 
+@torch.library.custom_op("sparseattn::csr_head_major_forward", mutates_args=())
+def head_major_forward_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    crow: Tensor,
+    col: Tensor,
+    offsets: Tensor,
+    row: Tensor,
+    ccrow: Tensor,
+    ccol: Tensor,
+    to_csc: Tensor,
+    bias: Optional[Tensor],
+    mask: Optional[Tensor],
+    scale: float,
+    clamp: Optional[List[float]],
+    return_weights: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Returns out, p = w / z if return_weights (else empty), w, score (empty in exact mode), z."""
+    idx = _Index(crow, col, offsets, row, ccrow, ccol, to_csc, (q.shape[0], k.shape[0]))
+    out, w, score, z = head_major_forward(q, k, v, idx, scale, _clamp(clamp), bias, mask)
+    p = w / z.index_select(1, row) if return_weights else w.new_empty(0)
+    return out, p, w, w.new_empty(0) if score is None else score, z
+
+
+@head_major_forward_op.register_fake
+def _(q, k, v, crow, col, offsets, row, ccrow, ccol, to_csc, bias, mask, scale, clamp, return_weights):
+    heads, nnz = q.shape[1], col.shape[0]
+    return (
+        q.new_empty(q.shape[0], heads, v.shape[2]),
+        q.new_empty(heads, nnz) if return_weights else q.new_empty(0),
+        q.new_empty(heads, nnz),
+        q.new_empty(0) if clamp is None else q.new_empty(heads, nnz),
+        q.new_empty(heads, q.shape[0]),
+    )
+
+
+@torch.library.custom_op("sparseattn::csr_head_major_backward", mutates_args=())
+def head_major_backward_op(
+    grad_out: Tensor,
+    grad_p: Optional[Tensor],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    w: Tensor,
+    score: Tensor,
+    z: Tensor,
+    mask: Optional[Tensor],
+    crow: Tensor,
+    col: Tensor,
+    offsets: Tensor,
+    row: Tensor,
+    ccrow: Tensor,
+    ccol: Tensor,
+    to_csc: Tensor,
+    scale: float,
+    clamp: Optional[List[float]],
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Returns dq, dk, dv (shaped and strided as q, k, v) and ds ((H, E), the gradient of bias)."""
+    idx = _Index(crow, col, offsets, row, ccrow, ccol, to_csc, (q.shape[0], k.shape[0]))
+    sc = score if clamp is not None else None
+    return head_major_backward(grad_out, grad_p, q, k, v, w, sc, z, mask, idx, scale, _clamp(clamp), (True,) * 4)
+
+
+@head_major_backward_op.register_fake
+def _(grad_out, grad_p, q, k, v, w, score, z, mask, crow, col, offsets, row, ccrow, ccol, to_csc, scale, clamp):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w)
+
+
+def _head_major_backward(ctx, grad_out, grad_p, _w, _score, _z):
+    q, k, v, w, score, z, mask, *index = ctx.saved_tensors
+    gp = grad_p if grad_p is not None and grad_p.numel() else None
+    dq, dk, dv, ds = head_major_backward_op(grad_out, gp, q, k, v, w, score, z, mask, *index, ctx.scale, ctx.clamp)
+    return (dq, dk, dv) + (None,) * 7 + ((ds if ctx.has_bias else None), None, None, None, None)
+
+
+head_major_forward_op.register_autograd(_head_major_backward, setup_context=_setup)
+
+
 def prepare(graph: Graph, heads: int) -> None:
     """Build and cache everything csr needs for this graph and head count (forward, backward and
-    returned weights), so that compiled code only reads cached tensors."""
+    returned weights, in both layouts), so that compiled code only reads cached tensors."""
     pat = _pattern(graph, heads)
     pat.from_caller, pat.ccrow, pat.to_caller  # noqa: B018 (touching them builds them)
+    head_major_pattern(graph)
+    source_spread(graph)
+
+
+def csr_op_head_major_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    graph: Graph,
+    scale: float,
+    clamp,
+    bias: Optional[Tensor],
+    mask: Optional[Tensor],
+    return_weights: bool,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """`csr_op_attention` in the head-major layout (same arguments and results)."""
+    hm = head_major_pattern(graph)
+    out, p, _, _, _ = head_major_forward_op(
+        q,
+        k,
+        v,
+        hm.crow,
+        hm.col,
+        hm.offsets,
+        hm.row,
+        hm.ccrow,
+        hm.ccol,
+        hm.to_csc,
+        hm.to_sorted(bias),
+        hm.to_sorted(mask),
+        scale,
+        None if clamp is None else list(clamp),
+        return_weights,
+    )
+    return out, hm.to_caller(p) if return_weights else None
 
 
 def csr_op_attention(

@@ -6,7 +6,8 @@ import torch
 
 from sparseattn import edge_attention, graphs, kernels
 from sparseattn.kernels import choose_auto
-from sparseattn.kernels.csr_ops import csr_forward, prepare
+from sparseattn.kernels import csr as csr_module
+from sparseattn.kernels.csr_ops import csr_forward, head_major_forward_op, prepare
 
 
 def _inputs(g, heads=2, dim=4, dtype=torch.float32):
@@ -17,9 +18,12 @@ def _inputs(g, heads=2, dim=4, dtype=torch.float32):
     ]
 
 
+@pytest.mark.parametrize("layout", ["interleaved", "head-major"])
 @pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
-def test_no_graph_break_and_compiled_equals_reference(backend):
-    """aot_eager traces forward and backward through AOTAutograd like inductor, without codegen (~1 min here)."""
+def test_no_graph_break_and_compiled_equals_reference(backend, layout, monkeypatch):
+    """aot_eager traces forward and backward through AOTAutograd like inductor, without codegen (~1 min
+    here). Both csr layouts: the automatic choice is forced one way or the other."""
+    monkeypatch.setattr(csr_module, "prefers_head_major", lambda graph, k: layout == "head-major")
     g = graphs.window(30, 3)
     prepare(g, 2)
     q, k, v = _inputs(g)
@@ -83,6 +87,27 @@ def test_ops_gradcheck(clamp):
                 True,
             ),
         )
+
+
+@pytest.mark.parametrize("clamp", [[-0.5, 0.5], None])
+def test_head_major_ops_gradcheck(clamp):
+    """The head-major custom ops' autograd rule in float64 (unsorted edges, so the caller-order
+    conversions run too), and their schema and fake kernels (opcheck)."""
+    from sparseattn.kernels.csr_head_major import head_major_pattern
+    from sparseattn.kernels.csr_ops import csr_op_head_major_attention
+
+    g = graphs.random(5, 4, 14, seed=2)
+    prepare(g, 2)
+    q, k, v = _inputs(g, dim=3, dtype=torch.float64)
+    bias = torch.randn(g.num_edges, 2, dtype=torch.float64, requires_grad=True)
+
+    def f(q, k, v, bias):
+        return csr_op_head_major_attention(q, k, v, g, 0.8, clamp, bias, None, True)
+
+    assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7)
+    hm = head_major_pattern(g)
+    index = (hm.crow, hm.col, hm.offsets, hm.row, hm.ccrow, hm.ccol, hm.to_csc)
+    torch.library.opcheck(head_major_forward_op, (q, k, v, *index, hm.to_sorted(bias), None, 0.8, clamp, True))
 
 
 def _index(g):
