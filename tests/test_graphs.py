@@ -68,6 +68,23 @@ def test_csr_and_csc_are_consistent_with_the_edges():
     assert g.csr() is g.csr()  # cached
 
 
+@pytest.mark.parametrize("presorted", [True, False])
+def test_csc_orders_by_source_then_destination_and_keeps_duplicates_stable(presorted):
+    """csc sorts by source alone when the edges come destination-major (a stable sort keeps each
+    source's destinations in order), by the (source, destination) key otherwise: same result."""
+    gen = torch.Generator().manual_seed(0)
+    ei = torch.randint(0, 7, (2, 60), generator=gen)
+    key = ei[1] * 7 + ei[0]
+    if presorted:
+        ei = ei[:, torch.argsort(key, stable=True)]
+    g = Graph(ei, num_src=7, num_dst=7)
+    assert g.is_sorted_by_dst == presorted
+    cptr, row, cperm = g.csc()
+    want = torch.argsort(ei[0] * 7 + ei[1], stable=True)  # (source, destination), ties in edge order
+    assert torch.equal(cperm, want) and torch.equal(row, ei[1, want])
+    assert cptr.tolist() == [0, *torch.cumsum(torch.bincount(ei[0], minlength=7), 0).tolist()]
+
+
 def test_subgraphs():
     g = graphs.complete(4)
     mask = torch.tensor([True, False, True, False])

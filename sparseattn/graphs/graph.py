@@ -237,7 +237,8 @@ class Graph:
     def csc(self) -> CSR:
         """Source-sorted (transposed) CSR: ptr over sources, idx holds destinations. Cached."""
         if self._csc is None:
-            self._csc = _compress(self.src, self.dst, self._num_src, self._num_dst, False)
+            csc = _compress(self.src, self.dst, self._num_src, self._num_dst, False, cols_sorted=self._sorted_by_dst)
+            self._csc = csc
         return self._csc
 
     def in_degree(self) -> Tensor:
@@ -334,14 +335,29 @@ def _row_pointers(rows: Tensor, num_rows: int) -> Tensor:
     return ptr
 
 
+def _sort_key(rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, cols_sorted: bool) -> Tensor:
+    """A key whose stable sort orders edges by (row, col): the rows alone when the edges already
+    come sorted by col, and int32 when it fits (torch sorts integers by radix: fewer bytes, fewer
+    passes; ~3x faster than the int64 (row, col) key on a 140K-edge window graph)."""
+    key, top = (rows, num_rows) if cols_sorted else (rows * max(num_cols, 1) + cols, num_rows * max(num_cols, 1))
+    return key.int() if top < 2**31 else key
+
+
 def _compress(
-    rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, presorted: bool, ptr: Optional[Tensor] = None
+    rows: Tensor,
+    cols: Tensor,
+    num_rows: int,
+    num_cols: int,
+    presorted: bool,
+    ptr: Optional[Tensor] = None,
+    cols_sorted: bool = False,
 ) -> CSR:
-    """Sort edges by (row, col) and compress rows. Returns ptr (num_rows + 1,), idx, perm."""
+    """Sort edges by (row, col) and compress rows. Returns ptr (num_rows + 1,), idx, perm.
+    cols_sorted: the edges already come sorted by (col, row), so sorting by row alone suffices."""
     if presorted:
         perm = torch.arange(rows.numel(), device=rows.device)
         idx = cols  # already in order: no copy
     else:
-        perm = torch.argsort(rows * max(num_cols, 1) + cols, stable=True)
-        idx = cols[perm]
+        perm = torch.argsort(_sort_key(rows, cols, num_rows, num_cols, cols_sorted), stable=True)
+        idx = cols.index_select(0, perm)
     return CSR(_row_pointers(rows, num_rows) if ptr is None else ptr, idx, perm)

@@ -29,7 +29,7 @@ cache and the heads run one after another instead, with the same formulas (csr_h
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -83,6 +83,30 @@ def _head_slots(
         yield s0, s1, e, take(head_of, row)  # a gather beats row % H
 
 
+_MAX_RUNS = 64  # above this many runs of equal degree, the chunked slot walk is faster
+
+
+def _degree_runs(ptr: Tensor) -> Optional[List[Tuple[int, int, int]]]:
+    """Maximal runs (r0, r1, degree) of consecutive rows with equal, nonzero degree, or None when
+    there are more than _MAX_RUNS (random graphs). Window graphs have a few, batches of blocks one
+    per block size."""
+    deg = ptr.diff()
+    if deg.numel() == 0:
+        return []
+    cuts = torch.nonzero(deg[1:] != deg[:-1]).view(-1) + 1
+    if cuts.numel() >= _MAX_RUNS:
+        return None
+    bounds = [0, *cuts.tolist(), deg.numel()]
+    degrees = deg[bounds[:-1]].tolist()
+    return [(r0, r1, c) for r0, r1, c in zip(bounds[:-1], bounds[1:], degrees) if c > 0]
+
+
+def _run_slots(x: Tensor, heads: int, e0: int, rows: int, degree: int) -> Tensor:
+    """The slots of a run of `rows` rows of equal degree starting at sorted edge e0, as a
+    (rows, H, degree) view of x (H * E,): head row r * H + h holds the row's edges in order."""
+    return x[heads * e0 : heads * (e0 + rows * degree)].view(rows, heads, degree)
+
+
 class _Pattern:
     """Index tensors for one graph and head count H, cached on the graph.
 
@@ -92,8 +116,10 @@ class _Pattern:
     (E, H) tensor of each slot; ccrow, ccol, to_csc (backward): the transposed (N_src * H,
     N_dst * H) pattern and the CSR slot of each transposed slot; to_caller (returned weights, the
     bias gradient): (E, H) slot of each caller edge and head. Index tensors are int32 when they fit
-    (less traffic). Each is a few passes over H * E entries: the forward half costs about a
-    third of a forward on a window graph, the transposed half about as much again.
+    (less traffic). Where rows come in a few runs of equal degree (windows, batches of blocks),
+    each run's slots are a (rows, H, degree) view filled by one broadcast; otherwise a chunked
+    walk over the slots takes a few passes over H * E entries (on a window graph the forward half
+    would cost about a third of a forward, the transposed half as much again).
     """
 
     def __init__(self, graph: Graph, heads: int) -> None:
@@ -104,8 +130,17 @@ class _Pattern:
         nnz = int(crow[-1])
         self.row, self.col = (torch.empty(nnz, dtype=it, device=csr.ptr.device) for _ in range(2))
         src_h = csr.idx.to(it).mul_(h)
-        for s0, s1, e, head in _head_slots(csr.ptr, crow, h, it, row_out=self.row):
-            torch.index_select(src_h, 0, e, out=self.col[s0:s1]).add_(head)
+        runs = _degree_runs(csr.ptr)
+        if runs is not None:
+            head_of = torch.arange(h, dtype=it, device=csr.ptr.device).view(1, h, 1)
+            for r0, r1, c in runs:
+                e0, n = int(csr.ptr[r0]), r1 - r0
+                torch.add(src_h[e0 : e0 + n * c].view(n, 1, c), head_of, out=_run_slots(self.col, h, e0, n, c))
+                head_rows = torch.arange(r0 * h, r1 * h, h, dtype=it, device=csr.ptr.device).view(n, 1, 1) + head_of
+                _run_slots(self.row, h, e0, n, c).copy_(head_rows.expand(n, h, c))
+        else:
+            for s0, s1, e, head in _head_slots(csr.ptr, crow, h, it, row_out=self.row):
+                torch.index_select(src_h, 0, e, out=self.col[s0:s1]).add_(head)
         self.offsets, self.crow, self.heads, self._graph = crow, crow.to(it), h, graph
         self.shape = (graph.num_dst * h, graph.num_src * h)
 
@@ -138,9 +173,19 @@ class _Pattern:
             step = take(csr.ptr.diff(), csc.idx).to(it)  # deg[t]
             dst_h = csc.idx.to(it).mul_(h)
             ccol, to_csc = torch.empty_like(self.col), torch.empty_like(self.col)
-            for s0, s1, ce, head in _head_slots(csc.ptr, ccrow, h, it):
-                torch.index_select(dst_h, 0, ce, out=ccol[s0:s1]).add_(head)
-                torch.index_select(step, 0, ce, out=to_csc[s0:s1]).mul_(head).add_(take(base, ce))
+            runs = _degree_runs(csc.ptr)
+            if runs is not None:
+                head_of = torch.arange(h, dtype=it, device=csc.ptr.device).view(1, h, 1)
+                for r0, r1, c in runs:
+                    e0, n = int(csc.ptr[r0]), r1 - r0
+                    edges = slice(e0, e0 + n * c)
+                    torch.add(dst_h[edges].view(n, 1, c), head_of, out=_run_slots(ccol, h, e0, n, c))
+                    slots = torch.mul(step[edges].view(n, 1, c), head_of, out=_run_slots(to_csc, h, e0, n, c))
+                    slots.add_(base[edges].view(n, 1, c))
+            else:
+                for s0, s1, ce, head in _head_slots(csc.ptr, ccrow, h, it):
+                    torch.index_select(dst_h, 0, ce, out=ccol[s0:s1]).add_(head)
+                    torch.index_select(step, 0, ce, out=to_csc[s0:s1]).mul_(head).add_(take(base, ce))
             return ccrow.to(it), ccol, to_csc
 
         return self._lazy("transposed", build)

@@ -133,6 +133,7 @@ def test_index_built_in_chunks_equals_one_pass(monkeypatch, slots_per_pass):
     not dividing the rows, or covering everything give the same results (unsorted edges,
     duplicates, destinations without edges; values, weights and gradients)."""
     monkeypatch.setattr(csr_module, "_SLOTS_PER_PASS", slots_per_pass)
+    monkeypatch.setattr(csr_module, "_MAX_RUNS", 0)  # the chunked walk, not the degree-run broadcasts
     g, q, k, v, bias, _ = _gradcheck_inputs(None, heads=3)
     out, w = edge_attention(q, k, v, g, bias=bias, backend="csr", return_weights=True)
     ref, ref_w = edge_attention(q, k, v, g, bias=bias, backend="reference", return_weights=True)
@@ -140,3 +141,25 @@ def test_index_built_in_chunks_equals_one_pass(monkeypatch, slots_per_pass):
     grads = torch.autograd.grad((out * ref.detach()).sum() + w.sum(), (q, k, v, bias))
     want = torch.autograd.grad((ref * ref.detach()).sum() + ref_w.sum(), (q, k, v, bias))
     assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(grads, want))
+
+
+@pytest.mark.parametrize(
+    "graph",
+    [
+        graphs.window(40, 3),  # a long run of degree 7 between shorter boundary rows
+        graphs.from_blocks([("full", 3, 3), ("causal", 4, 4), ("full", 5, 2)]),
+        graphs.random(30, 20, 90, seed=4),  # isolated destinations, duplicates
+    ],
+    ids=["window", "blocks", "random"],
+)
+def test_index_from_degree_runs_equals_the_chunked_walk(monkeypatch, graph):
+    """Rows in runs of equal degree are filled by broadcasts; the same index as the chunked walk."""
+    built = []
+    assert csr_module._degree_runs(graph.csr().ptr) is not None  # few enough runs: the broadcast path
+    for max_runs in (10**6, 0):  # runs always, then never
+        monkeypatch.setattr(csr_module, "_MAX_RUNS", max_runs)
+        g = Graph(graph.edge_index, num_src=graph.num_src, num_dst=graph.num_dst)
+        pat = _pattern(g, 3)
+        built.append([pat.crow, pat.col, pat.row, pat.ccrow, pat.ccol, pat.to_csc])
+    for a, b in zip(*built):
+        assert torch.equal(a, b)
