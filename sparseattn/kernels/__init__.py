@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional
 
+import torch
 from torch import Tensor
 
 from ..graphs import Graph
@@ -91,15 +92,17 @@ def choose_auto(q: Tensor, graph: Graph) -> str:
     return "csr"
 
 
-def prepare(graph: Graph, heads: int) -> None:
+def prepare(graph: Graph, heads: int, head_dim: Optional[int] = None, dtype: torch.dtype = torch.float32) -> None:
     """Build and cache every index the CPU kernels read for this graph and head count (csr's
-    interleaved pattern and its transpose; dense's plan when the graph has blocks), so that
+    pattern and its transpose; dense's plan when the graph has blocks), so that
     `torch.compile(fullgraph=True)` or `torch.export` of code calling `edge_attention` on this
-    graph only reads cached tensors: building them would break the compiled graph."""
+    graph only reads cached tensors: building them would break the compiled graph. With the keys'
+    head_dim (and dtype) given, only the csr layout those keys will take is built (on large random
+    graphs the interleaved one is H * E entries that would go unused); without it, both."""
     from .csr_ops import prepare as prepare_csr
     from .dense import prepare as prepare_dense
 
-    prepare_csr(graph, heads)
+    prepare_csr(graph, heads, head_dim, dtype)
     prepare_dense(graph)
 
 

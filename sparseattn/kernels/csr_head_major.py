@@ -41,10 +41,14 @@ def source_spread(graph: Graph) -> float:
 
 
 def prefers_head_major(graph: Graph, k: Tensor) -> bool:
-    """Whether the head-major layout should serve k: (N_src, H, D) on this graph: when the sources
-    read around a destination, spread * N_src rows of H * D values, exceed HEAD_MAJOR_MIN_BYTES."""
-    row_bytes = k.shape[1] * k.shape[2] * k.element_size()
-    if graph.num_edges == 0 or k.shape[1] <= 1 or graph.num_src * row_bytes <= HEAD_MAJOR_MIN_BYTES:
+    """Whether the head-major layout should serve k: (N_src, H, D) on this graph (`head_major_rule`)."""
+    return head_major_rule(graph, k.shape[1], k.shape[1] * k.shape[2] * k.element_size())
+
+
+def head_major_rule(graph: Graph, heads: int, row_bytes: int) -> bool:
+    """True when the sources read around a destination, spread * N_src rows of row_bytes (all
+    heads of one source), exceed HEAD_MAJOR_MIN_BYTES."""
+    if graph.num_edges == 0 or heads <= 1 or graph.num_src * row_bytes <= HEAD_MAJOR_MIN_BYTES:
         return False  # (the last: small enough whatever the spread, which is at most 1)
     return source_spread(graph) * graph.num_src * row_bytes > HEAD_MAJOR_MIN_BYTES
 
@@ -196,4 +200,4 @@ def head_major_backward(
     return dq, dk, dv, ds_all
 
 
-__all__ = ["HEAD_MAJOR_MIN_BYTES", "head_major_pattern", "prefers_head_major", "source_spread"]
+__all__ = ["HEAD_MAJOR_MIN_BYTES", "head_major_pattern", "head_major_rule", "prefers_head_major", "source_spread"]

@@ -21,7 +21,13 @@ from torch import Tensor
 
 from ..graphs import Graph
 from .csr import _csr_backward, _csr_forward, _pattern
-from .csr_head_major import head_major_backward, head_major_forward, head_major_pattern, source_spread
+from .csr_head_major import (
+    head_major_backward,
+    head_major_forward,
+    head_major_pattern,
+    head_major_rule,
+    source_spread,
+)
 from .sparse_calls import take
 
 
@@ -222,13 +228,18 @@ def _head_major_backward(ctx, grad_out, grad_p, _w, _score, _z):
 head_major_forward_op.register_autograd(_head_major_backward, setup_context=_setup)
 
 
-def prepare(graph: Graph, heads: int) -> None:
+def prepare(graph: Graph, heads: int, head_dim: Optional[int] = None, dtype: torch.dtype = torch.float32) -> None:
     """Build and cache everything csr needs for this graph and head count (forward, backward and
-    returned weights, in both layouts), so that compiled code only reads cached tensors."""
-    pat = _pattern(graph, heads)
-    pat.from_caller, pat.ccrow, pat.to_caller  # noqa: B018 (touching them builds them)
-    head_major_pattern(graph)
+    returned weights), so that compiled code only reads cached tensors: the layout csr will pick
+    for keys (N_src, heads, head_dim) of dtype, or both layouts when head_dim is None."""
+    row_bytes = None if head_dim is None else heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+    head_major = None if row_bytes is None else head_major_rule(graph, heads, row_bytes)
     source_spread(graph)
+    if head_major is not False:
+        head_major_pattern(graph)
+    if head_major is not True:
+        pat = _pattern(graph, heads)
+        pat.from_caller, pat.ccrow, pat.to_caller  # noqa: B018 (touching them builds them)
 
 
 def csr_op_head_major_attention(

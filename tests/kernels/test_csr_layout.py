@@ -83,3 +83,16 @@ def test_unknown_layout_is_rejected_by_name():
         csr_attention(
             q, q, q, g, scale=1.0, clamp=None, bias=None, dropout_mask=None, return_weights=False, layout="rows"
         )
+
+
+def test_prepare_with_the_head_dim_builds_only_the_layout_csr_will_take():
+    from sparseattn.kernels import prepare
+
+    random_graph, window = graphs.random(20_000, 20_000, 40_000, seed=0), graphs.window(300, 2)
+    prepare(random_graph, 8, head_dim=64)
+    prepare(window, 8, head_dim=64)
+    assert set(random_graph._cache) >= {"csr_head_major"} and "csr_pattern_h8" not in random_graph._cache
+    assert "csr_pattern_h8" in window._cache and "csr_head_major" not in window._cache
+    both = graphs.window(300, 2)
+    prepare(both, 8)  # head_dim unknown: both layouts
+    assert {"csr_pattern_h8", "csr_head_major"} <= set(both._cache)
