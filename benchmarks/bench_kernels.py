@@ -232,7 +232,7 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
                     FAMILY_INFO[fam.name]["sdpa_kernel"] = sdpa_kernel_name(call)
                     r.note += f"; {FAMILY_INFO[fam.name]['sdpa_kernel']}"
                 elif spec == "compiled":
-                    kernels.prepare(g, HEADS)  # build the index eagerly: compiled code only reads it
+                    kernels.prepare(g, HEADS, DIM)  # build the index eagerly: compiled code only reads it
                     compiled = torch.compile(lambda q_, k_, v_: edge_attention(q_, k_, v_, g), fullgraph=True)
                     call = (lambda c, args: lambda: c(*args))(compiled, leaves)
                 elif spec == "bmm":
