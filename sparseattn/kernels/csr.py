@@ -43,7 +43,7 @@ from .csr_head_major import (
     prefers_head_major,
 )
 from .reference import accumulation_dtype, reference_on_empty, twice_differentiable_backward
-from .sparse_calls import sddmm, spmm, take
+from .sparse_calls import exp_shifted_, sddmm, spmm, take
 
 LAYOUTS = (None, "interleaved", "head-major")
 _SLOTS_PER_PASS = 1 << 20  # index entries built per chunk: 4 MiB temporaries that the allocator reuses
@@ -263,9 +263,7 @@ def _csr_forward(
     if clamp is not None:
         w = scores.clamp(clamp[0], clamp[1]).exp_()
     else:
-        m = _segment(scores, pat, "max")  # (N_dst * H,)
-        m.masked_fill_(torch.isneginf(m), 0.0)  # a head row whose scores are all -inf gets w = 0
-        w, score = scores.sub_(take(m, pat.row)).exp_(), None
+        w, score = exp_shifted_(scores, pat.offsets, pat.row), None
     z = _segment(w, pat, "sum")
     z_safe = z.masked_fill_(z == 0, 1.0)  # no in-edges: wv = 0, so out = 0
     out = spmm(pat.crow, pat.col, w if mask is None else w * mask, v2, pat.shape)

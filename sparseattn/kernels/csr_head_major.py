@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..graphs import Graph
-from .sparse_calls import sddmm, spmm, take
+from .sparse_calls import exp_shifted_, sddmm, spmm, take
 
 _SAMPLE_EDGES = 4096  # edges the locality estimate reads (standard error ~0.005 on random edges)
 # Above this many bytes of sources read around each destination, interleaved reads miss the cache
@@ -134,9 +134,7 @@ def head_major_forward(
         if clamp is not None:
             torch.clamp(s, clamp[0], clamp[1], out=w[h]).exp_()
         else:
-            m = torch.segment_reduce(s, "max", offsets=pat.offsets)  # (N_dst,)
-            m.masked_fill_(torch.isneginf(m), 0.0)  # a row whose scores are all -inf gets w = 0
-            s.sub_(take(m, pat.row)).exp_()
+            exp_shifted_(s, pat.offsets, pat.row)
         z = torch.segment_reduce(w[h], "sum", offsets=pat.offsets)
         z_safe[h] = z.masked_fill_(z == 0, 1.0)  # no in-edges: wv = 0, so out = 0
         # normalized before the SpMM: an (E,) product instead of dividing the strided (N_dst, Dv) rows

@@ -50,3 +50,14 @@ def spmm(
 def take(x: Tensor, index: Tensor) -> Tensor:
     """x[index] for 1-D x: index_select is several times faster than advanced indexing on CPU."""
     return torch.index_select(x, 0, index)
+
+
+def exp_shifted_(scores: Tensor, offsets: Tensor, row: Tensor) -> Tensor:
+    """The numerators of an exact softmax per row, in place: scores (nnz,) -> exp(scores - m[row])
+    with m (rows,) each row's max (0 for a row whose scores are all -inf, so its weights are 0);
+    offsets (rows + 1,) int64 row pointers, row (nnz,) the row of each slot. (Skipping the shift
+    when no exp can overflow was measured ~5% faster on a random graph's forward, but made float32
+    gradients up to 10x less accurate on rows of many duplicate edges: the shift stays.)"""
+    m = torch.segment_reduce(scores, "max", offsets=offsets)
+    m.masked_fill_(torch.isneginf(m), 0.0)
+    return scores.sub_(take(m, row)).exp_()
