@@ -41,7 +41,10 @@ def source_spread(graph: Graph) -> float:
 
 
 def prefers_head_major(graph: Graph, k: Tensor) -> bool:
-    """Whether the head-major layout should serve k: (N_src, H, D) on this graph (`head_major_rule`)."""
+    """Whether the head-major layout should serve k: (N_src, H, D) on this graph (`head_major_rule`).
+    CPU tensors only: the rule is about CPU caches (on CUDA the interleaved layout stays)."""
+    if k.device.type != "cpu":
+        return False
     return head_major_rule(graph, k.shape[1], k.shape[1] * k.shape[2] * k.element_size())
 
 

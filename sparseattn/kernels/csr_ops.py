@@ -234,6 +234,8 @@ def prepare(graph: Graph, heads: int, head_dim: Optional[int] = None, dtype: tor
     for keys (N_src, heads, head_dim) of dtype, or both layouts when head_dim is None."""
     row_bytes = None if head_dim is None else heads * head_dim * torch.empty(0, dtype=dtype).element_size()
     head_major = None if row_bytes is None else head_major_rule(graph, heads, row_bytes)
+    if graph.device.type != "cpu":  # prefers_head_major: the head-major layout serves CPU tensors only
+        head_major = False
     source_spread(graph)
     if head_major is not False:
         head_major_pattern(graph)

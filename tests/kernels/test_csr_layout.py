@@ -28,6 +28,8 @@ def test_head_major_only_for_large_graphs_without_locality():
     assert not prefers_head_major(small, _keys(10_000))
     assert not prefers_head_major(big, _keys(20_000, heads=1))  # one head: the layouts coincide
     assert not prefers_head_major(graphs.window(65_536, 8), _keys(65_536))  # large, but local
+    meta = torch.empty(20_000, 8, 64, device="meta")  # not a CPU tensor: the rule is about CPU caches
+    assert not prefers_head_major(big, meta)
 
 
 def test_csr_takes_the_head_major_path_where_the_rule_says(monkeypatch):
