@@ -8,8 +8,8 @@ need contiguous inputs) and the sparse calls use the graph's own CSR, shared by 
 one call's reads span N_src * D values, 1/H of the data. Outputs are written into their (N, H, D)
 places directly. The index is E entries, not H * E, and per-edge values are (H, E) in
 destination-sorted order. The copies cost about one extra pass over the inputs, which pays off only
-when the reads would miss the cache: `prefers_head_major` decides (measured on a 50K-node random
-graph: forward+backward about 20% faster; on a window graph about 25% slower).
+when the reads would miss the cache: `prefers_head_major` decides (measured: a 50K-node random
+graph's forward+backward 15-25% faster; a window graph's 5% slower, and its forward 70%).
 """
 
 from __future__ import annotations
