@@ -43,7 +43,7 @@ from .csr_head_major import (
     prefers_head_major,
 )
 from .reference import accumulation_dtype, reference_on_empty, twice_differentiable_backward
-from .sparse_calls import exp_shifted_, sddmm, spmm, take
+from .sparse_calls import exp_shifted_, sddmm, sorted_positions, spmm, take, transposed_sorted_positions
 
 LAYOUTS = (None, "interleaved", "head-major")
 _SLOTS_PER_PASS = 1 << 20  # index entries built per chunk: 4 MiB temporaries that the allocator reuses
@@ -107,6 +107,43 @@ def _run_slots(x: Tensor, heads: int, e0: int, rows: int, degree: int) -> Tensor
     return x[heads * e0 : heads * (e0 + rows * degree)].view(rows, heads, degree)
 
 
+def _fill_slots(
+    ptr: Tensor,
+    crow: Tensor,
+    heads: int,
+    itype: torch.dtype,
+    fills: List[Tuple[Tensor, Tensor, Optional[Tensor]]],
+    row_out: Optional[Tensor] = None,
+) -> None:
+    """For each (out, value, step) in fills, write out[slot] = value[e] + head * step[e] (step None:
+    1) over the slots of the head-interleaved CSR of row pointers ptr (crow as `_head_crow` made
+    it), e the sorted edge of each slot and head its head; out (H * E,), value and step (E,) in
+    itype. row_out (H * E,), when given, gets the head row of each slot. Runs of rows of equal
+    degree are filled by one broadcast each; otherwise by the chunked walk of `_head_slots`."""
+    runs = _degree_runs(ptr)
+    if runs is None:
+        for s0, s1, e, head in _head_slots(ptr, crow, heads, itype, row_out=row_out):
+            for out, value, step in fills:
+                if step is None:
+                    torch.index_select(value, 0, e, out=out[s0:s1]).add_(head)
+                else:
+                    torch.index_select(step, 0, e, out=out[s0:s1]).mul_(head).add_(take(value, e))
+        return
+    head_of = torch.arange(heads, dtype=itype, device=ptr.device).view(1, heads, 1)
+    for r0, r1, c in runs:
+        e0, n = int(ptr[r0]), r1 - r0
+        edges = slice(e0, e0 + n * c)
+        for out, value, step in fills:
+            target = _run_slots(out, heads, e0, n, c)
+            if step is None:
+                torch.add(value[edges].view(n, 1, c), head_of, out=target)
+            else:
+                torch.mul(step[edges].view(n, 1, c), head_of, out=target).add_(value[edges].view(n, 1, c))
+        if row_out is not None:
+            head_rows = torch.arange(r0 * heads, r1 * heads, heads, dtype=itype, device=ptr.device).view(n, 1, 1)
+            _run_slots(row_out, heads, e0, n, c).copy_((head_rows + head_of).expand(n, heads, c))
+
+
 class _Pattern:
     """Index tensors for one graph and head count H, cached on the graph.
 
@@ -130,17 +167,7 @@ class _Pattern:
         nnz = int(crow[-1])
         self.row, self.col = (torch.empty(nnz, dtype=it, device=csr.ptr.device) for _ in range(2))
         src_h = csr.idx.to(it).mul_(h)
-        runs = _degree_runs(csr.ptr)
-        if runs is not None:
-            head_of = torch.arange(h, dtype=it, device=csr.ptr.device).view(1, h, 1)
-            for r0, r1, c in runs:
-                e0, n = int(csr.ptr[r0]), r1 - r0
-                torch.add(src_h[e0 : e0 + n * c].view(n, 1, c), head_of, out=_run_slots(self.col, h, e0, n, c))
-                head_rows = torch.arange(r0 * h, r1 * h, h, dtype=it, device=csr.ptr.device).view(n, 1, 1) + head_of
-                _run_slots(self.row, h, e0, n, c).copy_(head_rows.expand(n, h, c))
-        else:
-            for s0, s1, e, head in _head_slots(csr.ptr, crow, h, it, row_out=self.row):
-                torch.index_select(src_h, 0, e, out=self.col[s0:s1]).add_(head)
+        _fill_slots(csr.ptr, crow, h, it, [(self.col, src_h, None)], row_out=self.row)
         self.offsets, self.crow, self.heads, self._graph = crow, crow.to(it), h, graph
         self.shape = (graph.num_dst * h, graph.num_src * h)
 
@@ -155,8 +182,7 @@ class _Pattern:
             caller_h = (g.csr().perm if not g.is_sorted_by_dst else torch.arange(g.num_edges, device=g.device)).to(it)
             caller_h.mul_(h)
             out = torch.empty_like(self.col)
-            for s0, s1, e, head in _head_slots(g.csr().ptr, self.offsets, h, it):
-                torch.index_select(caller_h, 0, e, out=out[s0:s1]).add_(head)
+            _fill_slots(g.csr().ptr, self.offsets, h, it, [(out, caller_h, None)])
             return out
 
         return self._lazy("from_caller", build)
@@ -168,44 +194,21 @@ class _Pattern:
             ccrow = _head_crow(csc.ptr, h)  # transposed slots: head row s * H + hh
             # sorted edge es into destination t, head hh has slot H * ptr[t] + hh * deg[t] + es - ptr[t];
             # per transposed edge (E,): its destination is csc.idx, its sorted position csc.perm mapped
-            sorted_c = csc.perm if g.is_sorted_by_dst else take(self._sorted_pos(), csc.perm)
-            base = take(csr.ptr, csc.idx).mul_(h - 1).add_(sorted_c).to(it)  # head-0 slot
+            base = take(csr.ptr, csc.idx).mul_(h - 1).add_(transposed_sorted_positions(g)).to(it)  # head-0 slot
             step = take(csr.ptr.diff(), csc.idx).to(it)  # deg[t]
             dst_h = csc.idx.to(it).mul_(h)
             ccol, to_csc = torch.empty_like(self.col), torch.empty_like(self.col)
-            runs = _degree_runs(csc.ptr)
-            if runs is not None:
-                head_of = torch.arange(h, dtype=it, device=csc.ptr.device).view(1, h, 1)
-                for r0, r1, c in runs:
-                    e0, n = int(csc.ptr[r0]), r1 - r0
-                    edges = slice(e0, e0 + n * c)
-                    torch.add(dst_h[edges].view(n, 1, c), head_of, out=_run_slots(ccol, h, e0, n, c))
-                    slots = torch.mul(step[edges].view(n, 1, c), head_of, out=_run_slots(to_csc, h, e0, n, c))
-                    slots.add_(base[edges].view(n, 1, c))
-            else:
-                for s0, s1, ce, head in _head_slots(csc.ptr, ccrow, h, it):
-                    torch.index_select(dst_h, 0, ce, out=ccol[s0:s1]).add_(head)
-                    torch.index_select(step, 0, ce, out=to_csc[s0:s1]).mul_(head).add_(take(base, ce))
+            _fill_slots(csc.ptr, ccrow, h, it, [(ccol, dst_h, None), (to_csc, base, step)])
             return ccrow.to(it), ccol, to_csc
 
         return self._lazy("transposed", build)
-
-    def _sorted_pos(self) -> Tensor:
-        """(E,) int64 sorted position of each caller edge."""
-
-        def build() -> Tensor:
-            perm = self._graph.csr().perm
-            pos = torch.empty_like(perm)
-            pos[perm] = torch.arange(perm.numel(), device=perm.device)
-            return pos
-
-        return self._lazy("sorted_pos", build)
 
     @property
     def to_caller(self) -> Tensor:
         def build() -> Tensor:
             g, h = self._graph, self.heads
-            sorted_pos = torch.arange(g.num_edges, device=g.device) if g.is_sorted_by_dst else self._sorted_pos()
+            pos = sorted_positions(g)
+            sorted_pos = torch.arange(g.num_edges, device=g.device) if pos is None else pos
             dst = g.dst
             base = take(g.csr().ptr, dst).mul_(h - 1).add_(sorted_pos)  # (E,) head-0 slot of each caller edge
             step = take(g.csr().ptr.diff(), dst)
@@ -334,16 +337,16 @@ class CSRAttention(torch.autograd.Function):
             mask = hm.to_sorted(dropout_mask)
             out, w, score, z_safe = head_major_forward(q, k, v, hm, scale, clamp, hm.to_sorted(bias), mask)
             weights = hm.to_caller(w / z_safe.index_select(1, hm.row)) if return_weights else None
-            ctx.save_for_backward(q, k, v, bias, dropout_mask, w, score, z_safe, mask)
-            return out, weights
-        pat = ctx.pat = _pattern(graph, heads)
-        q, k, v = (t.contiguous() for t in (q, k, v))
-        q2, k2, v2 = (t.view(-1, t.shape[2]) for t in (q, k, v))  # (N * H, D): views
-        mask = _to_slots(dropout_mask, pat)
-        out, w, score, z_safe = _csr_forward(q2, k2, v2, pat, scale, clamp, _to_slots(bias, pat), mask)
-        weights = _to_caller(w / take(z_safe, pat.row), pat, heads) if return_weights else None
+        else:
+            pat = ctx.pat = _pattern(graph, heads)
+            q, k, v = (t.contiguous() for t in (q, k, v))
+            q2, k2, v2 = (t.view(-1, t.shape[2]) for t in (q, k, v))  # (N * H, D): views
+            mask = _to_slots(dropout_mask, pat)
+            out, w, score, z_safe = _csr_forward(q2, k2, v2, pat, scale, clamp, _to_slots(bias, pat), mask)
+            out = out.view(q.shape[0], heads, -1)
+            weights = _to_caller(w / take(z_safe, pat.row), pat, heads) if return_weights else None
         ctx.save_for_backward(q, k, v, bias, dropout_mask, w, score, z_safe, mask)
-        return out.view(q.shape[0], heads, -1), weights
+        return out, weights
 
     @staticmethod
     def backward(ctx, grad_out, grad_weights):

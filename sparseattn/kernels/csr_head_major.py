@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..graphs import Graph
-from .sparse_calls import exp_shifted_, sddmm, spmm, take
+from .sparse_calls import exp_shifted_, sddmm, sorted_positions, spmm, take, transposed_sorted_positions
 
 _SAMPLE_EDGES = 4096  # edges the locality estimate reads (standard error ~0.005 on random edges)
 # Above this many bytes of sources read around each destination, interleaved reads miss the cache
@@ -74,11 +74,8 @@ class HeadMajorPattern:
         self.row = torch.repeat_interleave(torch.arange(graph.num_dst, dtype=it, device=graph.device), degree)
         self.ccrow, self.ccol = csc.ptr.to(it), csc.idx.to(it)
         self.perm: Optional[Tensor] = None if graph.is_sorted_by_dst else csr.perm
-        self.sorted_pos: Optional[Tensor] = None
-        if self.perm is not None:
-            self.sorted_pos = torch.empty_like(self.perm)
-            self.sorted_pos[self.perm] = torch.arange(self.perm.numel(), device=graph.device)
-        self.to_csc = (csc.perm if self.sorted_pos is None else take(self.sorted_pos, csc.perm)).to(it)
+        self.sorted_pos = sorted_positions(graph)
+        self.to_csc = transposed_sorted_positions(graph).to(it)
         self.shape = (graph.num_dst, graph.num_src)
 
     def to_sorted(self, x: Optional[Tensor]) -> Optional[Tensor]:

@@ -44,6 +44,11 @@ class _Index(NamedTuple):
     shape: Tuple[int, int]
 
 
+def index_args(pat) -> Tuple[Tensor, ...]:
+    """The index tensors the ops take, in their order, from a csr _Pattern or a HeadMajorPattern."""
+    return pat.crow, pat.col, pat.offsets, pat.row, pat.ccrow, pat.ccol, pat.to_csc
+
+
 def _clamp(lo_hi: Optional[List[float]]) -> Optional[Tuple[float, float]]:
     return None if lo_hi is None else (lo_hi[0], lo_hi[1])
 
@@ -138,15 +143,21 @@ def _setup(ctx, inputs, output):
     ctx.scale, ctx.clamp, ctx.has_bias = scale, clamp, bias is not None
 
 
-def _backward(ctx, grad_out, grad_p, _w, _score, _z):
-    # w, score and z are outputs only to be saved for this backward: csr_attention never uses them
-    q2, k2, v2, w, score, z, mask, *index = ctx.saved_tensors
-    gp = grad_p if grad_p is not None and grad_p.numel() else None
-    dq, dk, dv, ds = csr_backward(grad_out, gp, q2, k2, v2, w, score, z, mask, *index, ctx.scale, ctx.clamp)
-    return (dq, dk, dv) + (None,) * 7 + ((ds if ctx.has_bias else None), None, None, None, None)
+def _autograd_rule(backward_op):
+    """The autograd rule of a forward op whose backward is the custom op backward_op (same
+    arguments in both layouts): the gradients of q, k, v and bias, None for the rest."""
+
+    def backward(ctx, grad_out, grad_p, _w, _score, _z):
+        # w, score and z are outputs only to be saved for this backward: csr_attention never uses them
+        q, k, v, w, score, z, mask, *index = ctx.saved_tensors
+        gp = grad_p if grad_p is not None and grad_p.numel() else None
+        dq, dk, dv, ds = backward_op(grad_out, gp, q, k, v, w, score, z, mask, *index, ctx.scale, ctx.clamp)
+        return (dq, dk, dv) + (None,) * 7 + ((ds if ctx.has_bias else None), None, None, None, None)
+
+    return backward
 
 
-csr_forward.register_autograd(_backward, setup_context=_setup)
+csr_forward.register_autograd(_autograd_rule(csr_backward), setup_context=_setup)
 
 
 @torch.library.custom_op("sparseattn::csr_head_major_forward", mutates_args=())
@@ -218,14 +229,7 @@ def _(grad_out, grad_p, q, k, v, w, score, z, mask, crow, col, offsets, row, ccr
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(w)
 
 
-def _head_major_backward(ctx, grad_out, grad_p, _w, _score, _z):
-    q, k, v, w, score, z, mask, *index = ctx.saved_tensors
-    gp = grad_p if grad_p is not None and grad_p.numel() else None
-    dq, dk, dv, ds = head_major_backward_op(grad_out, gp, q, k, v, w, score, z, mask, *index, ctx.scale, ctx.clamp)
-    return (dq, dk, dv) + (None,) * 7 + ((ds if ctx.has_bias else None), None, None, None, None)
-
-
-head_major_forward_op.register_autograd(_head_major_backward, setup_context=_setup)
+head_major_forward_op.register_autograd(_autograd_rule(head_major_backward_op), setup_context=_setup)
 
 
 def prepare(graph: Graph, heads: int, head_dim: Optional[int] = None, dtype: torch.dtype = torch.float32) -> None:
@@ -261,13 +265,7 @@ def csr_op_head_major_attention(
         q,
         k,
         v,
-        hm.crow,
-        hm.col,
-        hm.offsets,
-        hm.row,
-        hm.ccrow,
-        hm.ccol,
-        hm.to_csc,
+        *index_args(hm),
         hm.to_sorted(bias),
         hm.to_sorted(mask),
         scale,
@@ -299,13 +297,7 @@ def csr_op_attention(
         q2,
         k2,
         v2,
-        pat.crow,
-        pat.col,
-        pat.offsets,
-        pat.row,
-        pat.ccrow,
-        pat.ccol,
-        pat.to_csc,
+        *index_args(pat),
         bias,
         mask,
         scale,

@@ -58,63 +58,34 @@ def test_export_traces_the_ops():
     assert torch.allclose(ep.module()(q, k, v), edge_attention(q, k, v, g, clamp=None, backend="reference"), atol=1e-6)
 
 
+@pytest.mark.parametrize("layout", ["interleaved", "head-major"])
 @pytest.mark.parametrize("clamp", [[-0.5, 0.5], None])
-def test_ops_gradcheck(clamp):
-    """The custom ops' autograd rule in float64, called directly (the path compiled code takes)."""
-    from sparseattn.kernels.csr_ops import csr_op_attention
-
-    g = graphs.random(5, 4, 14, seed=2)
-    prepare(g, 2)
-    q, k, v = _inputs(g, dim=3, dtype=torch.float64)
-    bias = torch.randn(g.num_edges, 2, dtype=torch.float64, requires_grad=True)
-
-    def f(q, k, v, bias):
-        return csr_op_attention(q, k, v, g, 0.8, clamp, bias, None, True)
-
-    assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7)
-    if clamp is not None:  # schema, fake kernel and autograd registration agree (opcheck: ~8 s)
-        torch.library.opcheck(
-            csr_forward,
-            (
-                q.reshape(-1, 3),
-                k.reshape(-1, 3),
-                v.reshape(-1, 3),
-                *_index(g),
-                bias.reshape(-1),
-                None,
-                0.8,
-                clamp,
-                True,
-            ),
-        )
-
-
-@pytest.mark.parametrize("clamp", [[-0.5, 0.5], None])
-def test_head_major_ops_gradcheck(clamp):
-    """The head-major custom ops' autograd rule in float64 (unsorted edges, so the caller-order
-    conversions run too), and their schema and fake kernels (opcheck)."""
-    from sparseattn.kernels.csr_head_major import head_major_pattern
-    from sparseattn.kernels.csr_ops import csr_op_head_major_attention
-
-    g = graphs.random(5, 4, 14, seed=2)
-    prepare(g, 2)
-    q, k, v = _inputs(g, dim=3, dtype=torch.float64)
-    bias = torch.randn(g.num_edges, 2, dtype=torch.float64, requires_grad=True)
-
-    def f(q, k, v, bias):
-        return csr_op_head_major_attention(q, k, v, g, 0.8, clamp, bias, None, True)
-
-    assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7)
-    hm = head_major_pattern(g)
-    index = (hm.crow, hm.col, hm.offsets, hm.row, hm.ccrow, hm.ccol, hm.to_csc)
-    torch.library.opcheck(head_major_forward_op, (q, k, v, *index, hm.to_sorted(bias), None, 0.8, clamp, True))
-
-
-def _index(g):
+def test_ops_gradcheck(clamp, layout):
+    """The custom ops' autograd rule in float64, called directly (the path compiled code takes;
+    unsorted edges, so the caller-order conversions run too), and the forward op's schema, fake
+    kernel and autograd registration (opcheck: ~8 s for the interleaved op, so in clamp mode only)."""
     from sparseattn.kernels.csr import _pattern
+    from sparseattn.kernels.csr_head_major import head_major_pattern
+    from sparseattn.kernels.csr_ops import csr_op_attention, csr_op_head_major_attention, index_args
 
-    p = _pattern(g, 2)
-    return p.crow, p.col, p.offsets, p.row, p.ccrow, p.ccol, p.to_csc
+    g = graphs.random(5, 4, 14, seed=2)
+    prepare(g, 2)
+    q, k, v = _inputs(g, dim=3, dtype=torch.float64)
+    bias = torch.randn(g.num_edges, 2, dtype=torch.float64, requires_grad=True)
+    attention = csr_op_head_major_attention if layout == "head-major" else csr_op_attention
+
+    def f(q, k, v, bias):
+        return attention(q, k, v, g, 0.8, clamp, bias, None, True)
+
+    assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7)
+    if layout == "head-major":
+        hm = head_major_pattern(g)
+        args = (q, k, v, *index_args(hm), hm.to_sorted(bias), None, 0.8, clamp, True)
+        torch.library.opcheck(head_major_forward_op, args)
+    elif clamp is not None:
+        flat = (t.reshape(-1, 3) for t in (q, k, v))
+        args = (*flat, *index_args(_pattern(g, 2)), bias.reshape(-1), None, 0.8, clamp, True)
+        torch.library.opcheck(csr_forward, args)
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])

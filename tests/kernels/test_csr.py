@@ -160,6 +160,6 @@ def test_index_from_degree_runs_equals_the_chunked_walk(monkeypatch, graph):
         monkeypatch.setattr(csr_module, "_MAX_RUNS", max_runs)
         g = Graph(graph.edge_index, num_src=graph.num_src, num_dst=graph.num_dst)
         pat = _pattern(g, 3)
-        built.append([pat.crow, pat.col, pat.row, pat.ccrow, pat.ccol, pat.to_csc])
+        built.append([pat.crow, pat.col, pat.row, pat.ccrow, pat.ccol, pat.to_csc, pat.from_caller, pat.to_caller])
     for a, b in zip(*built):
         assert torch.equal(a, b)
