@@ -3,6 +3,7 @@
     python benchmarks/bench_triton_gpu.py --out $OUT --budget 400             # the table, both clamp modes
     python benchmarks/bench_triton_gpu.py --cases random,window8 --contenders triton,pyg --no-backward
     python benchmarks/bench_triton_gpu.py --sweep --cases random,window8 --out $OUT  # forward layouts x tiles
+    python benchmarks/bench_triton_gpu.py --sweep-backward --cases random,window8 --modes clamp --out $OUT
     python benchmarks/bench_triton_gpu.py --smoke --contenders csr,reference,pyg --out /tmp/b  # tiny, CPU
 
 Cases (CASES; H=8, D=Dv=64, bfloat16 on a GPU, float32 in --smoke), each with clamp=(-5, 5) and exact:
@@ -15,7 +16,8 @@ computes (gather, torch_geometric.utils.softmax over destinations, scatter-add; 
 flex, compiled FlexAttention with a BlockMask built from the graph's CSR and a mask_mod that looks up
 each destination's source range (graphs where that range has holes are skipped); sdpa, on the
 (B, H, L, D) batch of a graph of equal complete blocks (exact mode; the kernel that ran is named).
---sweep times instead the triton forward under each setting in SWEEP (layouts, tiles, warps, stages).
+--sweep times instead the triton forward under each setting in SWEEP (layouts, tiles, warps, stages);
+--sweep-backward times forward+backward under each backward setting in SWEEP_BACKWARD (edge tile, warps).
 Correctness first: each contender's output on ALL destinations, computed while torch fills new memory
 with NaN (so rows a kernel never writes show up), must be within TOL of the reference backend run in
 float32 on the same inputs; a contender that is not is marked WRONG, not timed, and the exit status is 1.
@@ -24,7 +26,7 @@ forward alone, "fwd+bwd" forward and backward. Rate of the forward: bytes = q an
 destination, k and v rows and the int64 source index once per edge, (N_dst + E) H (D + Dv) size + 8 E,
 in GB/s and as a fraction of the device's peak HBM bandwidth (--peak-gbs, default from PEAK_GBS by
 device name); the header also gives the measured device copy rate.
-Writes bench_triton_gpu_<machine>[_sweep][_smoke].{json,png,log} into --out.
+Writes bench_triton_gpu_<machine>[_sweep|_sweep-backward][_smoke].{json,png,log} into --out.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ PEAK_GBS = [
     ("A100-SXM4-80GB", 2039),
     ("A100", 1555),
 ]  # by the first substring of the device name that matches
+SWEEP_BACKWARD = dict(BLOCK_E=(4, 8, 16, 32), num_warps=(1, 2, 4))  # the two backward kernels' launch
 SWEEP = {
     "tile": dict(BLOCK_E=(16, 32, 64), num_warps=(2, 4, 8), num_stages=(None,)),
     "lanes": dict(BLOCK_E=(8, 16, 32), num_warps=(2, 4), num_stages=(1, 2, 3)),
@@ -106,19 +109,24 @@ class Run:
     backward: bool = True  # False: forward only
 
 
-def make_backend(name, **settings):
-    """A sparseattn backend; for triton, optionally with forward settings forced (`forward_config`)."""
+def make_backend(name, backward=None, **settings):
+    """A sparseattn backend; for triton, optionally with forward settings (`forward_config`) and
+    backward settings (`backward_config`, a dict) forced."""
 
     def make(g, clamp, q, k, v):
         from sparseattn.kernels import choose_auto
 
         if name == "auto" and choose_auto(q, g) == "triton":
             raise Skip("auto picks triton here")
-        if settings:
-            from sparseattn.kernels.triton_kernel import forward_config
+        if settings or backward:
+            from sparseattn.kernels.triton_kernel import backward_config, forward_config
 
         def fn():
-            with forward_config(**settings) if settings else contextlib.nullcontext():
+            with contextlib.ExitStack() as stack:
+                if settings:
+                    stack.enter_context(forward_config(**settings))
+                if backward:  # in force when the forward runs, so its backward uses them
+                    stack.enter_context(backward_config(**backward))
                 return edge_attention(q, k, v, g, scale=SCALE, clamp=clamp, backend=name)
 
         return Run(fn)
@@ -229,6 +237,14 @@ def sweep_contenders() -> dict:
             cfg = dict(zip(axes, values))
             name = f"{layout} E{cfg['BLOCK_E']} w{cfg['num_warps']} s{cfg['num_stages']}"
             out[name] = make_backend("triton", layout=layout, **cfg)
+    return out
+
+
+def sweep_backward_contenders() -> dict:
+    """The default triton backend, then every SWEEP_BACKWARD setting, named like "bwd E8 w1"."""
+    out = {"triton": make_backend("triton")}
+    for block_e, warps in itertools.product(*SWEEP_BACKWARD.values()):
+        out[f"bwd E{block_e} w{warps}"] = make_backend("triton", backward=dict(BLOCK_E=block_e, num_warps=warps))
     return out
 
 
@@ -432,6 +448,9 @@ def main(argv=None) -> int:
     parser.add_argument("--modes", default=",".join(CLAMPS), help=", ".join(CLAMPS))
     parser.add_argument("--contenders", default="triton,csr,auto,pyg,flex,sdpa", help=", ".join(CONTENDERS))
     parser.add_argument("--sweep", action="store_true", help="time the triton forward under each SWEEP setting")
+    parser.add_argument(
+        "--sweep-backward", action="store_true", help="time triton fwd+bwd under each SWEEP_BACKWARD setting"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes in float32 on CPU")
     parser.add_argument("--no-backward", action="store_true", help="time the forward only")
     parser.add_argument("--warmup", type=int, default=3)
@@ -451,13 +470,25 @@ def main(argv=None) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: the GPU benchmark needs one (--smoke runs tiny sizes on CPU); nothing to do")
         return 0
-    contenders = sweep_contenders() if args.sweep else {n: CONTENDERS[n] for n in args.contenders.split(",")}
+    if args.sweep and args.sweep_backward:
+        parser.error("--sweep and --sweep-backward are separate runs")
+    if args.sweep:
+        contenders = sweep_contenders()
+    elif args.sweep_backward:
+        contenders = sweep_backward_contenders()
+    else:
+        contenders = {n: CONTENDERS[n] for n in args.contenders.split(",")}
     if device == "cpu" and "triton" in contenders:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are first imported
     args.no_backward = args.no_backward or args.sweep  # the backward does not depend on forward settings
     info = machine(args, device)
     path = os.path.join(
-        args.out, "bench_triton_gpu_" + harness.machine_tag(info) + "_sweep" * args.sweep + "_smoke" * args.smoke
+        args.out,
+        "bench_triton_gpu_"
+        + harness.machine_tag(info)
+        + "_sweep" * args.sweep
+        + "_sweep-backward" * args.sweep_backward
+        + "_smoke" * args.smoke,
     )
     os.makedirs(args.out, exist_ok=True)
     with open(path + ".log", "w") as log:
@@ -473,7 +504,7 @@ def main(argv=None) -> int:
             f"outputs checked on all destinations against the float32 reference (tolerance {TOL[dtype]:g})"
         )
         rows, wrong = run_cases(args, contenders, device, dtype, info, say)
-        goals = {} if args.sweep else targets(rows, info["peak_gb_s"])
+        goals = {} if args.sweep or args.sweep_backward else targets(rows, info["peak_gb_s"])
         say("\ntargets: " + "; ".join(f"{k}: {_fmt(v, '.2f').strip()}" for k, v in goals.items()))
         say(f"wrong: {', '.join(wrong) or 'none'}")
         config = dict(vars(args), dtype=str(dtype), H=H, D=D, tol=TOL[dtype])

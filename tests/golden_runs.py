@@ -104,6 +104,7 @@ def _run(name: str) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         over = dict(CASES[name], out=str(Path(tmp) / "run"), progress=False, plots=False, log_every=1, threads=1)
+        over["device"] = "cpu"  # the fixture holds CPU numbers
         if over["task"] == "chunking":
             data = Path(tmp) / "data" / "conll2000"
             data.mkdir(parents=True)

@@ -12,8 +12,9 @@ with torch's own autograd. A bucket accepts a block while its padded area stays 
 buckets call `F.scaled_dot_product_attention` in exact mode (clamp=None), and in clamp mode for
 the rows whose scores provably stay inside the clamp (`_clamp_cannot_bind`), where clamp-exp is
 exact softmax; the other clamp-mode rows run `DenseClampAttention` (hand-written backward).
-Under torch.compile and torch.export every clamp-mode row runs `DenseClampAttention` (no branch
-on the data, so no graph break); `prepare(graph)` builds the cached plan before compiling.
+Under torch.compile and torch.export every clamp-mode row runs the same math in out-of-place ops
+that autograd differentiates (no branch on the data, so no graph break; compiled code through the
+Function gave zero gradients under torch 2.11); `prepare(graph)` builds the cached plan before compiling.
 Half types run in float32. Inside a block every destination sees every
 source value, so NaN/inf in one source row reaches the whole block (the sparse backends keep it
 to the destinations with an edge from that row).
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..graphs import Block, Graph, block_edges
-from .reference import accumulation_dtype
+from .reference import accumulation_dtype, create_graph_backward
 
 MAX_WASTE = 0.25  # a bucket's padded area may exceed its blocks' areas by at most this fraction
 MAX_BUCKET_PAIRS = 2**24  # B * Lq * Lk per bucket (times H in memory)
@@ -240,7 +241,7 @@ class DenseClampAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         qb, kb, vb, qc, kc, vc, mask, out, w, z, inside = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: recompute with differentiable ops
+        if create_graph_backward():  # create_graph=True: recompute with differentiable ops
             again = _clamp_forward_differentiable(qb, kb, vb, mask, ctx.scale, ctx.clamp)
             wanted = [t for t, need in zip((qb, kb, vb), ctx.needs_input_grad[:3]) if need]
             grads = iter(torch.autograd.grad(again, wanted, grad_out, create_graph=True))
@@ -267,9 +268,12 @@ def _plain_clamp_attention(qb, kb, vb, bk: _Bucket, scale, clamp, sdpa) -> Tenso
     """Clamp mode without bias, dropout or returned weights on one bucket: qb (B, H, lq, D),
     kb (B, H, lk, D), vb (B, H, lk, Dv) -> (B, H, lq, Dv). `sdpa()` (None unless the bucket has an
     SDPA shape) computes exact softmax, which eager mode takes for the rows that the clamp provably
-    cannot reach; compiled code runs every row through DenseClampAttention (equal up to rounding)
-    instead of branching on the data."""
-    if sdpa is None or _tracing():
+    cannot reach; compiled code runs every row through `_clamp_forward_differentiable` (equal up
+    to rounding) instead of branching on the data."""
+    if _tracing():  # out-of-place ops, differentiated by autograd: under torch 2.11, compiled
+        # code through DenseClampAttention gave zero gradients (H100 run, tests/kernels/test_compile.py)
+        return _clamp_forward_differentiable(qb, kb, vb, bk.mask, scale, clamp)
+    if sdpa is None:
         return DenseClampAttention.apply(qb, kb, vb, bk.mask, scale, clamp)
     exact = _clamp_cannot_bind(qb, kb, scale, clamp, bk.kind == "causal")  # (B, H, lq, 1)
     if bool(exact.all()):

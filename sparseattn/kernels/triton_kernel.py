@@ -36,7 +36,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..graphs import Graph
-from .reference import accumulation_dtype, reference_on_empty, twice_differentiable_backward
+from .reference import accumulation_dtype, create_graph_backward, reference_on_empty, twice_differentiable_backward
 
 MAX_HEAD_DIM = 256
 _TL_DTYPE = {torch.float32: tl.float32, torch.float64: tl.float64}
@@ -103,9 +103,7 @@ def _fwd_kernel(
     H,
     D,
     DV,
-    scale: "fp64",
-    lo: "fp64",
-    hi: "fp64",
+    SCALARS,
     BLOCK_E: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -126,7 +124,7 @@ def _fwd_kernel(
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BLOCK_H,)
     in_h = heads < H
-    sc, lo, hi = tl.full([], scale, ACC), tl.full([], lo, ACC), tl.full([], hi, ACC)
+    sc, lo, hi = tl.load(SCALARS), tl.load(SCALARS + 1), tl.load(SCALARS + 2)  # in ACC
     offs_e, offs_d, offs_dv = tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     start, end = tl.load(PTR + t), tl.load(PTR + t + 1)
     q = tl.load(
@@ -227,9 +225,7 @@ def _bwd_dq_kernel(
     H,
     D,
     DV,
-    scale: "fp64",
-    lo: "fp64",
-    hi: "fp64",
+    SCALARS,
     BLOCK_E: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
@@ -242,7 +238,7 @@ def _bwd_dq_kernel(
     """One pass: with g = clamp indicator, dq = scale (sum g p dp k - delta sum g p k), delta = sum p dp."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
-    sc, lo, hi = tl.full([], scale, ACC), tl.full([], lo, ACC), tl.full([], hi, ACC)
+    sc, lo, hi = tl.load(SCALARS), tl.load(SCALARS + 1), tl.load(SCALARS + 2)  # in ACC
     offs_e, offs_d, offs_dv = tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     start, end = tl.load(PTR + t), tl.load(PTR + t + 1)
     q = tl.load(Q + t * sq_n + h * sq_h + offs_d, mask=offs_d < D, other=0.0).to(ACC)
@@ -317,9 +313,7 @@ def _bwd_dkdv_kernel(
     H,
     D,
     DV,
-    scale: "fp64",
-    lo: "fp64",
-    hi: "fp64",
+    SCALARS,
     BLOCK_E: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
@@ -332,7 +326,7 @@ def _bwd_dkdv_kernel(
     place, so a triton.autotune of this kernel needs restore_value=["DS"]."""
     u = tl.program_id(0).to(tl.int64)  # a source node; PTR/IDX/PERM are the transposed CSR
     h = tl.program_id(1).to(tl.int64)
-    sc, lo, hi = tl.full([], scale, ACC), tl.full([], lo, ACC), tl.full([], hi, ACC)
+    sc, lo, hi = tl.load(SCALARS), tl.load(SCALARS + 1), tl.load(SCALARS + 2)  # in ACC
     offs_e, offs_d, offs_dv = tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     start, end = tl.load(PTR + u), tl.load(PTR + u + 1)
     k = tl.load(K + u * sk_n + h * sk_h + offs_d, mask=offs_d < D, other=0.0).to(ACC)
@@ -369,13 +363,23 @@ def _bwd_dkdv_kernel(
 
 
 def _tiles(d: int, dv: int, mean_degree: float) -> dict:
-    """Tile sizes of the per-head kernels: BLOCK_D/BLOCK_DV pad D/Dv to powers of two; an edge tile
+    """Tile sizes of the tile and lanes forward layouts: BLOCK_D/BLOCK_DV pad D/Dv to powers of two; an edge tile
     covers the mean degree (16 to 64 edges) but at most ~2048 elements per gathered tile, so
     registers do not spill."""
     block_d, block_dv = triton.next_power_of_2(max(d, 1)), triton.next_power_of_2(max(dv, 1))
     widest = max(block_d, block_dv)
     block_e = min(triton.next_power_of_2(max(16, math.ceil(mean_degree))), 64, max(16, 2048 // widest))
     return dict(BLOCK_E=block_e, BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=4 if block_e * widest >= 2048 else 2)
+
+
+def _bwd_tiles(d: int, dv: int) -> dict:
+    """Tile sizes of the two backward kernels: 8 edges per tile and one warp per 512 elements of a
+    gathered tile (1 to 4). Measured on an H100 (bf16, H=8, D=64; benchmarks/results/): 8 edges with
+    1 warp took fwd+bwd from 85 to 65 ms on a 1M-node random graph, 31 to 11 ms on window r=8, and
+    15 to 7 ms on complete 512-token blocks against `_tiles`' 16-64 edges with 2-4 warps."""
+    block_d, block_dv = triton.next_power_of_2(max(d, 1)), triton.next_power_of_2(max(dv, 1))
+    warps = max(1, min(4, 8 * max(block_d, block_dv) // 512))
+    return dict(BLOCK_E=8, BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=warps)
 
 
 # Forward layouts, to be measured against each other on a GPU (issue 16); the fastest becomes the default.
@@ -390,7 +394,7 @@ LAYOUTS = {
     "lanes": dict(all_heads=False, LANES=True, V_EARLY=True),
     "heads": dict(all_heads=True, LANES=False, V_EARLY=True),
 }
-DEFAULT_LAYOUT = "tile"
+DEFAULT_LAYOUT = "heads"
 _overrides: dict = {}  # set by forward_config()
 
 
@@ -409,18 +413,36 @@ def forward_config(**settings):
         _overrides = saved
 
 
+_bwd_overrides: dict = {}  # set by backward_config()
+
+
+@contextlib.contextmanager
+def backward_config(**settings):
+    """Calls whose forward runs inside the block launch their backward kernels with these settings
+    (BLOCK_E, num_warps) instead of `_bwd_tiles`' choice, whenever that backward runs: how
+    benchmarks sweep them."""
+    global _bwd_overrides
+    if set(settings) - {"BLOCK_E", "num_warps"}:
+        raise ValueError(f"bad backward settings {settings}; the keys are BLOCK_E and num_warps")
+    saved, _bwd_overrides = _bwd_overrides, {**_bwd_overrides, **settings}
+    try:
+        yield
+    finally:
+        _bwd_overrides = saved
+
+
 def _config(d: int, dv: int, heads: int, mean_degree: float) -> dict:
     """Launch settings of `_fwd_kernel`: the layout's flags, BLOCK_H heads per program, tile sizes,
     num_warps, and NUM_STAGES for the edge loop (None: Triton's default, no explicit pipelining).
     tile and lanes use the backward's tiles; heads keeps BLOCK_E * BLOCK_H * max(BLOCK_D, BLOCK_DV)
-    near 4096 elements (BLOCK_E from 1 to 16) with 4 warps."""
+    near 2048 elements (BLOCK_E from 1 to 16) with 4 warps."""
     layout = _overrides.get("layout", DEFAULT_LAYOUT)
     flags = dict(LAYOUTS[layout])
     cfg = _tiles(d, dv, mean_degree)
     if flags.pop("all_heads"):
         block_h = triton.next_power_of_2(max(heads, 1))
         per_edge = block_h * max(cfg["BLOCK_D"], cfg["BLOCK_DV"])
-        cfg.update(BLOCK_E=min(16, 1 << max(0, (4096 // per_edge).bit_length() - 1)), num_warps=4)
+        cfg.update(BLOCK_E=min(16, 1 << max(0, (2048 // per_edge).bit_length() - 1)), num_warps=4)
     else:
         block_h = 1
     cfg.update(BLOCK_H=block_h, NUM_STAGES=None if layout == "tile" else 2, **flags)
@@ -433,10 +455,13 @@ def _strides(t: Optional[Tensor]) -> Tuple[int, int]:
 
 
 def _shared_args(q, v, scale, clamp, bias, dropout_mask):
-    """What every kernel takes: bias and mask (a never-read stand-in when absent), the dims and
-    scalars (H, D, Dv, scale, lo, hi), and the compile-time flags."""
+    """What every kernel takes: bias and mask (a never-read stand-in when absent), the dims
+    (H, D, Dv) and scalars ([scale, lo, hi] in the accumulation dtype), and the compile-time flags."""
     dummy = q.new_empty(1)
     lo, hi = clamp if clamp is not None else (0.0, 0.0)
+    # A tensor, not float arguments: Triton passes Python floats to compiled kernels as float32,
+    # which cost float64 inputs 1e-8 relative error on a GPU (the interpreter keeps them exact).
+    scalars = torch.tensor([scale, lo, hi], dtype=accumulation_dtype(q.dtype), device=q.device)
     flags = dict(
         CLAMP=clamp is not None,
         HAS_BIAS=bias is not None,
@@ -446,7 +471,7 @@ def _shared_args(q, v, scale, clamp, bias, dropout_mask):
     return (
         bias if bias is not None else dummy,
         dropout_mask if dropout_mask is not None else dummy,
-        (q.shape[1], q.shape[2], v.shape[2], scale, lo, hi),
+        (q.shape[1], q.shape[2], v.shape[2], scalars),
         flags,
     )
 
@@ -484,9 +509,10 @@ def _triton_forward(q, k, v, graph, scale, clamp, bias, dropout_mask, return_wei
     return out, lse, (weights if return_weights else None)
 
 
-def _triton_backward(q, k, v, graph, scale, clamp, bias, dropout_mask, lse, d_out, d_weights):
+def _triton_backward(q, k, v, graph, scale, clamp, bias, dropout_mask, lse, d_out, d_weights, tiles):
     """Gradients (dq, dk, dv, dscore) of out (and of weights, if d_weights is given); dscore is
-    (E, H) in caller order and the accumulation dtype: it is dbias."""
+    (E, H) in caller order and the accumulation dtype: it is dbias. tiles: both kernels' launch
+    settings (`_bwd_tiles`, with `backward_config`'s overrides)."""
     (n_dst, h), n_src, num_edges = q.shape[:2], k.shape[0], graph.num_edges
     acc = accumulation_dtype(q.dtype)
     bias_t, mask_t, dims, flags = _shared_args(q, v, scale, clamp, bias, dropout_mask)
@@ -517,7 +543,7 @@ def _triton_backward(q, k, v, graph, scale, clamp, bias, dropout_mask, lse, d_ou
         *dims,
         HAS_DW=d_weights is not None,
         **flags,
-        **_tiles(q.shape[2], v.shape[2], num_edges / n_dst),
+        **tiles,
     )
     _bwd_dkdv_kernel[(n_src, h)](
         q,
@@ -539,7 +565,7 @@ def _triton_backward(q, k, v, graph, scale, clamp, bias, dropout_mask, lse, d_ou
         *_strides(dropout_mask),
         *dims,
         **flags,
-        **_tiles(q.shape[2], v.shape[2], num_edges / n_src),
+        **tiles,
     )
     return dq, dk, dv, ds
 
@@ -556,18 +582,19 @@ class _TritonEdgeAttention(torch.autograd.Function):
             out, lse, weights = _triton_forward(q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights)
         ctx.save_for_backward(q, k, v, bias, dropout_mask, lse)
         ctx.graph, ctx.scale, ctx.clamp = graph, scale, clamp
+        ctx.tiles = {**_bwd_tiles(q.shape[2], v.shape[2]), **_bwd_overrides}  # as set when the forward ran
         return out, weights
 
     @staticmethod
     def backward(ctx, d_out, d_weights):
         q, k, v, bias, dropout_mask, lse = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
+        if create_graph_backward():  # create_graph=True: gradients that can be differentiated again
             return twice_differentiable_backward(ctx, q, k, v, bias, dropout_mask, d_out, d_weights)
         if d_out is None:  # only the weights were used
             d_out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
         with _on(q.device):
             dq, dk, dv, ds = _triton_backward(
-                q, k, v, ctx.graph, ctx.scale, ctx.clamp, bias, dropout_mask, lse, d_out, d_weights
+                q, k, v, ctx.graph, ctx.scale, ctx.clamp, bias, dropout_mask, lse, d_out, d_weights, ctx.tiles
             )
         dbias = ds.to(bias.dtype) if bias is not None and ctx.needs_input_grad[3] else None
         return dq, dk, dv, dbias, None, None, None, None, None

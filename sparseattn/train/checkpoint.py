@@ -116,15 +116,18 @@ def rng_state() -> Dict[str, Any]:
 
 
 def set_rng_state(state: Dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
+    """Restore what `rng_state` saved; its tensors may have been loaded onto a GPU (torch wants the
+    generator states as CPU byte tensors)."""
+    torch.set_rng_state(state["torch"].cpu())
     npy = state["numpy"]
     if isinstance(npy, dict):
         np.random.set_state(
-            (npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["gauss"])
+            (npy["kind"], npy["keys"].cpu().numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["gauss"])
         )
     else:  # a numpy state tuple, as older checkpoints stored it
         np.random.set_state(npy)
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        states = state["cuda"][: torch.cuda.device_count()]  # a run resumed on fewer GPUs
+        torch.cuda.set_rng_state_all([s.cpu() for s in states])

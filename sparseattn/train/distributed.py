@@ -29,14 +29,33 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def process_device(device: str, local_rank: int, local_procs: int, gpus: int) -> str:
+    """The device of process `local_rank` of `local_procs` on a node with `gpus` GPUs: --device=auto
+    takes cuda:<local_rank> only when every local process gets a GPU of its own, else cpu; cuda or
+    cuda:N becomes cuda:<local_rank> (one GPU per process), a ValueError when there are too few."""
+    if device == "auto":
+        device = "cuda" if gpus >= local_procs else "cpu"
+    if not device.startswith("cuda"):
+        return device
+    if local_rank >= gpus:
+        raise ValueError(
+            f"--device={device}: {local_procs} processes on this node but {gpus} GPU(s); "
+            "start at most one process per GPU, or use --device=cpu"
+        )
+    return f"cuda:{local_rank}"
+
+
 def init_from_env(cfg) -> None:
-    """Join the process group torchrun describes in the environment (gloo on CPU, nccl on CUDA)."""
+    """Join the process group torchrun describes in the environment (gloo on CPU, nccl on CUDA),
+    on the device `process_device` gives this process."""
     run = cfg.run
-    use_cuda = run.device.startswith("cuda") or (run.device == "auto" and torch.cuda.is_available())
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", str(local + 1)))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    run.device = process_device(run.device, local, local_procs, gpus)
+    use_cuda = run.device.startswith("cuda")
     if use_cuda:
-        local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
-        run.device = f"cuda:{local}"
     if not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo")
 

@@ -34,7 +34,7 @@ def dense_weights(graph, weights: torch.Tensor) -> np.ndarray:
     """(E, H) edge weights -> (H, N_dst, N_src) dense maps (0 where there is no edge)."""
     h = weights.shape[1]
     dense = torch.zeros(h, graph.num_dst, graph.num_src)
-    dense[:, graph.dst, graph.src] = weights.float().t()
+    dense[:, graph.dst.cpu(), graph.src.cpu()] = weights.detach().float().cpu().t()
     return dense.numpy()
 
 

@@ -5,6 +5,7 @@ import torch
 from sparseattn.train.config import make_config
 
 TINY = dict(
+    device="cpu",  # weights are compared across runs and with CPU-loaded checkpoints
     num_train=96,
     num_valid=16,
     num_test=16,

@@ -17,6 +17,7 @@ from sparseattn.train.trainer import Trainer
 ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(
     task="copy",
+    device="cpu",  # gloo, and the single-process run it is compared with
     num_train=64,
     num_valid=8,
     num_test=8,
@@ -141,3 +142,15 @@ def test_ranks_agree_on_stopping_for_the_time_budget():
         p.join(60)
         assert p.exitcode == 0
     assert dict(results) == {0: (True, False), 1: (True, False)}
+
+
+def test_process_device_gives_each_local_process_its_own_gpu_or_the_cpu():
+    from sparseattn.train.distributed import process_device
+
+    assert process_device("auto", 1, 2, 2) == "cuda:1"
+    assert process_device("auto", 1, 2, 1) == "cpu"  # too few GPUs for one each: all on CPU, gloo
+    assert process_device("auto", 0, 1, 0) == "cpu"
+    assert process_device("cuda", 0, 2, 2) == "cuda:0"
+    assert process_device("cpu", 1, 2, 4) == "cpu"
+    with pytest.raises(ValueError, match=r"--device=cuda: 2 processes on this node but 1 GPU"):
+        process_device("cuda", 1, 2, 1)

@@ -27,6 +27,7 @@ from sparseattn.train.trainer import NonFiniteLoss, Trainer
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 TINY = [
+    "--device=cpu",  # the recorded numbers and exact-resume checks are CPU runs
     "--num_train=48",
     "--num_valid=8",
     "--num_test=8",

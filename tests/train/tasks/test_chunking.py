@@ -17,6 +17,7 @@ SAMPLE = Path(__file__).resolve().parents[2] / "fixtures" / "conll_sample.txt"
 GOLD = [["B-NP", "I-NP", "O", "B-VP", "I-VP", "B-NP"], ["B-PP", "B-NP", "I-NP"]]
 
 TINY = [
+    "--device=cpu",  # the recorded numbers and exact-resume checks are CPU runs
     "--word_dim",
     "8",
     "--pos_dim",

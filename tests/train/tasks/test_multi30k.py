@@ -17,6 +17,7 @@ TESTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 SAMPLE = os.path.join(TESTS, "fixtures", "multi30k_sample")
 SHARED = os.path.join(TESTS, "..", "..", "shared", "data", "multi30k")
 TINY = [
+    "--device=cpu",  # the recorded numbers and exact-resume checks are CPU runs
     "--task=multi30k",
     f"--data-dir={SAMPLE}",
     "--vocab_size=200",
