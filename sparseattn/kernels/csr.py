@@ -42,7 +42,7 @@ from .csr_head_major import (
     head_major_pattern,
     prefers_head_major,
 )
-from .reference import accumulation_dtype, create_graph_backward, reference_on_empty, twice_differentiable_backward
+from .reference import accumulation_dtype, reference_on_empty, twice_differentiable_backward
 from .sparse_calls import exp_shifted_, sddmm, sorted_positions, spmm, take, transposed_sorted_positions
 
 LAYOUTS = (None, "interleaved", "head-major")
@@ -351,7 +351,7 @@ class CSRAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_weights):
         q, k, v, bias, dropout_mask, w, score, z_safe, mask = ctx.saved_tensors
-        if create_graph_backward():  # create_graph=True: gradients that can be differentiated again
+        if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
             return twice_differentiable_backward(ctx, q, k, v, bias, dropout_mask, grad_out, grad_weights)
         need = tuple(ctx.needs_input_grad[:4])
         grad_out = v.new_zeros(q.shape[0], *v.shape[1:]) if grad_out is None else grad_out

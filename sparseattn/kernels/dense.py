@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..graphs import Block, Graph, block_edges
-from .reference import accumulation_dtype, create_graph_backward
+from .reference import accumulation_dtype
 
 MAX_WASTE = 0.25  # a bucket's padded area may exceed its blocks' areas by at most this fraction
 MAX_BUCKET_PAIRS = 2**24  # B * Lq * Lk per bucket (times H in memory)
@@ -241,7 +241,7 @@ class DenseClampAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         qb, kb, vb, qc, kc, vc, mask, out, w, z, inside = ctx.saved_tensors
-        if create_graph_backward():  # create_graph=True: recompute with differentiable ops
+        if torch.is_grad_enabled():  # create_graph=True: recompute with differentiable ops
             again = _clamp_forward_differentiable(qb, kb, vb, mask, ctx.scale, ctx.clamp)
             wanted = [t for t, need in zip((qb, kb, vb), ctx.needs_input_grad[:3]) if need]
             grads = iter(torch.autograd.grad(again, wanted, grad_out, create_graph=True))

@@ -97,7 +97,7 @@ def reference_backward(
     """Gradients of <out, grad_out> + <weights, grad_weights> with respect to inputs = (q, k, v, bias),
     recomputed through `reference_attention` with create_graph=True, so they can be differentiated
     again. A fast backend's backward calls this when it runs under create_graph=True
-    (`create_graph_backward()`). needs[i] says whether inputs[i] wants a gradient;
+    (torch.is_grad_enabled() inside backward). needs[i] says whether inputs[i] wants a gradient;
     the others get None. Shapes as `reference_attention`."""
     q, k, v, bias = inputs
     out, weights = reference_attention(
@@ -117,14 +117,6 @@ def reference_backward(
         torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], create_graph=True, allow_unused=True)
     )
     return [next(grads) if need else None for need in needs]
-
-
-def create_graph_backward() -> bool:
-    """Inside an autograd.Function's backward: whether it runs under create_graph=True (grad mode
-    on), so its gradients must come from differentiable ops. Never while torch.compile traces the
-    backward, which some torch versions do with grad mode on (2.11: the differentiable branch then
-    traced to zero gradients); compiled code has no double backward."""
-    return torch.is_grad_enabled() and not torch.compiler.is_compiling()
 
 
 def twice_differentiable_backward(ctx, q, k, v, bias, dropout_mask, grad_out, grad_weights) -> tuple:

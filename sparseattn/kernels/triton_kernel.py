@@ -36,7 +36,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..graphs import Graph
-from .reference import accumulation_dtype, create_graph_backward, reference_on_empty, twice_differentiable_backward
+from .reference import accumulation_dtype, reference_on_empty, twice_differentiable_backward
 
 MAX_HEAD_DIM = 256
 _TL_DTYPE = {torch.float32: tl.float32, torch.float64: tl.float64}
@@ -588,7 +588,7 @@ class _TritonEdgeAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out, d_weights):
         q, k, v, bias, dropout_mask, lse = ctx.saved_tensors
-        if create_graph_backward():  # create_graph=True: gradients that can be differentiated again
+        if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
             return twice_differentiable_backward(ctx, q, k, v, bias, dropout_mask, d_out, d_weights)
         if d_out is None:  # only the weights were used
             d_out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
