@@ -191,10 +191,10 @@ def test_forward_config_presets_and_overrides():
     with tk.forward_config(layout="lanes"):
         assert tk._config(64, 64, 8, 16.0)["LANES"] and tk._config(64, 64, 8, 16.0)["NUM_STAGES"] == 2
     assert tk._config(64, 64, 8, 16.0) == default  # restored on exit
-    assert tk._config(256, 256, 8, 16.0)["BLOCK_H"] == 8  # 8 heads of 256: still one program for all
-    assert tk._config(256, 256, 16, 16.0)["BLOCK_H"] == 1  # wider: per-head programs (tile)
+    assert tk._config(256, 256, 16, 16.0)["BLOCK_H"] == 16  # wide head sets: one program for all heads
+    assert tk._config(64, 64, 4, 16.0)["BLOCK_H"] == 1  # narrower than 512: per-head programs (tile)
     with tk.forward_config(layout="heads"):
-        assert tk._config(256, 256, 16, 16.0)["BLOCK_H"] == 16  # a forced layout is kept
+        assert tk._config(64, 64, 4, 16.0)["BLOCK_H"] == 4  # a forced layout is kept
     for bad in (dict(layout="rows"), dict(BLOCK_D=8)):
         with pytest.raises(ValueError, match="bad forward settings"):
             with tk.forward_config(**bad):
