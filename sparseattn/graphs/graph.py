@@ -237,8 +237,9 @@ class Graph:
     def csc(self) -> CSR:
         """Source-sorted (transposed) CSR: ptr over sources, idx holds destinations. Cached."""
         if self._csc is None:
-            csc = _compress(self.src, self.dst, self._num_src, self._num_dst, False, cols_sorted=self._sorted_by_dst)
-            self._csc = csc
+            self._csc = _compress(
+                self.src, self.dst, self._num_src, self._num_dst, False, cols_sorted=self._sorted_by_dst
+            )
         return self._csc
 
     def in_degree(self) -> Tensor:

@@ -362,11 +362,15 @@ def _bwd_dkdv_kernel(
     tl.store(DV_OUT + u * sv_n + h * sv_h + offs_dv, dv.to(DV_OUT.dtype.element_ty), mask=offs_dv < DV)
 
 
+def _dims(d: int, dv: int) -> Tuple[int, int]:
+    """BLOCK_D, BLOCK_DV: D and Dv padded to powers of two."""
+    return triton.next_power_of_2(max(d, 1)), triton.next_power_of_2(max(dv, 1))
+
+
 def _tiles(d: int, dv: int, mean_degree: float) -> dict:
-    """Tile sizes of the tile and lanes forward layouts: BLOCK_D/BLOCK_DV pad D/Dv to powers of two; an edge tile
-    covers the mean degree (16 to 64 edges) but at most ~2048 elements per gathered tile, so
-    registers do not spill."""
-    block_d, block_dv = triton.next_power_of_2(max(d, 1)), triton.next_power_of_2(max(dv, 1))
+    """Tile sizes of the tile and lanes forward layouts (`_dims`); an edge tile covers the mean
+    degree (16 to 64 edges) but at most ~2048 elements per gathered tile, so registers do not spill."""
+    block_d, block_dv = _dims(d, dv)
     widest = max(block_d, block_dv)
     block_e = min(triton.next_power_of_2(max(16, math.ceil(mean_degree))), 64, max(16, 2048 // widest))
     return dict(BLOCK_E=block_e, BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=4 if block_e * widest >= 2048 else 2)
@@ -377,12 +381,12 @@ def _bwd_tiles(d: int, dv: int) -> dict:
     gathered tile (1 to 4). Measured on an H100 (bf16, H=8, D=64; benchmarks/results/): 8 edges with
     1 warp took fwd+bwd from 85 to 65 ms on a 1M-node random graph, 31 to 11 ms on window r=8, and
     15 to 7 ms on complete 512-token blocks against `_tiles`' 16-64 edges with 2-4 warps."""
-    block_d, block_dv = triton.next_power_of_2(max(d, 1)), triton.next_power_of_2(max(dv, 1))
+    block_d, block_dv = _dims(d, dv)
     warps = max(1, min(4, 8 * max(block_d, block_dv) // 512))
     return dict(BLOCK_E=8, BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=warps)
 
 
-# Forward layouts, to be measured against each other on a GPU (issue 16); the fastest becomes the default.
+# Forward layouts, measured against each other on an H100 (`_config` picks; benchmarks/results/):
 #   tile:  one program per (destination, head); each edge tile is reduced in the loop, v gathered after the
 #          score (three dependent memory round trips per tile); the loop is not explicitly pipelined.
 #   lanes: one program per (destination, head); k and v gathered together, one accumulator per edge slot
@@ -399,18 +403,26 @@ _overrides: dict = {}  # set by forward_config()
 
 
 @contextlib.contextmanager
-def forward_config(**settings):
-    """Inside the block, forward launches use these settings (layout, BLOCK_E, num_warps, num_stages)
-    instead of `_config`'s choice: how benchmarks sweep the layouts and tests cover them."""
-    global _overrides
-    unknown = set(settings) - {"layout", "BLOCK_E", "num_warps", "num_stages"}
-    if unknown or settings.get("layout", DEFAULT_LAYOUT) not in LAYOUTS:
-        raise ValueError(f"bad forward settings {settings}; layouts are {list(LAYOUTS)}")
-    saved, _overrides = _overrides, {**_overrides, **settings}
+def _overriding(overrides: dict, settings: dict):
+    """Inside the block, overrides (a module-level dict) also holds settings; restored on exit."""
+    saved = dict(overrides)
+    overrides.update(settings)
     try:
         yield
     finally:
-        _overrides = saved
+        overrides.clear()
+        overrides.update(saved)
+
+
+@contextlib.contextmanager
+def forward_config(**settings):
+    """Inside the block, forward launches use these settings (layout, BLOCK_E, num_warps, num_stages)
+    instead of `_config`'s choice: how benchmarks sweep the layouts and tests cover them."""
+    unknown = set(settings) - {"layout", "BLOCK_E", "num_warps", "num_stages"}
+    if unknown or settings.get("layout", DEFAULT_LAYOUT) not in LAYOUTS:
+        raise ValueError(f"bad forward settings {settings}; layouts are {list(LAYOUTS)}")
+    with _overriding(_overrides, settings):
+        yield
 
 
 _bwd_overrides: dict = {}  # set by backward_config()
@@ -421,14 +433,10 @@ def backward_config(**settings):
     """Calls whose forward runs inside the block launch their backward kernels with these settings
     (BLOCK_E, num_warps) instead of `_bwd_tiles`' choice, whenever that backward runs: how
     benchmarks sweep them."""
-    global _bwd_overrides
     if set(settings) - {"BLOCK_E", "num_warps"}:
         raise ValueError(f"bad backward settings {settings}; the keys are BLOCK_E and num_warps")
-    saved, _bwd_overrides = _bwd_overrides, {**_bwd_overrides, **settings}
-    try:
+    with _overriding(_bwd_overrides, settings):
         yield
-    finally:
-        _bwd_overrides = saved
 
 
 def _config(d: int, dv: int, heads: int, mean_degree: float) -> dict:
@@ -439,15 +447,15 @@ def _config(d: int, dv: int, heads: int, mean_degree: float) -> dict:
     512 elements (H * D) take tile instead. Forward ms on an H100, bf16, a 65K-node random graph of
     in-degree 16, heads / tile: H=4 D=64 1.12 / 0.77; H=32 D=64 3.32 / 4.22; H=8 D=256 3.47 / 8.98;
     H=16 D=256 6.40 / 17.3 (and H=8 D=64 on 1M nodes 13.2 / 18.3, `benchmarks/results/`)."""
+    cfg = _tiles(d, dv, mean_degree)
+    all_heads = triton.next_power_of_2(max(heads, 1))
+    per_edge = all_heads * max(cfg["BLOCK_D"], cfg["BLOCK_DV"])  # elements of one edge's rows, all heads
     layout = _overrides.get("layout", DEFAULT_LAYOUT)
-    widest = triton.next_power_of_2(max(d, dv, 1))
-    if "layout" not in _overrides and layout == "heads" and triton.next_power_of_2(max(heads, 1)) * widest < 512:
+    if "layout" not in _overrides and layout == "heads" and per_edge < 512:
         layout = "tile"
     flags = dict(LAYOUTS[layout])
-    cfg = _tiles(d, dv, mean_degree)
     if flags.pop("all_heads"):
-        block_h = triton.next_power_of_2(max(heads, 1))
-        per_edge = block_h * max(cfg["BLOCK_D"], cfg["BLOCK_DV"])
+        block_h = all_heads
         cfg.update(BLOCK_E=min(16, 1 << max(0, (2048 // per_edge).bit_length() - 1)), num_warps=4)
     else:
         block_h = 1
