@@ -1,16 +1,28 @@
 """Golden runs: a short training run per task and model, reduced to numbers that must not change
-when code moves (per-step losses, validation and decoded test metrics, a hash of the final weights).
+when code moves (per-step losses, validation and decoded test metrics, decoded test outputs and
+two numbers per weight tensor: its sum and its dot product with a fixed random vector).
 
-    python -m tests.golden_runs --write      # record tests/fixtures/golden_runs.json (one thread)
+    python -m tests.golden_runs --write      # record tests/fixtures/golden_runs.json
+    python -m tests.golden_runs              # rerun and compare
 
-tests/test_golden_runs.py reruns every case and asserts the numbers are equal bit for bit.
+The runs train in float64 at one thread, and the fixture was recorded on the code from before the
+library/application split (10ee8d8, with this file's cases, float64 switch and weight numbers
+patched in), so the cases still check that split. Why float64 and a tolerance rather than float32
+bit for bit: torch and MKL pick AVX2, AVX-512 or scalar kernels by CPU, and in float32 their
+roundings differ by 1e-7 in one step and by 10% in the loss a few dozen steps later, so a
+float32 fixture held only on the CPU that recorded it. In float64 the current code agrees across
+those kernels to 1e-12 (measured with ATEN_CPU_CAPABILITY=avx2 and =default). The old code
+rounded its logged loss and some gradients through float32, which leaves up to 4e-5 relative
+(5e-7 absolute) between it and the current code: RTOL and ATOL sit just above that, far below
+what a changed mask, init or schedule moves. The letter tasks run at lr_factor 0.5: at 2.0 their
+training was chaotic (a 1e-15 difference grew to 10% in 60 steps, even in float64).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
+import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -34,7 +46,7 @@ LETTERS = dict(
     num_heads=2,
     epochs=3,
     warmup=30,
-    lr_factor=2.0,
+    lr_factor=0.5,
     dropout=0.1,
 )
 TAGGING = dict(word_dim=8, pos_dim=4, caps_dim=2, char_out=4, dev_fraction=0.25, max_tokens=20, epochs=2)
@@ -71,12 +83,37 @@ CASES = {
 }
 
 
-def weights_digest(model: torch.nn.Module) -> dict:
-    """{parameter or buffer name: sha256 of its bytes}."""
-    return {
-        name: hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
-        for name, t in model.state_dict().items()
-    }
+RTOL = 1e-4  # see the module docstring
+ATOL = 1e-6
+
+
+def weights_fingerprint(model: torch.nn.Module) -> dict:
+    """{parameter or buffer name: [sum, dot with a fixed uniform(-0.5, 0.5) vector]} in float64: a
+    change to any element moves the second number."""
+    out = {}
+    for name, t in model.state_dict().items():
+        x = t.detach().cpu().double().flatten()
+        probe = torch.rand(x.numel(), generator=torch.Generator().manual_seed(0), dtype=torch.float64) - 0.5
+        out[name] = [float(x.sum()), float(x @ probe)]
+    return out
+
+
+def compare(want, got, path: str = "") -> list:
+    """The paths where got differs from want: floats beyond RTOL/ATOL, anything else unequal."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        if want.keys() != got.keys():
+            return [f"{path}: keys {sorted(set(want) ^ set(got))}"]
+        return [d for k in want for d in compare(want[k], got[k], f"{path}.{k}")]
+    if isinstance(want, list) and isinstance(got, list):
+        if len(want) != len(got):
+            return [f"{path}: length {len(got)} != {len(want)}"]
+        return [d for i, (a, b) in enumerate(zip(want, got)) for d in compare(a, b, f"{path}[{i}]")]
+    if isinstance(want, float) or isinstance(got, float):
+        if isinstance(want, (int, float)) and isinstance(got, (int, float)):
+            if math.isclose(got, want, rel_tol=RTOL, abs_tol=ATOL):
+                return []
+        return [f"{path}: {got!r} != {want!r}"]
+    return [] if want == got else [f"{path}: {got!r} != {want!r}"]
 
 
 def decoded_test(trainer) -> list:
@@ -89,13 +126,15 @@ def decoded_test(trainer) -> list:
 
 
 def run_case(name: str) -> dict:
-    """Train case `name` in a temporary folder at one thread; return its numbers."""
-    threads = torch.get_num_threads()
+    """Train case `name` in float64 in a temporary folder at one thread; return its numbers."""
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
     torch.set_num_threads(1)
+    torch.set_default_dtype(torch.float64)
     try:
         return _run(name)
     finally:
         torch.set_num_threads(threads)
+        torch.set_default_dtype(dtype)
 
 
 def _run(name: str) -> dict:
@@ -127,7 +166,7 @@ def _run(name: str) -> dict:
             "test": {
                 k: v for k, v in results.items() if k not in ("train_seconds", "plots") and not isinstance(v, list)
             },
-            "weights": weights_digest(trainer.model),
+            "weights": weights_fingerprint(trainer.model),
             "decoded": decoded_test(trainer),
         }
 
@@ -144,7 +183,8 @@ def main() -> None:
         return
     want = json.loads(GOLDEN.read_text())
     for name, numbers in got.items():
-        print(name, "same" if numbers == want[name] else "DIFFERENT")
+        diffs = compare(want[name], numbers)
+        print(name, "same" if not diffs else f"DIFFERENT: {diffs[:5]}")
 
 
 if __name__ == "__main__":

@@ -14,13 +14,16 @@ from sparseattn.train.tasks import get_task
 
 LEGACY = Path(__file__).resolve().parents[1] / "fixtures" / "legacy"
 METRICS = json.loads((LEGACY / "metrics.json").read_text())
+# float32 evaluation: AVX2, AVX-512 and scalar kernels round differently (a loss moved 3e-8 relative
+# between CPUs); accuracies and F1 of these small test sets move in steps of 1e-3 or more
+RTOL = 1e-6
 
 
 def test_old_copy_checkpoint_evaluates_as_before(tmp_path, capsys):
     path = tmp_path / "best.pt"
     shutil.copy(LEGACY / "copy-transformer.pt", path)
     assert main(["evaluate", "--checkpoint", str(path), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == pytest.approx(METRICS["copy-transformer"], abs=1e-12)
+    assert json.loads(capsys.readouterr().out) == pytest.approx(METRICS["copy-transformer"], rel=RTOL, abs=1e-12)
 
 
 def test_old_tagger_checkpoint_loads_its_renamed_layers(tmp_path):
@@ -37,4 +40,4 @@ def test_old_tagger_checkpoint_loads_its_renamed_layers(tmp_path):
     model = cfg.model_cfg.build(task.model_info())
     model.load_state_dict(state["model"])  # strict: every old key found its new name
     metrics = task.evaluate(model.eval(), "test", cfg)
-    assert metrics == pytest.approx(METRICS["chunking-tagger"], abs=1e-12)
+    assert metrics == pytest.approx(METRICS["chunking-tagger"], rel=RTOL, abs=1e-12)
