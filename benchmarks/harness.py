@@ -188,6 +188,8 @@ def machine_info(device: str = "cpu") -> dict:
         "torch": torch.__version__,
         "cpu": cpu_model(),
         "threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the vector ISA torch's CPU kernels use
+        "env": {k: os.environ[k] for k in _ENV_NOTED if k in os.environ},
         "gpu": gpu,
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -195,10 +197,16 @@ def machine_info(device: str = "cpu") -> dict:
     }
 
 
+# settings that change CPU timings, named in every result they were set for
+_ENV_NOTED = ("THP_MEM_ALLOC_ENABLE", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS")
+
+
 def machine_header(info: dict) -> str:
+    env = "".join(f" | {k}={v}" for k, v in info.get("env", {}).items())
     return (
-        f"sparseattn {info['sparseattn']} | torch {info['torch']} | {info['cpu']}, {info['threads']} threads | "
-        f"{info['gpu']} | {info['date']} | load {info['load_average']:.1f}"
+        f"sparseattn {info['sparseattn']} | torch {info['torch']} | {info['cpu']} "
+        f"({info.get('cpu_capability', '?')}), {info['threads']} threads | "
+        f"{info['gpu']} | {info['date']} | load {info['load_average']:.1f}{env}"
     )
 
 
