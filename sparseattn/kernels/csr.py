@@ -292,7 +292,8 @@ def _csr_backward(
     dk (N_src * H, D), dv (N_src * H, Dv) and ds (slot order), None where not needed."""
     transposed = (pat.shape[1], pat.shape[0])
     # buffers of H * E values are reused where they can be: above 32 MiB each fresh one page-faults
-    p = torch.div(w, take(z_safe, pat.row), out=w.new_empty(w.shape))  # (H * E,) normalized weights
+    p = torch.index_select(z_safe, 0, pat.row, out=w.new_empty(w.shape))
+    p = torch.div(w, p, out=p)  # (H * E,) normalized weights
     dq = dk = dv = ds = None
     t_values = None  # values in the transposed order, for dv and then dk
     if need[2]:
@@ -304,7 +305,7 @@ def _csr_backward(
             a *= mask
         if grad_weights is not None:
             a += grad_weights
-        ap = a * p
+        ap = torch.mul(a, p, out=torch.empty_like(a) if t_values is None else t_values)  # dv is done with it
         delta = _segment(ap, pat, "sum")  # (N_dst * H,)
         ds = a.sub_(torch.index_select(delta, 0, pat.row, out=ap)).mul_(p)
         if score is not None:  # clamp mode: no gradient where the clamp is active
