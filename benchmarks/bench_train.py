@@ -442,8 +442,10 @@ def main(argv=None) -> None:
     cli = sys.argv[1:] if argv is None else list(argv)
     cli = [shown.get(a, b) if a in shown else b for a, b in zip([""] + cli, cli)]  # no machine paths in outputs
     header = (
-        f"sparseattn {sparseattn.__version__} | torch {torch.__version__} | {info['cpu']} | threads "
-        f"{info['threads']} | {info['date']} | load at start {os.getloadavg()[0]:.1f} | {' '.join(cli)}"
+        f"sparseattn {sparseattn.__version__} | torch {torch.__version__} | {info['cpu']} "
+        f"({info['cpu_capability']}) | threads {info['threads']} | {info['date']} | "
+        f"load at start {os.getloadavg()[0]:.1f} | {' '.join(cli)}"
+        + "".join(f" | {k}={v}" for k, v in info["env"].items())
     )
     config = {**vars(args), "data_dir": shown["--data-dir"], "run": "RUN", "out": "OUT", "header": header}
     log(header)
