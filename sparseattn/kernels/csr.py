@@ -8,7 +8,7 @@ every output are then plain views, with no transposes. Edge values live in that 
     score = scale * SDDMM(q, k) (+ bias)        torch.sparse.sampled_addmm
     w     = exp(clamp(score)) or exp(score - per-head-row max)
     z     = segment sum of w                      (N_dst * H,)
-    out   = SpMM(w * dropout_mask, v) / z         (N_dst, H, Dv)
+    out   = SpMM(w * dropout_mask, v) / z         (N_dst, H, Dv)   addmm, or embedding_bag (CPU float32)
 The backward is written by hand from the same primitives (sampled_addmm's own backward builds a
 dense N x N gradient): with p_e = w_e / z[t] the normalized weight of edge e = (s, t),
     a_e  = mask_e <grad_out[t], v[s]>  (+ the returned weights' own gradient, if any)
