@@ -51,7 +51,7 @@ def spmm(
     values), which takes FBGEMM's prefetching gather kernel: measured 2-4x faster than the CSR
     addmm (MKL) on a 50K-node random graph, 1.3x on a window graph. float64 stays on addmm (the
     bag is slower there), as do other devices."""
-    if _bag_serves(x, crow, col):
+    if _bag_serves(x, values, crow, col):
         weights = values if alpha == 1.0 else values * alpha
         # detached: saved inputs still require grad, which would send the bag to its autograd variant
         r = F.embedding_bag(
@@ -63,10 +63,12 @@ def spmm(
     return torch.addmm(out, mat, x, beta=0.0, alpha=alpha, out=out)  # beta=0: out is never read
 
 
-def _bag_serves(x: Tensor, crow: Tensor, col: Tensor) -> bool:
+def _bag_serves(x: Tensor, values: Tensor, crow: Tensor, col: Tensor) -> bool:
+    """Whether `spmm` takes the embedding_bag path (where it was measured faster)."""
     return (
         x.device.type == "cpu"
         and x.dtype == torch.float32
+        and values.dtype == x.dtype
         and x.is_contiguous()
         and x.shape[0] > 0
         and crow.dtype == col.dtype  # the bag takes offsets of its indices' type
