@@ -147,16 +147,18 @@ def _fill_slots(
 class _Pattern:
     """Index tensors for one graph and head count H, cached on the graph.
 
-    Built at once (forward): crow, col: CSR of the (N_dst * H, N_src * H) head-interleaved
-    pattern; offsets: crow as int64 (segment reductions); row: (H * E,) head row of each slot.
-    Built on first use: from_caller (bias, dropout): (H * E,) position in a flattened caller-order
-    (E, H) tensor of each slot; ccrow, ccol, to_csc (backward): the transposed (N_src * H,
-    N_dst * H) pattern and the CSR slot of each transposed slot; to_caller (returned weights, the
-    bias gradient): (E, H) slot of each caller edge and head. Index tensors are int32 when they fit
-    (less traffic). Where rows come in a few runs of equal degree (windows, batches of blocks),
-    each run's slots are a (rows, H, degree) view filled by one broadcast; otherwise a chunked
-    walk over the slots takes a few passes over H * E entries (on a window graph the forward half
-    would cost about a third of a forward, the transposed half as much again).
+    Built at once (forward): crow, col: CSR of the (N_dst * H, N_src * H) head-interleaved pattern;
+    offsets: crow as int64 (segment reductions). Built on first use: row: (H * E,) head row of each
+    slot (exact mode, returned weights, the backward: a clamp-mode forward never reads it, so
+    inference keeps two H * E arrays instead of three); from_caller (bias, dropout): (H * E,)
+    position in a flattened caller-order (E, H) tensor of each slot; ccrow, ccol, to_csc (backward):
+    the transposed (N_src * H, N_dst * H) pattern and the CSR slot of each transposed slot;
+    to_caller (returned weights, the bias gradient): (E, H) slot of each caller edge and head. Index
+    tensors are int32 when they fit (less traffic). Where rows come in a few runs of equal degree
+    (windows, batches of blocks), each run's slots are a (rows, H, degree) view filled by one
+    broadcast; otherwise a chunked walk over the slots takes a few passes over H * E entries (on a
+    window graph the forward half would cost about a third of a forward, the transposed half as much
+    again).
     """
 
     def __init__(self, graph: Graph, heads: int) -> None:
@@ -165,11 +167,20 @@ class _Pattern:
         it = self.itype = torch.int32 if fits else torch.long
         crow = _head_crow(csr.ptr, h)
         nnz = int(crow[-1])
-        self.row, self.col = (torch.empty(nnz, dtype=it, device=csr.ptr.device) for _ in range(2))
+        self.col = torch.empty(nnz, dtype=it, device=csr.ptr.device)
         src_h = csr.idx.to(it).mul_(h)
-        _fill_slots(csr.ptr, crow, h, it, [(self.col, src_h, None)], row_out=self.row)
+        _fill_slots(csr.ptr, crow, h, it, [(self.col, src_h, None)])
         self.offsets, self.crow, self.heads, self._graph = crow, crow.to(it), h, graph
         self.shape = (graph.num_dst * h, graph.num_src * h)
+
+    @property
+    def row(self) -> Tensor:
+        def build() -> Tensor:
+            row = torch.empty_like(self.col)
+            _fill_slots(self._graph.csr().ptr, self.offsets, self.heads, self.itype, [], row_out=row)
+            return row
+
+        return self._lazy("row", build)
 
     def _lazy(self, name: str, build):
         """build() once, cached on the graph beside this pattern (`Graph.cached`)."""

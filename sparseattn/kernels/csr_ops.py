@@ -245,7 +245,7 @@ def prepare(graph: Graph, heads: int, head_dim: Optional[int] = None, dtype: tor
         head_major_pattern(graph)
     if head_major is not True:
         pat = _pattern(graph, heads)
-        pat.from_caller, pat.ccrow, pat.to_caller  # noqa: B018 (touching them builds them)
+        pat.row, pat.from_caller, pat.ccrow, pat.to_caller  # noqa: B018 (touching them builds them)
 
 
 def csr_op_head_major_attention(
