@@ -65,6 +65,13 @@ def train_main(argv: List[str]) -> int:
             raise ValueError("--resume needs --out RUN_DIR")
         ckpt_path = Path(flags["out"]) / "checkpoint.pt"
         saved = config_from_dict(ckpt_io.load(ckpt_path)["config"])
+        for key in ("task", "model"):  # the original command with --resume appended repeats them
+            given = flags.pop(key, None)
+            if given is not None and given != getattr(saved, key):
+                raise ValueError(
+                    f"--resume cannot change --{key} of {ckpt_path} ({getattr(saved, key)!r} -> {given!r}); "
+                    "start a new run with another --out"
+                )
         cfg = with_overrides(saved, flags)
         refuse_changed_keys(saved, cfg, ckpt_path)
     else:

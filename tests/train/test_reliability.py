@@ -153,6 +153,23 @@ def test_resume_refuses_changed_task_or_model_keys(copy_run, tmp_path, capsys):
     assert code == 0, err
 
 
+def test_resume_accepts_the_original_command_and_refuses_another_task_or_model(copy_run, tmp_path, capsys):
+    """`sparseattn train --task=copy --out=RUN ...` with --resume appended continues the run; --task or
+    --model naming something else is refused before anything is touched."""
+    out = tmp_path / "run"
+    shutil.copytree(copy_run, out)
+    before = (out / "metrics.jsonl").read_text()
+    code, _, err = run_cli(["train", "--task=sort", f"--out={out}", "--resume"], capsys)
+    assert_one_line_error(code, err, "--task", "'copy' -> 'sort'")
+    code, _, err = run_cli(["train", "--task=copy", "--model=ut", f"--out={out}", "--resume"], capsys)
+    assert_one_line_error(code, err, "--model", "'transformer' -> 'ut'")
+    assert (out / "metrics.jsonl").read_text() == before
+    code, _, err = run_cli(
+        ["train", "--task=copy", "--model=transformer", f"--out={out}", "--resume", "--epochs=2"], capsys
+    )
+    assert code == 0, err
+
+
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     cfg = make_config(
         {
