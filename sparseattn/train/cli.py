@@ -30,7 +30,16 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from . import checkpoint as ckpt_io
-from .config import DEFAULT_MODELS, config_from_dict, describe, list_presets, make_config, parse_flags, with_overrides
+from .config import (
+    DEFAULT_MODELS,
+    config_from_dict,
+    describe,
+    list_presets,
+    make_config,
+    parse_flags,
+    read_toml,
+    with_overrides,
+)
 from .metrics import read_metrics
 from .tasks import get_task
 from .trainer import Trainer, resolve_device
@@ -46,6 +55,12 @@ def train_main(argv: List[str]) -> int:
             raise ValueError("--config needs a FILE")
         config_file = argv[i + 1]
         argv = argv[:i] + argv[i + 2 :]
+    elif any(a.startswith("--config=") for a in argv):  # the --key=value form every other flag takes
+        i = next(i for i, a in enumerate(argv) if a.startswith("--config="))
+        config_file = argv[i].partition("=")[2]
+        if not config_file:
+            raise ValueError("--config needs a FILE")
+        argv = argv[:i] + argv[i + 1 :]
     if "-h" in argv or "--help" in argv:
         flags = parse_flags([a for a in argv if a not in ("-h", "--help")])
         task = flags.get("task", "copy")
@@ -65,6 +80,8 @@ def train_main(argv: List[str]) -> int:
             raise ValueError("--resume needs --out RUN_DIR")
         ckpt_path = Path(flags["out"]) / "checkpoint.pt"
         saved = config_from_dict(ckpt_io.load(ckpt_path)["config"])
+        if config_file:  # its keys count as flags: run keys apply, changed task or model keys are refused
+            flags = {**read_toml(Path(config_file)), **flags}
         for key in ("task", "model"):  # the original command with --resume appended repeats them
             given = flags.pop(key, None)
             if given is not None and given != getattr(saved, key):

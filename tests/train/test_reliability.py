@@ -468,3 +468,18 @@ def test_sigterm_saves_and_resume_finishes_exactly(tmp_path, uninterrupted):
     resumed = sparseattn("train", f"--out={out}", "--resume")
     assert resumed.returncode == 0, resumed.stderr.decode()
     _assert_same(_weights(out), uninterrupted)
+
+
+def test_resume_reads_a_config_file_as_flags(copy_run, tmp_path, capsys):
+    """--config with --resume is not ignored: run keys in it apply, changed model keys are refused."""
+    out = tmp_path / "run"
+    shutil.copytree(copy_run, out)
+    changed = tmp_path / "changed.toml"
+    changed.write_text('[task]\nname = "copy"\n[model]\nname = "transformer"\nd_model = 32\n')
+    code, _, err = run_cli(["train", f"--out={out}", "--resume", f"--config={changed}"], capsys)
+    assert_one_line_error(code, err, "--d_model (16 -> 32)")
+    longer = tmp_path / "longer.toml"
+    longer.write_text('[run]\nepochs = 2\n[task]\nname = "copy"\n')
+    code, _, err = run_cli(["train", f"--out={out}", "--resume", "--config", str(longer)], capsys)
+    assert code == 0, err
+    assert json.loads((out / "config.json").read_text())["run"]["epochs"] == 2
