@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from .harness import cpu_model, machine_info, peak_extra_mib
+from .harness import cpu_model, env_note, machine_info, peak_extra_mib
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 SDPA_OPS = ("flash_attention", "efficient_attention", "cudnn_attention", "attention_math", "_fused_sdp", "sdpa")
@@ -444,8 +444,7 @@ def main(argv=None) -> None:
     header = (
         f"sparseattn {sparseattn.__version__} | torch {torch.__version__} | {info['cpu']} "
         f"({info['cpu_capability']}) | threads {info['threads']} | {info['date']} | "
-        f"load at start {os.getloadavg()[0]:.1f} | {' '.join(cli)}"
-        + "".join(f" | {k}={v}" for k, v in info["env"].items())
+        f"load at start {os.getloadavg()[0]:.1f} | {' '.join(cli)}" + env_note(info)
     )
     config = {**vars(args), "data_dir": shown["--data-dir"], "run": "RUN", "out": "OUT", "header": header}
     log(header)

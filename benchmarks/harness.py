@@ -201,12 +201,16 @@ def machine_info(device: str = "cpu") -> dict:
 _ENV_NOTED = ("THP_MEM_ALLOC_ENABLE", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS")
 
 
+def env_note(info: dict) -> str:
+    """' | KEY=value' for each timing-relevant setting `machine_info` found, for a header's end."""
+    return "".join(f" | {k}={v}" for k, v in info.get("env", {}).items())
+
+
 def machine_header(info: dict) -> str:
-    env = "".join(f" | {k}={v}" for k, v in info.get("env", {}).items())
     return (
         f"sparseattn {info['sparseattn']} | torch {info['torch']} | {info['cpu']} "
         f"({info.get('cpu_capability', '?')}), {info['threads']} threads | "
-        f"{info['gpu']} | {info['date']} | load {info['load_average']:.1f}{env}"
+        f"{info['gpu']} | {info['date']} | load {info['load_average']:.1f}{env_note(info)}"
     )
 
 

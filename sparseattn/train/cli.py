@@ -49,18 +49,14 @@ def train_main(argv: List[str]) -> int:
     resume = "--resume" in argv
     argv = [a for a in argv if a != "--resume"]
     config_file = None
+    # --config=FILE, the --key=value form every other flag takes, as --config FILE
+    argv = [part for a in argv for part in (a.split("=", 1) if a.startswith("--config=") else [a])]
     if "--config" in argv:
         i = argv.index("--config")
-        if i + 1 == len(argv):
+        if i + 1 == len(argv) or not argv[i + 1]:
             raise ValueError("--config needs a FILE")
         config_file = argv[i + 1]
         argv = argv[:i] + argv[i + 2 :]
-    elif any(a.startswith("--config=") for a in argv):  # the --key=value form every other flag takes
-        i = next(i for i, a in enumerate(argv) if a.startswith("--config="))
-        config_file = argv[i].partition("=")[2]
-        if not config_file:
-            raise ValueError("--config needs a FILE")
-        argv = argv[:i] + argv[i + 1 :]
     if "-h" in argv or "--help" in argv:
         flags = parse_flags([a for a in argv if a not in ("-h", "--help")])
         task = flags.get("task", "copy")
