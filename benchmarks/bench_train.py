@@ -3,6 +3,7 @@
     python -m benchmarks.bench_train --data-dir ../shared/data/multi30k            # multi30k + copy, 1 and 2 threads
     python -m benchmarks.bench_train --data-dir ../shared/data/multi30k --tasks copy --rounds 3 --threads 1
     python -m benchmarks.bench_train --data-dir ../shared/data/multi30k --tasks multi30k --backends reference auto
+    python -m benchmarks.bench_train --data-dir ../shared/data/multi30k --device cuda --threads 16  # bf16 autocast
 
 Both models get the same batches, the same sizes and the same training step: forward, label-smoothed
 cross entropy summed over the target tokens / their count, backward, Adam. Dropout is 0 in both.
@@ -22,6 +23,11 @@ changes hit both alike). Reported: target tokens per second from the median roun
 graph / nn.Transformer as the median over rounds of the per-round ratio (with its range); the peak
 memory one training step on the largest batch adds (peak RSS during the step minus RSS before it,
 harness.peak_extra_mib); and a torch.profiler table of the top operators over one step per batch.
+
+On `--device cuda` both models, their batches and the step move to the GPU, the forward and loss
+run under bfloat16 autocast (as `sparseattn train` does on CUDA), each timed step ends with a
+synchronize, memory is the peak CUDA allocation a step adds, and the profile table ranks operators
+by self CUDA time; `--threads` then only names the CPU threads that launch the work.
 
 Writes bench_train_<machine>_torch<version>.{json,png,log} under --out (benchmarks/results).
 """
@@ -109,22 +115,17 @@ class PaddedTransformer(nn.Module):
         return self.generator(h[pb["tgt_valid"]])  # (N_dec, V): real target tokens only, in sentence order
 
 
-def padded_batch(batch) -> Dict[str, Tensor]:
-    """A GraphBatch's sentences as (B, L) tensors (pad id 0) with key-padding and causal masks."""
+def padded_batch(batch, device: str = "cpu") -> Dict[str, Any]:
+    """A GraphBatch's sentences as (B, L) tensors (pad id 0) with key-padding and causal masks, on device."""
+    batch = batch.to("cpu")
     src = pad_sequence(list(batch.src.split(list(batch.src_lens))), batch_first=True)
     tgt_in = pad_sequence(list(batch.tgt_in.split(list(batch.tgt_lens))), batch_first=True)
     src_valid = torch.arange(src.shape[1])[None] < torch.tensor(batch.src_lens)[:, None]
     tgt_valid = torch.arange(tgt_in.shape[1])[None] < torch.tensor(batch.tgt_lens)[:, None]
     causal = torch.ones(tgt_in.shape[1], tgt_in.shape[1], dtype=torch.bool).triu(1)  # True: not attended
-    return dict(
-        src=src,
-        tgt_in=tgt_in,
-        src_pad=~src_valid,
-        tgt_pad=~tgt_valid,
-        tgt_valid=tgt_valid,
-        causal=causal,
-        padding=1 - (batch.src.numel() + batch.tgt_in.numel()) / (src.numel() + tgt_in.numel()),
-    )
+    tensors = dict(src=src, tgt_in=tgt_in, src_pad=~src_valid, tgt_pad=~tgt_valid, tgt_valid=tgt_valid, causal=causal)
+    padding = 1 - (batch.src.numel() + batch.tgt_in.numel()) / (src.numel() + tgt_in.numel())
+    return {**{k: v.to(device) for k, v in tensors.items()}, "padding": padding}
 
 
 # ---- setup -------------------------------------------------------------------------------------
@@ -141,13 +142,13 @@ def setup_task(name: str, args) -> Tuple[Any, Any, List[Any]]:
     task = get_task(name)
     task.setup(cfg)
     n = args.batches if name == "multi30k" else args.copy_batches
-    batches = [task.make_batch("train", idx) for idx in task.batch_indices("train", cfg, 0)[:n]]
+    batches = [task.make_batch("train", idx).to(args.device) for idx in task.batch_indices("train", cfg, 0)[:n]]
     return cfg, task, batches
 
 
-def build_models(cfg, task, backends: List[str]) -> Dict[str, nn.Module]:
+def build_models(cfg, task, backends: List[str], device: str = "cpu") -> Dict[str, nn.Module]:
     """{"graph <backend>": the preset model with that backend, ..., "nn.Transformer": its padded twin},
-    each from seed 0."""
+    each from seed 0, on device."""
     m = cfg.model_cfg
     info = task.model_info()
     models: Dict[str, nn.Module] = {}
@@ -167,25 +168,32 @@ def build_models(cfg, task, backends: List[str]) -> Dict[str, nn.Module]:
         m.tie_generator,
     )
     models["nn.Transformer"] = padded
-    return models
+    return {n: mod.to(device) for n, mod in models.items()}
 
 
 def params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def make_step(name: str, model: nn.Module, batches: List[Any], smoothing: float) -> Callable[[int], None]:
-    """step(i): one training step on batch i (forward, loss, backward, Adam)."""
+def make_step(
+    name: str, model: nn.Module, batches: List[Any], smoothing: float, device: str = "cpu"
+) -> Callable[[int], None]:
+    """step(i): one training step on batch i (forward, loss, backward, Adam); on CUDA under bf16
+    autocast, returning after the GPU has finished it."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    inputs = [padded_batch(b) for b in batches] if name == "nn.Transformer" else batches
+    inputs = [padded_batch(b, device) for b in batches] if name == "nn.Transformer" else batches
+    cuda = device.startswith("cuda")
 
     def step(i: int) -> None:
         opt.zero_grad(set_to_none=True)
-        logits = model(inputs[i]) if name == "nn.Transformer" else model(inputs[i]).logits
-        target = batches[i].tgt_out
-        loss = F.cross_entropy(logits, target, label_smoothing=smoothing, reduction="sum") / target.numel()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            logits = model(inputs[i]) if name == "nn.Transformer" else model(inputs[i]).logits
+            target = batches[i].tgt_out
+            loss = F.cross_entropy(logits.float(), target, label_smoothing=smoothing, reduction="sum") / target.numel()
         loss.backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
 
     step.inputs = inputs  # type: ignore[attr-defined]
     return step
@@ -233,25 +241,27 @@ def check_same_function(models: Dict[str, nn.Module], batches: List[Any], padded
 # ---- measuring ---------------------------------------------------------------------------------
 
 
-def profile_steps(step: Callable[[int], None], n: int, rows: int) -> Tuple[str, List[str], List[dict]]:
+def profile_steps(
+    step: Callable[[int], None], n: int, rows: int, device: str = "cpu"
+) -> Tuple[str, List[str], List[dict]]:
     """(top-operator table, SDPA kernels that ran, top operators as dicts) of one training step on
-    each of the n batches."""
+    each of the n batches, ranked by self CPU time (self CUDA time on a GPU)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    cuda = device.startswith("cuda")
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
         for i in range(n):
             step(i)
     avg = prof.key_averages()
     sdpa = sorted({e.key for e in avg if "scaled_dot_product" in e.key or any(s in e.key for s in SDPA_OPS[:5])})
-    top = sorted(avg, key=lambda e: e.self_cpu_time_total, reverse=True)[:rows]
-    total = sum(e.self_cpu_time_total for e in avg) or 1
+
+    def self_us(e) -> float:
+        return float(getattr(e, "self_device_time_total", 0.0)) if cuda else e.self_cpu_time_total
+
+    top = sorted(avg, key=self_us, reverse=True)[:rows]
+    total = sum(self_us(e) for e in avg) or 1
     tops = [
-        dict(
-            op=e.key,
-            self_ms=round(e.self_cpu_time_total / 1e3, 2),
-            calls=e.count,
-            share=round(e.self_cpu_time_total / total, 3),
-        )
+        dict(op=e.key, self_ms=round(self_us(e) / 1e3, 2), calls=e.count, share=round(self_us(e) / total, 3))
         for e in top
     ]
     table = "\n".join(
@@ -262,11 +272,11 @@ def profile_steps(step: Callable[[int], None], n: int, rows: int) -> Tuple[str, 
 
 def run_task(name: str, args, log: Callable[[str], None]) -> List[dict]:
     cfg, task, batches = setup_task(name, args)
-    models = build_models(cfg, task, args.backends)
+    models = build_models(cfg, task, args.backends, args.device)
     graphs = [n for n in models if n != "nn.Transformer"]
     m = cfg.model_cfg
     smoothing = cfg.run.label_smoothing
-    steps = {n: make_step(n, mod, batches, smoothing) for n, mod in models.items()}
+    steps = {n: make_step(n, mod, batches, smoothing, args.device) for n, mod in models.items()}
     tokens = sum(b.num_tokens for b in batches)
     pads = [p["padding"] for p in steps["nn.Transformer"].inputs]  # type: ignore[attr-defined]
     desc = (
@@ -281,8 +291,8 @@ def run_task(name: str, args, log: Callable[[str], None]) -> List[dict]:
     if m.clamp is None:  # exact softmax: the two compute the same function given the same weights
         check = check_same_function(models, batches, steps["nn.Transformer"].inputs)  # type: ignore[attr-defined]
         log(f"  nn.Transformer given the graph model's weights: max |log-prob difference| {check:.2e}")
-        models = build_models(cfg, task, args.backends)  # back to each contender's own init
-        steps = {n: make_step(n, mod, batches, smoothing) for n, mod in models.items()}
+        models = build_models(cfg, task, args.backends, args.device)  # back to each contender's own init
+        steps = {n: make_step(n, mod, batches, smoothing, args.device) for n, mod in models.items()}
     rows = []
     for threads in args.threads:
         torch.set_num_threads(threads)
@@ -303,8 +313,8 @@ def run_task(name: str, args, log: Callable[[str], None]) -> List[dict]:
         biggest = max(range(len(batches)), key=lambda i: batches[i].num_tokens)
         for n, s in steps.items():
             med = statistics.median(times[n])
-            mem = peak_extra_mib(lambda s=s, i=biggest: s(i))
-            table, sdpa, tops = profile_steps(s, len(batches), args.profile_rows)
+            mem = peak_extra_mib(lambda s=s, i=biggest: s(i), args.device)
+            table, sdpa, tops = profile_steps(s, len(batches), args.profile_rows, args.device)
             rows.append(
                 dict(
                     task=name,
@@ -328,7 +338,8 @@ def run_task(name: str, args, log: Callable[[str], None]) -> List[dict]:
                 f"{args.rounds} rounds: {', '.join(f'{x * 1e3:.0f}' for x in times[n])})  peak +{mem or 0:.0f} MiB  "
                 f"SDPA: {', '.join(sdpa) or 'none'}  load {load:.1f}"
             )
-            log(f"    top operators by self CPU time, one step per batch ({threads} threads):\n{table}")
+            what = "CUDA" if args.device.startswith("cuda") else "CPU"
+            log(f"    top operators by self {what} time, one step per batch ({threads} threads):\n{table}")
         p = next(r for r in rows if (r["task"], r["threads"], r["contender"]) == (name, threads, "nn.Transformer"))
         for gname in graphs:
             g = next(r for r in rows if (r["task"], r["threads"], r["contender"]) == (name, threads, gname))
@@ -409,6 +420,7 @@ def main(argv=None) -> None:
     ap.add_argument("--batches", type=int, default=2, help="multi30k token-budget batches per round")
     ap.add_argument("--copy-batches", type=int, default=16, help="copy batches (16 sequences each) per round")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (bf16 autocast, as sparseattn train runs there)")
     ap.add_argument("--profile-rows", type=int, default=12)
     ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--tag", default="", help="suffix for the result file names")
@@ -423,11 +435,12 @@ def main(argv=None) -> None:
         ap.error("--data-dir is required for the multi30k task")
     if not args.run:
         args.run = tempfile.mkdtemp(prefix="bench_train_")
-    info = machine_info()
+    info = machine_info(args.device)
     info["threads"] = "-".join(map(str, args.threads))
     cpu = "".join(c if c.isalnum() else "-" for c in cpu_model().lower().replace("(r)", "").replace("(tm)", ""))
     cpu = "-".join(x for x in cpu.split("-") if x and x != "cpu")
-    stem = f"bench_train_{cpu}-{info['threads']}t_torch{torch.__version__.split('+')[0]}"
+    gpu = "".join(c if c.isalnum() else "-" for c in info["gpu"].lower()) if args.device.startswith("cuda") else ""
+    stem = f"bench_train_{cpu}-{info['threads']}t{'-' + gpu if gpu else ''}_torch{torch.__version__.split('+')[0]}"
     stem += f"_{args.tag}" if args.tag else ""
     os.makedirs(args.out, exist_ok=True)
     log_lines: List[str] = []
@@ -443,7 +456,9 @@ def main(argv=None) -> None:
     cli = [shown.get(a, b) if a in shown else b for a, b in zip([""] + cli, cli)]  # no machine paths in outputs
     header = (
         f"sparseattn {sparseattn.__version__} | torch {torch.__version__} | {info['cpu']} "
-        f"({info['cpu_capability']}) | threads {info['threads']} | {info['date']} | "
+        f"({info['cpu_capability']}) | threads {info['threads']} | "
+        + (f"{info['gpu']} | " if gpu else "")
+        + f"{info['date']} | "
         f"load at start {os.getloadavg()[0]:.1f} | {' '.join(cli)}" + env_note(info)
     )
     config = {**vars(args), "data_dir": shown["--data-dir"], "run": "RUN", "out": "OUT", "header": header}

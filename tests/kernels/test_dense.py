@@ -8,6 +8,11 @@ import torch
 from sparseattn import edge_attention, graphs
 from sparseattn.kernels.dense import MAX_WASTE, _clamp_cannot_bind, dense_attention, plan
 
+from ..tolerances import assert_within_reference_error
+
+HALF = [torch.float16, torch.bfloat16]
+ALL = HALF + [torch.float32]
+
 
 def test_hand_computed_complete_pair():
     """complete(2), D=1, scale 1: destination 0 sees scores q0*k0, q0*k1 (clamped)."""
@@ -171,3 +176,43 @@ def test_mixed_rows_equal_reference_and_stay_local(kind):
     assert torch.equal(out2[:6], out[:6]) and torch.equal(out2[12:], out[12:])
     if kind == "causal":
         assert torch.equal(out2[6:11], out[6:11])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype, clamp", [(dt, None) for dt in ALL] + [(dt, (-5.0, 5.0)) for dt in HALF])
+def test_cuda_buckets_take_fused_kernels_in_the_input_dtype(monkeypatch, dtype, clamp):
+    """On CUDA, unpadded full/causal buckets go to fused kernels with the inputs as they are: SDPA
+    in exact mode (its kernels accumulate in float32; upcasting first ran the float32 kernel, 5-10x
+    slower on an H100), triton_blocks in clamp mode for half types; values and gradients stay
+    within a few times the reference backend's own error in that dtype."""
+    import torch.nn.functional as F
+
+    from sparseattn.kernels import triton_blocks
+
+    seen = []
+
+    def spy(module, name):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda q, *a, **kw: seen.append(q.dtype) or real(q, *a, **kw))
+
+    spy(F, "scaled_dot_product_attention")
+    spy(triton_blocks, "block_clamp_attention")
+    g = graphs.from_blocks([("full", 64, 64)] * 3 + [("causal", 64, 64)] * 2, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    q, k, v = (3 * torch.randn(g.num_dst, 2, 16, generator=gen, device="cuda", dtype=torch.float64) for _ in range(3))
+    q[:32] *= 0.1  # rows inside the clamp next to rows where it binds
+    ins = [x.to(dtype).requires_grad_() for x in (q, k, v)]
+    gold_in = [x.detach().double().requires_grad_() for x in ins]
+    out = edge_attention(*ins, g, clamp=clamp, backend="dense")
+    gold = edge_attention(*gold_in, g, clamp=clamp, backend="reference")
+    same = [x.detach().requires_grad_() for x in ins]
+    ref = edge_attention(*same, g, clamp=clamp, backend="reference")  # the reference's own error
+    assert out.dtype == dtype and seen == [dtype, dtype]  # one call per bucket (full, causal)
+    assert_within_reference_error(out, ref, gold, factor=4.0, what="out")
+    d_out = torch.randn(gold.shape, generator=gen, device="cuda", dtype=torch.float64)
+    grads = torch.autograd.grad(out, ins, d_out.to(dtype))
+    refs = torch.autograd.grad(ref, same, d_out.to(dtype))
+    golds = torch.autograd.grad(gold, gold_in, d_out)
+    for name, a, r, b in zip("qkv", grads, refs, golds):
+        assert_within_reference_error(a, r, b, factor=4.0, what=f"d{name}")
