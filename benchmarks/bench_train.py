@@ -259,7 +259,9 @@ def profile_steps(
         return float(getattr(e, "self_device_time_total", 0.0)) if cuda else e.self_cpu_time_total
 
     top = sorted(avg, key=self_us, reverse=True)[:rows]
-    total = sum(self_us(e) for e in avg) or 1
+    # on a GPU an operator's self CUDA time is its kernels' time again: sum the device events only
+    counted = [e for e in avg if not cuda or e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(self_us(e) for e in counted) or 1
     tops = [
         dict(op=e.key, self_ms=round(self_us(e) / 1e3, 2), calls=e.count, share=round(self_us(e) / total, 3))
         for e in top
@@ -267,6 +269,8 @@ def profile_steps(
     table = "\n".join(
         f"    {t['op'][:60]:60s} {t['self_ms']:9.1f} ms {t['share']:6.1%} {t['calls']:6d} calls" for t in tops
     )
+    if cuda:
+        table += f"\n    GPU busy (all kernels) {total / 1e3:.1f} ms over the {n} steps"
     return table, sdpa, tops
 
 

@@ -507,7 +507,7 @@ def main(argv=None) -> int:
         goals = {} if args.sweep or args.sweep_backward else targets(rows, info["peak_gb_s"])
         say("\ntargets: " + "; ".join(f"{k}: {_fmt(v, '.2f').strip()}" for k, v in goals.items()))
         say(f"wrong: {', '.join(wrong) or 'none'}")
-        config = dict(vars(args), dtype=str(dtype), H=H, D=D, tol=TOL[dtype])
+        config = dict(vars(args), out="OUT", dtype=str(dtype), H=H, D=D, tol=TOL[dtype])  # no machine path
         with open(path + ".json", "w") as f:
             json.dump(
                 dict(machine=info, config=config, results=[asdict(r) for r in rows], targets=goals, wrong=wrong),
@@ -515,7 +515,7 @@ def main(argv=None) -> int:
                 indent=1,
             )
         write_png(path + ".png", info["header"], rows)
-        say(f"wrote {path}.json, .png and .log")
+        print(f"wrote {path}.json, .png and .log")  # on stdout only: the log names no machine path
     return 1 if wrong else 0
 
 

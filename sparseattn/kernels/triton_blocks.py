@@ -192,10 +192,10 @@ def _dims(d: int, dv: int) -> Tuple[int, int]:
 
 def _tiles(d: int, dv: int) -> dict:
     """Query/key tiles, warps and pipeline stages. Up to 64-wide heads: 64 x 64 with 4 warps and 3
-    stages, the fastest or within 10% of it fwd+bwd among 7 settings swept on an H100 (bf16, H=8,
-    D=64, complete 512/2048 and causal 512 blocks); wider heads take 32-key tiles and 8 warps (the
-    float32 accumulators share the registers; D=128 and 256 ran 2-2.5x faster than the
-    materialized path with them)."""
+    stages, the fastest of 7 settings swept on an H100 in 5 of 6 timings (bf16, H=8, D=64, fwd and
+    fwd+bwd on complete 512/2048 and causal 512 blocks; 128 x 128 tiles were 19% faster on causal
+    fwd+bwd); wider heads take 32-key tiles and 8 warps (the float32 accumulators share the
+    registers; D=128 and 256 ran 1.3-2.4x faster fwd+bwd than the materialized path in two runs)."""
     block_d, block_dv = _dims(d, dv)
     if max(block_d, block_dv) <= 64:
         return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
