@@ -27,6 +27,7 @@ imported (tests do that). Degenerate inputs (E = 0, or H, D, Dv = 0) go to the r
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import Optional, Tuple
 
@@ -468,14 +469,23 @@ def _strides(t: Optional[Tensor]) -> Tuple[int, int]:
     return (t.stride(0), t.stride(1)) if t is not None else (0, 0)
 
 
+@functools.lru_cache(maxsize=64)
+def _scalars(scale: float, lo: float, hi: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """[scale, lo, hi] as a tensor on the device, made once per setting and then only read. A
+    tensor, not float arguments: Triton passes Python floats to compiled kernels as float32, which
+    cost float64 inputs 1e-8 relative error on a GPU (the interpreter keeps them exact). Made once:
+    a new one per call was a host-to-device copy that CUDA's sync debug mode flagged as
+    synchronizing, 18 per Multi30k training step (H100, two per attention call)."""
+    with torch.inference_mode(False):  # usable outside inference mode too
+        return torch.tensor([scale, lo, hi], dtype=dtype, device=device)
+
+
 def _shared_args(q, v, scale, clamp, bias, dropout_mask):
     """What every kernel takes: bias and mask (a never-read stand-in when absent), the dims
     (H, D, Dv) and scalars ([scale, lo, hi] in the accumulation dtype), and the compile-time flags."""
     dummy = q.new_empty(1)
     lo, hi = clamp if clamp is not None else (0.0, 0.0)
-    # A tensor, not float arguments: Triton passes Python floats to compiled kernels as float32,
-    # which cost float64 inputs 1e-8 relative error on a GPU (the interpreter keeps them exact).
-    scalars = torch.tensor([scale, lo, hi], dtype=accumulation_dtype(q.dtype), device=q.device)
+    scalars = _scalars(float(scale), float(lo), float(hi), accumulation_dtype(q.dtype), q.device)
     flags = dict(
         CLAMP=clamp is not None,
         HAS_BIAS=bias is not None,

@@ -535,3 +535,19 @@ def test_hypothesis_sweep(dtype):
                 assert_close(g, wg, dtype, f"d{name}")
 
     check()
+
+
+def test_scalars_are_made_once_per_setting_and_kept_exact():
+    """The [scale, lo, hi] tensor every kernel reads is cached per (values, dtype, device): making
+    it per call was a synchronizing host-to-device copy on CUDA. Each setting keeps its own exact
+    values, float64 ones in float64, and one made under inference_mode serves outside it too."""
+    q = torch.zeros(3, 2, 4, dtype=torch.float64, device=DEVICE)
+    with torch.inference_mode():
+        first = tk._shared_args(q, q, 0.1, (-5.0, 5.0), None, None)[2][3]
+    again = tk._shared_args(q, q, 0.1, (-5.0, 5.0), None, None)[2][3]
+    other = tk._shared_args(q, q, 0.1, (-4.0, 5.0), None, None)[2][3]
+    half = tk._shared_args(q.half(), q.half(), 0.1, (-5.0, 5.0), None, None)[2][3]
+    assert first is again and not first.is_inference()
+    assert other is not first and other.tolist() == [0.1, -4.0, 5.0]
+    assert first.dtype == torch.float64 and first[0].item() == 0.1
+    assert half.dtype == torch.float32 and half is not first
