@@ -41,8 +41,13 @@ class PositionalEncoding(nn.Module):
         self.table: Tensor
         self.register_buffer("table", sinusoid(torch.arange(max_len), d_model), persistent=False)
 
-    def forward(self, pos: Tensor) -> Tensor:
-        if pos.numel() and int(pos.max()) >= self.table.shape[0]:
+    def forward(self, pos: Tensor, max_pos: Optional[int] = None) -> Tensor:
+        """pos: (N,) -> (N, d). max_pos: the largest entry of pos, where the caller knows it on the
+        host (a GraphBatch's lengths do); without it, pos.max() is read, which on a GPU waits for
+        the device (a synchronization per call)."""
+        if max_pos is None:
+            max_pos = int(pos.max()) if pos.numel() else -1
+        if max_pos >= self.table.shape[0]:
             return sinusoid(pos, self.table.shape[1]).to(self.table.dtype)
         return self.table[pos]
 

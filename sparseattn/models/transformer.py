@@ -67,13 +67,15 @@ class GraphTransformer(Seq2SeqModel):
         self.finish_init(tgt_vocab_size, tie_generator)
 
     def encode(self, batch: GraphBatch) -> Tensor:
-        x = self.dropout(self.src_embed(batch.src) + self.pos_enc(batch.src_pos))  # (N_enc, d)
+        top = max(batch.src_lens, default=0) - 1  # positions run 0..len-1: known here, no GPU sync
+        x = self.dropout(self.src_embed(batch.src) + self.pos_enc(batch.src_pos, top))  # (N_enc, d)
         for layer in self.encoder:
             x = layer(x, batch.enc_graph)
         return self.enc_norm(x)
 
     def decode(self, memory: Tensor, batch: GraphBatch) -> Tensor:
-        x = self.dropout(self.tgt_embed(batch.tgt_in) + self.pos_enc(batch.tgt_pos))  # (N_dec, d)
+        top = max(batch.tgt_lens, default=0) - 1
+        x = self.dropout(self.tgt_embed(batch.tgt_in) + self.pos_enc(batch.tgt_pos, top))  # (N_dec, d)
         for layer in self.decoder:
             x = layer(x, *batch.target_graphs(), memory)
         return self.dec_norm(x)

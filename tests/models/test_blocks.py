@@ -70,3 +70,31 @@ def test_feed_forward_rejects_unknown_kind_and_conv_needs_lengths():
         FeedForward(4, 8, kind="gelu")
     with pytest.raises(ValueError, match="needs the sentence lengths"):
         FeedForward(4, 8, kind="conv")(torch.randn(3, 4))
+
+
+def test_positional_encoding_reads_the_table_or_computes_past_it_with_or_without_max_pos():
+    from sparseattn.models import PositionalEncoding
+
+    pe = PositionalEncoding(6, max_len=4)
+    inside, past = torch.tensor([0, 3, 1]), torch.tensor([0, 5, 2])
+    assert torch.equal(pe(inside), pe.table[inside]) and torch.equal(pe(inside, 3), pe.table[inside])
+    assert torch.allclose(pe(past), sinusoid(past, 6)) and torch.allclose(pe(past, 5), sinusoid(past, 6))
+    assert pe(torch.zeros(0, dtype=torch.long)).shape == (0, 6)
+
+
+def test_transformer_passes_the_largest_position_from_the_batch_lengths(monkeypatch):
+    """encode/decode know each sentence's length on the host, so the positional encoding never
+    reads pos.max() (a GPU synchronization per call); the hint equals the real maximum."""
+    from sparseattn.models import PositionalEncoding
+
+    from .helpers import make_batch, make_model
+
+    seen, real = [], PositionalEncoding.forward
+
+    def spy(self, pos, max_pos=None):
+        seen.append((max_pos, int(pos.max())))
+        return real(self, pos, max_pos)
+
+    monkeypatch.setattr(PositionalEncoding, "forward", spy)
+    make_model("transformer")(make_batch())
+    assert len(seen) == 2 and all(hint == actual for hint, actual in seen)
