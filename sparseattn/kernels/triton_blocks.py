@@ -23,6 +23,7 @@ Runs on CUDA tensors, or on CPU tensors when TRITON_INTERPRET=1 was set before i
 
 from __future__ import annotations
 
+import contextlib
 from typing import Tuple
 
 import torch
@@ -259,10 +260,16 @@ def recompute(qb: Tensor, kb: Tensor, vb: Tensor, scale: float, lo: float, hi: f
     return (torch.matmul(w, vb.to(acc)) / w.sum(-1, keepdim=True)).to(qb.dtype)
 
 
+def _on(device: torch.device):
+    """Launch on the tensors' GPU (Triton launches on the current CUDA device)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 class _FusedBlockClamp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qb, kb, vb, scale: float, lo: float, hi: float, causal: bool):
-        out, z = _forward(qb, kb, vb, scale, lo, hi, causal)
+        with _on(qb.device):
+            out, z = _forward(qb, kb, vb, scale, lo, hi, causal)
         ctx.save_for_backward(qb, kb, vb, z)
         ctx.args = (scale, lo, hi, causal)
         return out
@@ -275,7 +282,9 @@ class _FusedBlockClamp(torch.autograd.Function):
                 again = recompute(qb, kb, vb, *ctx.args)
                 grads = torch.autograd.grad(again, (qb, kb, vb), d_out, create_graph=True)
             return (*grads, None, None, None, None)
-        return (*_backward(qb, kb, vb, z, d_out, *ctx.args), None, None, None, None)
+        with _on(qb.device):
+            grads = _backward(qb, kb, vb, z, d_out, *ctx.args)
+        return (*grads, None, None, None, None)
 
 
 def runs(qb: Tensor, kb: Tensor, vb: Tensor) -> bool:
