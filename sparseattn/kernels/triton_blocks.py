@@ -58,6 +58,23 @@ def _live(rows, cols, n_cols, CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """a @ b accumulated in float32: on tensor cores in b's (half) type, or in IEEE float32."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a.to(b.dtype), b)
+
+
+@triton.jit
+def _recompute(q, k, do, v, z, live, scale, lo, hi, IEEE: tl.constexpr):
+    """Backward's view of one (queries x keys) tile: p = w / z (0 off the edges), dp = <do, v>,
+    and where clamp passes the gradient (lo <= score <= hi)."""
+    s = _dot(q, tl.trans(k), IEEE) * scale
+    p = tl.where(live, tl.exp(_clamp(s, lo, hi)) / z[:, None], 0.0)
+    return p, _dot(do, tl.trans(v), IEEE), (s >= lo) & (s <= hi)
+
+
+@triton.jit
 def _fwd_kernel(
     Q, K, V, Out, Z, scale, lo, hi, H, LQ, LK, D, DV,
     s_qb, s_qh, s_qm, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_ob, s_oh, s_om,
@@ -78,16 +95,10 @@ def _fwd_kernel(
         cols = start + tl.arange(0, BLOCK_N)
         k = _tile(K + b * s_kb + h * s_kh, s_kn, cols, LK, offs_d, D)
         v = _tile(V + b * s_vb + h * s_vh, s_vn, cols, LK, offs_dv, DV)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        w = tl.where(_live(rows, cols, LK, CAUSAL), tl.exp(_clamp(s * scale, lo, hi)), 0.0)
+        s = _dot(q, tl.trans(k), IEEE) * scale
+        w = tl.where(_live(rows, cols, LK, CAUSAL), tl.exp(_clamp(s, lo, hi)), 0.0)
         z += tl.sum(w, 1)
-        if IEEE:
-            acc += tl.dot(w, v, input_precision="ieee")
-        else:
-            acc += tl.dot(w.to(v.dtype), v)
+        acc += _dot(w, v, IEEE)
     z = tl.where(z == 0.0, 1.0, z)  # only rows past LQ: every block row has an edge
     out = acc / z[:, None]
     o_ptr = Out + b * s_ob + h * s_oh + rows[:, None] * s_om + offs_dv[None, :]
@@ -119,22 +130,11 @@ def _dq_kernel(
         cols = start + tl.arange(0, BLOCK_N)
         k = _tile(K + b * s_kb + h * s_kh, s_kn, cols, LK, offs_d, D)
         v = _tile(V + b * s_vb + h * s_vh, s_vn, cols, LK, offs_dv, DV)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k)) * scale
-            dp = tl.dot(do, tl.trans(v))
-        live = _live(rows, cols, LK, CAUSAL)
-        p = tl.where(live, tl.exp(_clamp(s, lo, hi)) / z[:, None], 0.0)
-        gp = tl.where((s >= lo) & (s <= hi), p, 0.0)
+        p, dp, inside = _recompute(q, k, do, v, z, _live(rows, cols, LK, CAUSAL), scale, lo, hi, IEEE)
+        gp = tl.where(inside, p, 0.0)
         delta += tl.sum(p * dp, 1)
-        if IEEE:
-            gpdp_k += tl.dot(gp * dp, k, input_precision="ieee")
-            gp_k += tl.dot(gp, k, input_precision="ieee")
-        else:
-            gpdp_k += tl.dot((gp * dp).to(k.dtype), k)
-            gp_k += tl.dot(gp.to(k.dtype), k)
+        gpdp_k += _dot(gp * dp, k, IEEE)
+        gp_k += _dot(gp, k, IEEE)
     dq = (gpdp_k - delta[:, None] * gp_k) * scale
     dq_ptr = DQ + b * s_gb + h * s_gh + rows[:, None] * s_gm + offs_d[None, :]
     tl.store(dq_ptr, dq.to(DQ.dtype.element_ty), mask=(rows[:, None] < LQ) & (offs_d[None, :] < D))
@@ -166,21 +166,11 @@ def _dkdv_kernel(
         do = _tile(DO + b * s_ob + h * s_oh, s_om, rows, LQ, offs_dv, DV)
         z = tl.load(Z + bh * LQ + rows, mask=rows < LQ, other=1.0)
         delta = tl.load(DELTA + bh * LQ + rows, mask=rows < LQ, other=0.0)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k)) * scale
-            dp = tl.dot(do, tl.trans(v))
         live = _live(rows, cols, LK, CAUSAL) & (rows[:, None] < LQ)
-        p = tl.where(live, tl.exp(_clamp(s, lo, hi)) / z[:, None], 0.0)
-        ds = tl.where((s >= lo) & (s <= hi), p * (dp - delta[:, None]), 0.0)
-        if IEEE:
-            dv += tl.dot(tl.trans(p), do, input_precision="ieee")
-            dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
-        else:
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+        p, dp, inside = _recompute(q, k, do, v, z, live, scale, lo, hi, IEEE)
+        ds = tl.where(inside, p * (dp - delta[:, None]), 0.0)
+        dv += _dot(tl.trans(p), do, IEEE)
+        dk += _dot(tl.trans(ds), q, IEEE)
     dk_ptr = DK + b * s_kgb + h * s_kgh + cols[:, None] * s_kgn + offs_d[None, :]
     tl.store(dk_ptr, (dk * scale).to(DK.dtype.element_ty), mask=(cols[:, None] < LK) & (offs_d[None, :] < D))
     dv_ptr = DVG + b * s_vgb + h * s_vgh + cols[:, None] * s_vgn + offs_dv[None, :]
