@@ -43,9 +43,10 @@ def _clamp(s, lo, hi):
 
 @triton.jit
 def _tile(P, s_row, rows, n_rows, cols, n_cols):
-    """P[rows, cols] (P already offset to its (batch, head)), 0 outside n_rows x n_cols."""
+    """P[rows, cols] (P already offset to its (batch, head)), 0 outside n_rows x n_cols. Offsets in
+    int64: a long block's rows times its row stride can pass 2**31."""
     mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    return tl.load(P + rows[:, None] * s_row + cols[None, :], mask=mask, other=0.0)
+    return tl.load(P + rows[:, None].to(tl.int64) * s_row + cols[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
@@ -81,7 +82,7 @@ def _fwd_kernel(
     CAUSAL: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    pid_m, bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
@@ -113,7 +114,7 @@ def _dq_kernel(
     CAUSAL: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
-    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    pid_m, bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
@@ -149,7 +150,7 @@ def _dkdv_kernel(
     CAUSAL: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
-    pid_n, bh = tl.program_id(0), tl.program_id(1)
+    pid_n, bh = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
