@@ -344,7 +344,8 @@ class CSRAttention(torch.autograd.Function):
         heads = q.shape[1]
         ctx.graph, ctx.scale, ctx.clamp = graph, scale, clamp
         ctx.set_materialize_grads(False)
-        if layout == "head-major" or (layout is None and prefers_head_major(graph, k)):
+        training = any(ctx.needs_input_grad[:4])
+        if layout == "head-major" or (layout is None and prefers_head_major(graph, k, training)):
             hm = ctx.pat = head_major_pattern(graph)
             mask = hm.to_sorted(dropout_mask)
             out, w, score, z_safe = head_major_forward(q, k, v, hm, scale, clamp, hm.to_sorted(bias), mask)

@@ -7,7 +7,12 @@ import torch
 from sparseattn import edge_attention, graphs
 from sparseattn.kernels import csr as csr_module
 from sparseattn.kernels.csr import csr_attention
-from sparseattn.kernels.csr_head_major import HEAD_MAJOR_MIN_BYTES, prefers_head_major, source_spread
+from sparseattn.kernels.csr_head_major import (
+    HEAD_MAJOR_MIN_BYTES,
+    HEAD_MAJOR_MIN_TRAINING_SLOTS,
+    prefers_head_major,
+    source_spread,
+)
 
 
 def _keys(n: int, heads: int = 8, d: int = 64) -> torch.Tensor:
@@ -30,6 +35,31 @@ def test_head_major_only_for_large_graphs_without_locality():
     assert not prefers_head_major(graphs.window(65_536, 8), _keys(65_536))  # large, but local
     meta = torch.empty(20_000, 8, 64, device="meta")  # not a CPU tensor: the rule is about CPU caches
     assert not prefers_head_major(big, meta)
+
+
+def test_training_takes_head_major_from_a_size_on():
+    """With gradients wanted, head-major on graphs of at least HEAD_MAJOR_MIN_TRAINING_SLOTS (edge,
+    head) slots, local or not: its backward builds no (H * E) transposed index."""
+    window, tiny = graphs.window(65_536, 8), graphs.window(256, 8)
+    assert window.num_edges * 8 >= HEAD_MAJOR_MIN_TRAINING_SLOTS > tiny.num_edges * 8
+    assert prefers_head_major(window, _keys(65_536), training=True)
+    assert not prefers_head_major(window, _keys(65_536))  # inference keeps the interleaved layout
+    assert not prefers_head_major(tiny, _keys(256), training=True)
+    assert not prefers_head_major(window, _keys(65_536, heads=1), training=True)
+    assert not prefers_head_major(window, torch.empty(65_536, 8, 64, device="meta"), training=True)
+
+
+def test_csr_layout_follows_whether_gradients_are_wanted(monkeypatch):
+    calls = []
+    forward = csr_module.head_major_forward
+    monkeypatch.setattr(csr_module, "head_major_forward", lambda *a: calls.append(1) or forward(*a))
+    g = graphs.window(4096, 8)
+    q, k, v = (torch.randn(4096, 8, 16) for _ in range(3))
+    out = edge_attention(q, k, v, g, backend="csr")
+    assert calls == []
+    k.requires_grad_()
+    trained = edge_attention(q, k, v, g, backend="csr")
+    assert calls == [1] and torch.allclose(out, trained, atol=1e-6)
 
 
 def test_csr_takes_the_head_major_path_where_the_rule_says(monkeypatch):
