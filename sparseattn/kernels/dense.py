@@ -276,10 +276,19 @@ def _tracing() -> bool:
 FUSED_CLAMP_DTYPES = (torch.float16, torch.bfloat16)
 
 
+def _tensor_cores_take(dtype: torch.dtype, capability: Tuple[int, int]) -> bool:
+    """Whether a GPU of this compute capability multiplies dtype on tensor cores in Triton:
+    float16 from Turing (7.5) on, bfloat16 from Ampere (8.0) on."""
+    return capability >= ((8, 0) if dtype == torch.bfloat16 else (7, 5))
+
+
 def _fused_clamp_runs(qb: Tensor, kb: Tensor, vb: Tensor) -> bool:
     """Whether clamp mode on an unpadded full/causal bucket goes to the fused Triton kernel
-    (`triton_blocks`): CUDA inputs of FUSED_CLAMP_DTYPES, triton importable, not while tracing."""
+    (`triton_blocks`): CUDA inputs of FUSED_CLAMP_DTYPES on a GPU whose tensor cores take them,
+    triton importable, not while tracing."""
     if not qb.is_cuda or qb.dtype not in FUSED_CLAMP_DTYPES or _tracing():
+        return False
+    if not _tensor_cores_take(qb.dtype, torch.cuda.get_device_capability(qb.device)):
         return False
     try:
         from . import triton_blocks

@@ -216,3 +216,11 @@ def test_cuda_buckets_take_fused_kernels_in_the_input_dtype(monkeypatch, dtype, 
     golds = torch.autograd.grad(gold, gold_in, d_out)
     for name, a, r, b in zip("qkv", grads, refs, golds):
         assert_within_reference_error(a, r, b, factor=4.0, what=f"d{name}")
+
+
+def test_fused_clamp_kernel_only_where_tensor_cores_take_the_dtype():
+    from sparseattn.kernels.dense import _tensor_cores_take
+
+    assert _tensor_cores_take(torch.bfloat16, (9, 0)) and _tensor_cores_take(torch.bfloat16, (8, 0))
+    assert not _tensor_cores_take(torch.bfloat16, (7, 5))  # Turing: no bfloat16 tensor cores
+    assert _tensor_cores_take(torch.float16, (7, 5)) and not _tensor_cores_take(torch.float16, (7, 0))
