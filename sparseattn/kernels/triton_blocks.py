@@ -23,7 +23,6 @@ Runs on CUDA tensors, or on CPU tensors when TRITON_INTERPRET=1 was set before i
 
 from __future__ import annotations
 
-import contextlib
 from typing import Tuple
 
 import torch
@@ -31,14 +30,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .triton_kernel import _logit, _on  # clamp keeping NaN; launch on the inputs' GPU
+
 MAX_HEAD_DIM = 256
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-@triton.jit
-def _clamp(s, lo, hi):
-    """torch.clamp: NaN stays NaN."""
-    return tl.where(s < lo, lo, tl.where(s > hi, hi, s))
 
 
 @triton.jit
@@ -71,7 +66,7 @@ def _recompute(q, k, do, v, z, live, scale, lo, hi, IEEE: tl.constexpr):
     """Backward's view of one (queries x keys) tile: p = w / z (0 off the edges), dp = <do, v>,
     and where clamp passes the gradient (lo <= score <= hi)."""
     s = _dot(q, tl.trans(k), IEEE) * scale
-    p = tl.where(live, tl.exp(_clamp(s, lo, hi)) / z[:, None], 0.0)
+    p = tl.where(live, tl.exp(_logit(s, lo, hi, True)) / z[:, None], 0.0)
     return p, _dot(do, tl.trans(v), IEEE), (s >= lo) & (s <= hi)
 
 
@@ -97,7 +92,7 @@ def _fwd_kernel(
         k = _tile(K + b * s_kb + h * s_kh, s_kn, cols, LK, offs_d, D)
         v = _tile(V + b * s_vb + h * s_vh, s_vn, cols, LK, offs_dv, DV)
         s = _dot(q, tl.trans(k), IEEE) * scale
-        w = tl.where(_live(rows, cols, LK, CAUSAL), tl.exp(_clamp(s, lo, hi)), 0.0)
+        w = tl.where(_live(rows, cols, LK, CAUSAL), tl.exp(_logit(s, lo, hi, True)), 0.0)
         z += tl.sum(w, 1)
         acc += _dot(w, v, IEEE)
     z = tl.where(z == 0.0, 1.0, z)  # only rows past LQ: every block row has an edge
@@ -249,11 +244,6 @@ def recompute(qb: Tensor, kb: Tensor, vb: Tensor, scale: float, lo: float, hi: f
     if causal:
         w = w.masked_fill(torch.ones_like(w[0, 0], dtype=torch.bool).triu(1), 0.0)
     return (torch.matmul(w, vb.to(acc)) / w.sum(-1, keepdim=True)).to(qb.dtype)
-
-
-def _on(device: torch.device):
-    """Launch on the tensors' GPU (Triton launches on the current CUDA device)."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 class _FusedBlockClamp(torch.autograd.Function):
