@@ -1,6 +1,7 @@
 """sparseattn: multi-head attention over the edges of a graph, in pure PyTorch."""
 
 from . import graphs
+from ._checks import max_clamp_bound
 from .functional import edge_attention
 from .graphs import Graph
 from .kernels import backend_names
@@ -21,5 +22,6 @@ __all__ = [
     "record_attention",
     "AttentionRecord",
     "backend_names",
+    "max_clamp_bound",
     "__version__",
 ]

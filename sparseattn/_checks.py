@@ -30,6 +30,13 @@ def check_edge_index(edge_index: object, name: str = "edge_index") -> Tensor:
     return edge_index.long()
 
 
+def check_node_count(name: str, n: object) -> int:
+    """A node count: a non-negative int that fits int64 (ids are int64); ValueError otherwise."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < 2**63:
+        raise ValueError(f"{name} must be a non-negative int below 2**63, got {n!r}")
+    return n
+
+
 def check_node_ids(ids: Tensor, num_nodes: int, name: str) -> None:
     """Raise IndexError if any id in `ids` is negative or >= num_nodes."""
     if ids.numel() == 0:

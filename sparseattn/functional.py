@@ -17,12 +17,17 @@ GraphLike = Union[Graph, Tensor]
 def as_graph(graph: GraphLike, num_src: int, num_dst: int) -> Graph:
     """Wrap a (2, E) tensor as a Graph with the given node counts (validated), or check a Graph's counts."""
     if isinstance(graph, Graph):
-        if graph.num_src != num_src:
-            raise ValueError(f"graph has num_src={graph.num_src} but k and v have {num_src} source rows")
-        if graph.num_dst != num_dst:
-            raise ValueError(f"graph has num_dst={graph.num_dst} but q has {num_dst} destination rows")
+        for name, have, want, rows in (
+            ("num_src", graph.num_src, num_src, "k and v have"),
+            ("num_dst", graph.num_dst, num_dst, "q has"),
+        ):
+            if have != want:
+                raise ValueError(
+                    f"graph has {name}={have} but {rows} {want} rows; a Graph built without {name}= counts "
+                    f"nodes up to its largest id: build it as Graph(edge_index, num_src={num_src}, num_dst={num_dst})"
+                )
         return graph
-    return Graph(graph, num_src=num_src, num_dst=num_dst)
+    return Graph._borrowing(graph, num_src=num_src, num_dst=num_dst)  # lives for this call: no copy
 
 
 def edge_attention(

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.hooks import RemovableHandle
 
-from ._checks import check_clamp, check_dropout
+from ._checks import check_clamp, check_dropout, check_node_ids
 from .functional import GraphLike, as_graph, edge_attention
 from .graphs import Graph
 from .kernels import backend_names
@@ -252,7 +252,13 @@ def _select_destinations(graph: GraphLike, q: Tensor, num_src: int, dst_rows: Te
     else:  # a raw index does not say how many destinations there are: as many as it or dst_rows names
         named = [int(t.max()) + 1 for t in (graph[1], dst_rows) if t.numel()]
         g = as_graph(graph, num_src=num_src, num_dst=max(named, default=0))
+    check_node_ids(dst_rows, g.num_dst, "dst_rows")  # a negative id would index from the end
     active = torch.zeros(g.num_dst, dtype=torch.bool, device=q.device)
     active[dst_rows] = True
+    if dst_rows.numel() and int(active.sum()) != dst_rows.numel():
+        raise ValueError(
+            "dst_rows must not repeat a destination: the rows of x_dst given for one destination would "
+            "be written over each other"
+        )
     q_all = q.new_zeros(g.num_dst, *q.shape[1:]).index_copy(0, dst_rows, q)
     return g.dst_subgraph(active), q_all

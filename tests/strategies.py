@@ -1,5 +1,6 @@
 """Hypothesis strategies: small random graphs with the awkward cases (E = 0, duplicate edges,
-isolated destinations, bipartite sizes) and matching attention inputs."""
+isolated destinations, bipartite sizes), in every input layout a user may pass (contiguous or
+not, int32 or int64, edges in any order), and matching attention inputs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,20 @@ import torch
 from hypothesis import strategies as st
 
 from sparseattn import graphs
+
+# how the (2, E) index reaches edge_attention: as built, as a (2, E) view of an (E, 2) pairs tensor
+# (`pairs.t()`), as a non-contiguous slice of a wider tensor, or in int32, alone or combined
+INDEX_LAYOUTS = ("contiguous", "transposed", "strided", "int32", "transposed-int32")
+
+
+def laid_out(edge_index: torch.Tensor, layout: str) -> torch.Tensor:
+    """The same edges as `edge_index` (2, E) int64, in `layout` (one of INDEX_LAYOUTS)."""
+    ei = edge_index.int() if layout.endswith("int32") else edge_index
+    if layout.startswith("transposed"):
+        return ei.t().contiguous().t()  # pairs (E, 2) viewed as (2, E): strides (1, 2)
+    if layout == "strided":
+        return ei.repeat_interleave(2, dim=1)[:, ::2]  # every other column: strides (2E, 2)
+    return ei
 
 
 @dataclass
@@ -25,10 +40,12 @@ class Case:
     use_bias: bool
     seed: int
     blocks: Optional[list] = None  # (kind, n_src, n_dst) specs when the graph is built from dense blocks
+    layout: str = "contiguous"  # how graph() hands the raw index over (INDEX_LAYOUTS)
 
     def graph(self):
-        """What to pass as the graph: a block-recording Graph for block cases, else the raw (2, E) index."""
-        return graphs.from_blocks(self.blocks) if self.blocks is not None else self.edge_index
+        """What to pass as the graph: a block-recording Graph for block cases, else the raw (2, E)
+        index in the case's layout (`edge_index` stays contiguous int64 for the references)."""
+        return graphs.from_blocks(self.blocks) if self.blocks is not None else laid_out(self.edge_index, self.layout)
 
     def tensors(self, dtype=torch.float64, device="cpu", magnitude=1.0):
         """q, k, v and a bias table (N_dst, N_src, H), all leaves requiring grad."""
@@ -53,6 +70,9 @@ def graph_cases(draw, max_nodes=10, max_edges=48, bipartite=None):
     if num_edges and draw(st.booleans()):  # force duplicates
         src = torch.cat([src, src[: num_edges // 2 + 1]])
         dst = torch.cat([dst, dst[: num_edges // 2 + 1]])
+    if draw(st.booleans()):  # destination-major, as builders and many users list edges (no sort needed)
+        order = torch.argsort(dst * n_src + src, stable=True)
+        src, dst = src[order], dst[order]
     return Case(
         edge_index=torch.stack([src, dst]),
         n_src=n_src,
@@ -64,6 +84,7 @@ def graph_cases(draw, max_nodes=10, max_edges=48, bipartite=None):
         clamp=draw(st.sampled_from([(-5.0, 5.0), None, (-1.0, 0.5)])),
         use_bias=draw(st.booleans()),
         seed=seed,
+        layout=draw(st.sampled_from(INDEX_LAYOUTS)),
     )
 
 

@@ -13,7 +13,7 @@ from sparseattn import Graph, edge_attention, graphs
 from sparseattn.kernels import backends_for
 
 from .dense import dense_attention
-from .strategies import block_cases, graph_cases
+from .strategies import block_cases, graph_cases, laid_out
 from .tolerances import assert_close, assert_within_reference_error
 
 BACKENDS = backends_for("cpu")
@@ -128,7 +128,14 @@ def test_edge_order_and_node_labels_do_not_matter(backend, case):
     gen = torch.Generator().manual_seed(case.seed)
     perm = torch.randperm(ei.shape[1], generator=gen)
     out_p, w_p = edge_attention(
-        q, k, v, ei[:, perm], bias=bias[perm], clamp=case.clamp, backend=backend, return_weights=True
+        q,
+        k,
+        v,
+        laid_out(ei[:, perm], case.layout),
+        bias=bias[perm],
+        clamp=case.clamp,
+        backend=backend,
+        return_weights=True,
     )
     assert_close(out_p, out, torch.float64, "edge permutation: out")
     assert_close(w_p, w[perm], torch.float64, "edge permutation: weights")
@@ -145,7 +152,7 @@ def test_edge_order_and_node_labels_do_not_matter(backend, case):
 def test_weights_sum_to_one(backend, case):
     q, k, v, _ = case.tensors(torch.float64)
     ei = case.edge_index
-    out, w = edge_attention(q, k, v, ei, clamp=case.clamp, backend=backend, return_weights=True)
+    out, w = edge_attention(q, k, v, case.graph(), clamp=case.clamp, backend=backend, return_weights=True)
     assert w.shape == (ei.shape[1], case.heads)
     sums = torch.zeros(case.n_dst, case.heads, dtype=torch.float64).index_add_(0, ei[1], w.detach())
     has_in = torch.bincount(ei[1], minlength=case.n_dst) > 0

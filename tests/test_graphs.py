@@ -194,3 +194,119 @@ def test_from_row_pointers_names_bad_arguments():
         graphs.from_row_pointers(torch.tensor([0.0, 3.0]), src, num_src=2)
     with pytest.raises(IndexError, match="out of range for 1 nodes"):
         graphs.from_row_pointers(torch.tensor([0, 3]), src, num_src=1)
+
+
+# ---- ownership, copies, pickles, saves -------------------------------------------------------------
+def _same_graph(a, b):
+    assert torch.equal(a.edge_index, b.edge_index) and (a.num_src, a.num_dst) == (b.num_src, b.num_dst)
+    assert a.blocks == b.blocks and a.src_ptr == b.src_ptr and a.dst_ptr == b.dst_ptr
+    assert a.is_sorted_by_dst == b.is_sorted_by_dst and repr(a) == repr(b)
+
+
+def test_graph_owns_a_contiguous_copy_of_its_index():
+    pairs = graphs.window(6, 1).edge_index.t().contiguous()
+    g = Graph(pairs.t())  # a strided (2, E) view
+    assert g.edge_index.is_contiguous() and g.edge_index.dtype == torch.long
+    assert g.edge_index.data_ptr() != pairs.data_ptr()
+    assert g.csr().idx.is_contiguous() and g.csc().idx.is_contiguous()
+    pairs.zero_()
+    assert torch.equal(g.edge_index, graphs.window(6, 1).edge_index)
+
+
+GRAPHS = {
+    "raw destination-major": lambda: Graph(graphs.from_blocks([("full", 3, 3), ("causal", 4, 4)]).edge_index),
+    "batch of blocks": lambda: graphs.from_blocks([("full", 3, 2), ("causal_no_self", 4, 4)]),
+    "unsorted with duplicates": lambda: Graph(torch.tensor([[3, 0, 0, 2], [1, 1, 1, 0]]), num_src=5, num_dst=3),
+    "empty": lambda: Graph(torch.empty(2, 0, dtype=torch.long), num_src=2, num_dst=0),
+}
+
+
+@pytest.mark.parametrize("name", GRAPHS)
+@pytest.mark.parametrize("how", ["deepcopy", "copy", "pickle", "torch.save weights_only"])
+def test_copies_pickles_and_saves_keep_the_graph(name, how, tmp_path):
+    """A copy drops the cached structure and rebuilds it; blocks (recorded or still to be found)
+    and batch offsets survive. Once `_UNKNOWN`, an object() sentinel, was copied into a new
+    object and `blocks`/`repr` raised TypeError."""
+    import copy
+    import pickle
+
+    g = GRAPHS[name]()
+    g.csr()  # cached structure must not travel
+    if how == "deepcopy":
+        c = copy.deepcopy(g)
+    elif how == "copy":
+        c = copy.copy(g)
+    elif how == "pickle":
+        c = pickle.loads(pickle.dumps(g))
+    else:
+        torch.save({"graph": g}, tmp_path / "g.pt")
+        c = torch.load(tmp_path / "g.pt", weights_only=True)["graph"]
+    _same_graph(c, g)
+    assert torch.equal(c.csr().idx, g.csr().idx) and torch.equal(c.csc().perm, g.csc().perm)
+
+
+class _GraphSet(torch.utils.data.Dataset):
+    """Graph i: a batch of two blocks whose sizes depend on i, built as a batch or from its raw
+    index (module level: workers unpickle it)."""
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        if i % 2:  # blocks still to be found (the sentinel that once failed to pickle)
+            return Graph(graphs.from_blocks([("full", i + 1, i + 2), ("causal", 3, 3)]).edge_index)
+        return graphs.from_blocks([("full", i + 1, i + 2), ("causal", 3, 3)])
+
+
+def test_dataloader_workers_send_graphs():
+    got = list(torch.utils.data.DataLoader(_GraphSet(), batch_size=None, num_workers=1))
+    assert len(got) == 3
+    for i, g in enumerate(got):
+        _same_graph(g, _GraphSet()[i])
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda s: s.update(edge_index=torch.tensor([[0, 9], [0, 1]])), "out of range"),
+        (lambda s: s.update(edge_index=torch.tensor([[0.0], [1.0]])), "integer dtype"),
+        (lambda s: s.update(num_src=-1), "num_src"),
+        (lambda s: s.update(blocks=[("full", 0, 0, 9, 9, 0)]), "reaches outside"),
+        (lambda s: s.update(blocks=[("weird", 0, 0, 1, 1, 0)]), "is not"),
+        (lambda s: s.update(dst_ptr=[0, 7]), "dst_ptr"),
+        (lambda s: s.clear(), "not the state"),
+    ],
+)
+def test_a_corrupted_saved_graph_is_refused(edit, match, tmp_path):
+    state = graphs.from_blocks([("full", 2, 2)]).__getstate__()
+    edit(state)
+    g = Graph.__new__(Graph)
+    with pytest.raises((ValueError, TypeError, IndexError), match=match):
+        g.__setstate__(state)
+
+
+@pytest.mark.parametrize("num_src", [2**40, 2**62, 2**63 - 1])
+def test_huge_node_counts_sort_without_overflow(num_src):
+    """The (destination, source) sort key dst * num_src + src overflowed int64: with num_src =
+    2**63 - 1 an unsorted index was taken as sorted and csr paired destination 0 with source 3."""
+    ei = torch.tensor([[0, 3, 1], [0, 1, 2]])
+    g = Graph(ei, num_src=num_src)
+    assert g.is_sorted_by_dst
+    assert torch.equal(g.csr().idx, torch.tensor([0, 3, 1])) and torch.equal(g.csr().ptr, torch.tensor([0, 1, 2, 3]))
+    unsorted = Graph(torch.tensor([[5, 3, 1, 2], [1, 0, 1, 0]]), num_src=num_src)
+    assert not unsorted.is_sorted_by_dst
+    assert torch.equal(unsorted.csr().idx, torch.tensor([2, 3, 1, 5]))
+    assert torch.equal(unsorted.csr().perm, torch.tensor([3, 1, 2, 0]))
+
+
+@pytest.mark.parametrize("bad", [2**63, -1, 2.0, True])
+def test_node_counts_must_fit_int64(bad):
+    with pytest.raises(ValueError, match=r"num_src must be a non-negative int below 2\*\*63"):
+        Graph(torch.tensor([[0], [0]]), num_src=bad)
+
+
+def test_to_names_its_argument():
+    g = graphs.window(4, 1)
+    with pytest.raises(TypeError, match=r"Graph.to takes a device .* got torch.float64") as info:
+        g.to(torch.float64)
+    assert "\n" not in str(info.value)

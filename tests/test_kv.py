@@ -156,6 +156,24 @@ def test_dst_rows_must_be_int64_ids_matching_the_inputs():
     assert isinstance(kv, KeyValue)
 
 
+@pytest.mark.parametrize("raw", [False, True], ids=["Graph", "raw edge_index"])
+def test_dst_rows_out_of_range_or_repeated_are_refused(raw):
+    """A negative id once indexed from the end (row -1 = the last destination) and a repeated id
+    silently gave one row of x_dst the other's result."""
+    attn = _attn()
+    g = graphs.complete(4)
+    graph = g.edge_index if raw else g
+    x = torch.randn(4, D, dtype=torch.float64)
+    kv = attn.project_kv(x)
+    with pytest.raises(IndexError, match=r"dst_rows contains a negative node id \(-1\)"):
+        attn(x[:2], graph, kv=kv, dst_rows=torch.tensor([0, -1]))
+    if not raw:  # a raw index has as many destinations as it or dst_rows names
+        with pytest.raises(IndexError, match="dst_rows contains node id 4, out of range for 4 nodes"):
+            attn(x[:2], graph, kv=kv, dst_rows=torch.tensor([0, 4]))
+    with pytest.raises(ValueError, match="dst_rows must not repeat a destination"):
+        attn(x[:2], graph, kv=kv, dst_rows=torch.tensor([2, 2]))
+
+
 def test_selected_rows_on_a_raw_edge_index_may_name_destinations_without_edges():
     attn = _attn()
     edge_index = torch.tensor([[0, 1, 2], [0, 0, 1]])  # destinations 0 and 1 have edges, 3 has none

@@ -161,7 +161,8 @@ def from_row_pointers(ptr: Tensor, src: Tensor, num_src: int, *, validate: bool 
         ptr: (N_dst + 1,) integer row pointers, ptr[0] = 0, non-decreasing, ptr[-1] = E.
         src: (E,) integer source ids.
         num_src: number of source nodes.
-        validate: check ptr, src and num_src as `Graph` does. False skips every check, for code
+        validate: check ptr, src and num_src as `Graph` does (ptr and src are not kept: the
+            graph's index is built from them). False skips every check, for code
             that builds valid rows each time, such as a decoder's per-step graphs: each row's
             sources must then be increasing (no duplicates), and the dense blocks the rows form
             are found at once (`graphs.detect`).
@@ -180,7 +181,7 @@ def from_row_pointers(ptr: Tensor, src: Tensor, num_src: int, *, validate: bool 
     dst = torch.arange(num_dst, device=ptr.device).repeat_interleave(ptr.diff(), output_size=num_edges)
     edge_index = torch.stack([src.long(), dst])
     if validate:
-        return Graph(edge_index, num_src=num_src, num_dst=num_dst)
+        return Graph._borrowing(edge_index, num_src=num_src, num_dst=num_dst)  # a new tensor: no copy
     g = Graph._trusted(edge_index, num_src, num_dst, blocks=find_blocks(src.long(), ptr), sorted_by_dst=True)
     g._ptr = ptr  # the row pointers are known: no bincount on first use
     return g

@@ -7,12 +7,9 @@ from typing import NamedTuple, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._checks import check_edge_index, check_node_ids
+from .._checks import check_edge_index, check_node_count, check_node_ids
 
 BLOCK_KINDS = ("full", "full_no_self", "causal", "causal_no_self")
-
-
-_UNKNOWN = object()  # Graph._blocks before detection
 
 
 class Block(NamedTuple):
@@ -72,10 +69,13 @@ class Graph:
         num_src: number of source nodes (default: largest source id + 1).
         num_dst: number of destination nodes (default: largest destination id + 1).
 
-    The graph is validated once at construction. It is immutable: kernels cache the
-    destination-sorted CSR (`csr()`), the transposed CSR (`csc()`) and in-degrees on
-    first use, so the many layers of a model sort the edges only once. Do not modify
-    the tensor passed in afterwards.
+    The graph is validated once at construction and keeps a contiguous int64 copy of the
+    index, so the tensor passed in may be reused or edited afterwards. It is immutable:
+    kernels cache the destination-sorted CSR (`csr()`), the transposed CSR (`csc()`) and
+    in-degrees on first use, so the many layers of a model sort the edges only once (do not
+    edit `graph.edge_index` in place). Graphs survive `copy.deepcopy`, pickling (DataLoader
+    workers) and `torch.save`/`torch.load(weights_only=True)`; a copy rebuilds its cached
+    structure on first use.
     """
 
     def __init__(
@@ -84,23 +84,32 @@ class Graph:
         num_src: Optional[int] = None,
         num_dst: Optional[int] = None,
     ) -> None:
-        edge_index = check_edge_index(edge_index)
+        # a copy of its own (contiguous int64): the caller may reuse or edit the tensor passed in
+        edge_index = check_edge_index(edge_index).to(torch.long, memory_format=torch.contiguous_format, copy=True)
+        self._validate_and_init(edge_index, num_src, num_dst)
+
+    @classmethod
+    def _borrowing(cls, edge_index: Tensor, num_src: Optional[int] = None, num_dst: Optional[int] = None) -> "Graph":
+        """A validated Graph over the caller's index without copying it (only made contiguous
+        int64), for a graph that lives for one call (`edge_attention` given a raw tensor) or for an
+        index the library has just built."""
+        g = cls.__new__(cls)
+        g._validate_and_init(check_edge_index(edge_index).contiguous(), num_src, num_dst)
+        return g
+
+    def _validate_and_init(self, edge_index: Tensor, num_src: Optional[int], num_dst: Optional[int]) -> None:
         src, dst = edge_index[0], edge_index[1]
         if num_src is None:
             num_src = int(src.max()) + 1 if src.numel() else 0
         if num_dst is None:
             num_dst = int(dst.max()) + 1 if dst.numel() else 0
-        for name, n in (("num_src", num_src), ("num_dst", num_dst)):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {n!r}")
+        num_src, num_dst = check_node_count("num_src", num_src), check_node_count("num_dst", num_dst)
         check_node_ids(src, num_src, "edge_index[0] (sources)")
         check_node_ids(dst, num_dst, "edge_index[1] (destinations)")
         # destination-major input (as the builders list edges) needs no sort, and without
         # duplicates its dense blocks are recognized on first use of `blocks`
-        least_step = _least_step(src, dst, num_src)
-        sorted_by_dst = least_step >= 0
-        blocks = _UNKNOWN if least_step > 0 else None
-        self._init(edge_index, num_src, num_dst, blocks, sorted_by_dst=sorted_by_dst)  # type: ignore[arg-type]
+        sorted_by_dst, unique = _destination_major(src, dst, num_src, num_dst)
+        self._init(edge_index, num_src, num_dst, sorted_by_dst=sorted_by_dst, detect_blocks=unique)
 
     def _init(
         self,
@@ -111,11 +120,13 @@ class Graph:
         src_ptr: Optional[Tuple[int, ...]] = None,
         dst_ptr: Optional[Tuple[int, ...]] = None,
         sorted_by_dst: bool = False,
+        detect_blocks: bool = False,
     ) -> None:
         self._edge_index = edge_index
         self._num_src = num_src
         self._num_dst = num_dst
         self._blocks = blocks
+        self._detect_blocks = detect_blocks and blocks is None  # find them on first use of `blocks`
         self._src_ptr = src_ptr
         self._dst_ptr = dst_ptr
         self._sorted_by_dst = sorted_by_dst
@@ -123,6 +134,40 @@ class Graph:
         self._csc: Optional[CSR] = None
         self._ptr: Optional[Tensor] = None
         self._cache: dict = {}
+
+    # ---- copies, pickles, torch.save ------------------------------------------
+    def __getstate__(self) -> dict:
+        """What a copy or pickle keeps: the index and what the builders recorded, as plain values
+        (no cached structure: a copy rebuilds it on first use). `torch.load(weights_only=True)`
+        reads it (sparseattn allowlists Graph on import)."""
+        return {
+            "edge_index": self._edge_index,
+            "num_src": self._num_src,
+            "num_dst": self._num_dst,
+            "blocks": None if self._blocks is None else [tuple(b) for b in self._blocks],
+            "src_ptr": None if self._src_ptr is None else list(self._src_ptr),
+            "dst_ptr": None if self._dst_ptr is None else list(self._dst_ptr),
+            "detect_blocks": self._detect_blocks,
+        }
+
+    def __setstate__(self, state: dict) -> None:
+        """Rebuild from `__getstate__`'s dict, validated as a new Graph is (a corrupted or crafted
+        file gives a one-line error, not an index that reads out of bounds)."""
+        if not isinstance(state, dict) or not {"edge_index", "num_src", "num_dst"} <= set(state):
+            raise ValueError("not the state of a sparseattn.Graph (a dict with edge_index, num_src, num_dst)")
+        edge_index = check_edge_index(state["edge_index"], "a saved Graph's edge_index").contiguous()
+        self._validate_and_init(edge_index, state["num_src"], state["num_dst"])
+        blocks = state.get("blocks")
+        if blocks is not None:
+            self._blocks = _checked_blocks(blocks, self)
+            self._detect_blocks = False
+        elif not state.get("detect_blocks", True):
+            self._detect_blocks = False
+        for name in ("src_ptr", "dst_ptr"):
+            offsets = state.get(name)
+            if offsets is not None:
+                total = self._num_src if name == "src_ptr" else self._num_dst
+                setattr(self, f"_{name}", _checked_offsets(name, offsets, total))
 
     @classmethod
     def _trusted(
@@ -184,11 +229,11 @@ class Graph:
         """Dense block structure recorded by a builder, or None (see `Block`). A graph built from
         a destination-major tensor without duplicates gets the "full"/"causal" blocks its edges
         decompose into (`detect.find_blocks`), found on first access."""
-        if self._blocks is _UNKNOWN:
+        if self._detect_blocks:
             from .detect import find_blocks
 
             idx = self.src if self._sorted_by_dst else self.csr().idx
-            self._blocks = find_blocks(idx, self._row_ptr())
+            self._blocks, self._detect_blocks = find_blocks(idx, self._row_ptr()), False
         return self._blocks
 
     @property
@@ -256,6 +301,11 @@ class Graph:
     # ---- derived graphs ------------------------------------------------------
     def to(self, device: Union[str, torch.device]) -> "Graph":
         """The same graph with its index (and any cached CSR) on `device`."""
+        if isinstance(device, torch.dtype) or not isinstance(device, (str, torch.device)):
+            raise TypeError(
+                f"Graph.to takes a device (a graph's index is always int64), got {device!r}; "
+                "cast q, k and v to change the dtype of attention"
+            )
         device = torch.device(device)
         if device == self.device:
             return self
@@ -316,16 +366,58 @@ class Graph:
 _CHUNK = 1 << 20  # edges per pass of the sortedness check: its temporaries stay small and reused
 
 
-def _least_step(src: Tensor, dst: Tensor, num_src: int) -> int:
-    """min over consecutive edges of the step in the (destination, source) key: >= 0 when the edges
-    are destination-major, > 0 when also free of duplicates (1 for fewer than two edges). In chunks,
-    so an 8M-edge index allocates no 64 MiB temporaries (each a page-faulting mmap on CPU)."""
-    least, width = 1, max(num_src, 1)
+def _destination_major(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> Tuple[bool, bool]:
+    """(sorted, unique): whether the edges come ordered by (destination, source), and whether they
+    are then also free of duplicates: from the least step of the key dst * N_src + src, or, where
+    that key would overflow int64 (node counts whose product reaches 2**63), from the steps of each
+    id. In chunks, so an 8M-edge index allocates no 64 MiB temporaries (each a page-faulting mmap
+    on CPU)."""
+    width, least, unique = max(num_src, 1), 1, True
     for start in range(0, src.numel() - 1, _CHUNK):
         end = min(start + _CHUNK + 1, src.numel())  # one edge of overlap with the next chunk
-        key = dst[start:end] * width + src[start:end]
-        least = min(least, int(key.diff().min()))
-    return least
+        if max(num_dst, 1) * width < 2**63:
+            least = min(least, int((dst[start:end] * width + src[start:end]).diff().min()))
+            continue
+        d_step, s_step = dst[start:end].diff(), src[start:end].diff()
+        same_dst = d_step == 0
+        if bool((d_step < 0).any()) or bool((same_dst & (s_step < 0)).any()):
+            return False, False
+        unique = unique and not bool((same_dst & (s_step == 0)).any())
+    return least >= 0, least > 0 and unique
+
+
+def _checked_blocks(blocks: object, graph: "Graph") -> Tuple[Block, ...]:
+    """Saved blocks as `Block`s, checked to lie inside the graph (ValueError otherwise)."""
+    if not isinstance(blocks, (list, tuple)):
+        raise ValueError(f"a saved Graph's blocks must be a list, got {type(blocks).__name__}")
+    out = []
+    for b in blocks:
+        if not isinstance(b, (list, tuple)) or len(b) != 6 or b[0] not in BLOCK_KINDS:
+            raise ValueError(
+                f"a saved Graph's block {b!r} is not (kind, src_start, dst_start, n_src, n_dst, edge_start)"
+            )
+        blk = Block(b[0], *(check_node_count("a saved block's field", x) for x in b[1:]))
+        if (
+            blk.src_start + blk.n_src > graph.num_src
+            or blk.dst_start + blk.n_dst > graph.num_dst
+            or blk.edge_start + blk.num_edges > graph.num_edges
+        ):
+            raise ValueError(f"a saved Graph's block {tuple(blk)} reaches outside the graph {graph!r}")
+        out.append(blk)
+    return tuple(out)
+
+
+def _checked_offsets(name: str, offsets: object, total: int) -> Tuple[int, ...]:
+    if (
+        not isinstance(offsets, (list, tuple))
+        or not offsets
+        or offsets[0] != 0
+        or offsets[-1] != total
+        or any(not isinstance(x, int) or isinstance(x, bool) for x in offsets)
+        or any(b < a for a, b in zip(offsets[:-1], offsets[1:]))
+    ):
+        raise ValueError(f"a saved Graph's {name} must be non-decreasing ints from 0 to {total}, got {offsets!r}")
+    return tuple(offsets)
 
 
 def _row_pointers(rows: Tensor, num_rows: int) -> Tensor:
@@ -336,11 +428,17 @@ def _row_pointers(rows: Tensor, num_rows: int) -> Tensor:
     return ptr
 
 
-def _sort_key(rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, cols_sorted: bool) -> Tensor:
+def _sort_key(rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, cols_sorted: bool) -> Optional[Tensor]:
     """A key whose stable sort orders edges by (row, col): the rows alone when the edges already
     come sorted by col, and int32 when it fits (torch sorts integers by radix: fewer bytes, fewer
-    passes; ~3x faster than the int64 (row, col) key on a 140K-edge window graph)."""
-    key, top = (rows, num_rows) if cols_sorted else (rows * max(num_cols, 1) + cols, num_rows * max(num_cols, 1))
+    passes; ~3x faster than the int64 (row, col) key on a 140K-edge window graph). None when the
+    combined key would overflow int64 (node counts whose product reaches 2**63)."""
+    if cols_sorted:
+        key, top = rows, num_rows
+    elif num_rows * max(num_cols, 1) < 2**63:
+        key, top = rows * max(num_cols, 1) + cols, num_rows * max(num_cols, 1)
+    else:
+        return None
     return key.int() if top < 2**31 else key
 
 
@@ -359,6 +457,16 @@ def _compress(
         perm = torch.arange(rows.numel(), device=rows.device)
         idx = cols  # already in order: no copy
     else:
-        perm = torch.argsort(_sort_key(rows, cols, num_rows, num_cols, cols_sorted), stable=True)
+        key = _sort_key(rows, cols, num_rows, num_cols, cols_sorted)
+        if key is None:  # by col, then stably by row
+            perm = torch.argsort(cols, stable=True)
+            perm = perm.index_select(0, torch.argsort(rows.index_select(0, perm), stable=True))
+        else:
+            perm = torch.argsort(key, stable=True)
         idx = cols.index_select(0, perm)
     return CSR(_row_pointers(rows, num_rows) if ptr is None else ptr, idx, perm)
+
+
+# `torch.load(weights_only=True)` may rebuild a Graph: its state is plain values and one tensor,
+# and `__setstate__` validates them like a new Graph
+torch.serialization.add_safe_globals([Graph])

@@ -465,6 +465,12 @@ def _config(d: int, dv: int, heads: int, mean_degree: float) -> dict:
     return cfg
 
 
+def _contiguous(index: Tuple[Tensor, ...]) -> Tuple[Tensor, ...]:
+    """The kernels read index tensors as dense arrays: a strided view (a transposed edge_index's
+    row) would be read wrongly, so one is copied (a no-op for the contiguous ones Graph keeps)."""
+    return tuple(t.contiguous() for t in index)
+
+
 def _strides(t: Optional[Tensor]) -> Tuple[int, int]:
     return (t.stride(0), t.stride(1)) if t is not None else (0, 0)
 
@@ -518,7 +524,7 @@ def _triton_forward(q, k, v, graph, scale, clamp, bias, dropout_mask, return_wei
         out,
         lse,
         weights,
-        *graph.csr(),
+        *_contiguous(graph.csr()),
         *_strides(q),
         *_strides(k),
         *_strides(v),
@@ -556,7 +562,7 @@ def _triton_backward(q, k, v, graph, scale, clamp, bias, dropout_mask, lse, d_ou
         dq,
         delta,
         ds,
-        *graph.csr(),
+        *_contiguous(graph.csr()),
         *_strides(q),
         *_strides(k),
         *_strides(v),
@@ -580,7 +586,7 @@ def _triton_backward(q, k, v, graph, scale, clamp, bias, dropout_mask, lse, d_ou
         ds,
         dk,
         dv,
-        *graph.csc(),
+        *_contiguous(graph.csc()),
         *_strides(q),
         *_strides(k),
         *_strides(v),
