@@ -18,6 +18,8 @@ from torch import Tensor
 from .batch import GraphBatch, GraphPool, bucket_batches
 from .seq2seq import Seq2SeqModel
 
+MAX_HYPOTHESES = 4096  # per decoding batch: a 4096 x 8000-token score tensor is 128 MB
+
 
 def _max_lens(batch: GraphBatch, max_len: Union[int, Sequence[int]]) -> Tensor:
     if isinstance(max_len, int):
@@ -119,14 +121,18 @@ def decode(
     batch_size: int = 256,
     device: Optional[Union[str, torch.device]] = None,
     pool: Optional[GraphPool] = None,
+    max_hypotheses: int = MAX_HYPOTHESES,
 ) -> List[List[int]]:
     """Decode many sources (lists of token ids) in length-bucketed batches; outputs in input order.
-    Each output has at most int(max_len_a * len(source) + max_len_b) tokens."""
+    Each output has at most int(max_len_a * len(source) + max_len_b) tokens. A batch holds at most
+    `batch_size` sentences and `max_hypotheses` hypotheses (sentences x beam): beam search keeps a
+    (sentences, beam, vocabulary) score tensor, so wide beams decode fewer sentences at a time."""
     was_training = model.training
     model.eval()
     pool = pool or GraphPool()
     device = device or next(model.parameters()).device
     outputs: List[Optional[List[int]]] = [None] * len(sources)
+    batch_size = max(1, min(batch_size, max_hypotheses // beam))
     for idx in bucket_batches([len(s) for s in sources], batch_size):
         batch = pool.batch([sources[i] for i in idx]).to(device)
         limits = [int(max_len_a * len(sources[i]) + max_len_b) for i in idx]

@@ -2,13 +2,16 @@
 
 A checkpoint is a dict saved with torch.save; trainer.py writes keys version, config, model,
 optimizer, scheduler, rng, position, task_state, history, train_seconds, and ema (the weight
-averages, ema.py) when ema_decay > 0. Everything in it is tensors and plain Python values, so it
-loads with `torch.load(weights_only=True)`: a crafted file cannot run code. Files that are not
-checkpoints (truncated, empty, another format, another dict) fail with one line naming them.
+averages, ema.py) when ema_decay > 0; `save_atomic` adds `checksum`, a SHA-256 of every tensor in
+it (dtype, shape and bytes, in key order), which `load` verifies. Everything in it is tensors and
+plain Python values, so it loads with `torch.load(weights_only=True)`: a crafted file cannot run
+code. Files that are not checkpoints (truncated, empty, another format, another dict, tensors
+whose bytes changed since they were saved) fail with one line naming them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import tempfile
@@ -20,13 +23,60 @@ import numpy as np
 import torch
 
 REQUIRED_KEYS = ("config", "model")
+# what loading a malformed entry raises (a wrong type, shape or key deep inside a state dict)
+MALFORMED = (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError)
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message as one line (its first), or its type's name when it has none."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def load_weights(model: torch.nn.Module, weights: Any, path: Union[str, Path], strict: bool = True) -> None:
+    """model.load_state_dict(weights); its multi-line complaint (missing keys, shapes) as one
+    ValueError naming the file `path` they came from."""
+    try:
+        model.load_state_dict(weights, strict=strict)
+    except MALFORMED as e:
+        reasons = [line.strip() for line in str(e).splitlines()[1:] if line.strip()] or [first_line(e)]
+        raise ValueError(
+            f"{path} does not hold weights of the model its config describes: {'; '.join(reasons)[:300]}"
+        ) from None
+
+
+def tensor_checksum(obj: Any) -> str:
+    """SHA-256 hex digest of every tensor in obj (nested dicts, lists and tuples, dict keys in sorted
+    order): each tensor's path, dtype, shape and bytes. Plain values are not hashed: a corruption
+    there fails unpickling or the entry's own checks."""
+    digest = hashlib.sha256()
+
+    def visit(x: Any, where: str) -> None:
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous()
+            digest.update(f"{where}:{t.dtype}:{tuple(t.shape)};".encode())
+            if t.numel():
+                digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(x, dict):
+            for key in sorted(x, key=repr):
+                visit(x[key], f"{where}/{key!r}")
+        elif isinstance(x, (list, tuple)):
+            for i, item in enumerate(x):
+                visit(item, f"{where}/{i}")
+
+    visit(obj, "")
+    return digest.hexdigest()
 
 
 def save_atomic(obj: Any, path: Union[str, Path]) -> None:
     """torch.save to a temp file in the same folder, then os.replace: a reader (or a crash)
     sees the old file or the new one, never half of one. A failed write (a full disk) raises
-    OSError naming the file and leaves the old one in place."""
+    OSError naming the file and leaves the old one in place. A dict gets a `checksum` entry
+    (`tensor_checksum` of the rest), which `load` verifies."""
     path = Path(path)
+    if isinstance(obj, dict):
+        obj = {**{k: v for k, v in obj.items() if k != "checksum"}, "checksum": None}
+        obj["checksum"] = tensor_checksum({k: v for k, v in obj.items() if k != "checksum"})
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
@@ -70,13 +120,19 @@ def load(path: Union[str, Path], map_location: Union[str, torch.device] = "cpu")
             warnings.simplefilter("ignore")  # e.g. torch's note on a pickle protocol it did not write
             state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # whatever the unpickler trips on, the file is not a checkpoint we can read
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         if first.startswith("Weights only load failed"):
             first = "it holds Python objects other than tensors and plain values; they are not loaded"
         raise ValueError(f"{path} is not a readable sparseattn checkpoint ({first[:200]})") from None
     if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
         raise ValueError(
             f"{path} is not a sparseattn checkpoint (a dict with keys {', '.join(REQUIRED_KEYS)} is expected)"
+        )
+    saved = state.pop("checksum", None)  # absent from checkpoints written before checksums
+    if saved is not None and saved != tensor_checksum(state):
+        raise ValueError(
+            f"{path} is corrupted: its tensors do not match the checksum saved with them (the file changed "
+            "after it was written: a disk or copy error)"
         )
     return state
 

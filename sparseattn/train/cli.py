@@ -22,8 +22,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -32,6 +34,11 @@ import torch
 from . import checkpoint as ckpt_io
 from .config import (
     DEFAULT_MODELS,
+    MAX_BEAM,
+    MAX_LEN_A,
+    MAX_LEN_B,
+    Config,
+    check_run_values,
     config_from_dict,
     describe,
     list_presets,
@@ -41,6 +48,7 @@ from .config import (
     with_overrides,
 )
 from .metrics import read_metrics
+from .runlock import make_run_dir, run_dir_lock
 from .tasks import get_task
 from .trainer import Trainer, resolve_device
 
@@ -60,11 +68,9 @@ def train_main(argv: List[str]) -> int:
     if "-h" in argv or "--help" in argv:
         flags = parse_flags([a for a in argv if a not in ("-h", "--help")])
         task = flags.get("task", "copy")
+        lines = describe(task, flags.get("model", DEFAULT_MODELS.get(task, "transformer")))
         print(__doc__)
-        print(
-            "config keys (defaults, before presets):\n"
-            + "\n".join(describe(task, flags.get("model", DEFAULT_MODELS[task])))
-        )
+        print("config keys (defaults, before presets):\n" + "\n".join(lines))
         return 0
     overwrite = "--overwrite" in argv
     argv = [a for a in argv if a != "--overwrite"]
@@ -74,44 +80,59 @@ def train_main(argv: List[str]) -> int:
     if resume:
         if "out" not in flags:
             raise ValueError("--resume needs --out RUN_DIR")
-        ckpt_path = Path(flags["out"]) / "checkpoint.pt"
-        saved = config_from_dict(ckpt_io.load(ckpt_path)["config"])
-        if config_file:  # its keys count as flags: run keys apply, changed task or model keys are refused
-            flags = {**read_toml(Path(config_file)), **flags}
-        for key in ("task", "model"):  # the original command with --resume appended repeats them
-            given = flags.pop(key, None)
-            if given is not None and given != getattr(saved, key):
-                raise ValueError(
-                    f"--resume cannot change --{key} of {ckpt_path} ({getattr(saved, key)!r} -> {given!r}); "
-                    "start a new run with another --out"
-                )
-        cfg = with_overrides(saved, flags)
-        refuse_changed_keys(saved, cfg, ckpt_path)
+        out = Path(flags["out"])
+        if not (out / "checkpoint.pt").is_file():
+            raise FileNotFoundError(f"no checkpoint at {out / 'checkpoint.pt'}: --resume continues a run saved there")
     else:
-        cfg = make_config(flags, config_file)
+        cfg = make_config(flags, config_file)  # every check before anything touches the disk
         if not cfg.run.out:
             raise ValueError("--out RUN_DIR is required (where the run's checkpoints, logs and plots go)")
-        prepare_run_dir(Path(cfg.run.out), overwrite)
+        out = Path(cfg.run.out)
     from . import distributed
 
-    try:
-        if distributed.launched_by_torchrun():
-            distributed.init_from_env(cfg)
-            trainer: Trainer = distributed.DistributedTrainer(cfg, resume=resume)
-        else:
-            trainer = Trainer(cfg, resume=resume)
-        return _run(trainer)
-    finally:
-        distributed.cleanup()
+    # one run per folder: rank 0 holds the folder's lock (the other ranks of a torchrun job share it)
+    with run_dir_lock(out) if int(os.environ.get("RANK", "0")) == 0 else nullcontext():
+        if resume:
+            cfg = resumed_config(out / "checkpoint.pt", flags, config_file)
+        elif int(os.environ.get("RANK", "0")) == 0:
+            prepare_run_dir(out, overwrite)
+        try:
+            if distributed.launched_by_torchrun():
+                distributed.init_from_env(cfg)
+                trainer: Trainer = distributed.DistributedTrainer(cfg, resume=resume)
+            else:
+                trainer = Trainer(cfg, resume=resume)
+            return _run(trainer)
+        finally:
+            distributed.cleanup()
+
+
+def resumed_config(ckpt_path: Path, flags: Dict[str, str], config_file: Optional[str]) -> Config:
+    """The config a resumed run continues with: the checkpoint's, with the flags' (and --config's)
+    run keys applied; a changed task or model is refused."""
+    saved = config_from_dict(ckpt_io.load(ckpt_path)["config"], ckpt_path)
+    if config_file:  # its keys count as flags: run keys apply, changed task or model keys are refused
+        flags = {**read_toml(Path(config_file)), **flags}
+    for key in ("task", "model"):  # the original command with --resume appended repeats them
+        given = flags.pop(key, None)
+        if given is not None and given != getattr(saved, key):
+            raise ValueError(
+                f"--resume cannot change --{key} of {ckpt_path} ({getattr(saved, key)!r} -> {given!r}); "
+                "start a new run with another --out"
+            )
+    cfg = with_overrides(saved, flags)
+    refuse_changed_keys(saved, cfg, ckpt_path)
+    return cfg
 
 
 RUN_FILES = ("checkpoint.pt", "best.pt", "metrics.jsonl", "config.json", "results.json", "tokenizer.json")
 
 
 def prepare_run_dir(out: Path, overwrite: bool) -> None:
-    """Refuse to train into a folder that holds a run unless `overwrite`, which deletes that run."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a folder")
+    """Refuse to train into a folder that holds a run unless `overwrite`, which deletes that run:
+    its files, and only the temporary and output files a run writes (`*.tmp` of its own files,
+    hypotheses, plots), never other files of the user's."""
+    make_run_dir(out)
     found = [name for name in RUN_FILES if (out / name).exists()]
     if not found:
         return
@@ -121,9 +142,10 @@ def prepare_run_dir(out: Path, overwrite: bool) -> None:
             "replace it with --overwrite"
         )
     for name in found:
-        (out / name).unlink()
-    for stale in [*out.glob("hyp.*"), *out.glob("*.tmp"), *(out / "plots").glob("*.png")]:
-        stale.unlink()
+        (out / name).unlink(missing_ok=True)
+    temps = [path for name in RUN_FILES for path in out.glob(f"{name}.*tmp")]  # save_atomic's and the tokenizer's
+    for stale in [*temps, *out.glob("hyp.*.de"), *(out / "plots").glob("*.png")]:
+        stale.unlink(missing_ok=True)
 
 
 def refuse_changed_keys(saved, cfg, path: Path) -> None:
@@ -189,28 +211,31 @@ def _run(trainer: Trainer) -> int:
     return 0
 
 
-def load_for_eval(path: str, device: str = "auto", need_data: bool = True):
+def load_for_eval(path: str, device: str = "auto", need_data: bool = True, need: Optional[str] = None):
     """(cfg, task, model, checkpoint dict) of a checkpoint file, the model in eval mode. With
     ema weights (checkpoint.pt of an --ema_decay run) the model holds the averages, as training
     evaluated them. need_data=False skips reading the task's data (decoding new input needs only
-    the vocabulary, which the checkpoint holds)."""
+    the vocabulary, which the checkpoint holds). need: a method the task must have (translate),
+    checked before the model is built. Anything wrong with the file is one ValueError naming it."""
     target = resolve_device(device)
     state = ckpt_io.load(path)
-    try:
-        cfg = config_from_dict(state["config"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{path} holds no valid config ({e})") from None
+    cfg = config_from_dict(state["config"], Path(path))
     cfg.run.out = str(Path(path).parent)  # run files (tokenizer.json, hypotheses) live next to the checkpoint
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     task = get_task(cfg.task)
+    if need is not None and not hasattr(task, need):
+        raise ValueError(f"{path} is a {cfg.task!r} checkpoint: that task does not {need} text")
     if need_data:
         task.setup(cfg)
     task.load_state_dict(state.get("task_state", {}))
     model = cfg.model_cfg.build(task.model_info())
-    model.load_state_dict(state["model"])
+    weights = [state["model"], *([state["ema"]["average"]] if "ema" in state else [])]
+    if ckpt_io.non_finite(weights):
+        raise ValueError(f"{path} holds NaN or infinite weights; they would only produce NaN")
+    ckpt_io.load_weights(model, state["model"], path)
     if "ema" in state:
-        model.load_state_dict(state["ema"]["average"], strict=False)
+        ckpt_io.load_weights(model, state["ema"]["average"], path, strict=False)
     model.to(target).eval()
     return cfg, task, model, state
 
@@ -219,26 +244,28 @@ def decoding_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """A parser with the options of commands that decode with a checkpoint (see load_for_decoding)."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--checkpoint", required=True)
-    p.add_argument("--beam", type=int, default=None, help="beam size (default: the run's, 1 = greedy)")
+    p.add_argument("--beam", type=int, default=None, help=f"beam size (default: the run's, 1 = greedy; <= {MAX_BEAM})")
     p.add_argument("--alpha", type=float, default=None, help="length penalty exponent")
-    p.add_argument("--max_len_a", type=float, default=None, help="decode at most a * source length + b tokens")
-    p.add_argument("--max_len_b", type=int, default=None, help="see --max_len_a")
+    p.add_argument(
+        "--max_len_a",
+        type=float,
+        default=None,
+        help=f"decode at most a * source length + b tokens (a <= {MAX_LEN_A:g})",
+    )
+    p.add_argument("--max_len_b", type=int, default=None, help=f"see --max_len_a (b <= {MAX_LEN_B})")
     p.add_argument("--device", default="auto")
     return p
 
 
-def load_for_decoding(args: argparse.Namespace, need_data: bool = True):
-    """(cfg, task, model) of args.checkpoint on args.device, with --beam/--alpha applied to cfg."""
-    if args.beam is not None and args.beam < 1:
-        raise ValueError(f"--beam must be >= 1, got {args.beam}")
-    for name in ("alpha", "max_len_a", "max_len_b"):
-        value = getattr(args, name)
-        if value is not None and not value >= 0:
-            raise ValueError(f"--{name} must be >= 0, got {value}")
-    cfg, task, model, _ = load_for_eval(args.checkpoint, args.device, need_data)
-    for name in ("beam", "alpha", "max_len_a", "max_len_b"):
-        if getattr(args, name) is not None:
-            setattr(cfg.run, name, getattr(args, name))
+def load_for_decoding(args: argparse.Namespace, need_data: bool = True, need: Optional[str] = None):
+    """(cfg, task, model) of args.checkpoint on args.device, with --beam/--alpha/--max_len_* applied
+    to cfg and checked as config keys are (range and finiteness)."""
+    given = {name: getattr(args, name) for name in ("beam", "alpha", "max_len_a", "max_len_b")}
+    given = {name: value for name, value in given.items() if value is not None}
+    check_run_values(given)
+    cfg, task, model, _ = load_for_eval(args.checkpoint, args.device, need_data, need)
+    for name, value in given.items():
+        setattr(cfg.run, name, value)
     return cfg, task, model
 
 
@@ -304,14 +331,13 @@ def compare_main(argv: List[str]) -> int:
 
 
 def translate_main(argv: List[str]) -> int:
-    """Print one translation per sentence given (or per line of stdin when none is), decoded with
-    the run's beam and length penalty unless --beam/--alpha say otherwise."""
+    """Print one translation per sentence given (or per line of stdin when none is; a blank line
+    gives a blank line), decoded with the run's beam and length penalty unless --beam/--alpha say
+    otherwise."""
     p = decoding_parser("sparseattn translate", "translate sentences with a checkpoint")
     p.add_argument("sentences", nargs="*", help="source sentences (default: read lines from stdin)")
     args = p.parse_args(argv)
-    cfg, task, model = load_for_decoding(args, need_data=False)
-    if not hasattr(task, "translate"):
-        raise ValueError(f"task {cfg.task!r} does not translate text")
+    cfg, task, model = load_for_decoding(args, need_data=False, need="translate")
     if args.sentences:
         sentences = args.sentences
     else:
@@ -321,9 +347,12 @@ def translate_main(argv: List[str]) -> int:
             raise ValueError(
                 f"standard input is not UTF-8 text (byte {e.object[e.start]:#x} at offset {e.start})"
             ) from None
-        sentences = [line for line in text.splitlines() if line.strip()]
-    for line in task.translate(model, sentences, cfg):
-        print(line)
+        sentences = text.splitlines()
+    # one output line per input line: a blank line stays blank, so outputs line up with inputs
+    todo = [i for i, line in enumerate(sentences) if line.strip()]
+    translated = dict(zip(todo, task.translate(model, [sentences[i] for i in todo], cfg)))
+    for i in range(len(sentences)):
+        print(translated.get(i, ""))
     return 0
 
 
@@ -398,3 +427,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (OSError, ValueError) as e:  # a bad flag, a missing or unreadable file, a full disk: one line
         print(f"sparseattn {name}: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before training's own handler is installed (start-up, decoding)
+        print(f"sparseattn {name}: interrupted", file=sys.stderr)
+        return 130
+    except (RuntimeError, MemoryError) as e:
+        if not _out_of_memory(e):
+            raise
+        print(
+            f"sparseattn {name}: out of memory ({ckpt_io.first_line(e)[:200]}); lower --batch_size or --max_tokens, "
+            "--eval_batch_size or --beam, or the model's size (--d_model, --d_ff, --num_layers)",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """An allocation failure (CPU or CUDA), as opposed to a bug that should show its traceback."""
+    text = str(e)
+    return (
+        isinstance(e, MemoryError)
+        or isinstance(e, getattr(torch, "OutOfMemoryError", ()))
+        or "can't allocate memory" in text
+        or "out of memory" in text.lower()
+    )

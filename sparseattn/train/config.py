@@ -24,6 +24,7 @@ them), or any file given with `--config FILE`:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import sys
 import typing
@@ -49,6 +50,17 @@ def at_least(lo: float) -> Callable[[Any], Optional[str]]:
     return lambda v: None if v >= lo else f"must be >= {lo:g}"
 
 
+def finite_at_least(lo: float) -> Callable[[Any], Optional[str]]:
+    return lambda v: None if lo <= v < math.inf else f"must be a finite number >= {lo:g}"
+
+
+def device_name(v: str) -> Optional[str]:
+    """cpu, cuda, cuda:N or auto: the devices training and decoding run on."""
+    if v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit()):
+        return None
+    return "must be cpu, cuda, cuda:N or auto (training and decoding run on a CPU or a CUDA GPU)"
+
+
 def in_range(lo: float, hi: float, *, hi_open: bool = False) -> Callable[[Any], Optional[str]]:
     def check(v):
         ok = lo <= v < hi if hi_open else lo <= v <= hi
@@ -61,12 +73,25 @@ def one_of(*choices: str) -> Callable[[Any], Optional[str]]:
     return lambda v: None if v in choices else f"must be one of {', '.join(map(repr, choices))}"
 
 
+def seed_value(v: int) -> Optional[str]:
+    """Seeds feed torch, numpy and random: a non-negative int below 2**63."""
+    return None if 0 <= v < 2**63 else "must be an int in [0, 2**63)"
+
+
+# Decoding costs grow with the beam (its (beam, vocabulary) scores per sentence) and with the square of
+# the output length (each step attends to every earlier token): limits far above any real setting
+# that turn a typo into a message instead of a process killed for memory or running for hours.
+MAX_BEAM = 1024
+MAX_LEN_A = 16.0
+MAX_LEN_B = 4096
+
+
 @dataclass
 class RunConfig:
     """Settings of the training loop, shared by every task and model."""
 
     out: str = cfg_field("", "run directory: config.json, metrics.jsonl, checkpoint.pt, best.pt, results.json, plots/")
-    seed: int = cfg_field(0, "seed of the model's init, dropout and batch order")
+    seed: int = cfg_field(0, "seed of the model's init, dropout and batch order", check=seed_value)
     epochs: int = cfg_field(4, "training epochs", check=at_least(0))
     max_steps: int = cfg_field(
         0, "stop (with a checkpoint) after this many steps in all; 0: no limit", check=at_least(0)
@@ -97,10 +122,12 @@ class RunConfig:
         "> 0: validate, keep and test a moving average of the weights over about 1/(1 - decay) steps",
         check=in_range(0, 1, hi_open=True),
     )
-    beam: int = cfg_field(1, "beam size when decoding; 1: greedy", check=at_least(1))
+    beam: int = cfg_field(1, f"beam size when decoding; 1: greedy (at most {MAX_BEAM})", check=in_range(1, MAX_BEAM))
     alpha: float = cfg_field(0.6, "length penalty ((5 + len) / 6) ** alpha of beam search", check=at_least(0))
-    max_len_a: float = cfg_field(1.0, "decode at most max_len_a * source length + max_len_b tokens", check=at_least(0))
-    max_len_b: int = cfg_field(10, "see max_len_a", check=at_least(0))
+    max_len_a: float = cfg_field(
+        1.0, "decode at most max_len_a * source length + max_len_b tokens", check=in_range(0, MAX_LEN_A)
+    )
+    max_len_b: int = cfg_field(10, "see max_len_a", check=in_range(0, MAX_LEN_B))
     eval_decode: bool = cfg_field(True, "decode the validation split after each epoch")
     keep_best: bool = cfg_field(True, "test and plot the best validation epoch's weights (best.pt)")
     checkpoint_every: int = cfg_field(
@@ -112,7 +139,7 @@ class RunConfig:
     threads: int = cfg_field(
         1, "torch threads (0: torch's default); 1 is fastest on a shared 2-core machine", check=at_least(0)
     )
-    device: str = cfg_field("auto", "cpu, cuda, cuda:N, or auto (cuda when available)")
+    device: str = cfg_field("auto", "cpu, cuda, cuda:N, or auto (cuda when available)", check=device_name)
 
 
 @dataclass
@@ -216,6 +243,17 @@ def check(cfg: Config) -> None:
         post(cfg)
 
 
+def check_run_values(values: Dict[str, Any]) -> None:
+    """Convert and check some run keys given outside a config (evaluate's and translate's
+    --beam, --max_len_a, ...) as `build_config` checks them; ValueError naming the first bad one."""
+    types, checks = _types(RunConfig), {f.name: f.metadata.get("check") for f in fields(RunConfig)}
+    for key, value in values.items():
+        value = convert(key, types[key], value)
+        problem = checks[key](value) if checks[key] else None
+        if problem:
+            raise ValueError(f"--{key}={value!r}: {problem}")
+
+
 def parse_flags(args: Sequence[str]) -> Dict[str, str]:
     """`--key=value` / `--key value` / `--flag` -> {key: text} (booleans given bare get "true")."""
     out: Dict[str, str] = {}
@@ -272,10 +310,14 @@ def build_config(task: str, model: str, values: Dict[str, Any]) -> Config:
     per: Dict[str, Dict[str, Any]] = {name: {} for name in sections}
     for key, value in values.items():
         if key not in owner:
-            raise ValueError(
-                f"unknown config key {key!r} for task {task!r} and model {model!r}; valid keys: "
-                f"{', '.join(sorted(owner))}"
+            close = difflib.get_close_matches(key, list(owner), n=3)
+            hint = (
+                f"did you mean {' or '.join('--' + k for k in close)}? (`sparseattn train --help --task {task} "
+                f"--model {model}` lists every key)"
+                if close
+                else f"valid keys: {', '.join(sorted(owner))}"
             )
+            raise ValueError(f"unknown config key {key!r} for task {task!r} and model {model!r}; {hint}")
         cls = sections[owner[key]]
         per[owner[key]][key] = convert(key, _types(cls)[key], value)
     cfg = Config(task, model, *(sections[name](**per[name]) for name in ("run", "task", "model")))
@@ -296,9 +338,24 @@ def make_config(flags: Dict[str, Any], config_file: Optional[str] = None) -> Con
     return build_config(task, model, {**from_file, **flags})
 
 
-def config_from_dict(saved: Dict[str, Any]) -> Config:
+def config_from_dict(saved: Dict[str, Any], source: Optional[Path] = None) -> Config:
     """The Config a checkpoint or config.json holds. Older checkpoints kept one flat dict of every
-    key (clamp as one number c, 0 meaning exact): it is split into the sections here."""
+    key (clamp as one number c, 0 meaning exact): it is split into the sections here. With `source`
+    (the file it came from), anything wrong is one ValueError naming the file."""
+    if source is None:
+        return _config_from_dict(saved)
+    try:
+        return _config_from_dict(saved)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if isinstance(e, KeyError):
+            reason = f"no {reason} entry"
+        raise ValueError(f"{source} holds no valid config ({reason})") from None
+
+
+def _config_from_dict(saved: Dict[str, Any]) -> Config:
+    if not isinstance(saved, dict):
+        raise TypeError(f"a dict is expected, got {type(saved).__name__}")
     if "run" in saved:
         values = {**saved["run"], **saved["task_config"], **saved["model_config"]}
         return build_config(saved["task"], saved["model"], values)

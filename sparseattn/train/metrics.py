@@ -71,16 +71,17 @@ def read_metrics(path: Union[str, Path]) -> List[dict]:
     """The records of a metrics.jsonl. A torn last line (a process killed while writing it) is
     skipped with a warning naming the file; a bad line before the last is a ValueError naming it."""
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = path.read_bytes().splitlines()
     records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as e:
+            records.append(json.loads(raw.decode("utf-8")))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             if number < len(lines):
-                raise ValueError(f"{path}:{number} is not a JSON record ({e.msg})") from None
+                why = e.msg if isinstance(e, json.JSONDecodeError) else f"not UTF-8 text: {e.reason} at byte {e.start}"
+                raise ValueError(f"{path}:{number} is not a JSON record ({why})") from None
             print(
                 f"warning: {path}:{number}: skipping a torn last line (the run was killed while writing it)",
                 file=sys.stderr,

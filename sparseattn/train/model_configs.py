@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
+import torch
 from torch import nn
 
-from .. import backend_names
+from .. import backend_names, max_clamp_bound
+from ..kernels import available_backends, backends_for
 from ..models import BiLSTMTagger, GraphTransformer, TransformerTagger, UniversalTransformer
 from .config import MODEL_CONFIGS, Clamp, at_least, cfg_field, in_range, one_of
 
@@ -25,14 +27,25 @@ def _positive(v: Any) -> Optional[str]:
     return None if v >= 1 else "must be >= 1"
 
 
+MAX_WIDTH = 1 << 16  # widths beyond this are typos: one d_model x d_model matrix would need 16 GiB
+
+
+def _width(v: Any) -> Optional[str]:
+    return None if 1 <= v <= MAX_WIDTH else f"must be in [1, {MAX_WIDTH}]"
+
+
+def _count(v: Any) -> Optional[str]:
+    return None if 1 <= v <= 1024 else "must be in [1, 1024]"
+
+
 @dataclass
 class AttentionStackConfig:
     """What every model made of EdgeAttention layers has: depth, widths, dropout, clamp, backend."""
 
-    num_layers: int = cfg_field(1, "layers (per stack: encoder and decoder each)", check=_positive)
-    d_model: int = cfg_field(128, "model width", check=_positive)
+    num_layers: int = cfg_field(1, "layers (per stack: encoder and decoder each)", check=_count)
+    d_model: int = cfg_field(128, "model width", check=_width)
     num_heads: int = cfg_field(1, "attention heads (must divide d_model)", check=_positive)
-    d_ff: int = cfg_field(128, "feed-forward hidden width", check=_positive)
+    d_ff: int = cfg_field(128, "feed-forward hidden width", check=_width)
     dropout: float = cfg_field(
         0.1,
         "dropout of sublayer outputs, attention weights, the feed-forward (and embeddings)",
@@ -44,8 +57,23 @@ class AttentionStackConfig:
     backend: str = cfg_field("auto", "edge-attention backend", check=one_of(*backend_names()))
 
     def validate(self, cfg) -> None:
+        """What would otherwise fail at the first forward, after the run folder is written."""
         if self.d_model % self.num_heads:
             raise ValueError(f"--num_heads={self.num_heads} must divide --d_model={self.d_model}")
+        bound = max_clamp_bound(torch.float32)  # training runs in float32 (bfloat16 autocast on CUDA)
+        if self.clamp is not None and max(-self.clamp[0], self.clamp[1]) > bound:
+            raise ValueError(
+                f"--clamp={self.clamp[0]:g},{self.clamp[1]:g}: bounds must lie in [-{bound:g}, {bound:g}] "
+                "(exp of a larger bound overflows float32 sums), or use --clamp=none for exact softmax"
+            )
+        device = "cuda" if cfg.run.device == "auto" and torch.cuda.is_available() else cfg.run.device
+        device_type = "cuda" if device.startswith("cuda") else "cpu"
+        if self.backend != "auto" and self.backend not in backends_for(device_type):
+            why = "is not available here" if self.backend not in available_backends() else f"does not run on {device}"
+            raise ValueError(
+                f"--backend={self.backend} {why} (backends for {device_type}: "
+                f"{', '.join(backends_for(device_type))}); use --backend=auto"
+            )
 
 
 @dataclass
@@ -81,7 +109,7 @@ class UniversalConfig(TransformerConfig):
 
     num_heads: int = cfg_field(4, "attention heads (must divide d_model)", check=_positive)
     d_ff: int = cfg_field(512, "feed-forward hidden width", check=_positive)
-    act_max_steps: int = cfg_field(8, "ACT: most steps per token", check=_positive)
+    act_max_steps: int = cfg_field(8, "ACT: most steps per token", check=_count)
     act_threshold: float = cfg_field(
         0.99,
         "ACT: halt when the summed halting probability reaches this",
@@ -102,11 +130,11 @@ class UniversalConfig(TransformerConfig):
 class TokenFeatureConfig:
     """Token features of both taggers: lowercased word, POS tag, capitalization, character CNN."""
 
-    word_dim: int = cfg_field(100, "word embedding size", check=_positive)
+    word_dim: int = cfg_field(100, "word embedding size", check=_width)
     pos_dim: int = cfg_field(25, "POS tag embedding size (0: none)", check=at_least(0))
     caps_dim: int = cfg_field(5, "capitalization-class embedding size (0: none)", check=at_least(0))
     use_chars: bool = cfg_field(True, "add a character CNN")
-    char_out: int = cfg_field(50, "character CNN output size", check=_positive)
+    char_out: int = cfg_field(50, "character CNN output size", check=_width)
     input_dropout: float = cfg_field(0.2, "dropout on the concatenated features", check=in_range(0, 1, hi_open=True))
     word_dropout: float = cfg_field(
         0.05, "training words replaced by <unk> with this probability", check=in_range(0, 1, hi_open=True)
@@ -155,8 +183,8 @@ class TaggerConfig(AttentionStackConfig, TokenFeatureConfig):
 class BiLSTMConfig(TokenFeatureConfig):
     """The BiLSTM tagger baseline (`sparseattn.models.BiLSTMTagger`)."""
 
-    lstm_hidden: int = cfg_field(200, "units per direction", check=_positive)
-    lstm_layers: int = cfg_field(1, "stacked layers", check=_positive)
+    lstm_hidden: int = cfg_field(200, "units per direction", check=_width)
+    lstm_layers: int = cfg_field(1, "stacked layers", check=_count)
     lstm_dropout: float = cfg_field(
         0.3, "dropout between layers and before the classifier", check=in_range(0, 1, hi_open=True)
     )

@@ -161,17 +161,38 @@ class Trainer:
             raise ValueError(
                 f"{self.ckpt_path} holds NaN or infinite weights or optimizer state; refusing to resume into them"
             )
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.position, self.history, self.rng = dict(state["position"]), list(state["history"]), state["rng"]
+        position = state["position"]
+        if not (
+            isinstance(position, dict)
+            and all(isinstance(position.get(k), int) and position[k] >= 0 for k in ("epoch", "batch", "step"))
+        ):
+            raise ValueError(
+                f"{self.ckpt_path} cannot be resumed: its position entry must hold non-negative ints epoch, "
+                f"batch and step, got {position!r:.100}"
+            )
+        if not isinstance(state["history"], list):
+            raise ValueError(f"{self.ckpt_path} cannot be resumed: its history entry is not a list")
+        ckpt_io.load_weights(self.model, state["model"], self.ckpt_path)
+        for name, part in (("optimizer", self.optimizer), ("scheduler", self.scheduler)):
+            try:
+                part.load_state_dict(state[name])
+            except ckpt_io.MALFORMED as e:
+                raise ValueError(
+                    f"{self.ckpt_path} cannot be resumed: its {name} entry does not fit ({ckpt_io.first_line(e)})"
+                ) from None
+        self.position, self.history, self.rng = dict(position), list(state["history"]), state["rng"]
         self.train_seconds = float(state.get("train_seconds", 0.0))
         self.task.load_state_dict(state.get("task_state", {}))
         if self.ema is not None:
             if "ema" not in state:
                 raise ValueError(f"--ema_decay={self.cfg.run.ema_decay} but {self.ckpt_path} was trained without it")
             self.ema.load_state_dict(state["ema"])
-        ckpt_io.set_rng_state(self.rng)
+        try:
+            ckpt_io.set_rng_state(self.rng)
+        except ckpt_io.MALFORMED as e:
+            raise ValueError(
+                f"{self.ckpt_path} cannot be resumed: its rng entry is not a saved RNG state ({ckpt_io.first_line(e)})"
+            ) from None
 
     def _trim_metrics(self) -> None:
         """Drop metrics records past the checkpoint (a resumed run writes them again), and a torn

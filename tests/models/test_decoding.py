@@ -75,6 +75,23 @@ def test_decode_keeps_input_order_across_buckets():
     assert outs == single
 
 
+def test_wide_beams_decode_fewer_sentences_at_a_time(monkeypatch):
+    """A batch keeps at most max_hypotheses (sentences x beam): with a budget of 6 and beam 3 the
+    9 sources go two at a time, with the outputs of one batch of all nine."""
+    from sparseattn.models import decoding
+
+    model = make_model("transformer")
+    sources = _sources(9, seed=5)
+    sizes = []
+    real = decoding.beam_search
+    monkeypatch.setattr(
+        decoding, "beam_search", lambda m, batch, *a, **k: sizes.append(batch.num_sentences) or real(m, batch, *a, **k)
+    )
+    narrow = decode(model, sources, BOS, EOS, beam=3, batch_size=9, max_len_a=0.0, max_len_b=4, max_hypotheses=6)
+    assert max(sizes) == 2 and sum(sizes) == 9
+    assert narrow == decode(model, sources, BOS, EOS, beam=3, batch_size=9, max_len_a=0.0, max_len_b=4)
+
+
 @pytest.mark.parametrize(
     "hyp_sent", [[0, 1, 2, 3], [0] * 4 + [1] * 4 + [3] * 4, [3, 3, 3, 3, 1, 1, 1, 1, 0], [2, 2, 2, 2]]
 )

@@ -43,8 +43,11 @@ def test_flags_go_to_their_sections_with_their_types():
 
 
 def test_unknown_and_mistyped_keys_are_errors_naming_them():
-    with pytest.raises(ValueError, match="unknown config key 'epoch' .*valid keys: .*epochs"):
+    with pytest.raises(ValueError, match=r"unknown config key 'epoch' .*; did you mean --epochs\?") as typo:
         make_config({"epoch": "3"})
+    assert "batch_size" not in str(typo.value)  # a close match is named alone, not among every key
+    with pytest.raises(ValueError, match="unknown config key 'zzz' .*valid keys: .*epochs"):
+        make_config({"zzz": "3"})
     with pytest.raises(ValueError, match="--epochs expects int, got 'x'"):
         make_config({"epochs": "x"})
     with pytest.raises(ValueError, match="unknown config key 'd_model' for task 'chunking' and model 'bilstm'"):
@@ -128,7 +131,7 @@ def test_configs_command_lists_the_presets(capsys):
         ({"max_steps": "-5"}, "--max_steps=-5: must be >= 0"),
         ({"lr_factor": "nan"}, "--lr_factor must be a number"),
         ({"lr_factor": "inf"}, "--lr_factor=inf: must be a finite number > 0"),
-        ({"d_model": "0"}, "--d_model=0: must be >= 1"),
+        ({"d_model": "0"}, "--d_model=0: must be in \\[1, 65536\\]"),
         ({"batch_size": "0"}, "--batch_size=0: must be >= 1"),
         ({"threads": "-3"}, "--threads=-3: must be >= 0"),
         ({"dropout": "1.5"}, r"--dropout=1.5: must be in \[0, 1\)"),

@@ -19,94 +19,18 @@ import pytest
 import torch
 
 from sparseattn.train import checkpoint as ckpt_io
-from sparseattn.train.cli import main
 from sparseattn.train.config import make_config
 from sparseattn.train.metrics import read_metrics
 from sparseattn.train.trainer import NonFiniteLoss, Trainer
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures"
-TINY = [
-    "--device=cpu",  # the recorded numbers and exact-resume checks are CPU runs
-    "--num_train=48",
-    "--num_valid=8",
-    "--num_test=8",
-    "--seq_mean=5",
-    "--seq_std=1",
-    "--batch_size=16",
-    "--d_model=16",
-    "--d_ff=16",
-    "--num_heads=2",
-    "--epochs=1",
-    "--progress=false",
-    "--plots=false",
-    "--warmup=10",
-    "--eval_decode=false",
-]
-M30K = [
-    "--task=multi30k",
-    f"--data-dir={FIXTURES / 'multi30k_sample'}",
-    "--vocab_size=200",
-    "--d_model=16",
-    "--d_ff=16",
-    "--num_heads=2",
-    "--max_tokens=64",
-    "--epochs=1",
-    "--progress=false",
-    "--plots=false",
-    "--valid_bleu_sentences=2",
-    "--beam=1",
-    "--eval_batch_size=8",
-]
-
-
-def run_cli(argv, capsys):
-    """(exit code, stdout, stderr) of `sparseattn ARGV` in this process."""
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code, err, *fragments):
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2 and len(lines) == 1, err
-    assert "Traceback" not in err
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-
-
-def sparseattn(*argv, cwd=None, stdin=None, timeout=120):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run(
-        [sys.executable, "-m", "sparseattn", *map(str, argv)],
-        cwd=cwd,
-        input=stdin,
-        env=env,
-        capture_output=True,
-        timeout=timeout,
-    )
-
-
-@pytest.fixture(scope="module")
-def copy_run(tmp_path_factory):
-    """A finished tiny copy run (checkpoint.pt, best.pt)."""
-    out = tmp_path_factory.mktemp("copy") / "run"
-    assert main(["train", "--task=copy", f"--out={out}", *TINY]) == 0
-    return out
-
-
-@pytest.fixture(scope="module")
-def m30k_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("m30k") / "run"
-    assert main(["train", f"--out={out}", *M30K]) == 0
-    return out
+from .cli_helpers import CLI_TINY, FIXTURES, ROOT, assert_one_line_error, run_cli, sparseattn
 
 
 # ---- bad settings ------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "flag, fragment",
     [
-        ("--d_model=0", "--d_model=0: must be >= 1"),
+        ("--d_model=0", "--d_model=0: must be in [1, 65536]"),
         ("--batch_size=0", "--batch_size=0: must be >= 1"),
         ("--threads=-3", "--threads=-3: must be >= 0"),
         ("--epochs=-1", "--epochs=-1"),
@@ -118,16 +42,16 @@ def m30k_run(tmp_path_factory):
     ],
 )
 def test_bad_settings_are_one_line_errors(tmp_path, capsys, flag, fragment):
-    code, _, err = run_cli(["train", "--task=copy", f"--out={tmp_path / 'run'}", *TINY, flag], capsys)
+    code, _, err = run_cli(["train", "--task=copy", f"--out={tmp_path / 'run'}", *CLI_TINY, flag], capsys)
     assert_one_line_error(code, err, fragment)
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
 
 
 def test_out_is_required_and_must_be_a_folder(tmp_path, capsys):
-    code, _, err = run_cli(["train", "--task=copy", *TINY], capsys)
+    code, _, err = run_cli(["train", "--task=copy", *CLI_TINY], capsys)
     assert_one_line_error(code, err, "--out RUN_DIR is required")
     (tmp_path / "file").write_text("x")
-    code, _, err = run_cli(["train", f"--out={tmp_path / 'file'}", *TINY], capsys)
+    code, _, err = run_cli(["train", f"--out={tmp_path / 'file'}", *CLI_TINY], capsys)
     assert_one_line_error(code, err, "is a file")
 
 
@@ -135,10 +59,10 @@ def test_an_existing_run_is_refused_without_resume_or_overwrite(copy_run, tmp_pa
     out = tmp_path / "run"
     shutil.copytree(copy_run, out)
     before = (out / "metrics.jsonl").read_text()
-    code, _, err = run_cli(["train", "--task=copy", f"--out={out}", *TINY], capsys)
+    code, _, err = run_cli(["train", "--task=copy", f"--out={out}", *CLI_TINY], capsys)
     assert_one_line_error(code, err, "already holds a run", "--resume", "--overwrite")
     assert (out / "metrics.jsonl").read_text() == before  # nothing touched
-    code, _, _ = run_cli(["train", "--task=copy", f"--out={out}", *TINY, "--seed=3", "--overwrite"], capsys)
+    code, _, _ = run_cli(["train", "--task=copy", f"--out={out}", *CLI_TINY, "--seed=3", "--overwrite"], capsys)
     assert code == 0 and json.loads((out / "config.json").read_text())["run"]["seed"] == 3
 
 
@@ -173,7 +97,7 @@ def test_resume_accepts_the_original_command_and_refuses_another_task_or_model(c
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     cfg = make_config(
         {
-            **dict(a[2:].split("=") for a in TINY),
+            **dict(a[2:].split("=") for a in CLI_TINY),
             "task": "copy",
             "out": str(tmp_path / "run"),
             "checkpoint_every": "1",
@@ -304,7 +228,7 @@ def test_a_torn_last_metrics_line_is_skipped_with_a_warning(copy_run, tmp_path, 
 
 
 def test_an_epoch_resumed_in_the_middle_says_so(tmp_path):
-    kw = {**dict(a[2:].split("=") for a in TINY), "task": "copy", "out": str(tmp_path / "run")}
+    kw = {**dict(a[2:].split("=") for a in CLI_TINY), "task": "copy", "out": str(tmp_path / "run")}
     assert Trainer(make_config({**kw, "max_steps": "2"})).fit() == "max_steps"
     resumed = Trainer(make_config(kw), resume=True)
     assert resumed.fit() == "finished"
@@ -317,7 +241,10 @@ def test_an_epoch_resumed_in_the_middle_says_so(tmp_path):
     "argv, fragment",
     [
         (["evaluate", "--split", "nosuch"], "--split 'nosuch'"),
-        (["evaluate", "--beam", "0"], "--beam must be >= 1"),
+        (["evaluate", "--beam", "0"], "--beam=0: must be in [1, 1024]"),
+        (["evaluate", "--beam", "1000000"], "--beam=1000000: must be in [1, 1024]"),
+        (["evaluate", "--max_len_a", "inf"], "--max_len_a=inf: must be in [0, 16]"),
+        (["evaluate", "--max_len_b", "100000"], "--max_len_b=100000: must be in [0, 4096]"),
     ],
 )
 def test_evaluate_arguments(copy_run, capsys, argv, fragment):

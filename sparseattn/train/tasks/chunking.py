@@ -18,7 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from ...models import IGNORE, token_batches
-from ..config import at_least, cfg_field, in_range
+from ..config import at_least, cfg_field, in_range, seed_value
 from .base import Task, epoch_seed, register_task
 from .conll_reader import Sentence, TaggingVocab, encode, read_conll, split_dev
 
@@ -28,7 +28,7 @@ class ChunkingConfig:
     """Where the CoNLL-2000 files are, the dev split and the vocabulary."""
 
     data_dir: str = cfg_field("", "folder holding conll2000/{train,test}.txt")
-    data_seed: int = cfg_field(0, "seed of the dev split")
+    data_seed: int = cfg_field(0, "seed of the dev split", check=seed_value)
     dev_fraction: float = cfg_field(
         0.1, "share of train.txt held out as the valid split", check=in_range(0, 1, hi_open=True)
     )

@@ -12,21 +12,25 @@ from typing import List
 
 import numpy as np
 
-from ..config import at_least, cfg_field
+from ..config import at_least, cfg_field, in_range, seed_value
 from ..vocab import Vocab
 from .base import Seq2SeqTask, register_task
+
+MAX_LENGTH = 10_000  # the splits are generated in memory and attended over in full: longer is a typo
 
 
 @dataclass
 class LetterConfig:
     """Sizes and length distribution of a letter task's seeded splits."""
 
-    data_seed: int = cfg_field(0, "seed of the generated sequences")
+    data_seed: int = cfg_field(0, "seed of the generated sequences", check=seed_value)
     num_train: int = cfg_field(9000, "training sequences", check=at_least(1))
     num_valid: int = cfg_field(1000, "validation sequences", check=at_least(1))
     num_test: int = cfg_field(1000, "test sequences", check=at_least(1))
-    seq_mean: float = cfg_field(15.0, "mean sequence length (normal, floored, at least 1)", check=at_least(1))
-    seq_std: float = cfg_field(3.0, "standard deviation of the length", check=at_least(0))
+    seq_mean: float = cfg_field(
+        15.0, f"mean sequence length (normal, floored, at least 1; at most {MAX_LENGTH})", check=in_range(1, MAX_LENGTH)
+    )
+    seq_std: float = cfg_field(3.0, "standard deviation of the length", check=in_range(0, MAX_LENGTH))
     src_eos: bool = cfg_field(True, "end each source with EOS, so the decoder sees where the input stops")
 
 
