@@ -119,7 +119,7 @@ def check_clamp(clamp: object, dtype: torch.dtype = torch.float64) -> Optional[T
     if not isinstance(clamp, Sequence) or isinstance(clamp, str) or len(clamp) != 2:
         raise TypeError(f"clamp must be None or a pair (lo, hi), got {clamp!r}")
     lo, hi = float(clamp[0]), float(clamp[1])
-    if math.isnan(lo) or math.isnan(hi):
+    if lo != lo or hi != hi:  # NaN (comparisons, not math.isnan: torch.compile may hand symbolic floats)
         raise ValueError(f"clamp bounds must not be NaN, got {clamp!r}")
     if lo > hi:
         raise ValueError(f"clamp must satisfy lo <= hi, got lo={lo} > hi={hi}")
@@ -136,12 +136,14 @@ def check_clamp(clamp: object, dtype: torch.dtype = torch.float64) -> Optional[T
 
 
 def check_scale(scale: object, head_dim: int) -> float:
-    """Resolve the score scale; None means 1/sqrt(D)."""
+    """Resolve the score scale; None means 1/sqrt(D). (int(D): under torch.compile(dynamic=True) the
+    head dim is symbolic; the scale is a constant of the kernels, so D is taken as fixed.)"""
     if scale is None:
+        head_dim = int(head_dim)
         return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    if not math.isfinite(scale):
+    if not -math.inf < scale < math.inf:  # not finite (NaN compares False)
         raise ValueError(f"scale must be finite, got {scale}")
     return float(scale)
 

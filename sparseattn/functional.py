@@ -8,8 +8,9 @@ import torch
 from torch import Tensor
 
 from ._checks import check_bias, check_clamp, check_dropout, check_qkv, check_same_device, check_scale
+from ._tracing import tracing
 from .graphs import Graph
-from .kernels import get_backend
+from .kernels import AttentionInputs, get_backend, reference_backend
 
 GraphLike = Union[Graph, Tensor]
 
@@ -21,7 +22,9 @@ def as_graph(graph: GraphLike, num_src: int, num_dst: int) -> Graph:
             ("num_src", graph.num_src, num_src, "k and v have"),
             ("num_dst", graph.num_dst, num_dst, "q has"),
         ):
-            if have != want:
+            if tracing():  # node counts may be symbolic: a check the trace keeps, not a branch
+                torch._check(have == want)
+            elif have != want:
                 raise ValueError(
                     f"graph has {name}={have} but {rows} {want} rows; a Graph built without {name}= counts "
                     f"nodes up to its largest id: build it as Graph(edge_index, num_src={num_src}, num_dst={num_dst})"
@@ -92,12 +95,20 @@ def edge_attention(
     if dropout_p > 0.0:
         keep = torch.rand(g.num_edges, num_heads, device=q.device) >= dropout_p
         dropout_mask = keep.to(q.dtype) / (1.0 - dropout_p)
-    fn = get_backend(backend, q, g).fn
+    chosen = get_backend(backend, q, g)
+    if g.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):
+        chosen = reference_backend()  # the definition gives zeros (or empty tensors); kernels reject empty shapes
+    dtype = q.dtype
+    work = chosen.compute_dtype(dtype, q.device.type)  # half types run in float32 where a backend lacks them
+    q, k, v = (t.to(work) for t in (q, k, v))
+    bias, dropout_mask = (None if t is None else t.to(work) for t in (bias, dropout_mask))
     with torch.autocast(q.device.type, enabled=False):  # backends keep their own precision rules under autocast
-        out, weights = fn(
-            q, k, v, g, scale=scale, clamp=clamp, bias=bias, dropout_mask=dropout_mask, return_weights=return_weights
-        )
-    return (out, weights) if return_weights else out
+        out, weights = chosen.fn(AttentionInputs(q, k, v, g, scale, clamp, bias, dropout_mask, return_weights))
+    out = out.to(dtype)
+    if not return_weights:
+        return out
+    assert weights is not None, f"backend {chosen.name!r} returned no weights"
+    return out, weights.to(dtype)
 
 
 __all__ = ["edge_attention", "as_graph"]

@@ -153,9 +153,9 @@ def test_raw_tensor_takes_dense_and_matches_reference():
 def test_sortedness_check_sees_steps_across_its_chunks(monkeypatch):
     """Graph checks destination-major order in chunks of edges; a step down (or a duplicate)
     exactly at a chunk boundary must still be seen."""
-    from sparseattn.graphs import graph as graph_module
+    from sparseattn.graphs import structure
 
-    monkeypatch.setattr(graph_module, "_CHUNK", 5)
+    monkeypatch.setattr(structure, "_CHUNK", 5)
     ei = graphs.from_blocks([("full", 4, 4)] * 2).edge_index  # destination-major, no duplicates: 32 edges
     assert Graph(ei).is_sorted_by_dst and Graph(ei).blocks is not None
     for boundary in (5, 10, 15, 30):

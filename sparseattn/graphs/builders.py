@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .detect import find_blocks
-from .graph import BLOCK_KINDS, Block, Graph
+from .graph import BLOCK_KINDS, Block, Graph, block_num_edges
 
 Device = Union[str, torch.device, None]
 
@@ -27,21 +27,21 @@ def _check_count(name: str, n: object) -> int:
 
 
 def block_edges(kind: str, n_src: int, n_dst: int, device: Device = None) -> Tensor:
-    """(2, E) local edge index of one dense block, destination-major."""
-    dst = torch.arange(n_dst, device=device).repeat_interleave(n_src)
-    src = torch.arange(n_src, device=device).repeat(n_dst)
+    """(2, E) local edge index of one dense block, destination-major. Built from the block's known
+    edge count, with no boolean mask (whose output size a compiled graph could not know)."""
+    num_edges = block_num_edges(kind, n_src, n_dst)
+    rows = torch.arange(n_dst, device=device)
     if kind == "full":
-        keep = None
-    elif kind == "full_no_self":
-        keep = src != dst
-    elif kind == "causal":
-        keep = src <= dst
-    elif kind == "causal_no_self":
-        keep = src < dst
-    else:
-        raise ValueError(f"unknown block kind {kind!r}")
-    ei = torch.stack([src, dst])
-    return ei if keep is None else ei[:, keep]
+        return torch.stack([torch.arange(n_src, device=device).repeat(n_dst), rows.repeat_interleave(n_src)])
+    if kind == "full_no_self":  # row i: sources 0 .. n - 1 except i
+        dst = rows.repeat_interleave(max(n_src - 1, 0), output_size=num_edges)
+        j = torch.arange(num_edges, device=device) - dst * (n_src - 1)
+        return torch.stack([j + (j >= dst).long(), dst])
+    # causal: row i has sources 0 .. i (0 .. i - 1 without self-loops)
+    degree = rows + (1 if kind == "causal" else 0)
+    dst = rows.repeat_interleave(degree, output_size=num_edges)
+    first = torch.cumsum(degree, 0) - degree  # (n_dst,) position of each row's first edge
+    return torch.stack([torch.arange(num_edges, device=device) - first[dst], dst])
 
 
 def _dense_graph(kind: str, n_src: int, n_dst: int, device: Device) -> Graph:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence, Tuple, Union
+from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.utils._pytree as pytree
 from torch import Tensor
 
 from .._checks import check_edge_index, check_node_count, check_node_ids
+from .._tracing import caching_in_trace, tracing
+from .structure import CSR, compress, compress_op, destination_major, row_pointers
 
 BLOCK_KINDS = ("full", "full_no_self", "causal", "causal_no_self")
 
@@ -49,17 +52,6 @@ def block_num_edges(kind: str, n_src: int, n_dst: int) -> int:
     raise ValueError(f"unknown block kind {kind!r}; expected one of {BLOCK_KINDS}")
 
 
-class CSR(NamedTuple):
-    """Compressed rows of a graph. For the destination-major CSR (`Graph.csr`):
-    ptr: (N_dst + 1,) row pointers; idx: (E,) source of each sorted edge;
-    perm: (E,) position of each sorted edge in the caller's edge order.
-    For the transposed CSR (`Graph.csc`) rows are sources and idx holds destinations."""
-
-    ptr: Tensor
-    idx: Tensor
-    perm: Tensor
-
-
 class Graph:
     """A directed graph for edge attention: source nodes attend into destination nodes.
 
@@ -98,6 +90,14 @@ class Graph:
         return g
 
     def _validate_and_init(self, edge_index: Tensor, num_src: Optional[int], num_dst: Optional[int]) -> None:
+        if tracing():  # nothing that reads the index: its ids are checked when the CSR is built
+            if num_src is None or num_dst is None:
+                raise ValueError(
+                    "under torch.compile or torch.export a Graph needs num_src= and num_dst= (counting the "
+                    "nodes would read the index's values)"
+                )
+            self._init(edge_index, num_src, num_dst)
+            return
         src, dst = edge_index[0], edge_index[1]
         if num_src is None:
             num_src = int(src.max()) + 1 if src.numel() else 0
@@ -108,7 +108,7 @@ class Graph:
         check_node_ids(dst, num_dst, "edge_index[1] (destinations)")
         # destination-major input (as the builders list edges) needs no sort, and without
         # duplicates its dense blocks are recognized on first use of `blocks`
-        sorted_by_dst, unique = _destination_major(src, dst, num_src, num_dst)
+        sorted_by_dst, unique = destination_major(src, dst, num_src, num_dst)
         self._init(edge_index, num_src, num_dst, sorted_by_dst=sorted_by_dst, detect_blocks=unique)
 
     def _init(
@@ -230,6 +230,8 @@ class Graph:
         a destination-major tensor without duplicates gets the "full"/"causal" blocks its edges
         decompose into (`detect.find_blocks`), found on first access."""
         if self._detect_blocks:
+            if tracing():  # finding them reads the index: traced code takes no dense path on such a graph
+                return None
             from .detect import find_blocks
 
             idx = self.src if self._sorted_by_dst else self.csr().idx
@@ -266,23 +268,36 @@ class Graph:
 
     # ---- cached structure ----------------------------------------------------
     def csr(self) -> CSR:
-        """Destination-sorted CSR (sorted by destination, then source). Cached."""
+        """Destination-sorted CSR (sorted by destination, then source). Cached. Inside a trace it is
+        built by the `sparseattn::compress` op (and cached only under torch.compile, see
+        `_tracing.caching_in_trace`)."""
         if self._csr is None:
-            self._csr = _compress(self.dst, self.src, self._num_dst, self._num_src, self._sorted_by_dst, self._ptr)
+            if tracing():
+                csr = CSR(*compress_op(self.dst, self.src, self._num_dst, self._num_src, False))
+                if caching_in_trace():
+                    self._csr = csr
+                return csr
+            self._csr = compress(self.dst, self.src, self._num_dst, self._num_src, self._sorted_by_dst, self._ptr)
         return self._csr
 
     def _row_ptr(self) -> Tensor:
         """csr().ptr, without sorting or a permutation when only the row pointers are needed."""
-        if self._csr is not None:
-            return self._csr.ptr
+        if self._csr is not None or tracing():
+            return self.csr().ptr
         if self._ptr is None:
-            self._ptr = _row_pointers(self.dst, self._num_dst)
+            self._ptr = row_pointers(self.dst, self._num_dst)
         return self._ptr
 
     def csc(self) -> CSR:
-        """Source-sorted (transposed) CSR: ptr over sources, idx holds destinations. Cached."""
+        """Source-sorted (transposed) CSR: ptr over sources, idx holds destinations. Cached (inside a
+        trace built by an op, as `csr`)."""
         if self._csc is None:
-            self._csc = _compress(
+            if tracing():
+                csc = CSR(*compress_op(self.src, self.dst, self._num_src, self._num_dst, True))
+                if caching_in_trace():
+                    self._csc = csc
+                return csc
+            self._csc = compress(
                 self.src, self.dst, self._num_src, self._num_dst, False, cols_sorted=self._sorted_by_dst
             )
         return self._csc
@@ -293,10 +308,34 @@ class Graph:
         return ptr[1:] - ptr[:-1]
 
     def cached(self, key: str, build):
-        """Per-graph cache for backends: `build()` runs once per key."""
+        """Per-graph cache for backends: `build()` runs once per key (inside a torch.export trace a
+        value not cached before is built and not kept)."""
         if key not in self._cache:
-            self._cache[key] = build()
+            value = build()
+            if tracing() and not caching_in_trace():
+                return value
+            self._cache[key] = value
         return self._cache[key]
+
+    # ---- torch.export: a Graph argument is its tensors -----------------------
+    @classmethod
+    def _from_structure(cls, children: Sequence[Tensor]) -> "Graph":
+        """The Graph `_flatten` took apart: node counts from the row pointers' lengths (so they stay
+        symbolic in an exported program), the CSR and CSC as they were."""
+        edge_index, ptr, idx, perm, cptr, cidx, cperm = children
+        g = cls._trusted(edge_index, cptr.shape[0] - 1, ptr.shape[0] - 1)
+        g._csr, g._csc = CSR(ptr, idx, perm), CSR(cptr, cidx, cperm)
+        return g
+
+    @staticmethod
+    def dynamic_shapes() -> List[dict]:
+        """The `dynamic_shapes` entry of a Graph argument of `torch.export.export`: its node and
+        edge counts dynamic (a Graph flattens into its index, CSR and CSC).
+
+            ep = torch.export.export(model, (x, graph), dynamic_shapes=({0: Dim.AUTO}, Graph.dynamic_shapes()))
+        """
+        auto = torch.export.Dim.AUTO
+        return [{1: auto}] + [{0: auto}] * 6
 
     # ---- derived graphs ------------------------------------------------------
     def to(self, device: Union[str, torch.device]) -> "Graph":
@@ -363,29 +402,6 @@ class Graph:
         return torch.split(x, sizes)
 
 
-_CHUNK = 1 << 20  # edges per pass of the sortedness check: its temporaries stay small and reused
-
-
-def _destination_major(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> Tuple[bool, bool]:
-    """(sorted, unique): whether the edges come ordered by (destination, source), and whether they
-    are then also free of duplicates: from the least step of the key dst * N_src + src, or, where
-    that key would overflow int64 (node counts whose product reaches 2**63), from the steps of each
-    id. In chunks, so an 8M-edge index allocates no 64 MiB temporaries (each a page-faulting mmap
-    on CPU)."""
-    width, least, unique = max(num_src, 1), 1, True
-    for start in range(0, src.numel() - 1, _CHUNK):
-        end = min(start + _CHUNK + 1, src.numel())  # one edge of overlap with the next chunk
-        if max(num_dst, 1) * width < 2**63:
-            least = min(least, int((dst[start:end] * width + src[start:end]).diff().min()))
-            continue
-        d_step, s_step = dst[start:end].diff(), src[start:end].diff()
-        same_dst = d_step == 0
-        if bool((d_step < 0).any()) or bool((same_dst & (s_step < 0)).any()):
-            return False, False
-        unique = unique and not bool((same_dst & (s_step == 0)).any())
-    return least >= 0, least > 0 and unique
-
-
 def _checked_blocks(blocks: object, graph: "Graph") -> Tuple[Block, ...]:
     """Saved blocks as `Block`s, checked to lie inside the graph (ValueError otherwise)."""
     if not isinstance(blocks, (list, tuple)):
@@ -420,53 +436,23 @@ def _checked_offsets(name: str, offsets: object, total: int) -> Tuple[int, ...]:
     return tuple(offsets)
 
 
-def _row_pointers(rows: Tensor, num_rows: int) -> Tensor:
-    """(num_rows + 1,) int64 offsets of each row's edges once sorted by row."""
-    counts = torch.bincount(rows, minlength=num_rows) if rows.numel() else rows.new_zeros(num_rows)
-    ptr = torch.zeros(num_rows + 1, dtype=torch.long, device=rows.device)
-    ptr[1:] = torch.cumsum(counts, 0)
-    return ptr
-
-
-def _sort_key(rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, cols_sorted: bool) -> Optional[Tensor]:
-    """A key whose stable sort orders edges by (row, col): the rows alone when the edges already
-    come sorted by col, and int32 when it fits (torch sorts integers by radix: fewer bytes, fewer
-    passes; ~3x faster than the int64 (row, col) key on a 140K-edge window graph). None when the
-    combined key would overflow int64 (node counts whose product reaches 2**63)."""
-    if cols_sorted:
-        key, top = rows, num_rows
-    elif num_rows * max(num_cols, 1) < 2**63:
-        key, top = rows * max(num_cols, 1) + cols, num_rows * max(num_cols, 1)
-    else:
-        return None
-    return key.int() if top < 2**31 else key
-
-
-def _compress(
-    rows: Tensor,
-    cols: Tensor,
-    num_rows: int,
-    num_cols: int,
-    presorted: bool,
-    ptr: Optional[Tensor] = None,
-    cols_sorted: bool = False,
-) -> CSR:
-    """Sort edges by (row, col) and compress rows. Returns ptr (num_rows + 1,), idx, perm.
-    cols_sorted: the edges already come sorted by (col, row), so sorting by row alone suffices."""
-    if presorted:
-        perm = torch.arange(rows.numel(), device=rows.device)
-        idx = cols  # already in order: no copy
-    else:
-        key = _sort_key(rows, cols, num_rows, num_cols, cols_sorted)
-        if key is None:  # by col, then stably by row
-            perm = torch.argsort(cols, stable=True)
-            perm = perm.index_select(0, torch.argsort(rows.index_select(0, perm), stable=True))
-        else:
-            perm = torch.argsort(key, stable=True)
-        idx = cols.index_select(0, perm)
-    return CSR(_row_pointers(rows, num_rows) if ptr is None else ptr, idx, perm)
-
-
 # `torch.load(weights_only=True)` may rebuild a Graph: its state is plain values and one tensor,
 # and `__setstate__` validates them like a new Graph
 torch.serialization.add_safe_globals([Graph])
+
+
+def _flatten(g: Graph) -> Tuple[List[Tensor], None]:
+    return [g.edge_index, *g.csr(), *g.csc()], None
+
+
+_CHILDREN = ("edge_index", "ptr", "idx", "perm", "src_ptr", "src_idx", "src_perm")
+
+# torch.export takes a Graph argument as these tensors (the structure built eagerly, once), with node
+# and edge counts that may vary; what the builders recorded (blocks, batch offsets) is not carried
+pytree.register_pytree_node(
+    Graph,
+    _flatten,
+    lambda children, _: Graph._from_structure(list(children)),
+    serialized_type_name="sparseattn.Graph",
+    flatten_with_keys_fn=lambda g: ([(pytree.GetAttrKey(n), t) for n, t in zip(_CHILDREN, _flatten(g)[0])], None),
+)

@@ -1,45 +1,24 @@
 """Backend registry: names for `edge_attention(..., backend=...)` and the "auto" rule.
 
-A backend is a function with the signature of `reference_attention`:
-    fn(q, k, v, graph, *, scale, clamp, bias, dropout_mask, return_weights) -> (out, weights)
-with q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv), bias and dropout_mask (E, H)
-or None, out (N_dst, H, Dv) and weights (E, H) in the graph's edge order or None.
-Optional dependencies are probed once, when a backend is first asked for.
+Every backend follows one contract (contract.py): `fn(AttentionInputs) -> (out, weights)`, with
+the device types and dtypes it takes declared in its `Backend` entry below. Optional dependencies
+are probed once, when a backend is first asked for.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional
+from typing import Dict, Optional
 
 import torch
 from torch import Tensor
 
+from .._tracing import tracing
 from ..graphs import Graph
 from . import scatter
+from .contract import ALL_FLOATS, AttentionInputs, Backend, BackendFn
 from .csr import csr_attention
 from .dense import dense_attention, plan
 from .reference import reference_attention
-
-
-@dataclass
-class Backend:
-    name: str
-    fn: Callable
-    probe: Callable[[], Optional[str]] = lambda: None  # returns why it is unavailable, or None
-    devices: tuple = ("cpu", "cuda")  # device types whose tensors it accepts
-    _unavailable: Optional[str] = field(default=None, init=False)
-    _probed: bool = field(default=False, init=False)
-
-    def unavailable_reason(self) -> Optional[str]:
-        if not self._probed:
-            self._unavailable, self._probed = self.probe(), True
-        return self._unavailable
-
-    @property
-    def available(self) -> bool:
-        return self.unavailable_reason() is None
-
 
 _BACKENDS: Dict[str, Backend] = {}
 
@@ -79,8 +58,10 @@ def choose_auto(q: Tensor, graph: Graph) -> str:
     n_dst) shapes that either average >= DENSE_MIN_EDGES_PER_BLOCK edges or form unpadded batches
     of "full"/"causal" blocks: batched matmuls (or SDPA) beat any sparse kernel there. Otherwise
     "triton" for CUDA tensors with D <= 256 when triton is importable, else "csr". Never
-    "reference" or "scatter" (both are slower everywhere)."""
-    blocks = graph.blocks
+    "reference" or "scatter" (both are slower everywhere). Inside a torch.compile or torch.export
+    trace, never "dense": its batches take their shapes from the block structure, so every new
+    batch would compile anew (pass backend="dense" to have it anyway)."""
+    blocks = None if tracing() else graph.blocks
     if blocks and len({(b.kind, b.n_src, b.n_dst) for b in blocks}) <= DENSE_MAX_SHAPES:
         if graph.num_edges >= DENSE_MIN_EDGES_PER_BLOCK * len(blocks) or all(
             not bk.padded and bk.kind in ("full", "causal") for bk in plan(graph).buckets
@@ -93,13 +74,12 @@ def choose_auto(q: Tensor, graph: Graph) -> str:
 
 
 def prepare(graph: Graph, heads: int, head_dim: Optional[int] = None, dtype: torch.dtype = torch.float32) -> None:
-    """Build and cache every index the CPU kernels read for this graph and head count (csr's
-    pattern and its transpose; dense's plan when the graph has blocks), so that
-    `torch.compile(fullgraph=True)` or `torch.export` of code calling `edge_attention` on this
-    graph only reads cached tensors: building them would break the compiled graph. With the keys'
-    head_dim (and dtype) given, only the csr layout those keys will take is built (on large random
-    graphs the interleaved one is H * E entries that would go unused); without it, both."""
-    from .csr_ops import prepare as prepare_csr
+    """Build and cache, eagerly, every index the CPU kernels read for this graph and head count
+    (csr's pattern in the layout it will take for keys (N_src, heads, head_dim) of dtype, or both
+    layouts when head_dim is None; dense's plan when the graph has blocks). Never needed: compiled
+    and exported code builds what a graph lacks inside the trace, through ops. It saves that work on
+    every call of compiled code that reuses one graph."""
+    from .csr import prepare as prepare_csr
     from .dense import prepare as prepare_dense
 
     prepare_csr(graph, heads, head_dim, dtype)
@@ -121,17 +101,16 @@ def get_backend(name: str, q: Tensor, graph: Graph) -> Backend:
     return backend
 
 
-register_backend(Backend("reference", reference_attention))  # gather, clamp-exp, index_add: the definition
-register_backend(Backend("csr", csr_attention))  # SDDMM + CSR SpMM with a hand-written backward
-register_backend(Backend("dense", dense_attention))  # batched matmuls (or SDPA) over the graph's dense blocks
-register_backend(Backend("scatter", scatter.scatter_attention, probe=scatter.probe))  # the reference on torch_scatter
+def reference_backend() -> Backend:
+    """The definition: what degenerate inputs (no edges, H, D or Dv = 0) go to."""
+    return _BACKENDS["reference"]
 
 
-def _triton_attention(*args, **kwargs):
+def _triton_attention(inputs: AttentionInputs):
     # Imported on first use: Triton reads TRITON_INTERPRET when the kernels are defined.
     from .triton_kernel import triton_attention
 
-    return triton_attention(*args, **kwargs)
+    return triton_attention(inputs)
 
 
 def _probe_triton() -> Optional[str]:
@@ -142,6 +121,12 @@ def _probe_triton() -> Optional[str]:
     return None
 
 
+# gather, clamp-exp, index_add: the definition; half types accumulate in float32 inside it
+register_backend(Backend("reference", reference_attention, dtypes={"cpu": ALL_FLOATS, "cuda": ALL_FLOATS}))
+register_backend(Backend("csr", csr_attention))  # SDDMM + CSR SpMM with a hand-written backward
+# batched matmuls (or SDPA) over the graph's dense blocks; CUDA's SDPA and fused kernels take half types
+register_backend(Backend("dense", dense_attention, dtypes={"cpu": (torch.float32, torch.float64), "cuda": ALL_FLOATS}))
+register_backend(Backend("scatter", scatter.scatter_attention, probe=scatter.probe))  # the reference on torch_scatter
 register_backend(
     Backend(
         "triton",
@@ -150,11 +135,14 @@ register_backend(
         # before first use; tests ask for backend="triton" by name, "auto" never picks it on CPU.
         probe=_probe_triton,
         devices=("cuda",),
+        dtypes={"cpu": ALL_FLOATS, "cuda": ALL_FLOATS},  # float32 (float64 for float64) accumulators
     )
 )
 
 __all__ = [
+    "AttentionInputs",
     "Backend",
+    "BackendFn",
     "register_backend",
     "backend_names",
     "available_backends",
@@ -163,6 +151,7 @@ __all__ = [
     "get_backend",
     "prepare",
     "reference_attention",
+    "reference_backend",
     "csr_attention",
     "dense_attention",
     "plan",

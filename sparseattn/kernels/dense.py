@@ -17,7 +17,7 @@ CUDA, clamp mode on those buckets with half inputs runs fused instead (`triton_b
 matmuls on an H100).
 Under torch.compile and torch.export every clamp-mode row runs the same math in out-of-place ops
 that autograd differentiates (no branch on the data, so no graph break; compiled code through the
-Function gave zero gradients under torch 2.11); `prepare(graph)` builds the cached plan before compiling.
+Function gave zero gradients under torch 2.11); a plan not built before is built inside the trace.
 Half types run in float32, except that on CUDA the SDPA calls take them as they are (its fused
 kernels accumulate in float32; an H100 ran the float32 kernel 5-10x slower). Inside a block every destination sees every
 source value, so NaN/inf in one source row reaches the whole block (the sparse backends keep it
@@ -28,14 +28,15 @@ Shapes: q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv), bias/dropout_mask (E
 
 from __future__ import annotations
 
-import functools
 from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._tracing import tracing
 from ..graphs import Block, Graph, block_edges
+from .contract import AttentionInputs
 from .reference import accumulation_dtype
 
 MAX_WASTE = 0.25  # a bucket's padded area may exceed its blocks' areas by at most this fraction
@@ -57,6 +58,7 @@ class _Bucket:
         self.k0 = _contiguous_start([b.src_start for b in blocks], self.lk, self.padded)
         self.qpos, self.qrows = self._rows(self.lq, "dst_start", "n_dst")
         self.kpos, self.krows = self._rows(self.lk, "src_start", "n_src")
+        self._built: dict = {}
 
     def _rows(self, length: int, start: str, size: str) -> Tuple[Tensor, Tensor]:
         """Block i's rows start .. start + size: their padded positions i * length + j and node ids
@@ -71,8 +73,26 @@ class _Bucket:
         pos = (torch.arange(self.b, device=self.device) * length).repeat_interleave(sizes, output_size=n) + local
         return pos, starts.repeat_interleave(sizes, output_size=n) + local
 
-    @functools.cached_property
+    @property
     def pos(self) -> Tensor:
+        return self._lazy("pos", self._pos)
+
+    @property
+    def eids(self) -> Tensor:
+        return self._lazy("eids", self._eids)
+
+    @property
+    def mask(self) -> Optional[Tensor]:
+        return self._lazy("mask", self._mask)
+
+    def _lazy(self, name: str, build):
+        """build() once (not functools.cached_property: its lock is a context manager torch.compile
+        cannot trace, and a plan built inside a trace builds its parts there)."""
+        if name not in self._built:
+            self._built[name] = build()
+        return self._built[name]
+
+    def _pos(self) -> Tensor:
         local, pos = {}, []
         for i, blk in enumerate(self.blocks):
             if (blk.n_src, blk.n_dst) not in local:
@@ -81,14 +101,12 @@ class _Bucket:
             pos.append(local[blk.n_src, blk.n_dst] + i * self.lq * self.lk)
         return torch.cat(pos)
 
-    @functools.cached_property
-    def eids(self) -> Tensor:
+    def _eids(self) -> Tensor:
         return torch.cat(
             [torch.arange(b.edge_start, b.edge_start + b.num_edges, device=self.device) for b in self.blocks]
         )
 
-    @functools.cached_property
-    def mask(self) -> Optional[Tensor]:
+    def _mask(self) -> Optional[Tensor]:
         if not self.padded and self.kind == "full":
             return None
         mask = torch.zeros(self.b * self.lq * self.lk, dtype=torch.bool, device=self.device)
@@ -155,10 +173,9 @@ def plan(graph: Graph) -> Plan:
 
 
 def prepare(graph: Graph) -> None:
-    """Build and cache everything the dense backend reads for this graph (its blocks, plan and each
-    bucket's edge positions, edge ids and mask), so that compiled code (torch.compile,
-    torch.export) only reads cached values: building them graph-breaks. Does nothing for a graph
-    without blocks (the dense backend does not take it)."""
+    """Build and cache, eagerly, everything the dense backend reads for this graph (its blocks, plan
+    and each bucket's edge positions, edge ids and mask); compiled code builds what it lacks inside
+    the trace. Does nothing for a graph without blocks (the dense backend does not take it)."""
     if graph.blocks is None:
         return
     for bk in plan(graph).buckets:
@@ -266,11 +283,6 @@ def _clamp_forward_differentiable(qb, kb, vb, mask, scale, clamp):
     return torch.matmul(w, vb) / torch.where(z == 0, torch.ones_like(z), z)
 
 
-def _tracing() -> bool:
-    """Under torch.compile or torch.export, where a data-dependent Python branch breaks the graph."""
-    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
-
-
 # float32 stays on the materialized path: in IEEE float32 products the fused backward took 18-60x
 # longer than it (H100, complete and causal blocks of 128-2048 tokens, H=8, D=64)
 FUSED_CLAMP_DTYPES = (torch.float16, torch.bfloat16)
@@ -286,7 +298,7 @@ def _fused_clamp_runs(qb: Tensor, kb: Tensor, vb: Tensor) -> bool:
     """Whether clamp mode on an unpadded full/causal bucket goes to the fused Triton kernel
     (`triton_blocks`): CUDA inputs of FUSED_CLAMP_DTYPES on a GPU whose tensor cores take them,
     triton importable, not while tracing."""
-    if not qb.is_cuda or qb.dtype not in FUSED_CLAMP_DTYPES or _tracing():
+    if not qb.is_cuda or qb.dtype not in FUSED_CLAMP_DTYPES or tracing():
         return False
     if not _tensor_cores_take(qb.dtype, torch.cuda.get_device_capability(qb.device)):
         return False
@@ -303,7 +315,7 @@ def _plain_clamp_attention(qb, kb, vb, bk: _Bucket, scale, clamp, sdpa) -> Tenso
     unless the bucket has an SDPA shape) computes exact softmax, which eager mode takes for the rows
     that the clamp provably cannot reach; compiled code runs every row through
     `_clamp_forward_differentiable` (equal up to rounding) instead of branching on the data."""
-    if _tracing():  # out-of-place ops, differentiated by autograd: under torch 2.11, compiled
+    if tracing():  # out-of-place ops, differentiated by autograd: under torch 2.11, compiled
         # code through DenseClampAttention gave zero gradients (H100 run, tests/kernels/test_compile.py)
         return _clamp_forward_differentiable(qb, kb, vb, bk.mask, scale, clamp)
     if sdpa is None:
@@ -367,21 +379,11 @@ def _bucket_attention(q, k, v, bk: _Bucket, scale, clamp, bias, dropout_mask, re
     return out.to(dtype), (w / z if return_weights else None)
 
 
-def dense_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    graph: Graph,
-    *,
-    scale: float,
-    clamp: Optional[Tuple[float, float]],
-    bias: Optional[Tensor],
-    dropout_mask: Optional[Tensor],
-    return_weights: bool,
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """The "dense" backend (graphs with recorded blocks only; ValueError otherwise).
-    q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv), bias/dropout_mask (E, H) or None.
-    Returns out (N_dst, H, Dv) in q's dtype and, if asked, weights (E, H) in the graph's edge order."""
+def dense_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
+    """The "dense" backend (the contract in contract.py; graphs with recorded blocks only,
+    ValueError otherwise): out (N_dst, H, Dv) in q's dtype and, if asked, weights (E, H) in the
+    graph's edge order. Half types arrive only on CUDA (its SDPA and fused kernels take them)."""
+    q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights = inputs
     p = plan(graph)
     heads, dtype, acc = q.shape[1], q.dtype, accumulation_dtype(q.dtype)
     bias = None if bias is None else bias.to(acc)

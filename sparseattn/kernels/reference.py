@@ -12,13 +12,13 @@ against this file.
 
 from __future__ import annotations
 
-import functools
-from typing import Callable, Optional, Tuple, TypeVar, cast
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from ..graphs import Graph
+from .contract import AttentionInputs
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -26,20 +26,11 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def reference_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    graph: Graph,
-    *,
-    scale: float,
-    clamp: Optional[Tuple[float, float]],
-    bias: Optional[Tensor],
-    dropout_mask: Optional[Tensor],
-    return_weights: bool,
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv), bias/dropout_mask: (E, H).
-    Returns out (N_dst, H, Dv) and, if asked, weights (E, H) in the graph's edge order."""
+def reference_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
+    """The "reference" backend (the contract in contract.py): out (N_dst, H, Dv) in q's dtype and, if
+    asked, the weights (E, H) in the graph's edge order. Any float dtype; half types accumulate in
+    float32. Degenerate shapes (E = 0; H, D or Dv = 0) give their defined result."""
+    q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights = inputs
     src, dst = graph.src, graph.dst
     acc = accumulation_dtype(q.dtype)
     score = (k[src].to(acc) * q[dst].to(acc)).sum(-1) * scale  # (E, H)
@@ -64,25 +55,6 @@ def reference_attention(
     return out, weights
 
 
-Backend = TypeVar("Backend", bound=Callable[..., Tuple[Tensor, Optional[Tensor]]])
-
-
-def reference_on_empty(backend: Backend) -> Backend:
-    """Wraps a backend whose kernels reject empty shapes: inputs with no edges (E = 0) or a zero
-    head count or head dim (H, D or Dv = 0) go to `reference_attention`, which gives their
-    defined result (zeros, or empty tensors). Options of the backend's own (csr's layout) are
-    dropped there."""
-    shared = ("scale", "clamp", "bias", "dropout_mask", "return_weights")
-
-    @functools.wraps(backend)
-    def wrapped(q: Tensor, k: Tensor, v: Tensor, graph: Graph, **kwargs):
-        if graph.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):
-            return reference_attention(q, k, v, graph, **{key: kwargs[key] for key in shared})
-        return backend(q, k, v, graph, **kwargs)
-
-    return cast(Backend, wrapped)
-
-
 def reference_backward(
     inputs: Tuple[Tensor, Tensor, Tensor, Optional[Tensor]],
     needs: Tuple[bool, ...],
@@ -101,15 +73,7 @@ def reference_backward(
     the others get None. Shapes as `reference_attention`."""
     q, k, v, bias = inputs
     out, weights = reference_attention(
-        q,
-        k,
-        v,
-        graph,
-        scale=scale,
-        clamp=clamp,
-        bias=bias,
-        dropout_mask=dropout_mask,
-        return_weights=grad_weights is not None,
+        AttentionInputs(q, k, v, graph, scale, clamp, bias, dropout_mask, grad_weights is not None)
     )
     pairs = [(o, g) for o, g in ((out, grad_out), (weights, grad_weights)) if g is not None and o is not None]
     wanted = [t for t, need in zip(inputs, needs) if need and t is not None]
@@ -119,19 +83,32 @@ def reference_backward(
     return [next(grads) if need else None for need in needs]
 
 
-def twice_differentiable_backward(ctx, q, k, v, bias, dropout_mask, grad_out, grad_weights) -> tuple:
-    """The backward of a fast backend's autograd.Function, forward(q, k, v, bias, dropout_mask,
-    graph, scale, clamp, return_weights, ...) with ctx.graph, ctx.scale and ctx.clamp set, when it
-    runs under create_graph=True: `reference_backward`'s gradients for q, k, v and bias, and None
-    for the other inputs."""
-    grads = reference_backward(
+def differentiable_grads(
+    edge_index: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Optional[Tensor],
+    dropout_mask: Optional[Tensor],
+    needs: Tuple[bool, ...],
+    scale: float,
+    clamp: Optional[Sequence[float]],
+    grad_out: Optional[Tensor],
+    grad_weights: Optional[Tensor],
+) -> list:
+    """What a fast backend's backward returns for (q, k, v, bias) when it runs under
+    create_graph=True (torch.is_grad_enabled() inside the backward): `reference_backward`'s
+    gradients on the graph edge_index (2, E) from k's N_src rows into q's N_dst rows, which torch
+    can differentiate again. bias and dropout_mask (E, H) in edge_index's order or None."""
+    graph = Graph._trusted(edge_index, k.shape[0], q.shape[0])
+    lo_hi = None if clamp is None else (float(clamp[0]), float(clamp[1]))
+    return reference_backward(
         (q, k, v, bias),
-        ctx.needs_input_grad[:4],
-        ctx.graph,
-        scale=ctx.scale,
-        clamp=ctx.clamp,
+        needs,
+        graph,
+        scale=scale,
+        clamp=lo_hi,
         dropout_mask=dropout_mask,
         grad_out=grad_out,
         grad_weights=grad_weights,
     )
-    return (*grads, *[None] * (len(ctx.needs_input_grad) - 4))

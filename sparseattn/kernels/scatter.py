@@ -21,8 +21,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..graphs import Graph
-from .reference import accumulation_dtype, reference_on_empty
+from .contract import AttentionInputs
 
 
 def probe() -> Optional[str]:
@@ -66,46 +65,32 @@ class _Gather(torch.autograd.Function):
         return _SegmentSum.apply(grad, ptr), None
 
 
-@reference_on_empty  # torch_scatter rejects empty shapes
-def scatter_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    graph: Graph,
-    *,
-    scale: float,
-    clamp: Optional[Tuple[float, float]],
-    bias: Optional[Tensor],
-    dropout_mask: Optional[Tensor],
-    return_weights: bool,
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """The "scatter" backend; arguments and results as `reference_attention`. Degenerate inputs
-    (E = 0, or H, D, Dv = 0) go to the reference backend."""
+def scatter_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
+    """The "scatter" backend (the contract in contract.py): float32/float64 inputs."""
+    q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights = inputs
     from torch_scatter import segment_csr
 
     csr = graph.csr()
     ptr, src, perm = csr.ptr, csr.idx, None if graph.is_sorted_by_dst else csr.perm
-    acc = accumulation_dtype(q.dtype)
-    q_e = _Gather.apply(q.to(acc), ptr)  # (E, H, D): q of each sorted edge's destination
-    score = (k.to(acc)[src] * q_e).sum(-1) * scale  # (E, H)
+    q_e = _Gather.apply(q, ptr)  # (E, H, D): q of each sorted edge's destination
+    score = (k[src] * q_e).sum(-1) * scale  # (E, H)
     if bias is not None:
-        score = score + (bias if perm is None else bias[perm]).to(acc)
+        score = score + (bias if perm is None else bias[perm])
     if clamp is not None:
         w = torch.exp(score.clamp(clamp[0], clamp[1]))
     else:
         m = segment_csr(score.detach(), ptr, reduce="max")  # (N_dst, H); empty segments give 0
         w = torch.exp(score - _Gather.apply(m.masked_fill(torch.isneginf(m), 0.0), ptr))
     z = _SegmentSum.apply(w, ptr)  # (N_dst, H)
-    w_v = w if dropout_mask is None else w * (dropout_mask if perm is None else dropout_mask[perm]).to(acc)
-    wv = _SegmentSum.apply(w_v[..., None] * v.to(acc)[src], ptr)  # (N_dst, H, Dv)
+    w_v = w if dropout_mask is None else w * (dropout_mask if perm is None else dropout_mask[perm])
+    wv = _SegmentSum.apply(w_v[..., None] * v[src], ptr)  # (N_dst, H, Dv)
     z_safe = torch.where(z > 0, z, torch.ones_like(z))
-    out = (wv / z_safe[..., None]).to(q.dtype)
+    out = wv / z_safe[..., None]
     weights = None
     if return_weights:
         weights = w / _Gather.apply(z_safe, ptr)
         if perm is not None:
             weights = torch.empty_like(weights).index_put((perm,), weights)
-        weights = weights.to(q.dtype)
     return out, weights
 
 

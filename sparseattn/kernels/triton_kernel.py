@@ -18,10 +18,12 @@ per edge into an (E, H) buffer in caller order. `_bwd_dkdv_kernel` walks the tra
 source): dscore, which it leaves in that buffer as dbias, dk[s] = scale sum_e dscore_e q[t] and
 dv[s] = sum_e p_e m_e do[t]. No atomics, so every run gives bit-identical gradients. Under
 create_graph=True (double backward) backward recomputes through the reference instead
-(`reference_backward`), whose gradients torch can differentiate again.
+(`reference.differentiable_grads`), whose gradients torch can differentiate again.
 
-Runs on CUDA tensors, or on CPU tensors when TRITON_INTERPRET=1 was set before this module was
-imported (tests do that). Degenerate inputs (E = 0, or H, D, Dv = 0) go to the reference backend.
+The launches are two custom ops, `sparseattn::triton_attention_fwd`/`_bwd`, with an autograd rule:
+eager, compiled and exported code call the same ops, and a compiled graph holds them whole. Runs on
+CUDA tensors, or on CPU tensors when TRITON_INTERPRET=1 was set before this module was imported
+(tests do that).
 """
 
 from __future__ import annotations
@@ -29,15 +31,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..graphs import Graph
-from .reference import accumulation_dtype, reference_on_empty, twice_differentiable_backward
+from .contract import AttentionInputs
+from .reference import accumulation_dtype, differentiable_grads
 
 MAX_HEAD_DIM = 256
 _TL_DTYPE = {torch.float32: tl.float32, torch.float64: tl.float64}
@@ -506,10 +508,11 @@ def _shared_args(q, v, scale, clamp, bias, dropout_mask):
     )
 
 
-def _triton_forward(q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights):
-    """q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv) contiguous; bias, mask (E, H) or None.
-    Returns out (N_dst, H, Dv), lse (N_dst, H) in the accumulation dtype, weights (E, H) or None."""
-    (n_dst, h), num_edges = q.shape[:2], graph.num_edges
+def _triton_forward(q, k, v, csr, scale, clamp, bias, dropout_mask, return_weights):
+    """q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv) contiguous; csr: the destination-sorted
+    (ptr, idx, perm); bias, mask (E, H) or None. Returns out (N_dst, H, Dv), lse (N_dst, H) in the
+    accumulation dtype, weights (E, H) or None."""
+    (n_dst, h), num_edges = q.shape[:2], csr[1].shape[0]
     bias_t, mask_t, dims, flags = _shared_args(q, v, scale, clamp, bias, dropout_mask)
     out = torch.empty(n_dst, h, v.shape[2], dtype=q.dtype, device=q.device)
     lse = torch.empty(n_dst, h, dtype=accumulation_dtype(q.dtype), device=q.device)
@@ -524,7 +527,7 @@ def _triton_forward(q, k, v, graph, scale, clamp, bias, dropout_mask, return_wei
         out,
         lse,
         weights,
-        *_contiguous(graph.csr()),
+        *_contiguous(csr),
         *_strides(q),
         *_strides(k),
         *_strides(v),
@@ -539,11 +542,12 @@ def _triton_forward(q, k, v, graph, scale, clamp, bias, dropout_mask, return_wei
     return out, lse, (weights if return_weights else None)
 
 
-def _triton_backward(q, k, v, graph, scale, clamp, bias, dropout_mask, lse, d_out, d_weights, tiles):
+def _triton_backward(q, k, v, csr, csc, scale, clamp, bias, dropout_mask, lse, d_out, d_weights, tiles):
     """Gradients (dq, dk, dv, dscore) of out (and of weights, if d_weights is given); dscore is
-    (E, H) in caller order and the accumulation dtype: it is dbias. tiles: both kernels' launch
-    settings (`_bwd_tiles`, with `backward_config`'s overrides)."""
-    (n_dst, h), n_src, num_edges = q.shape[:2], k.shape[0], graph.num_edges
+    (E, H) in caller order and the accumulation dtype: it is dbias. csr, csc: the destination- and
+    source-sorted (ptr, idx, perm); tiles: both kernels' launch settings (`_bwd_tiles`, with
+    `backward_config`'s overrides)."""
+    (n_dst, h), n_src, num_edges = q.shape[:2], k.shape[0], csr[1].shape[0]
     acc = accumulation_dtype(q.dtype)
     bias_t, mask_t, dims, flags = _shared_args(q, v, scale, clamp, bias, dropout_mask)
     d_out = d_out.contiguous()
@@ -562,7 +566,7 @@ def _triton_backward(q, k, v, graph, scale, clamp, bias, dropout_mask, lse, d_ou
         dq,
         delta,
         ds,
-        *_contiguous(graph.csr()),
+        *_contiguous(csr),
         *_strides(q),
         *_strides(k),
         *_strides(v),
@@ -586,7 +590,7 @@ def _triton_backward(q, k, v, graph, scale, clamp, bias, dropout_mask, lse, d_ou
         ds,
         dk,
         dv,
-        *_contiguous(graph.csc()),
+        *_contiguous(csc),
         *_strides(q),
         *_strides(k),
         *_strides(v),
@@ -605,29 +609,126 @@ def _on(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-class _TritonEdgeAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, bias, dropout_mask, graph, scale, clamp, return_weights):
-        with _on(q.device):
-            out, lse, weights = _triton_forward(q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights)
-        ctx.save_for_backward(q, k, v, bias, dropout_mask, lse)
-        ctx.graph, ctx.scale, ctx.clamp = graph, scale, clamp
-        ctx.tiles = {**_bwd_tiles(q.shape[2], v.shape[2]), **_bwd_overrides}  # as set when the forward ran
-        return out, weights
+@torch.library.custom_op("sparseattn::triton_attention_fwd", mutates_args=())
+def triton_attention_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    edge_index: Tensor,
+    ptr: Tensor,
+    idx: Tensor,
+    perm: Tensor,
+    cptr: Optional[Tensor],
+    cidx: Optional[Tensor],
+    cperm: Optional[Tensor],
+    bias: Optional[Tensor],
+    mask: Optional[Tensor],
+    scale: float,
+    clamp: Optional[List[float]],
+    return_weights: bool,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The forward kernel as an op: out (N_dst, H, Dv), lse (N_dst, H) in the accumulation dtype
+    (saved for the backward) and the weights (E, H) (empty unless return_weights). ptr, idx, perm:
+    the destination-sorted CSR; cptr, cidx, cperm: the source-sorted one, for the backward (None
+    when no gradient is wanted); edge_index only for a double backward."""
+    with _on(q.device):
+        out, lse, weights = _triton_forward(q, k, v, (ptr, idx, perm), scale, _pair(clamp), bias, mask, return_weights)
+    return out, lse, weights if weights is not None else q.new_empty(0)
 
-    @staticmethod
-    def backward(ctx, d_out, d_weights):
-        q, k, v, bias, dropout_mask, lse = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
-            return twice_differentiable_backward(ctx, q, k, v, bias, dropout_mask, d_out, d_weights)
-        if d_out is None:  # only the weights were used
-            d_out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
-        with _on(q.device):
-            dq, dk, dv, ds = _triton_backward(
-                q, k, v, ctx.graph, ctx.scale, ctx.clamp, bias, dropout_mask, lse, d_out, d_weights, ctx.tiles
-            )
-        dbias = ds.to(bias.dtype) if bias is not None and ctx.needs_input_grad[3] else None
-        return dq, dk, dv, dbias, None, None, None, None, None
+
+@triton_attention_fwd.register_fake
+def _(q, k, v, edge_index, ptr, idx, perm, cptr, cidx, cperm, bias, mask, scale, clamp, return_weights):
+    (n_dst, h), acc = q.shape[:2], accumulation_dtype(q.dtype)
+    weights = q.new_empty(idx.shape[0], h) if return_weights else q.new_empty(0)
+    return q.new_empty(n_dst, h, v.shape[2]), q.new_empty(n_dst, h, dtype=acc), weights
+
+
+@torch.library.custom_op("sparseattn::triton_attention_bwd", mutates_args=())
+def triton_attention_bwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    ptr: Tensor,
+    idx: Tensor,
+    perm: Tensor,
+    cptr: Tensor,
+    cidx: Tensor,
+    cperm: Tensor,
+    bias: Optional[Tensor],
+    mask: Optional[Tensor],
+    lse: Tensor,
+    d_out: Tensor,
+    d_weights: Optional[Tensor],
+    scale: float,
+    clamp: Optional[List[float]],
+    block_e: int,
+    num_warps: int,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The two backward kernels as an op: dq, dk, dv and dscore ((E, H), the accumulation dtype:
+    the gradient of bias), launched with block_e edges per tile and num_warps warps."""
+    tiles = dict(_bwd_tiles(q.shape[2], v.shape[2]), BLOCK_E=block_e, num_warps=num_warps)
+    with _on(q.device):
+        return _triton_backward(
+            q,
+            k,
+            v,
+            (ptr, idx, perm),
+            (cptr, cidx, cperm),
+            scale,
+            _pair(clamp),
+            bias,
+            mask,
+            lse,
+            d_out,
+            d_weights,
+            tiles,
+        )
+
+
+@triton_attention_bwd.register_fake
+def _(q, k, v, ptr, idx, perm, cptr, cidx, cperm, bias, mask, lse, d_out, *rest):
+    ds = q.new_empty(idx.shape[0], q.shape[1], dtype=accumulation_dtype(q.dtype))
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), ds
+
+
+def _pair(clamp: Optional[List[float]]) -> Optional[Tuple[float, float]]:
+    return None if clamp is None else (clamp[0], clamp[1])
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, edge_index, ptr, idx, perm, cptr, cidx, cperm, bias, mask, scale, clamp, _ = inputs
+    ctx.save_for_backward(q, k, v, edge_index, ptr, idx, perm, cptr, cidx, cperm, bias, mask, output[1])
+    ctx.scale, ctx.clamp = scale, clamp
+    tiles = {**_bwd_tiles(q.shape[2], v.shape[2]), **_bwd_overrides}  # as set when the forward ran
+    ctx.block_e, ctx.num_warps = tiles["BLOCK_E"], tiles["num_warps"]
+
+
+def _backward(ctx, d_out, _d_lse, d_weights):
+    q, k, v, edge_index, ptr, idx, perm, cptr, cidx, cperm, bias, mask, lse = ctx.saved_tensors
+    grads: List[Optional[Tensor]] = [None] * 15
+    wanted = [ctx.needs_input_grad[i] for i in (0, 1, 2, 10)]
+    if d_weights is not None and d_weights.numel() == 0:
+        d_weights = None
+    if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
+        again = differentiable_grads(
+            edge_index, q, k, v, bias, mask, tuple(wanted), ctx.scale, ctx.clamp, d_out, d_weights
+        )
+        for i, g in zip((0, 1, 2, 10), again):
+            grads[i] = g
+        return tuple(grads)
+    if d_out is None:  # only the weights were used
+        d_out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
+    dq, dk, dv, ds = triton_attention_bwd(
+        q, k, v, ptr, idx, perm, cptr, cidx, cperm, bias, mask, lse, d_out.contiguous(), d_weights,
+        ctx.scale, ctx.clamp, ctx.block_e, ctx.num_warps,
+    )  # fmt: skip
+    grads[0], grads[1], grads[2] = dq, dk, dv
+    if bias is not None and wanted[3]:
+        grads[10] = ds.to(bias.dtype)
+    return tuple(grads)
+
+
+triton_attention_fwd.register_autograd(_backward, setup_context=_setup)
 
 
 def _check_runnable(q: Tensor) -> None:
@@ -639,43 +740,32 @@ def _check_runnable(q: Tensor) -> None:
         )
 
 
-def triton_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    graph: Graph,
-    *,
-    scale: float,
-    clamp: Optional[Tuple[float, float]],
-    bias: Optional[Tensor],
-    dropout_mask: Optional[Tensor],
-    return_weights: bool,
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """The fused Triton backend, with the signature of `reference_attention`.
-    q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv) with D, Dv <= 256; bias, dropout_mask:
-    (E, H) in caller edge order or None. float16/bfloat16/float32 accumulate in float32, float64
-    in float64. Returns out (N_dst, H, Dv) and, if asked, weights (E, H) in caller order."""
+def triton_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
+    """The fused Triton backend (the contract in contract.py): D, Dv <= 256; float16/bfloat16/float32
+    accumulate in float32, float64 in float64."""
+    q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights = inputs
     _check_runnable(q)
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        raise TypeError(f"the triton backend supports float16, bfloat16, float32 and float64, got {q.dtype}")
     if max(q.shape[2], v.shape[2]) > MAX_HEAD_DIM:
         raise ValueError(
             f"the triton backend supports head dims up to {MAX_HEAD_DIM}, got D={q.shape[2]}, "
             f"Dv={v.shape[2]}; use another backend"
         )
-    return _fused_attention(
-        q, k, v, graph, scale=scale, clamp=clamp, bias=bias, dropout_mask=dropout_mask, return_weights=return_weights
+    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias))
+    transposed = graph.csc() if wants_grad else (None, None, None)  # the backward walks both orders
+    out, _, weights = triton_attention_fwd(
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        graph.edge_index,
+        *graph.csr(),
+        *transposed,
+        bias,
+        None if dropout_mask is None else dropout_mask.detach(),
+        scale,
+        None if clamp is None else list(clamp),
+        return_weights,
     )
-
-
-@reference_on_empty
-def _fused_attention(q, k, v, graph, *, scale, clamp, bias, dropout_mask, return_weights):
-    """triton_attention past its checks."""
-    if dropout_mask is not None:
-        dropout_mask = dropout_mask.detach()
-    return _TritonEdgeAttention.apply(
-        q.contiguous(), k.contiguous(), v.contiguous(), bias, dropout_mask, graph, scale, clamp, return_weights
-    )
+    return out, weights if return_weights else None
 
 
 __all__ = ["triton_attention", "MAX_HEAD_DIM"]

@@ -1,112 +1,270 @@
-"""torch.compile and torch.export over the csr custom ops (csr_ops.py) and the dense backend: no
-graph break, same values and gradients as the reference. Tiny graphs: each compile takes seconds."""
+"""torch.compile and torch.export with a graph as input: no graph break with a raw (2, E) edge_index
+or a fresh Graph, with or without an eager warm-up, in inference and training; one compilation for
+batches of every size under dynamic=True; exported programs with dynamic node and edge counts that
+save, load and run on graphs of other sizes (and as an AOTInductor package); values and gradients
+equal to eager code and to the reference. Tiny graphs: each compilation takes seconds."""
 
 import pytest
 import torch
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+from torch.export import Dim
 
-from sparseattn import edge_attention, graphs, kernels
+from sparseattn import EdgeAttention, Graph, edge_attention, graphs, kernels
 from sparseattn.kernels import choose_auto
-from sparseattn.kernels import csr as csr_module
-from sparseattn.kernels.csr_ops import csr_forward, head_major_forward_op, prepare
+
+BACKEND = "aot_eager"  # traces forward and backward through AOTAutograd like inductor, without codegen
 
 
-def _inputs(g, heads=2, dim=4, dtype=torch.float32):
-    gen = torch.Generator().manual_seed(0)
-    return [
-        torch.randn(n, heads, dim, generator=gen, dtype=dtype).requires_grad_()
-        for n in (g.num_dst, g.num_src, g.num_src)
-    ]
+def _inputs(n_dst, n_src, heads=2, dim=4, dtype=torch.float32, grad=True, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, heads, dim, generator=gen, dtype=dtype).requires_grad_(grad) for n in (n_dst, n_src, n_src)]
 
 
-@pytest.mark.parametrize("layout", ["interleaved", "head-major"])
-@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
-def test_no_graph_break_and_compiled_equals_reference(backend, layout, monkeypatch):
-    """aot_eager traces forward and backward through AOTAutograd like inductor, without codegen (~1 min
-    here). Both csr layouts: the automatic choice is forced one way or the other."""
-    monkeypatch.setattr(csr_module, "prefers_head_major", lambda *args: layout == "head-major")
-    g = graphs.window(30, 3)
-    prepare(g, 2)
-    q, k, v = _inputs(g)
-    bias = torch.randn(g.num_edges, 2, requires_grad=True)
-
-    def fn(q, k, v, bias):
-        out, w = edge_attention(q, k, v, g, bias=bias, return_weights=True)
-        return out, w
-
-    explained = torch._dynamo.explain(fn)(q, k, v, bias)
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
-    out, w = torch.compile(fn, fullgraph=True, backend=backend)(q, k, v, bias)
-    ref, ref_w = edge_attention(q, k, v, g, bias=bias, return_weights=True, backend="reference")
-    assert torch.allclose(out, ref, atol=1e-5) and torch.allclose(w, ref_w, atol=1e-6)
-    grads = torch.autograd.grad((out * ref.detach()).sum() + (w * ref_w.detach()).sum(), (q, k, v, bias))
-    want = torch.autograd.grad((ref * ref.detach()).sum() + (ref_w * ref_w.detach()).sum(), (q, k, v, bias))
-    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads, want))
+def _graph(kind, g):
+    """The graph as a user hands it over: its raw index, or a fresh Graph (no structure built yet)."""
+    return g.edge_index.clone() if kind == "raw" else Graph(g.edge_index.clone(), g.num_src, g.num_dst)
 
 
-def test_export_traces_the_ops():
-    g = graphs.random(12, 10, 40, seed=1)
-    prepare(g, 2)
-    q, k, v = (x.detach() for x in _inputs(g))
-
-    class M(torch.nn.Module):
-        def forward(self, q, k, v):
-            return edge_attention(q, k, v, g, clamp=None)
-
-    ep = torch.export.export(M(), (q, k, v))
-    targets = [str(n.target) for m in ep.graph_module.modules() if hasattr(m, "graph") for n in m.graph.nodes]
-    assert "sparseattn.csr_forward.default" in targets  # (inside the autocast-off region)
-    assert torch.allclose(ep.module()(q, k, v), edge_attention(q, k, v, g, clamp=None, backend="reference"), atol=1e-6)
+def _grads(out, leaves, weight):
+    return torch.autograd.grad((out * weight).sum(), leaves, allow_unused=True)
 
 
-@pytest.mark.parametrize("layout", ["interleaved", "head-major"])
-@pytest.mark.parametrize("clamp", [[-0.5, 0.5], None])
-def test_ops_gradcheck(clamp, layout):
-    """The custom ops' autograd rule in float64, called directly (the path compiled code takes;
-    unsorted edges, so the caller-order conversions run too), and the forward op's schema, fake
-    kernel and autograd registration (opcheck: ~8 s for the interleaved op, so in clamp mode only)."""
-    from sparseattn.kernels.csr import _pattern
-    from sparseattn.kernels.csr_head_major import head_major_pattern
-    from sparseattn.kernels.csr_ops import csr_op_attention, csr_op_head_major_attention, index_args
-
-    g = graphs.random(5, 4, 14, seed=2)
-    prepare(g, 2)
-    q, k, v = _inputs(g, dim=3, dtype=torch.float64)
-    bias = torch.randn(g.num_edges, 2, dtype=torch.float64, requires_grad=True)
-    attention = csr_op_head_major_attention if layout == "head-major" else csr_op_attention
-
-    def f(q, k, v, bias):
-        return attention(q, k, v, g, 0.8, clamp, bias, None, True)
-
-    assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7)
-    if layout == "head-major":
-        hm = head_major_pattern(g)
-        args = (q, k, v, *index_args(hm), hm.to_sorted(bias), None, 0.8, clamp, True)
-        torch.library.opcheck(head_major_forward_op, args)
-    elif clamp is not None:
-        flat = (t.reshape(-1, 3) for t in (q, k, v))
-        args = (*flat, *index_args(_pattern(g, 2)), bias.reshape(-1), None, 0.8, clamp, True)
-        torch.library.opcheck(csr_forward, args)
+def _assert_close(a, b, what, atol=1e-5):
+    assert torch.allclose(a, b, atol=atol, rtol=1e-5), f"{what}: max |diff| {(a - b).abs().max().item():.3g}"
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def _breaks(fn, *args):
+    explained = torch._dynamo.explain(fn)(*args)
+    return explained.graph_count, explained.graph_break_count, explained.break_reasons
+
+
+GRAPHS = {
+    "window": lambda: graphs.window(40, 3),
+    "random": lambda: graphs.random(30, 25, 120, seed=1),  # bipartite, unsorted-ready, duplicates
+    "knn": lambda: Graph(_knn_edges(36, 5), 36, 36),
+}
+
+
+def _knn_edges(n, k, seed=0):
+    """Each point's k nearest others in a random 3-D cloud, as (2, n * k) edges (source = neighbour)."""
+    pts = torch.randn(n, 3, generator=torch.Generator().manual_seed(seed))
+    d = torch.cdist(pts, pts).fill_diagonal_(float("inf"))
+    nbr = d.topk(k, largest=False).indices  # (n, k)
+    return torch.stack([nbr.reshape(-1), torch.arange(n).repeat_interleave(k)])
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warmed"])
+@pytest.mark.parametrize("mode", ["training", "no_grad"])
+@pytest.mark.parametrize("kind", ["raw", "graph"])
+@pytest.mark.parametrize("family", list(GRAPHS))
+def test_edge_attention_compiles_whole_and_equals_eager(family, kind, mode, warm):
+    """fullgraph=True of edge_attention with bias and returned weights; "warmed": the same Graph (or
+    index tensor) went through an eager call first, "cold": it did not."""
+    g = GRAPHS[family]()
+    graph = _graph(kind, g)
+    q, k, v = _inputs(g.num_dst, g.num_src, grad=mode == "training")
+    bias = torch.randn(g.num_edges, 2, requires_grad=mode == "training")
+
+    def fn(q, k, v, bias, graph):
+        return edge_attention(q, k, v, graph, bias=bias, clamp=None, return_weights=True)
+
+    if warm:
+        with torch.no_grad():
+            fn(q, k, v, bias, graph)
+    count, breaks, reasons = _breaks(fn, q, k, v, bias, graph)
+    assert (count, breaks) == (1, 0), reasons
+    compiled = torch.compile(fn, fullgraph=True, backend=BACKEND)
+    with torch.set_grad_enabled(mode == "training"):
+        out, w = compiled(q, k, v, bias, graph)
+        ref, ref_w = edge_attention(q, k, v, g, bias=bias, clamp=None, return_weights=True, backend="reference")
+    _assert_close(out, ref, "out")
+    _assert_close(w, ref_w, "weights")
+    if mode == "training":
+        got = torch.autograd.grad((out * ref.detach()).sum() + (w * ref_w.detach()).sum(), (q, k, v, bias))
+        want = torch.autograd.grad((ref * ref.detach()).sum() + (ref_w * ref_w.detach()).sum(), (q, k, v, bias))
+        for name, a, b in zip("q k v bias".split(), got, want):
+            _assert_close(a, b, f"d{name}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["raw", "graph"])
+def test_inductor_compiles_the_same_values_and_gradients(kind):
+    """The tests above trace with aot_eager (AOTAutograd without code generation); inductor too."""
+    g = GRAPHS["knn"]()
+    q, k, v = _inputs(g.num_dst, g.num_src)
+    fn = torch.compile(lambda q, k, v, graph: edge_attention(q, k, v, graph, clamp=(-1.0, 1.0)), fullgraph=True)
+    out = fn(q, k, v, _graph(kind, g))
+    ref = edge_attention(q, k, v, g, clamp=(-1.0, 1.0), backend="reference")
+    _assert_close(out, ref, "out")
+    for name, a, b in zip("qkv", _grads(out, (q, k, v), ref.detach()), _grads(ref, (q, k, v), ref.detach())):
+        _assert_close(a, b, f"d{name}")
+
+
+class _Layer(torch.nn.Module):
+    """A pre-norm residual attention layer on a graph, as users write one around EdgeAttention."""
+
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(dim)
+        self.attn = EdgeAttention(dim, heads)
+        self.ff = torch.nn.Linear(dim, dim)
+
+    def forward(self, x, graph):
+        x = x + self.attn(self.norm(x), graph)
+        return x + self.ff(torch.relu(x))
+
+
+@pytest.mark.parametrize("kind", ["raw", "graph"])
+def test_a_module_compiles_once_for_batches_of_every_size(kind):
+    """dynamic=True: ten batches of different N and E compile once and recompile zero times (the
+    frame keeps one compiled entry), with the outputs and gradients of eager code."""
+    torch._dynamo.reset()
+    model = _Layer()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=BACKEND)
+    for i, n in enumerate(range(20, 120, 10)):
+        g = graphs.random(n, n, (3 + i % 4) * n, seed=i)  # E varies independently of N
+        x = torch.randn(n, 16, generator=torch.Generator().manual_seed(i)).requires_grad_()
+        out = compiled(x, _graph(kind, g))
+        ref = model(x, g)
+        _assert_close(out, ref, f"batch {i}")
+        weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(100 + i))
+        for a, b in zip(_grads(out, (x, *model.parameters()), weight), _grads(ref, (x, *model.parameters()), weight)):
+            _assert_close(a, b, f"gradients of batch {i}", atol=1e-4)
+    entries = _debug_get_cache_entry_list(model.forward.__func__.__code__)  # torch.compile(module) compiles forward
+    entries = entries or _debug_get_cache_entry_list(compiled._orig_mod.forward.__func__.__code__)
+    assert len(entries) == 1, f"{len(entries)} compiled entries: a recompilation happened"
+
+
+def test_a_graph_reused_across_calls_keeps_what_compiled_code_built():
+    """Compiled code caches on a Graph what it built (dynamo replays the writes after the call): the
+    next call with that graph compiles once more, for a graph that has its structure, and from then
+    on reads it. Fresh graphs keep taking the first entry."""
+    torch._dynamo.reset()
+    g = Graph(graphs.window(50, 4).edge_index, 50, 50)
+
+    def fn(x, graph):
+        return edge_attention(x, x, x, graph)
+
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend=BACKEND)
+    x = torch.randn(50, 2, 8)
+    for _ in range(4):
+        _assert_close(compiled(x, g), edge_attention(x, x, x, g, backend="reference"), "out")
+    assert g._csr is not None and any(key.startswith("csr_pattern") for key in g._cache)
+    assert len(_debug_get_cache_entry_list(fn.__code__)) == 2
+    fresh = Graph(graphs.window(60, 3).edge_index, 60, 60)
+    x = torch.randn(60, 2, 8)
+    _assert_close(compiled(x, fresh), edge_attention(x, x, x, fresh, backend="reference"), "a fresh graph")
+    assert len(_debug_get_cache_entry_list(fn.__code__)) == 2
+
+
+def test_an_invalid_index_fails_inside_compiled_code_as_in_eager():
+    """A raw index is not validated when traced (that would read it): the op that sorts it checks it."""
+    fn = torch.compile(lambda x, ei: edge_attention(x, x, x, ei), fullgraph=True, backend=BACKEND)
+    x = torch.randn(5, 1, 4)
+    with pytest.raises(IndexError, match=r"edge_index\[0\] \(sources\) contains node id 7, out of range for 5 nodes"):
+        fn(x, torch.tensor([[0, 7], [1, 2]]))
+
+
+@pytest.mark.parametrize("clamp", [(-5.0, 5.0), None], ids=["clamp", "exact"])
+def test_triton_ops_compile_in_the_interpreter(clamp):
+    """The triton backend's kernels are custom ops too: compiled code calls them whole (here on CPU
+    tensors through Triton's interpreter)."""
+    pytest.importorskip("triton")
+    if "triton" not in kernels.available_backends():
+        pytest.skip("triton is not importable")
+    g = GRAPHS["random"]()
+    q, k, v = _inputs(g.num_dst, g.num_src)
+
+    def fn(q, k, v, graph):
+        return edge_attention(q, k, v, graph, clamp=clamp, backend="triton")
+
+    assert _breaks(fn, q, k, v, g.edge_index)[:2] == (1, 0)
+    out = torch.compile(fn, fullgraph=True, backend=BACKEND)(q, k, v, g.edge_index)
+    ref = edge_attention(q, k, v, g, clamp=clamp, backend="reference")
+    _assert_close(out, ref, "out")
+    for name, a, b in zip("qkv", _grads(out, (q, k, v), ref.detach()), _grads(ref, (q, k, v), ref.detach())):
+        _assert_close(a, b, f"d{name}")
+
+
 @pytest.mark.parametrize("kind", ["full", "causal"])
 @pytest.mark.parametrize("clamp", [(-0.5, 0.5), (-5.0, 5.0), None], ids=["binds", "cannot-bind", "exact"])
-def test_dense_no_graph_break_and_compiled_equals_reference(backend, kind, clamp):
-    """The dense backend ("auto" takes it here). Compiled, its clamp mode runs every row through
-    DenseClampAttention instead of routing rows to SDPA on their data as eager mode does."""
+def test_dense_compiles_when_asked_by_name(kind, clamp):
+    """Inside a trace "auto" never takes dense (its batch shapes come from the block structure, so each
+    new batch would compile anew); backend="dense" compiles it, every clamp-mode row through one
+    differentiable expression instead of routing rows to SDPA on their data as eager mode does."""
     g = graphs.from_blocks([(kind, 16, 16)] * 4)
-    kernels.prepare(g, 2)  # dense's plan (and csr's index, unused here)
-    q, k, v = _inputs(g)
+    q, k, v = _inputs(g.num_dst, g.num_src)
     assert choose_auto(q, g) == "dense"
 
     def fn(q, k, v):
-        return edge_attention(q, k, v, g, clamp=clamp)
+        return edge_attention(q, k, v, g, clamp=clamp, backend="dense")
 
-    explained = torch._dynamo.explain(fn)(q, k, v)
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
-    out = torch.compile(fn, fullgraph=True, backend=backend)(q, k, v)
+    assert _breaks(fn, q, k, v)[:2] == (1, 0)
+    out = torch.compile(fn, fullgraph=True, backend=BACKEND)(q, k, v)
     ref = edge_attention(q, k, v, g, clamp=clamp, backend="reference")
-    assert torch.allclose(out, ref, atol=1e-5)
-    grads = torch.autograd.grad((out * ref.detach()).sum(), (q, k, v))
-    want = torch.autograd.grad((ref * ref.detach()).sum(), (q, k, v))
-    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads, want))
+    _assert_close(out, ref, "out")
+    for name, a, b in zip("qkv", _grads(out, (q, k, v), ref.detach()), _grads(ref, (q, k, v), ref.detach())):
+        _assert_close(a, b, f"d{name}")
+    graphs_seen = []
+    torch.compile(lambda q: graphs_seen.append(choose_auto(q, g)) or q, backend=BACKEND)(q)
+    assert graphs_seen == ["csr"]  # "auto" while tracing
+
+
+# ---- torch.export -------------------------------------------------------------------------------------
+def _exported(kind, tmp_path):
+    """A _Layer exported with a graph argument of dynamic node and edge counts, saved and loaded."""
+    model = _Layer().eval()
+    g = graphs.random(30, 30, 100, seed=0)
+    x = torch.randn(30, 16)
+    graph_dims = {1: Dim.AUTO} if kind == "raw" else Graph.dynamic_shapes()
+    ep = torch.export.export(model, (x, _graph(kind, g)), dynamic_shapes=({0: Dim.AUTO}, graph_dims))
+    torch.export.save(ep, tmp_path / f"{kind}.pt2")
+    return model, torch.export.load(tmp_path / f"{kind}.pt2")
+
+
+@pytest.mark.parametrize("kind", ["raw", "graph"])
+def test_export_takes_a_graph_of_any_size(kind, tmp_path):
+    model, loaded = _exported(kind, tmp_path)
+    modules = [m for m in loaded.graph_module.modules() if hasattr(m, "graph")]  # the autocast-off region nests
+    targets = {str(n.target) for m in modules for n in m.graph.nodes if n.op == "call_function"}
+    assert "sparseattn.csr_attention_fwd.default" in targets
+    for n, e in ((57, 300), (12, 12), (200, 1500)):
+        g = graphs.random(n, n, e, seed=n)
+        x = torch.randn(n, 16)
+        graph = _graph(kind, g)
+        _assert_close(loaded.module()(x, graph), model(x, g), f"N={n}, E={e}")
+        _assert_close(model(x, graph), model(x, g), "eager on the graph the program took")  # no fake tensors kept
+
+
+def test_an_aot_inductor_package_runs_on_the_cpu(tmp_path):
+    """AOTInductor compiles the exported program ahead of time (~20 s here); the package
+    calls sparseattn's ops, so it runs where sparseattn is imported."""
+    model, loaded = _exported("graph", tmp_path)
+    path = torch._inductor.aoti_compile_and_package(loaded, package_path=str(tmp_path / "layer.pt2"))
+    runner = torch._inductor.aoti_load_package(path)
+    g = graphs.random(45, 45, 200, seed=3)
+    x = torch.randn(45, 16)
+    _assert_close(runner(x, Graph(g.edge_index, 45, 45)), model(x, g), "AOTInductor")
+
+
+# ---- the structure ops ----------------------------------------------------------------------------------
+def test_structure_ops_pass_opcheck():
+    """Schema and fake (shape-only) kernels of the ops that build what kernels read from a graph."""
+    from sparseattn.graphs.structure import compress_op
+    from sparseattn.kernels.csr import index
+
+    g = Graph(graphs.random(9, 7, 30, seed=2).edge_index[:, torch.randperm(30)], 9, 7)  # unsorted
+    csr, csc = g.csr(), g.csc()
+    checks = ("test_schema", "test_faketensor")
+    torch.library.opcheck(compress_op, (g.dst, g.src, 7, 9, False), test_utils=checks)
+    torch.library.opcheck(compress_op, (g.src, g.dst, 9, 7, True), test_utils=checks)
+    for int32 in (False, True):
+        torch.library.opcheck(index.interleaved_slots, (csr.ptr, csr.idx, 3, int32), test_utils=checks)
+        torch.library.opcheck(index.interleaved_rows, (csr.ptr, csr.idx, 3, int32), test_utils=checks)
+        torch.library.opcheck(index.interleaved_from_caller, (csr.ptr, csr.perm, 3, int32), test_utils=checks)
+        pos = index.sorted_positions(g)
+        torch.library.opcheck(index.interleaved_to_caller, (csr.ptr, g.dst, pos, 3, int32), test_utils=checks)
+        to_sorted = index.transposed_sorted_positions(g)
+        torch.library.opcheck(
+            index.interleaved_transposed, (csr.ptr, csc.ptr, csc.idx, to_sorted, 3, int32), test_utils=checks
+        )

@@ -1,4 +1,5 @@
-"""The csr backend: hand-computed cases, float64 gradcheck of CSRAttention, no (E, H, D) tensors."""
+"""The csr backend: hand-computed cases, float64 gradcheck of its custom ops (both layouts), the
+index they read, no (E, H, D) tensors."""
 
 import math
 
@@ -8,7 +9,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from sparseattn import Graph, edge_attention, graphs
 from sparseattn.kernels import csr as csr_module
-from sparseattn.kernels.csr import CSRAttention, _pattern, csr_attention
+from sparseattn.kernels.contract import AttentionInputs
+from sparseattn.kernels.csr import csr_attention
+from sparseattn.kernels.csr import index as csr_index
+from sparseattn.kernels.csr.index import interleaved_index
 
 
 @pytest.fixture(autouse=True, params=["interleaved", "head-major"])
@@ -59,14 +63,35 @@ def _gradcheck_inputs(clamp, heads=2):
 
 @pytest.mark.parametrize("clamp", [(-5.0, 5.0), (-0.4, 0.4), None])
 @pytest.mark.parametrize("use_mask", [False, True])
-def test_gradcheck_autograd_function(clamp, use_mask):
+def test_gradcheck_through_the_ops(clamp, use_mask):
+    """The forward op's autograd rule (its backward op) in float64, on unsorted edges with a
+    duplicate, an isolated destination, bias, dropout mask and returned weights."""
     g, q, k, v, bias, mask = _gradcheck_inputs(clamp)
 
     def f(q, k, v, bias):
-        out, w = CSRAttention.apply(q, k, v, bias, mask if use_mask else None, g, 0.7, clamp, True)
+        out, w = csr_attention(AttentionInputs(q, k, v, g, 0.7, clamp, bias, mask if use_mask else None, True))
         return out, w  # both outputs: the weights carry their own gradient
 
     assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("clamp", [[-0.5, 0.5], None])
+def test_opcheck_of_the_forward_op(clamp, layout):
+    """Schema, fake (shape-only) kernel and autograd registration of the forward op (torch.library.opcheck)."""
+    from sparseattn.kernels.csr.index import head_major_index
+    from sparseattn.kernels.csr.ops import csr_attention_fwd
+
+    g, q, k, v, bias, mask = _gradcheck_inputs(clamp)
+    if layout == "head-major":
+        hm = head_major_index(g)
+        index = (hm.crow, hm.col, hm.offsets, hm.row, hm.ccrow, hm.ccol, hm.to_csc, hm.from_caller, hm.to_caller)
+    else:
+        ix = interleaved_index(g, 2)
+        index = (ix.crow, ix.col, ix.offsets, ix.row, *ix.transposed(), ix.from_caller, ix.to_caller)
+    args = (q, k, v, g.edge_index, *index, bias, mask, 0.7, clamp, True, layout == "head-major")
+    torch.library.opcheck(
+        csr_attention_fwd, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
+    )
 
 
 def test_weights_gradient_matches_reference():
@@ -101,20 +126,18 @@ def test_never_allocates_an_edge_by_feature_tensor():
     g = graphs.window(n, radius=12)  # E ~ 25 N, so E * H * D dwarfs everything else
     q, k, v = (torch.randn(n, heads, d, requires_grad=True) for _ in range(3))
     bias = torch.randn(g.num_edges, heads, requires_grad=True)
-    _pattern(g, heads)  # the cached index build may use (E, H) int tensors; not what we measure
+    csr_module.prepare(g, heads)  # the cached index build may use (E, H) int tensors; not what we measure
     with _LargestIntermediate() as mode:
-        out, w = csr_attention(
-            q, k, v, g, scale=0.25, clamp=(-5.0, 5.0), bias=bias, dropout_mask=None, return_weights=True
-        )
+        out, w = csr_attention(AttentionInputs(q, k, v, g, 0.25, (-5.0, 5.0), bias, None, True))
         (out.sum() + w.sum()).backward()
     assert mode.largest <= max(g.num_edges * heads + 1, n * heads * d)  # + 1: the index build's sentinel
     assert mode.largest < g.num_edges * heads * d
 
 
-def test_pattern_is_cached_per_head_count():
+def test_index_is_cached_per_head_count():
     g = graphs.window(10, 2)
-    assert _pattern(g, 2) is _pattern(g, 2)
-    assert _pattern(g, 3) is not _pattern(g, 2)
+    assert interleaved_index(g, 2) is interleaved_index(g, 2)
+    assert interleaved_index(g, 3) is not interleaved_index(g, 2)
 
 
 def test_half_inputs_return_half_and_match_float32():
@@ -132,8 +155,8 @@ def test_index_built_in_chunks_equals_one_pass(monkeypatch, slots_per_pass):
     """The index is built in chunks of whole head rows: chunk sizes smaller than one head row,
     not dividing the rows, or covering everything give the same results (unsorted edges,
     duplicates, destinations without edges; values, weights and gradients)."""
-    monkeypatch.setattr(csr_module, "_SLOTS_PER_PASS", slots_per_pass)
-    monkeypatch.setattr(csr_module, "_MAX_RUNS", 0)  # the chunked walk, not the degree-run broadcasts
+    monkeypatch.setattr(csr_index, "_SLOTS_PER_PASS", slots_per_pass)
+    monkeypatch.setattr(csr_index, "_MAX_RUNS", 0)  # the chunked walk, not the degree-run broadcasts
     g, q, k, v, bias, _ = _gradcheck_inputs(None, heads=3)
     out, w = edge_attention(q, k, v, g, bias=bias, backend="csr", return_weights=True)
     ref, ref_w = edge_attention(q, k, v, g, bias=bias, backend="reference", return_weights=True)
@@ -155,11 +178,11 @@ def test_index_built_in_chunks_equals_one_pass(monkeypatch, slots_per_pass):
 def test_index_from_degree_runs_equals_the_chunked_walk(monkeypatch, graph):
     """Rows in runs of equal degree are filled by broadcasts; the same index as the chunked walk."""
     built = []
-    assert csr_module._degree_runs(graph.csr().ptr) is not None  # few enough runs: the broadcast path
+    assert csr_index._degree_runs(graph.csr().ptr) is not None  # few enough runs: the broadcast path
     for max_runs in (10**6, 0):  # runs always, then never
-        monkeypatch.setattr(csr_module, "_MAX_RUNS", max_runs)
+        monkeypatch.setattr(csr_index, "_MAX_RUNS", max_runs)
         g = Graph(graph.edge_index, num_src=graph.num_src, num_dst=graph.num_dst)
-        pat = _pattern(g, 3)
-        built.append([pat.crow, pat.col, pat.row, pat.ccrow, pat.ccol, pat.to_csc, pat.from_caller, pat.to_caller])
+        ix = interleaved_index(g, 3)
+        built.append([ix.crow, ix.col, ix.row, *ix.transposed(), ix.from_caller, ix.to_caller])
     for a, b in zip(*built):
         assert torch.equal(a, b)

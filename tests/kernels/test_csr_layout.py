@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from sparseattn import edge_attention, graphs
-from sparseattn.kernels import csr as csr_module
+from sparseattn.kernels.contract import AttentionInputs
 from sparseattn.kernels.csr import csr_attention
-from sparseattn.kernels.csr_head_major import (
+from sparseattn.kernels.csr import head_major as head_major_module
+from sparseattn.kernels.csr.head_major import (
     HEAD_MAJOR_MIN_BYTES,
     HEAD_MAJOR_MIN_TRAINING_SLOTS,
     prefers_head_major,
@@ -51,8 +52,8 @@ def test_training_takes_head_major_from_a_size_on():
 
 def test_csr_layout_follows_whether_gradients_are_wanted(monkeypatch):
     calls = []
-    forward = csr_module.head_major_forward
-    monkeypatch.setattr(csr_module, "head_major_forward", lambda *a: calls.append(1) or forward(*a))
+    forward = head_major_module.forward
+    monkeypatch.setattr(head_major_module, "forward", lambda *a: calls.append(1) or forward(*a))
     g = graphs.window(4096, 8)
     q, k, v = (torch.randn(4096, 8, 16) for _ in range(3))
     out = edge_attention(q, k, v, g, backend="csr")
@@ -64,24 +65,13 @@ def test_csr_layout_follows_whether_gradients_are_wanted(monkeypatch):
 
 def test_csr_takes_the_head_major_path_where_the_rule_says(monkeypatch):
     calls = []
-    forward = csr_module.head_major_forward
-    monkeypatch.setattr(csr_module, "head_major_forward", lambda *a: calls.append(1) or forward(*a))
+    forward = head_major_module.forward
+    monkeypatch.setattr(head_major_module, "forward", lambda *a: calls.append(1) or forward(*a))
     g = graphs.random(20_000, 20_000, 40_000, seed=0)
     q, k, v = (torch.randn(20_000, 8, 64) for _ in range(3))
     out = edge_attention(q, k, v, g, backend="csr")
     assert calls == [1]
-    inter = csr_attention(
-        q,
-        k,
-        v,
-        g,
-        scale=0.125,
-        clamp=(-5.0, 5.0),
-        bias=None,
-        dropout_mask=None,
-        return_weights=False,
-        layout="interleaved",
-    )[0]
+    inter = csr_attention(AttentionInputs(q, k, v, g, 0.125, (-5.0, 5.0), None, None, False), layout="interleaved")[0]
     assert calls == [1]
     assert torch.allclose(out, inter, atol=1e-5)
 
@@ -97,9 +87,7 @@ def test_head_major_memory_is_read_in_place_with_the_same_results():
             (t.transpose(0, 1).contiguous().transpose(0, 1) if head_major else t.clone()).requires_grad_() for t in base
         )
         assert q.transpose(0, 1).is_contiguous() == head_major
-        out, _ = csr_attention(
-            q, k, v, g, scale=0.3, clamp=None, bias=None, dropout_mask=None, return_weights=False, layout="head-major"
-        )
+        out, _ = csr_attention(AttentionInputs(q, k, v, g, 0.3, None, None, None, False), layout="head-major")
         grads = torch.autograd.grad(out, (q, k, v), grad_out)
         if head_major:  # gradients keep the inputs' memory layout
             assert all(gr.transpose(0, 1).is_contiguous() for gr in grads)
@@ -112,9 +100,7 @@ def test_unknown_layout_is_rejected_by_name():
     g = graphs.window(8, 1)
     q = torch.randn(8, 2, 4)
     with pytest.raises(ValueError, match="layout must be one of .* got 'rows'"):
-        csr_attention(
-            q, q, q, g, scale=1.0, clamp=None, bias=None, dropout_mask=None, return_weights=False, layout="rows"
-        )
+        csr_attention(AttentionInputs(q, q, q, g, 1.0, None, None, None, False), layout="rows")
 
 
 def test_prepare_with_the_head_dim_builds_only_the_layout_csr_will_take():

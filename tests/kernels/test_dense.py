@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from sparseattn import edge_attention, graphs
+from sparseattn.kernels.contract import AttentionInputs
 from sparseattn.kernels.dense import MAX_WASTE, _clamp_cannot_bind, dense_attention, plan
 
 from ..tolerances import assert_within_reference_error
@@ -44,7 +45,7 @@ def test_gradcheck(clamp):
     bias = (0.5 * torch.randn(g.num_edges, 2, generator=gen, dtype=torch.float64)).requires_grad_()
 
     def f(q, k, v, bias):
-        return dense_attention(q, k, v, g, scale=0.7, clamp=clamp, bias=bias, dropout_mask=None, return_weights=True)
+        return dense_attention(AttentionInputs(q, k, v, g, 0.7, clamp, bias, None, True))
 
     assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7)
 
@@ -100,9 +101,7 @@ def test_clamp_function_gradcheck(spec, clamp):
     v = torch.randn(g.num_src, 2, 2, generator=gen, dtype=torch.float64).requires_grad_()
 
     def f(q, k, v):
-        return dense_attention(q, k, v, g, scale=0.7, clamp=clamp, bias=None, dropout_mask=None, return_weights=False)[
-            0
-        ]
+        return dense_attention(AttentionInputs(q, k, v, g, 0.7, clamp, None, None, False))[0]
 
     assert not _clamp_cannot_bind(*(x[:, None].transpose(1, 2) for x in (q, k)), 0.7, clamp, False).all()
     assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-6, atol=1e-7)

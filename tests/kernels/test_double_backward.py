@@ -5,9 +5,10 @@ reference backend and the independent dense reference. The triton backend's test
 import pytest
 import torch
 
-import sparseattn.kernels.csr as csr_module
+import sparseattn.kernels.csr.ops as csr_ops
 from sparseattn import Graph, edge_attention, graphs
 from sparseattn.kernels import backends_for, choose_auto
+from sparseattn.kernels.contract import AttentionInputs
 from sparseattn.kernels.csr import csr_attention
 from sparseattn.kernels.dense import dense_attention as dense_kernel
 
@@ -64,7 +65,7 @@ def test_gradgradcheck_with_clamp_active_and_dropout(kernel):
     assert (score.abs() > 0.3).any() and (score.abs() < 0.3).any()  # the clamp is both active and inactive
 
     def f(q, k, v, bias):
-        return kernel(q, k, v, g, scale=0.7, clamp=(-0.3, 0.3), bias=bias, dropout_mask=mask, return_weights=True)
+        return kernel(AttentionInputs(q, k, v, g, 0.7, (-0.3, 0.3), bias, mask, True))
 
     assert torch.autograd.gradgradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-6)
 
@@ -118,7 +119,7 @@ def test_first_order_backward_keeps_the_fast_path(backend, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("the reference backward ran without create_graph")
 
-    monkeypatch.setattr(csr_module, "twice_differentiable_backward", fail)
+    monkeypatch.setattr(csr_ops, "differentiable_grads", fail)
     g = small_graph(backend)
     q, k, v, table = inputs(g)
     out, w = edge_attention(q, k, v, g, bias=table[g.dst, g.src], backend=backend, return_weights=True)

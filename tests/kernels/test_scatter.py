@@ -8,6 +8,7 @@ import torch
 
 from sparseattn import Graph, edge_attention
 from sparseattn.kernels import scatter as scatter_mod
+from sparseattn.kernels.contract import AttentionInputs
 
 torch_scatter = pytest.importorskip("torch_scatter", reason="torch_scatter not installed (extra sparseattn[scatter])")
 
@@ -32,9 +33,7 @@ def test_gradcheck(clamp):
     bias = torch.randn(6, 2, generator=gen, dtype=torch.float64).requires_grad_()
 
     def f(q, k, v, bias):
-        return scatter_mod.scatter_attention(
-            q, k, v, g, scale=0.7, clamp=clamp, bias=bias, dropout_mask=None, return_weights=True
-        )
+        return scatter_mod.scatter_attention(AttentionInputs(q, k, v, g, 0.7, clamp, bias, None, True))
 
     assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7)
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sparseattn.kernels.sparse_calls import exp_shifted_, spmm
+from sparseattn.kernels.csr.primitives import exp_shifted_, spmm
 
 
 def _rows(offsets):

@@ -18,6 +18,7 @@ tl = triton.language
 
 from sparseattn import Graph, edge_attention, graphs  # noqa: E402
 from sparseattn.kernels import triton_kernel as tk  # noqa: E402
+from sparseattn.kernels.contract import AttentionInputs  # noqa: E402
 from sparseattn.kernels.triton_kernel import triton_attention  # noqa: E402
 
 from ..dense import dense_attention  # noqa: E402
@@ -360,9 +361,7 @@ def test_gradcheck_float64():
     for clamp in ((-4.0, 4.0), None):  # scores stay inside the bounds: no kink for finite differences
 
         def f(q, k, v, bias, clamp=clamp):
-            return triton_attention(
-                q, k, v, g, scale=0.7, clamp=clamp, bias=bias, dropout_mask=None, return_weights=True
-            )
+            return triton_attention(AttentionInputs(q, k, v, g, 0.7, clamp, bias, None, True))
 
         assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7, fast_mode=True)
 

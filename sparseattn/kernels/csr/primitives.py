@@ -1,5 +1,4 @@
-"""The torch sparse calls the csr kernels are made of, with their CPU quirks handled, and the
-edge-order maps both csr layouts share.
+"""The torch sparse calls the csr kernels are made of, with their CPU quirks handled.
 
 crow, col: a CSR pattern (int32 or int64); values: (nnz,) in the pattern's slot order.
 """
@@ -12,8 +11,6 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-from ..graphs import Graph
 
 
 def sparse_csr(crow: Tensor, col: Tensor, values: Tensor, shape: Tuple[int, int]) -> Tensor:
@@ -89,24 +86,3 @@ def exp_shifted_(scores: Tensor, offsets: Tensor, row: Tensor) -> Tensor:
     m = torch.segment_reduce(scores, "max", offsets=offsets)
     m.masked_fill_(torch.isneginf(m), 0.0)
     return scores.sub_(take(m, row)).exp_()
-
-
-def sorted_positions(graph: Graph) -> Optional[Tensor]:
-    """(E,) int64 position of each caller edge in the destination-sorted order (`Graph.csr`), or
-    None when the caller's edges are already sorted. Cached on the graph."""
-    if graph.is_sorted_by_dst:
-        return None
-
-    def build() -> Tensor:
-        perm = graph.csr().perm
-        pos = torch.empty_like(perm)
-        pos[perm] = torch.arange(perm.numel(), device=perm.device)
-        return pos
-
-    return graph.cached("csr_sorted_positions", build)
-
-
-def transposed_sorted_positions(graph: Graph) -> Tensor:
-    """(E,) int64 destination-sorted position of each edge of the transposed order (`Graph.csc`)."""
-    pos, caller = sorted_positions(graph), graph.csc().perm
-    return caller if pos is None else take(pos, caller)

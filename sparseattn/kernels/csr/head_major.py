@@ -1,6 +1,6 @@
 """Head-major layout of the csr backend, for graphs whose edges gather sources from far apart.
 
-The interleaved layout (csr.py) runs all heads in one sparse call over (N_src * H, D) rows. Each
+The interleaved layout (interleaved.py) runs all heads in one sparse call over (N_src * H, D) rows. Each
 edge then reads H rows of D values scattered over the whole N_src * H * D matrix: when the
 graph has no locality (random edges) nearly every read misses the cache. Here the heads run one
 after another: q[:, h], k[:, h], v[:, h] are copied into contiguous (N, D) buffers (sparse calls
@@ -19,13 +19,14 @@ keeps the interleaved layout on graphs with locality.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from ..graphs import Graph
-from .sparse_calls import exp_shifted_, sddmm, sorted_positions, spmm, take, transposed_sorted_positions
+from ...graphs import Graph
+from .index import HeadMajorIndex
+from .primitives import exp_shifted_, sddmm, spmm, take
 
 _SAMPLE_EDGES = 4096  # edges the locality estimate reads (standard error ~0.005 on random edges)
 # Above this many bytes of sources read around each destination, interleaved reads miss the cache
@@ -51,7 +52,8 @@ def source_spread(graph: Graph) -> float:
 def prefers_head_major(graph: Graph, k: Tensor, training: bool = False) -> bool:
     """Whether the head-major layout should serve k: (N_src, H, D) on this graph: always when
     `training` (gradients wanted) on graphs of at least HEAD_MAJOR_MIN_TRAINING_SLOTS (edge, head)
-    slots, else by `head_major_rule`. CPU tensors only (on CUDA the interleaved layout stays)."""
+    slots, else by `head_major_rule`. CPU tensors only (on CUDA the interleaved layout stays).
+    Inside a trace csr takes the head-major layout without asking (see __init__.py)."""
     if k.device.type != "cpu":
         return False
     heads = k.shape[1]
@@ -68,47 +70,6 @@ def head_major_rule(graph: Graph, heads: int, row_bytes: int) -> bool:
     return source_spread(graph) * graph.num_src * row_bytes > HEAD_MAJOR_MIN_BYTES
 
 
-class HeadMajorPattern:
-    """Index tensors shared by all heads, cached on the graph (`head_major_pattern`).
-
-    crow, col: the destination-sorted CSR (int32 when it fits); offsets: crow as int64 (segment
-    reductions); row: (E,) destination of each sorted edge; ccrow, ccol, to_csc: the transposed
-    (source-sorted) CSR and the sorted position of each of its edges; perm: (E,) caller position
-    of each sorted edge, and sorted_pos its inverse, both None when the caller's edges are sorted.
-    """
-
-    def __init__(self, graph: Graph) -> None:
-        csr, csc = graph.csr(), graph.csc()
-        fits = max(graph.num_edges, graph.num_src, graph.num_dst) + 1 < 2**31 - 1
-        it = torch.int32 if fits else torch.long
-        self.crow, self.col, self.offsets = csr.ptr.to(it), csr.idx.to(it), csr.ptr
-        degree = csr.ptr.diff()
-        self.row = torch.repeat_interleave(torch.arange(graph.num_dst, dtype=it, device=graph.device), degree)
-        self.ccrow, self.ccol = csc.ptr.to(it), csc.idx.to(it)
-        self.perm: Optional[Tensor] = None if graph.is_sorted_by_dst else csr.perm
-        self.sorted_pos = sorted_positions(graph)
-        self.to_csc = transposed_sorted_positions(graph).to(it)
-        self.shape = (graph.num_dst, graph.num_src)
-
-    def to_sorted(self, x: Optional[Tensor]) -> Optional[Tensor]:
-        """(E, H) in caller order -> (H, E) contiguous in sorted order."""
-        if x is None:
-            return None
-        return (x if self.perm is None else x.index_select(0, self.perm)).t().contiguous()
-
-    def to_caller(self, x: Tensor) -> Tensor:
-        """(H, E) in sorted order -> (E, H) in caller order."""
-        return x.t().contiguous() if self.sorted_pos is None else x.t().index_select(0, self.sorted_pos)
-
-
-# what the kernels read of a pattern: a HeadMajorPattern, or csr_ops' _Index rebuilt from custom-op arguments
-HeadMajorIndex = Any
-
-
-def head_major_pattern(graph: Graph) -> HeadMajorPattern:
-    return graph.cached("csr_head_major", lambda: HeadMajorPattern(graph))
-
-
 def _rows(x: Tensor) -> Optional[Tensor]:
     """A reusable contiguous (N, D) buffer for one head of x: (N, H, D), or None when x is already
     head-major in memory (x.transpose(0, 1) contiguous), so its heads need no copy."""
@@ -120,7 +81,7 @@ def _head(x: Tensor, h: int, buf: Optional[Tensor]) -> Tensor:
     return x[:, h] if buf is None else buf.copy_(x[:, h])
 
 
-def head_major_forward(
+def forward(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -132,7 +93,7 @@ def head_major_forward(
 ):
     """q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv); bias, mask: (H, E) sorted or None.
     Returns out (N_dst, H, Dv), w and score ((H, E); score None in exact mode), z_safe (H, N_dst)."""
-    heads, num_edges = q.shape[1], pat.col.numel()
+    heads, num_edges, shape = q.shape[1], pat.col.numel(), (q.shape[0], k.shape[0])
     out = q.new_empty(q.shape[0], heads, v.shape[2])
     w = q.new_empty(heads, num_edges)
     score = q.new_empty(heads, num_edges) if clamp is not None else None
@@ -154,11 +115,11 @@ def head_major_forward(
         if mask is not None:
             p *= mask[h]
         # each head's sources are copied just before the call that gathers them, so they are in cache
-        spmm(pat.crow, pat.col, p, _head(v, h, vh), pat.shape, out=out[:, h])
+        spmm(pat.crow, pat.col, p, _head(v, h, vh), shape, out=out[:, h])
     return out, w, score, z_safe
 
 
-def head_major_backward(
+def backward(
     grad_out: Tensor,
     grad_weights: Optional[Tensor],
     q: Tensor,
@@ -173,11 +134,11 @@ def head_major_backward(
     clamp,
     need: Tuple[bool, bool, bool, bool],
 ):
-    """The backward of `head_major_forward` (the formulas in csr.py), one head at a time.
+    """The backward of `forward` (the formulas in __init__.py), one head at a time.
     grad_out: (N_dst, H, Dv); grad_weights: (H, E) sorted or None. Returns dq, dk, dv (shaped as
     q, k, v) and ds ((H, E) sorted, the gradient of bias), None where not needed."""
-    heads, num_edges = q.shape[1], pat.col.numel()
-    transposed = (pat.shape[1], pat.shape[0])
+    heads, num_edges, shape = q.shape[1], pat.col.numel(), (q.shape[0], k.shape[0])
+    transposed = (shape[1], shape[0])
     dq, dk, dv = (torch.empty_like(x) if n else None for x, n in zip((q, k, v), need))
     ds_all = w.new_empty(heads, num_edges) if need[3] else None
     need_ds = need[0] or need[1] or need[3]
@@ -203,11 +164,19 @@ def head_major_backward(
         if ds_all is not None:
             ds_all[h] = ds
         if dq is not None:
-            spmm(pat.crow, pat.col, ds, _head(k, h, kh), pat.shape, alpha=scale, out=dq[:, h])
+            spmm(pat.crow, pat.col, ds, _head(k, h, kh), shape, alpha=scale, out=dq[:, h])
         if dk is not None:
             torch.index_select(ds, 0, pat.to_csc, out=buf)
             spmm(pat.ccrow, pat.ccol, buf, _head(q, h, qh), transposed, alpha=scale, out=dk[:, h])
     return dq, dk, dv, ds_all
 
 
-__all__ = ["HEAD_MAJOR_MIN_BYTES", "head_major_pattern", "head_major_rule", "prefers_head_major", "source_spread"]
+__all__ = [
+    "HEAD_MAJOR_MIN_BYTES",
+    "HEAD_MAJOR_MIN_TRAINING_SLOTS",
+    "head_major_rule",
+    "prefers_head_major",
+    "source_spread",
+    "forward",
+    "backward",
+]

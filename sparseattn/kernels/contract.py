@@ -1,0 +1,89 @@
+"""The backend contract, declared once: what `edge_attention` hands a backend and what a backend
+declares about itself.
+
+A backend is a function `fn(inputs: AttentionInputs) -> (out, weights)`. `edge_attention` has
+already checked the inputs, resolved scale and clamp, drawn the dropout mask, cast q, k, v (and
+bias, mask) to a dtype the backend takes on that device (half types to float32 where it takes only
+float32/float64; outputs are cast back), and sent inputs without edges or with H, D or Dv = 0 to
+the reference. So a backend sees E >= 1 and H, D, Dv >= 1 in one of its dtypes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .._tracing import tracing
+from ..graphs import Graph
+
+
+class AttentionInputs(NamedTuple):
+    """What a backend computes attention of.
+
+    q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv), one dtype and device; graph: N_src
+    sources into N_dst destinations along E edges; scale: score scale; clamp: (lo, hi) bounds on
+    the scaled score, or None for exact softmax; bias: (E, H) additive scores or None; dropout_mask:
+    (E, H) multipliers of the normalized weights (0 or 1/(1 - p)) or None; return_weights: also
+    return the (E, H) normalized weights. Per-edge tensors are in the graph's edge order."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    graph: Graph
+    scale: float
+    clamp: Optional[Tuple[float, float]]
+    bias: Optional[Tensor]
+    dropout_mask: Optional[Tensor]
+    return_weights: bool
+
+
+# returns out (N_dst, H, Dv) in q's dtype and, when inputs.return_weights, the weights (E, H), else None
+BackendFn = Callable[[AttentionInputs], Tuple[Tensor, Optional[Tensor]]]
+
+FLOATS = (torch.float32, torch.float64)
+ALL_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _no_dependencies() -> Optional[str]:
+    return None
+
+
+@dataclass
+class Backend:
+    """A registered backend: its function, the device types it takes tensors on, the input dtypes it
+    computes in per device type (others are cast to float32 by `edge_attention`), and a probe of
+    its optional dependencies (returns why it is unavailable, or None), run once when first asked."""
+
+    name: str
+    fn: BackendFn
+    probe: Callable[[], Optional[str]] = _no_dependencies
+    devices: Tuple[str, ...] = ("cpu", "cuda")
+    dtypes: Dict[str, Tuple[torch.dtype, ...]] = field(default_factory=lambda: {"cpu": FLOATS, "cuda": FLOATS})
+    _unavailable: Optional[str] = field(default=None, init=False)
+    _probed: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        # nothing to probe: known now, so compiled code reads a constant (a probe first run inside a
+        # trace would change the backend and make the next call recompile)
+        self._probed = self.probe is _no_dependencies
+
+    def unavailable_reason(self) -> Optional[str]:
+        if not self._probed:
+            if tracing():  # inside a trace: ask, but change nothing
+                return self.probe()
+            self._unavailable, self._probed = self.probe(), True
+        return self._unavailable
+
+    @property
+    def available(self) -> bool:
+        return self.unavailable_reason() is None
+
+    def compute_dtype(self, dtype: torch.dtype, device_type: str) -> torch.dtype:
+        """The dtype this backend computes inputs of `dtype` in: itself when it takes it, else float32."""
+        return dtype if dtype in self.dtypes.get(device_type, FLOATS) else torch.float32
+
+
+__all__ = ["AttentionInputs", "Backend", "BackendFn", "FLOATS", "ALL_FLOATS"]
