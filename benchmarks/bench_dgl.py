@@ -46,7 +46,7 @@ from typing import Callable, Dict, List
 import numpy as np
 import torch
 
-from sparseattn import edge_attention
+from sparseattn import edge_attention, graphs
 from sparseattn.kernels import choose_auto
 
 from .harness import Result, machine_header, machine_info, machine_tag, peak_extra_mib, write_json, write_png
@@ -175,7 +175,7 @@ def main(argv=None) -> None:
 
 
 def run_family(name, fam, args, runner, dgl_note, workdir, results, log) -> None:
-    g = fam.build()
+    g = fam.build(graphs)
     torch.manual_seed(0)
     q, k, v = (torch.randn(n, HEADS, DIM) * 0.5 for n in (g.num_dst, g.num_src, g.num_src))
     checker = "reference" if g.num_edges * HEADS * DIM * 4 * 3 <= 2**31 else "csr"

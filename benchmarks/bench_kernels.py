@@ -23,16 +23,18 @@ budget, against "csr") before it is timed. A contender whose estimated memory ex
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import random
 import sys
 import traceback
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from sparseattn import edge_attention, graphs, kernels
+from sparseattn import edge_attention, graphs
 from sparseattn.kernels import available_backends, choose_auto, plan
 
 from .harness import (
@@ -64,17 +66,18 @@ FAMILY_INFO: Dict[str, dict] = {}  # per family: sizes, auto's pick, dense paddi
 
 @dataclass
 class Family:
-    """A benchmark graph. `lengths` (n_src, n_dst) per graph and `kind` describe the padded batch
-    the dense peers use; None for single non-block graphs (window, random)."""
+    """A benchmark graph, built by `build(graphs_module)` (this sparseattn's `graphs`, or the
+    baseline's with --baseline). `lengths` (n_src, n_dst) per graph and `kind` describe the padded
+    batch the dense peers use; None for single non-block graphs (window, random)."""
 
     name: str
-    build: Callable[[], graphs.Graph]
+    build: Callable[[ModuleType], graphs.Graph]
     kind: Optional[str] = None  # "full" or "causal" for block families
     lengths: Optional[List[Tuple[int, int]]] = None
 
 
 def _blocks(kind: str, sizes: List[Tuple[int, int]]) -> Family:
-    return Family("", lambda: graphs.from_blocks([(kind, s, d) for s, d in sizes]), kind, sizes)
+    return Family("", lambda gr: gr.from_blocks([(kind, s, d) for s, d in sizes]), kind, sizes)
 
 
 def _varlen(total: int, lo: int, hi: int, seed: int = 0) -> List[int]:
@@ -92,8 +95,8 @@ def families(quick: bool) -> Dict[str, Family]:
     if quick:
         return dict(
             [
-                fam("window-2048", Family("", lambda: graphs.window(2048, 8))),
-                fam("random-5k", Family("", lambda: graphs.random(5000, 5000, 5000 * 16, seed=0))),
+                fam("window-2048", Family("", lambda gr: gr.window(2048, 8))),
+                fam("random-5k", Family("", lambda gr: gr.random(5000, 5000, 5000 * 16, seed=0))),
                 fam("complete-16x32", _blocks("full", [(32, 32)] * 16)),
                 fam("causal-8x64", _blocks("causal", [(64, 64)] * 8)),
                 fam("bipartite-8x40x40", _blocks("full", [(40, 40)] * 8)),
@@ -102,9 +105,9 @@ def families(quick: bool) -> Dict[str, Family]:
         )
     return dict(
         [
-            fam("window-8192", Family("", lambda: graphs.window(8192, 8))),
-            fam("window-65536", Family("", lambda: graphs.window(65536, 8))),
-            fam("random-50k", Family("", lambda: graphs.random(50_000, 50_000, 50_000 * 16, seed=0))),
+            fam("window-8192", Family("", lambda gr: gr.window(8192, 8))),
+            fam("window-65536", Family("", lambda gr: gr.window(65536, 8))),
+            fam("random-50k", Family("", lambda gr: gr.random(50_000, 50_000, 50_000 * 16, seed=0))),
             fam("complete-64x32", _blocks("full", [(32, 32)] * 64)),
             fam("complete-32x128", _blocks("full", [(128, 128)] * 32)),
             fam("complete-8x512", _blocks("full", [(512, 512)] * 8)),
@@ -136,8 +139,27 @@ def estimate_bytes(name: str, g: graphs.Graph) -> float:
     return 0.0
 
 
+def load_baseline(path: str) -> ModuleType:
+    """The sparseattn package at `path` (a checkout of another commit, e.g. `git worktree add
+    ../baseline <commit>`), imported as `sparseattn_baseline` beside this one: its contenders run in
+    the same process and rounds as this tree's, so eager speed is compared under one load."""
+    root = os.path.join(path, "sparseattn")
+    spec = importlib.util.spec_from_file_location(
+        "sparseattn_baseline", os.path.join(root, "__init__.py"), submodule_search_locations=[root]
+    )
+    if spec is None or spec.loader is None or not os.path.isfile(os.path.join(root, "__init__.py")):
+        sys.exit(f"--baseline {path}: no sparseattn package there")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sparseattn_baseline"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+BASELINE_CONTENDERS = ("csr", "auto", "auto (raw)")  # timed with --baseline as "<name> [baseline]"
+
+
 def run_family(fam: Family, args, results: List[Result]) -> None:
-    g = fam.build()
+    g = fam.build(graphs)
     torch.manual_seed(0)
     q, k, v = (torch.randn(n, HEADS, DIM) * 0.5 for n in (g.num_dst, g.num_src, g.num_src))
     budget = args.budget_gib * GiB
@@ -175,6 +197,16 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
         "edge_index tensor: builds per call",
         estimate_bytes("auto", g),
     )
+    if args.baseline_module is not None:
+        base = args.baseline_module
+        bg, bei = fam.build(base.graphs), ei.clone()
+        for name in BASELINE_CONTENDERS:
+            graph, backend = (bei, "auto") if name == "auto (raw)" else (bg, name)
+            contenders[f"{name} [baseline]"] = (
+                (lambda gr, b: lambda q_, k_, v_: base.edge_attention(q_, k_, v_, gr, backend=b))(graph, backend),
+                f"--baseline {args.baseline_label}",
+                estimate_bytes("auto", g),
+            )
     if fam.name in COMPILE_FAMILIES:
         contenders["auto (compiled)"] = (
             "compiled",
@@ -231,8 +263,7 @@ def run_family(fam: Family, args, results: List[Result]) -> None:
                     call = make_sdpa_exact(fam, g, *leaves)
                     FAMILY_INFO[fam.name]["sdpa_kernel"] = sdpa_kernel_name(call)
                     r.note += f"; {FAMILY_INFO[fam.name]['sdpa_kernel']}"
-                elif spec == "compiled":
-                    kernels.prepare(g, HEADS, DIM)  # build the index eagerly: compiled code only reads it
+                elif spec == "compiled":  # on the graph the eager contenders used (its structure cached)
                     compiled = torch.compile(lambda q_, k_, v_: edge_attention(q_, k_, v_, g), fullgraph=True)
                     call = (lambda c, args: lambda: c(*args))(compiled, leaves)
                 elif spec == "bmm":
@@ -323,11 +354,13 @@ def summary_table(results: List[Result]) -> str:
     return "\n".join(lines)
 
 
-RATIOS = {  # issue 15's targets: name -> (numerator, denominator, target as "<= x" / ">= x" or None)
+RATIOS = {  # targets: name -> (numerator, denominator, target as "<= x" / ">= x" or None)
     "auto/sdpa": ("auto", "sdpa", "<= 1.1"),
     "raw/Graph": ("auto (raw)", "auto", "<= 1.5"),
     "compiled/eager": ("auto (compiled)", "auto", None),
     "pyg/auto": ("pyg", "auto", ">= 15"),
+    # --baseline: this tree's eager time over the baseline's, in the same rounds
+    **{f"{n}/baseline": (n, f"{n} [baseline]", "<= 1.05") for n in BASELINE_CONTENDERS},
 }
 
 
@@ -356,6 +389,17 @@ def ratio_table(results: List[Result]) -> Tuple[str, dict]:
     return "\n".join(lines), out
 
 
+def _commit_of(path: str) -> str:
+    """The short commit hash checked out at `path`, or its folder name."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "-C", path, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        return out.stdout.strip() or os.path.basename(os.path.abspath(path))
+    except OSError:
+        return os.path.basename(os.path.abspath(path))
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small graphs, few repetitions (a smoke test)")
@@ -369,8 +413,15 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--contenders", default="", help="comma-separated contender names (default: all)")
     ap.add_argument("--tag", default="", help="suffix for the result file names (e.g. a re-run of some families)")
+    ap.add_argument(
+        "--baseline",
+        default="",
+        help="a checkout of another commit (its folder); adds its csr, auto and auto (raw) as '... [baseline]'",
+    )
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
+    args.baseline_module = load_baseline(args.baseline) if args.baseline else None
+    args.baseline_label = _commit_of(args.baseline) if args.baseline else ""
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.quick:
@@ -402,6 +453,8 @@ def main(argv=None) -> None:
         "budget_gib": args.budget_gib,
         "peak_memory": "CPU: peak RSS (VmHWM, reset via /proc/self/clear_refs) during one call minus RSS before",
         "family_info": FAMILY_INFO,
+        "baseline": args.baseline_label or None,
+        "commit": _commit_of(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     }
     for fam in fams.values():
         run_family(fam, args, results)

@@ -4,6 +4,7 @@
     python -m benchmarks.bench_train --data-dir ../shared/data/multi30k --tasks copy --rounds 3 --threads 1
     python -m benchmarks.bench_train --data-dir ../shared/data/multi30k --tasks multi30k --backends reference auto
     python -m benchmarks.bench_train --data-dir ../shared/data/multi30k --device cuda --threads 16  # bf16 autocast
+    python -m benchmarks.bench_train --data-dir ../shared/data/multi30k --tasks multi30k --compile  # + compiled layers
 
 Both models get the same batches, the same sizes and the same training step: forward, label-smoothed
 cross entropy summed over the target tokens / their count, backward, Adam. Dropout is 0 in both.
@@ -146,15 +147,23 @@ def setup_task(name: str, args) -> Tuple[Any, Any, List[Any]]:
     return cfg, task, batches
 
 
-def build_models(cfg, task, backends: List[str], device: str = "cpu") -> Dict[str, nn.Module]:
+def build_models(cfg, task, backends: List[str], device: str = "cpu", compiled: bool = False) -> Dict[str, nn.Module]:
     """{"graph <backend>": the preset model with that backend, ..., "nn.Transformer": its padded twin},
-    each from seed 0, on device."""
+    each from seed 0, on device; with `compiled`, also "graph <backend> (compiled)": the same model
+    with every encoder and decoder layer compiled (torch.compile, fullgraph, dynamic shapes: the
+    batches differ in size; embeddings, generator and loss stay eager)."""
     m = cfg.model_cfg
     info = task.model_info()
     models: Dict[str, nn.Module] = {}
     for b in backends:
         torch.manual_seed(0)
         models[f"graph {b}"] = dataclasses.replace(m, backend=b).build(info)
+        if compiled:
+            torch.manual_seed(0)
+            model = dataclasses.replace(m, backend=b).build(info)
+            for layer in [*model.encoder, *model.decoder]:
+                layer.compile(fullgraph=True, dynamic=True)
+            models[f"graph {b} (compiled)"] = model
     torch.manual_seed(0)
     share = bool(m.share_embeddings and info.get("shared_vocab", False))
     padded = PaddedTransformer(
@@ -276,7 +285,7 @@ def profile_steps(
 
 def run_task(name: str, args, log: Callable[[str], None]) -> List[dict]:
     cfg, task, batches = setup_task(name, args)
-    models = build_models(cfg, task, args.backends, args.device)
+    models = build_models(cfg, task, args.backends, args.device, args.compile)
     graphs = [n for n in models if n != "nn.Transformer"]
     m = cfg.model_cfg
     smoothing = cfg.run.label_smoothing
@@ -295,7 +304,7 @@ def run_task(name: str, args, log: Callable[[str], None]) -> List[dict]:
     if m.clamp is None:  # exact softmax: the two compute the same function given the same weights
         check = check_same_function(models, batches, steps["nn.Transformer"].inputs)  # type: ignore[attr-defined]
         log(f"  nn.Transformer given the graph model's weights: max |log-prob difference| {check:.2e}")
-        models = build_models(cfg, task, args.backends, args.device)  # back to each contender's own init
+        models = build_models(cfg, task, args.backends, args.device, args.compile)  # back to each one's own init
         steps = {n: make_step(n, mod, batches, smoothing, args.device) for n, mod in models.items()}
     rows = []
     for threads in args.threads:
@@ -356,6 +365,14 @@ def run_task(name: str, args, log: Callable[[str], None]) -> List[dict]:
                 f"medians); per round {g['ratio_median_of_rounds']:.2f}x median, {per_round[0]:.2f}-"
                 f"{per_round[-1]:.2f}x range"
             )
+            eager = gname.removesuffix(" (compiled)")
+            if eager != gname:  # compiled vs the same model eager, per round
+                per_round = sorted(e / c for e, c in zip(times[eager], times[gname]))
+                g["compiled_speedup_per_round"] = per_round
+                log(
+                    f"  {threads}t {gname} / {eager} tokens/s = {statistics.median(per_round):.2f}x (median of "
+                    f"rounds, {per_round[0]:.2f}-{per_round[-1]:.2f}x range)"
+                )
     return rows
 
 
@@ -426,6 +443,7 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (bf16 autocast, as sparseattn train runs there)")
     ap.add_argument("--profile-rows", type=int, default=12)
+    ap.add_argument("--compile", action="store_true", help="also time each graph model with its layers torch.compile'd")
     ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--tag", default="", help="suffix for the result file names")
     ap.add_argument("--replot", default="", help="only redraw the PNG beside this results JSON")

@@ -1,0 +1,256 @@
+"""torch.compile of code on sparseattn: compiled vs eager time, compilation time, graph breaks and
+recompilations, and where the compiled step spends its time.
+
+    python -m benchmarks.bench_compile                    # every case, 1 thread (~5 min on 2 cores)
+    python -m benchmarks.bench_compile --cases attention-window-8192 --threads 2
+
+Cases (CASES, declared as data): `edge_attention` alone (H=8, D=64) on a window graph of 8192 tokens
+and a 50K-node random graph, given a Graph and a raw (2, E) edge_index; `EdgeAttention` with its
+projections (d_model 512 and 128, 8 heads) and a pre-norm graph-transformer layer (d_model 128:
+LayerNorm, EdgeAttention, feed-forward, residuals) on the window graph. Each runs eagerly and
+compiled with inductor (fullgraph=True, no eager warm-up of the graph the compiled code gets), forward
+(no_grad) and forward+backward, timed in interleaved rounds (harness.time_interleaved); outputs are
+checked against eager first. Reported per case: the compilation time of the first call, graph
+breaks (torch._dynamo.explain), and a torch.profiler table of the compiled forward+backward step
+(top operators by self CPU time). "dynamic sizes" compiles the graph-transformer layer with
+dynamic=True and feeds it ten window graphs of different N and E: compiled entries (1 = no
+recompilation) and compiled/eager time summed over the ten.
+
+Writes bench_compile_<machine>.{json,png,log} under --out (benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import torch
+from torch import Tensor, nn
+
+from sparseattn import EdgeAttention, Graph, edge_attention, graphs
+
+from .harness import Result, machine_header, machine_info, machine_tag, time_interleaved, write_json, write_png
+
+RESULTS = os.path.join(os.path.dirname(__file__), "results")
+
+
+class GraphLayer(nn.Module):
+    """A pre-norm graph-transformer layer: x + attn(norm(x)), then x + ff(norm(x))."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = EdgeAttention(dim, heads)
+        self.ff = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: Tensor, graph) -> Tensor:
+        x = x + self.attn(self.norm1(x), graph)
+        return x + self.ff(self.norm2(x))
+
+
+class Attention(nn.Module):
+    """edge_attention on given q, k, v (N, H, D) as a module, so every case compiles a module."""
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, graph) -> Tensor:
+        return edge_attention(q, k, v, graph)
+
+
+@dataclass
+class Case:
+    name: str
+    graph: Callable[[], Graph]
+    model: Callable[[], nn.Module]
+    inputs: Callable[[Graph], List[Tensor]]  # the tensors before the graph argument
+    raw: bool = False  # hand the compiled code graph.edge_index instead of the Graph
+
+
+def _qkv(g: Graph) -> List[Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(n, 8, 64, generator=gen) * 0.5 for n in (g.num_dst, g.num_src, g.num_src)]
+
+
+def _x(dim: int) -> Callable[[Graph], List[Tensor]]:
+    return lambda g: [torch.randn(g.num_dst, dim, generator=torch.Generator().manual_seed(0))]
+
+
+WINDOW = lambda: graphs.window(8192, 8)  # noqa: E731
+RANDOM = lambda: graphs.random(50_000, 50_000, 800_000, seed=0)  # noqa: E731
+CASES = {
+    c.name: c
+    for c in [
+        Case("attention-window-8192", WINDOW, Attention, _qkv),
+        Case("attention-window-8192-raw", WINDOW, Attention, _qkv, raw=True),
+        Case("attention-random-50k", RANDOM, Attention, _qkv),
+        Case("EdgeAttention-512-window-8192", WINDOW, lambda: EdgeAttention(512, 8), _x(512)),
+        Case("EdgeAttention-128-window-8192", WINDOW, lambda: EdgeAttention(128, 8), _x(128)),
+        Case("layer-128-window-8192", WINDOW, lambda: GraphLayer(128, 8), _x(128)),
+    ]
+}
+
+
+def _fresh(g: Graph, raw: bool):
+    """What a user hands over: a new Graph (structure not built) or the raw index."""
+    return g.edge_index.clone() if raw else Graph(g.edge_index.clone(), g.num_src, g.num_dst)
+
+
+def profile_table(fn: Callable[[], object], rows: int = 8) -> List[dict]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            fn()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events) or 1
+    top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:rows]
+    return [
+        dict(op=e.key, self_ms=round(e.self_cpu_time_total / 2e3, 2), share=round(e.self_cpu_time_total / total, 3))
+        for e in top
+    ]
+
+
+def run_case(case: Case, args, results: List[Result], log: Callable[[str], None]) -> dict:
+    torch._dynamo.reset()
+    g = case.graph()
+    torch.manual_seed(0)
+    model = case.model()
+    leaves = case.inputs(g)
+    eager_graph, compiled_graph = (_fresh(g, case.raw) for _ in range(2))
+    compiled = torch.compile(model, fullgraph=True)
+    explained = torch._dynamo.explain(model)(*leaves, _fresh(g, case.raw))
+    info: Dict[str, object] = dict(edges=g.num_edges, nodes=g.num_dst, breaks=explained.graph_break_count)
+    log(f"\n{case.name}: N={g.num_dst}, E={g.num_edges}; graph breaks {explained.graph_break_count}")
+    params = list(model.parameters())
+    for mode in ("fwd", "fwd+bwd"):
+        xs = [t.clone().requires_grad_(mode == "fwd+bwd") for t in leaves]
+
+        def call(m, graph, xs=xs, mode=mode):
+            if mode == "fwd":
+                with torch.no_grad():
+                    return m(*xs, graph)
+            out = m(*xs, graph)
+            out.backward(torch.ones_like(out))
+            for t in (*xs, *params):
+                t.grad = None
+            return out
+
+        start = time.perf_counter()
+        out_c = call(compiled, compiled_graph)
+        info[f"compile_s_{mode}"] = round(time.perf_counter() - start, 1)
+        out_e = call(model, eager_graph)
+        err = (out_c.float() - out_e.float()).abs().max().item()
+        if not err <= 1e-3:
+            raise AssertionError(f"{case.name} {mode}: compiled differs from eager by {err:.3g}")
+        fns = [lambda: call(model, eager_graph), lambda: call(compiled, compiled_graph)]
+        timed = time_interleaved(fns, warmup=args.warmup, reps=args.reps, budget_s=args.budget_s)
+        row = {}
+        for name, times in zip(("eager", "compiled"), timed):
+            assert isinstance(times, list), times
+            r = Result(case.name, g.num_edges, name, mode, ms=statistics.median(times), times_ms=times)
+            r.max_err_vs_reference = err if name == "compiled" else 0.0
+            results.append(r)
+            row[name] = r.ms
+        info[f"ratio_{mode}"] = round(row["eager"] / row["compiled"], 3)
+        log(
+            f"  {mode:8s} eager {row['eager']:9.2f} ms  compiled {row['compiled']:9.2f} ms  "
+            f"eager/compiled {info[f'ratio_{mode}']:.2f}x  (compile {info[f'compile_s_{mode}']} s, |diff| {err:.1e})"
+        )
+        if mode == "fwd+bwd":
+            info["profile_compiled"] = profile_table(lambda: call(compiled, compiled_graph))
+            info["profile_eager"] = profile_table(lambda: call(model, eager_graph))
+            for which in ("compiled", "eager"):
+                log(f"    top operators, {which} fwd+bwd step:")
+                for t in info[f"profile_{which}"]:  # type: ignore[union-attr]
+                    log(f"      {t['op'][:58]:58s} {t['self_ms']:8.1f} ms {t['share']:6.1%}")
+    return info
+
+
+def dynamic_sizes(args, log: Callable[[str], None]) -> dict:
+    """GraphLayer(128, 8) under dynamic=True on ten window graphs of different sizes."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = GraphLayer(128, 8)
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    sizes = [(1000 + 700 * i, 2 + i % 5) for i in range(10)]
+    batches = [(graphs.window(n, r), torch.randn(n, 128)) for n, r in sizes]
+    start = time.perf_counter()
+    for g, x in batches:
+        compiled(x, _fresh(g, False)).sum().backward()
+    first_pass = time.perf_counter() - start
+    entries = len(_debug_get_cache_entry_list(model.forward.__func__.__code__))
+
+    def run(m):
+        for g, x in batches:
+            m(x, g).sum().backward()
+
+    timed = time_interleaved([lambda: run(model), lambda: run(compiled)], warmup=1, reps=args.reps, budget_s=60)
+    eager_ms, compiled_ms = (statistics.median(t) for t in timed)  # type: ignore[arg-type]
+    info = dict(
+        sizes=sizes,
+        compiled_entries=entries,
+        first_pass_s=round(first_pass, 1),
+        eager_ms=round(eager_ms, 1),
+        compiled_ms=round(compiled_ms, 1),
+        ratio=round(eager_ms / compiled_ms, 3),
+    )
+    log(
+        f"\ndynamic sizes: GraphLayer(128, 8), dynamic=True, ten window graphs N {sizes[0][0]}..{sizes[-1][0]}: "
+        f"{entries} compiled entr{'y' if entries == 1 else 'ies'}, first pass {info['first_pass_s']} s "
+        f"(compilation included); fwd+bwd of all ten: eager {eager_ms:.1f} ms, compiled {compiled_ms:.1f} ms, "
+        f"eager/compiled {info['ratio']:.2f}x"
+    )
+    return info
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="", help=f"comma-separated names (default: all): {', '.join(CASES)}")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--budget-s", type=float, default=20.0)
+    ap.add_argument("--no-dynamic", action="store_true", help="skip the ten-sizes dynamic=True run")
+    ap.add_argument("--out", default=RESULTS)
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    names = [c for c in args.cases.split(",") if c] or list(CASES)
+    unknown = [c for c in names if c not in CASES]
+    if unknown:
+        raise SystemExit(f"unknown cases {unknown}; choose from {list(CASES)}")
+    info = machine_info()
+    lines: List[str] = []
+
+    def log(s: str) -> None:
+        print(s, flush=True)
+        lines.append(s)
+
+    log(machine_header(info))
+    log("compiled: torch.compile(model, fullgraph=True), inductor; median of interleaved rounds; times in ms")
+    results: List[Result] = []
+    per_case: Dict[str, object] = {name: run_case(CASES[name], args, results, log) for name in names}
+    dynamic: Optional[dict] = None if args.no_dynamic else dynamic_sizes(args, log)
+    log("\ncase                              pass      eager/compiled   compile s   breaks")
+    for name in names:
+        c = per_case[name]
+        for mode in ("fwd", "fwd+bwd"):
+            log(
+                f"{name:33s} {mode:8s} {c[f'ratio_{mode}']:10.2f}x {c[f'compile_s_{mode}']:11.1f} "  # type: ignore[index]
+                f"{c['breaks']:8d}"  # type: ignore[index]
+            )
+    stem = f"bench_compile_{machine_tag(info)}{'_' + args.tag if args.tag else ''}"
+    config = dict(cases=per_case, dynamic=dynamic, reps=args.reps, threads=args.threads)
+    write_json(os.path.join(args.out, stem + ".json"), info, config, results)
+    drawn = write_png(os.path.join(args.out, stem + ".png"), machine_header(info), results)
+    with open(os.path.join(args.out, stem + ".log"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"\nwrote {os.path.join(args.out, stem)}.json, .log" + (" and .png" if drawn else ""))
+
+
+if __name__ == "__main__":
+    main()
