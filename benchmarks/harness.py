@@ -65,8 +65,10 @@ def time_interleaved(
     fns: List[Callable[[], object]], device: str = "cpu", warmup: int = 3, reps: int = 10, budget_s: float = 20.0
 ) -> List[object]:
     """time_ms for several contenders at once, in rounds (one timed run of each per round), so that
-    load changes on a shared machine hit every contender alike. Returns per contender its list of
-    times in ms, or the exception it raised."""
+    load changes on a shared machine hit every contender alike; every other round runs them in
+    reverse order, so that none always follows the same neighbour (one that frees large blocks
+    leaves the next to fault its pages in again). Returns per contender its list of times in ms, or
+    the exception it raised."""
     times: List[object] = [[] for _ in fns]
     for i, fn in enumerate(fns):
         try:
@@ -79,15 +81,15 @@ def time_interleaved(
         except Exception as exc:  # noqa: BLE001 (reported by the caller)
             times[i] = exc
     spent = [0.0] * len(fns)
-    while True:
+    for round_ in range(reps):
         active = [
             i
             for i, t in enumerate(times)
             if isinstance(t, list) and len(t) < reps and not (len(t) >= 3 and spent[i] > budget_s)
         ]
         if not active:
-            return times
-        for i in active:
+            break
+        for i in active if round_ % 2 == 0 else reversed(active):
             try:
                 _sync(device)
                 t = time.perf_counter()
@@ -97,6 +99,7 @@ def time_interleaved(
                 spent[i] += times[i][-1] / 1e3
             except Exception as exc:  # noqa: BLE001
                 times[i] = exc
+    return times
 
 
 def _libc():

@@ -67,7 +67,9 @@ class Graph:
     in-degrees on first use, so the many layers of a model sort the edges only once (do not
     edit `graph.edge_index` in place). Graphs survive `copy.deepcopy`, pickling (DataLoader
     workers) and `torch.save`/`torch.load(weights_only=True)`; a copy rebuilds its cached
-    structure on first use.
+    structure on first use. torch.compile and torch.export take a Graph as an input: it is a
+    registered pytree node (its index, CSR and CSC; `Graph.dynamic_shapes()`), and inside a trace
+    its structure is built by ops (README, "Compile and export").
     """
 
     def __init__(

@@ -697,6 +697,8 @@ def _pair(clamp: Optional[List[float]]) -> Optional[Tuple[float, float]]:
 
 def _setup(ctx, inputs, output):
     q, k, v, edge_index, ptr, idx, perm, cptr, cidx, cperm, bias, mask, scale, clamp, _ = inputs
+    ctx.mark_non_differentiable(output[1])  # lse only reaches the backward
+    ctx.set_materialize_grads(False)  # no zeros made up for an output left unused
     ctx.save_for_backward(q, k, v, edge_index, ptr, idx, perm, cptr, cidx, cperm, bias, mask, output[1])
     ctx.scale, ctx.clamp = scale, clamp
     tiles = {**_bwd_tiles(q.shape[2], v.shape[2]), **_bwd_overrides}  # as set when the forward ran

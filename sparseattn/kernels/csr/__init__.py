@@ -61,7 +61,6 @@ def csr_attention(inputs: AttentionInputs, layout: Optional[str] = None) -> Tupl
         hm = head_major_index(graph)
         transposed = (hm.ccrow, hm.ccol, hm.to_csc) if kv_grad else (None, None, None)
         index = (hm.crow, hm.col, hm.offsets, hm.row, *transposed, hm.from_caller, hm.to_caller)
-        head_major = True
     else:
         ix = interleaved_index(graph, q.shape[1])
         row = ix.row if clamp is None or return_weights or wants_grad else None  # a clamp-mode forward needs none
@@ -72,7 +71,6 @@ def csr_attention(inputs: AttentionInputs, layout: Optional[str] = None) -> Tupl
         to_caller = ix.to_caller if return_weights or bias_grad else None
         index = (ix.crow, ix.col, ix.offsets, row, *transposed, from_caller, to_caller)
         q, k, v = (t.contiguous() for t in (q, k, v))
-        head_major = False
     out, weights, *_ = csr_attention_fwd(
         q,
         k,
@@ -84,7 +82,7 @@ def csr_attention(inputs: AttentionInputs, layout: Optional[str] = None) -> Tupl
         scale,
         None if clamp is None else list(clamp),
         return_weights,
-        head_major,
+        head_major_layout,
     )
     return out, weights if return_weights else None
 

@@ -178,6 +178,10 @@ _Q, _K, _V, _BIAS = (_FWD_INPUTS.index(n) for n in ("q", "k", "v", "bias"))
 def _setup(ctx, inputs, output):
     named = dict(zip(_FWD_INPUTS, inputs))
     _, _, w, score, z = output
+    # w, score and z are outputs only to reach the backward: no gradient flows into them, and none is
+    # made up for an output left unused (zeros of H * E values each, 268 MB on an 8M-edge graph)
+    ctx.mark_non_differentiable(w, score, z)
+    ctx.set_materialize_grads(False)
     index = [named[n] for n in ("crow", "col", "offsets", "row", "ccrow", "ccol", "to_csc", "from_caller", "to_caller")]
     ctx.save_for_backward(
         named["q"], named["k"], named["v"], named["edge_index"], named["bias"], named["mask"], w, score, z, *index
@@ -186,7 +190,6 @@ def _setup(ctx, inputs, output):
 
 
 def _backward(ctx, grad_out, grad_weights, _w, _score, _z):
-    # w, score and z are outputs only to be saved for this backward: csr_attention never uses them
     q, k, v, edge_index, bias, mask, w, score, z, *index = ctx.saved_tensors
     wanted = [ctx.needs_input_grad[i] for i in (_Q, _K, _V, _BIAS)]
     grads: List[Optional[Tensor]] = [None] * len(_FWD_INPUTS)
