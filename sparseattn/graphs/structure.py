@@ -82,12 +82,14 @@ def compress(
     cols_sorted: bool = False,
 ) -> CSR:
     """Sort edges by (row, col) and compress rows. Returns ptr (num_rows + 1,), idx, perm.
-    presorted: the edges already come sorted by (row, col) (idx is then cols itself, no copy);
+    presorted: the edges already come sorted by (row, col) (idx is then a copy of cols: a view into
+    the graph's edge_index would reach compiled code as an aliased input, whose base size inductor
+    fails to bind in a dynamic-shape backward: "expected [s18] to have been codegen-ed");
     cols_sorted: they come sorted by (col, row), so sorting by row alone suffices; ptr: the row
     pointers when already known."""
     if presorted:
         perm = torch.arange(rows.numel(), device=rows.device)
-        idx = cols  # already in order: no copy
+        idx = cols.clone()
     else:
         key = _sort_key(rows, cols, num_rows, num_cols, cols_sorted)
         if key is None:  # by col, then stably by row
@@ -111,7 +113,7 @@ def compress_op(
     check_node_ids(cols, num_cols, col_name)
     sorted_by_rows = destination_major(cols, rows, num_cols, num_rows)[0]
     csr = compress(rows, cols, num_rows, num_cols, sorted_by_rows)
-    return csr.ptr, csr.idx.clone() if sorted_by_rows else csr.idx, csr.perm  # an op's outputs alias no input
+    return csr.ptr, csr.idx, csr.perm
 
 
 @compress_op.register_fake

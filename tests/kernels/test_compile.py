@@ -114,6 +114,38 @@ class _Layer(torch.nn.Module):
         return x + self.ff(torch.relu(x))
 
 
+def test_a_graphs_cached_structure_aliases_none_of_its_index():
+    """Compiled code reads what a Graph cached as its inputs; a view of the graph's edge_index among
+    them (the CSR's sources of an already-sorted graph were `edge_index[0]` itself) reaches inductor
+    as an aliased input whose base size a dynamic-shape backward fails to bind (InductorError: "For
+    8*s18, expected [s18] to have been codegen-ed", `test_inductor_trains_on_eagerly_used_graphs`)."""
+    for g in (graphs.window(40, 3), graphs.causal(12), graphs.random(30, 30, 90, seed=0)):
+        g.csr(), g.csc()
+        for name, t in [*zip(("csr.ptr", "csr.idx", "csr.perm"), g.csr()), *zip(("csc.ptr", "csc.idx"), g.csc())]:
+            assert t._base is None and t.untyped_storage().data_ptr() != g.edge_index.untyped_storage().data_ptr(), (
+                f"{g}: {name} is a view of edge_index"
+            )
+
+
+def test_inductor_trains_on_eagerly_used_graphs():  # ~15 s: the default run's only inductor backward
+    """dynamic=True, inductor, forward and backward on graphs that eager code used first (so they
+    carry cached structure, interleaved on some sizes and head-major on others): no InductorError,
+    values of eager code. This failed on the sixth graph while the CSR aliased the edge_index."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _Layer(128, 8)
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    batches = [(graphs.window(n, r), torch.randn(n, 128)) for n, r in [(1000 + 700 * i, 2 + i % 5) for i in range(7)]]
+    for g, x in batches:
+        compiled(x, _graph("graph", g)).sum().backward()
+    for g, x in batches:
+        model(x, g).sum().backward()
+    for i, (g, x) in enumerate(batches):
+        out = compiled(x, g)
+        out.sum().backward()
+        _assert_close(out, model(x, g), f"batch {i}")
+
+
 @pytest.mark.parametrize("kind", ["raw", "graph"])
 def test_a_module_compiles_once_for_batches_of_every_size(kind):
     """dynamic=True: ten batches of different N and E compile once and recompile zero times (the
