@@ -16,14 +16,17 @@ breaks (torch._dynamo.explain), and a torch.profiler table of the compiled forwa
 dynamic=True and feeds it ten window graphs of different N and E: compiled entries (1 = no
 recompilation) and compiled/eager time summed over the ten.
 
-Writes bench_compile_<machine>.{json,png,log} under --out (benchmarks/results).
+Writes bench_compile_<machine>.{json,png,log} under --out (benchmarks/results); the PNG draws
+eager/compiled per case and pass against the 1.15x target (`--replot FILE.json` redraws it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
@@ -33,7 +36,7 @@ from torch import Tensor, nn
 
 from sparseattn import EdgeAttention, Graph, edge_attention, graphs
 
-from .harness import Result, machine_header, machine_info, machine_tag, time_interleaved, write_json, write_png
+from .harness import Result, machine_header, machine_info, machine_tag, time_interleaved, write_json
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 
@@ -207,6 +210,40 @@ def dynamic_sizes(args, log: Callable[[str], None]) -> dict:
     return info
 
 
+def plot_ratios(path: str, title: str, cases: Dict[str, dict], target: float = 1.15) -> bool:
+    """eager/compiled per case, bars for fwd and fwd+bwd, with 1.0 (no gain) and the issue's
+    target marked. False if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    names = list(cases)
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(names) + 1.8))
+    for j, (mode, color) in enumerate((("fwd", "tab:blue"), ("fwd+bwd", "tab:orange"))):
+        ratios = [cases[n][f"ratio_{mode}"] for n in names]
+        ys = [i + (j - 0.5) * 0.38 for i in range(len(names))]
+        ax.barh(ys, ratios, height=0.36, color=color, label=mode)
+        for y, r in zip(ys, ratios):
+            ax.annotate(f"{r:.2f}x", (r, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
+    ax.axvline(1.0, color="black", lw=1)
+    ax.axvline(target, color="tab:red", lw=1, ls="--", label=f"target {target}x")
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("eager time / compiled time (> 1: compiled is faster)")
+    ax.set_xlim(0, max(target, *(cases[n][f"ratio_{m}"] for n in names for m in ("fwd", "fwd+bwd"))) * 1.15)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="", help=f"comma-separated names (default: all): {', '.join(CASES)}")
@@ -217,7 +254,13 @@ def main(argv=None) -> None:
     ap.add_argument("--no-dynamic", action="store_true", help="skip the ten-sizes dynamic=True run")
     ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--tag", default="")
+    ap.add_argument("--replot", default="", help="only redraw the PNG beside this results JSON")
     args = ap.parse_args(argv)
+    if args.replot:
+        with open(args.replot) as f:
+            saved = json.load(f)
+        plot_ratios(args.replot[: -len(".json")] + ".png", machine_header(saved["machine"]), saved["config"]["cases"])
+        return
     torch.set_num_threads(args.threads)
     names = [c for c in args.cases.split(",") if c] or list(CASES)
     unknown = [c for c in names if c not in CASES]
@@ -230,6 +273,7 @@ def main(argv=None) -> None:
         print(s, flush=True)
         lines.append(s)
 
+    log("$ python -m benchmarks.bench_compile " + " ".join(sys.argv[1:] if argv is None else argv))
     log(machine_header(info))
     log("compiled: torch.compile(model, fullgraph=True), inductor; median of interleaved rounds; times in ms")
     results: List[Result] = []
@@ -246,7 +290,7 @@ def main(argv=None) -> None:
     stem = f"bench_compile_{machine_tag(info)}{'_' + args.tag if args.tag else ''}"
     config = dict(cases=per_case, dynamic=dynamic, reps=args.reps, threads=args.threads)
     write_json(os.path.join(args.out, stem + ".json"), info, config, results)
-    drawn = write_png(os.path.join(args.out, stem + ".png"), machine_header(info), results)
+    drawn = plot_ratios(os.path.join(args.out, stem + ".png"), machine_header(info), per_case)  # type: ignore[arg-type]
     with open(os.path.join(args.out, stem + ".log"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"\nwrote {os.path.join(args.out, stem)}.json, .log" + (" and .png" if drawn else ""))

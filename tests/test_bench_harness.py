@@ -1,8 +1,9 @@
 """The benchmark harness names what changes CPU timings: the vector ISA and the settings that matter."""
 
+import pytest
 import torch
 
-from benchmarks.harness import machine_header, machine_info
+from benchmarks.harness import machine_header, machine_info, time_interleaved
 
 
 def test_header_names_the_cpu_capability_and_timing_settings(monkeypatch):
@@ -15,3 +16,29 @@ def test_header_names_the_cpu_capability_and_timing_settings(monkeypatch):
     info = machine_info()
     assert info["env"]["THP_MEM_ALLOC_ENABLE"] == "1"
     assert "THP_MEM_ALLOC_ENABLE=1" in machine_header(info)
+
+
+def test_interleaved_rounds_alternate_the_order_and_keep_failures():
+    """One timed run of each contender per round, every other round in reverse order (so none
+    always follows the same neighbour); a contender that raises keeps its exception."""
+    order = []
+
+    def contender(name):
+        return lambda: order.append(name)
+
+    def fails():
+        raise RuntimeError("boom")
+
+    times = time_interleaved([contender("a"), contender("b"), fails], warmup=1, reps=4, budget_s=60)
+    assert [len(t) for t in times[:2]] == [4, 4] and isinstance(times[2], RuntimeError)
+    timed = order[2:]  # after one warm-up call each of a and b
+    assert timed == ["a", "b", "b", "a", "a", "b", "b", "a"]
+
+
+def test_compile_plot_draws_the_ratios(tmp_path):
+    pytest.importorskip("matplotlib")
+    from benchmarks.bench_compile import plot_ratios
+
+    cases = {"x": {"ratio_fwd": 0.9, "ratio_fwd+bwd": 1.2}, "y": {"ratio_fwd": 1.0, "ratio_fwd+bwd": 0.8}}
+    assert plot_ratios(str(tmp_path / "c.png"), "title", cases)
+    assert (tmp_path / "c.png").stat().st_size > 1000
