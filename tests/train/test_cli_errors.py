@@ -254,3 +254,24 @@ def test_ctrl_c_while_a_subprocess_builds_its_data(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()
     assert err.decode().strip().splitlines() == ["sparseattn train: interrupted"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
+def test_ctrl_c_while_the_command_imports_torch(tmp_path):
+    """Ctrl-C in the second or two the installed `sparseattn` command spends importing sparseattn and
+    torch: one line and exit 130, not a traceback from inside the import (the command's entry point,
+    sparseattn_launcher, catches it before the package is imported)."""
+    command = shutil.which("sparseattn", path=os.path.dirname(sys.executable))
+    if command is None:
+        pytest.skip("the sparseattn command is not installed beside this python (pip install -e .)")
+    start = time.perf_counter()
+    subprocess.run([command, "--help"], capture_output=True, check=True)  # bytecode and page cache warm
+    took = time.perf_counter() - start  # start-up (~0.05 s warm) and imports (~1-2 s)
+    out = tmp_path / "r"
+    proc = subprocess.Popen([command, "train", "--task=copy", f"--out={out}", *CLI_TINY], stderr=subprocess.PIPE)
+    time.sleep(min(0.3, took / 3))  # inside `import torch`
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert err.decode().strip().splitlines() in (["sparseattn: interrupted"], ["sparseattn train: interrupted"])
+    assert not out.exists()
