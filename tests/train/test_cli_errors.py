@@ -268,7 +268,13 @@ def test_ctrl_c_while_the_command_imports_torch(tmp_path):
     subprocess.run([command, "--help"], capture_output=True, check=True)  # bytecode and page cache warm
     took = time.perf_counter() - start  # start-up (~0.05 s warm) and imports (~1-2 s)
     out = tmp_path / "r"
-    proc = subprocess.Popen([command, "train", "--task=copy", f"--out={out}", *CLI_TINY], stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [command, "train", "--task=copy", f"--out={out}", *CLI_TINY],
+        stderr=subprocess.PIPE,
+        # as from a terminal: a job started in the background by a non-interactive shell (as CI may
+        # be) inherits SIGINT ignored, and Python then keeps ignoring it until the CLI sets a handler
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     time.sleep(min(0.3, took / 3))  # inside `import torch`
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
