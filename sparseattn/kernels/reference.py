@@ -12,7 +12,7 @@ against this file.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -112,3 +112,14 @@ def differentiable_grads(
         grad_out=grad_out,
         grad_weights=grad_weights,
     )
+
+
+def op_grads(
+    num_inputs: int, positions: Sequence[int], grads: Sequence[Optional[Tensor]]
+) -> Tuple[Optional[Tensor], ...]:
+    """What a fast backend's custom op returns from its backward: `grads` (of q, k, v, bias) at
+    those inputs' positions, None for each of its other num_inputs inputs (index tensors, flags)."""
+    out: List[Optional[Tensor]] = [None] * num_inputs
+    for i, g in zip(positions, grads):
+        out[i] = g
+    return tuple(out)

@@ -39,7 +39,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .contract import AttentionInputs
-from .reference import accumulation_dtype, differentiable_grads
+from .reference import accumulation_dtype, differentiable_grads, op_grads
 
 MAX_HEAD_DIM = 256
 _TL_DTYPE = {torch.float32: tl.float32, torch.float64: tl.float64}
@@ -705,29 +705,26 @@ def _setup(ctx, inputs, output):
     ctx.block_e, ctx.num_warps = tiles["BLOCK_E"], tiles["num_warps"]
 
 
+_GRAD_INPUTS = (0, 1, 2, 10)  # q, k, v, bias among triton_attention_fwd's 15 inputs
+
+
 def _backward(ctx, d_out, _d_lse, d_weights):
     q, k, v, edge_index, ptr, idx, perm, cptr, cidx, cperm, bias, mask, lse = ctx.saved_tensors
-    grads: List[Optional[Tensor]] = [None] * 15
-    wanted = [ctx.needs_input_grad[i] for i in (0, 1, 2, 10)]
+    wanted = [ctx.needs_input_grad[i] for i in _GRAD_INPUTS]
     if d_weights is not None and d_weights.numel() == 0:
         d_weights = None
     if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
         again = differentiable_grads(
             edge_index, q, k, v, bias, mask, tuple(wanted), ctx.scale, ctx.clamp, d_out, d_weights
         )
-        for i, g in zip((0, 1, 2, 10), again):
-            grads[i] = g
-        return tuple(grads)
+        return op_grads(15, _GRAD_INPUTS, again)
     if d_out is None:  # only the weights were used
         d_out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
     dq, dk, dv, ds = triton_attention_bwd(
         q, k, v, ptr, idx, perm, cptr, cidx, cperm, bias, mask, lse, d_out.contiguous(), d_weights,
         ctx.scale, ctx.clamp, ctx.block_e, ctx.num_warps,
     )  # fmt: skip
-    grads[0], grads[1], grads[2] = dq, dk, dv
-    if bias is not None and wanted[3]:
-        grads[10] = ds.to(bias.dtype)
-    return tuple(grads)
+    return op_grads(15, _GRAD_INPUTS, (dq, dk, dv, ds.to(bias.dtype) if bias is not None and wanted[3] else None))
 
 
 triton_attention_fwd.register_autograd(_backward, setup_context=_setup)

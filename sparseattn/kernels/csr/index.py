@@ -241,11 +241,17 @@ def _(ptr, perm, heads, int32):
     return perm.new_empty(perm.shape[0] * heads, dtype=_itype(int32))
 
 
+def _head_slots_of(ptr: Tensor, dst: Tensor, sorted_pos: Tensor, heads: int) -> Tuple[Tensor, Tensor]:
+    """Where edges land in the head-interleaved pattern: for edges into destinations dst (E,) at
+    destination-sorted positions sorted_pos (E,), the slot of head 0 and the step to the next head
+    (the destination's degree): sorted edge e into t, head h, has slot H * ptr[t] + h * deg[t] + e - ptr[t]."""
+    return take(ptr, dst).mul_(heads - 1).add_(sorted_pos), take(ptr.diff(), dst)
+
+
 @torch.library.custom_op("sparseattn::csr_interleaved_to_caller", mutates_args=())
 def interleaved_to_caller(ptr: Tensor, dst: Tensor, sorted_pos: Tensor, heads: int, int32: bool) -> Tensor:
     """(E, H) slot of each caller edge and head; dst (E,) and sorted_pos (E,) per caller edge."""
-    base = take(ptr, dst).mul_(heads - 1).add_(sorted_pos)  # (E,) head-0 slot of each caller edge
-    step = take(ptr.diff(), dst)
+    base, step = _head_slots_of(ptr, dst, sorted_pos, heads)
     return (base[:, None] + step[:, None] * torch.arange(heads, device=dst.device)).to(_itype(int32))
 
 
@@ -263,9 +269,7 @@ def interleaved_transposed(
     CSR; to_sorted (E,): destination-sorted position of each of its edges."""
     it = _itype(int32)
     ccrow = _head_crow(cptr, heads)  # transposed slots: head row s * H + hh
-    # sorted edge es into destination t, head hh has slot H * ptr[t] + hh * deg[t] + es - ptr[t]
-    base = take(ptr, cidx).mul_(heads - 1).add_(to_sorted).to(it)  # head-0 slot
-    step = take(ptr.diff(), cidx).to(it)  # deg[t]
+    base, step = (t.to(it) for t in _head_slots_of(ptr, cidx, to_sorted, heads))
     ccol, to_csc = (torch.empty(cidx.numel() * heads, dtype=it, device=cidx.device) for _ in range(2))
     _fill_slots(cptr, ccrow, heads, it, [(ccol, cidx.to(it) * heads, None), (to_csc, base, step)])
     return ccrow.to(it), ccol, to_csc

@@ -25,7 +25,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..reference import differentiable_grads
+from ..reference import differentiable_grads, op_grads
 from . import head_major, interleaved
 from .index import HeadMajorIndex
 from .primitives import take
@@ -172,7 +172,7 @@ _FWD_INPUTS = (
     "q k v edge_index crow col offsets row ccrow ccol to_csc from_caller to_caller bias mask "
     "scale clamp return_weights head_major_layout"
 ).split()
-_Q, _K, _V, _BIAS = (_FWD_INPUTS.index(n) for n in ("q", "k", "v", "bias"))
+_GRAD_INPUTS = tuple(_FWD_INPUTS.index(n) for n in ("q", "k", "v", "bias"))  # the inputs with gradients
 
 
 def _setup(ctx, inputs, output):
@@ -191,25 +191,20 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, grad_out, grad_weights, _w, _score, _z):
     q, k, v, edge_index, bias, mask, w, score, z, *index = ctx.saved_tensors
-    wanted = [ctx.needs_input_grad[i] for i in (_Q, _K, _V, _BIAS)]
-    grads: List[Optional[Tensor]] = [None] * len(_FWD_INPUTS)
+    wanted = [ctx.needs_input_grad[i] for i in _GRAD_INPUTS]
     if grad_weights is not None and grad_weights.numel() == 0:
         grad_weights = None
     if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
         again = differentiable_grads(
             edge_index, q, k, v, bias, mask, tuple(wanted), ctx.scale, ctx.clamp, grad_out, grad_weights
         )
-        for i, g in zip((_Q, _K, _V, _BIAS), again):
-            grads[i] = g
-        return tuple(grads)
+        return op_grads(len(_FWD_INPUTS), _GRAD_INPUTS, again)
     if grad_out is None:  # only the weights were used
         grad_out = v.new_zeros(q.shape[0], q.shape[1], v.shape[2])
-    dq, dk, dv, dbias = csr_attention_bwd(
+    grads = csr_attention_bwd(
         grad_out, grad_weights, q, k, v, w, score, z, mask, *index, ctx.scale, ctx.clamp, ctx.head_major, wanted
     )
-    for i, g, want in zip((_Q, _K, _V, _BIAS), (dq, dk, dv, dbias), wanted):
-        grads[i] = g if want else None
-    return tuple(grads)
+    return op_grads(len(_FWD_INPUTS), _GRAD_INPUTS, [g if want else None for g, want in zip(grads, wanted)])
 
 
 csr_attention_fwd.register_autograd(_backward, setup_context=_setup)
