@@ -39,6 +39,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .contract import AttentionInputs
+from .op_autograd import with_autograd
 from .reference import accumulation_dtype, differentiable_grads, op_grads
 
 MAX_HEAD_DIM = 256
@@ -727,7 +728,7 @@ def _backward(ctx, d_out, _d_lse, d_weights):
     return op_grads(15, _GRAD_INPUTS, (dq, dk, dv, ds.to(bias.dtype) if bias is not None and wanted[3] else None))
 
 
-triton_attention_fwd.register_autograd(_backward, setup_context=_setup)
+_attention_op = with_autograd(triton_attention_fwd, _setup, _backward)  # an autograd.Function in eager code
 
 
 def _check_runnable(q: Tensor) -> None:
@@ -751,7 +752,7 @@ def triton_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]
         )
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias))
     transposed = graph.csc() if wants_grad else (None, None, None)  # the backward walks both orders
-    out, _, weights = triton_attention_fwd(
+    out, _, weights = _attention_op(
         q.contiguous(),
         k.contiguous(),
         v.contiguous(),

@@ -94,6 +94,35 @@ def test_opcheck_of_the_forward_op(clamp, layout):
     )
 
 
+@pytest.mark.parametrize("clamp", [[-0.5, 0.5], None])
+def test_eager_entry_runs_the_registered_rule(clamp, layout):
+    """Eager code enters the forward op through an autograd.Function (op_autograd.with_autograd);
+    traced code through the op's registered rule. Both run the same op, setup and backward: equal
+    outputs, returned weights, first and second derivatives."""
+    from sparseattn.kernels.csr.index import head_major_index
+    from sparseattn.kernels.csr.ops import csr_attention_fwd, csr_attention_op
+
+    g, q, k, v, bias, mask = _gradcheck_inputs(clamp)
+    if layout == "head-major":
+        hm = head_major_index(g)
+        index = (hm.crow, hm.col, hm.offsets, hm.row, hm.ccrow, hm.ccol, hm.to_csc, hm.from_caller, hm.to_caller)
+    else:
+        ix = interleaved_index(g, 2)
+        index = (ix.crow, ix.col, ix.offsets, ix.row, *ix.transposed(), ix.from_caller, ix.to_caller)
+    results = []
+    for fn in (csr_attention_op, csr_attention_fwd):
+        out, weights, *_ = fn(q, k, v, g.edge_index, *index, bias, mask, 0.7, clamp, True, layout == "head-major")
+        assert out.grad_fn is not None
+        loss = (out * out).sum() + (weights * weights).sum()
+        grads = torch.autograd.grad(loss, (q, k, v, bias), create_graph=True)
+        second = torch.autograd.grad(sum(g_.sum() for g_ in grads), (q, k, v, bias))
+        results.append((out, weights, *grads, *second))
+    eager_entry = type(results[0][0].grad_fn).__name__
+    assert "csr_attention_fwd_eager" in eager_entry, f"eager code entered through {eager_entry}"
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_weights_gradient_matches_reference():
     g, q, k, v, bias, _ = _gradcheck_inputs(None)
     grads = []

@@ -37,7 +37,7 @@ from ...graphs import Graph
 from ..contract import AttentionInputs
 from .head_major import HEAD_MAJOR_MIN_TRAINING_SLOTS, head_major_rule, prefers_head_major, source_spread
 from .index import head_major_index, interleaved_index
-from .ops import csr_attention_fwd
+from .ops import csr_attention_op
 
 LAYOUTS = (None, "interleaved", "head-major")
 
@@ -71,7 +71,7 @@ def csr_attention(inputs: AttentionInputs, layout: Optional[str] = None) -> Tupl
         to_caller = ix.to_caller if return_weights or bias_grad else None
         index = (ix.crow, ix.col, ix.offsets, row, *transposed, from_caller, to_caller)
         q, k, v = (t.contiguous() for t in (q, k, v))
-    out, weights, *_ = csr_attention_fwd(
+    out, weights, *_ = csr_attention_op(
         q,
         k,
         v,

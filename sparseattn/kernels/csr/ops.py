@@ -25,6 +25,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from ..op_autograd import with_autograd
 from ..reference import differentiable_grads, op_grads
 from . import head_major, interleaved
 from .index import HeadMajorIndex
@@ -207,6 +208,7 @@ def _backward(ctx, grad_out, grad_weights, _w, _score, _z):
     return op_grads(len(_FWD_INPUTS), _GRAD_INPUTS, [g if want else None for g, want in zip(grads, wanted)])
 
 
-csr_attention_fwd.register_autograd(_backward, setup_context=_setup)
+# what csr_attention calls: the op with this rule (an autograd.Function around it in eager code)
+csr_attention_op = with_autograd(csr_attention_fwd, _setup, _backward)
 
-__all__ = ["csr_attention_fwd", "csr_attention_bwd"]
+__all__ = ["csr_attention_op", "csr_attention_fwd", "csr_attention_bwd"]
