@@ -42,3 +42,14 @@ def test_compile_plot_draws_the_ratios(tmp_path):
     cases = {"x": {"ratio_fwd": 0.9, "ratio_fwd+bwd": 1.2}, "y": {"ratio_fwd": 1.0, "ratio_fwd+bwd": 0.8}}
     assert plot_ratios(str(tmp_path / "c.png"), "title", cases)
     assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_op_overhead_probe_writes_its_log(tmp_path):
+    from benchmarks.probe_op_overhead import main
+
+    main(["--reps", "1", "--nodes", "16", "--out", str(tmp_path)])
+    (log,) = tmp_path.glob("probe_op_overhead_*.log")
+    lines = log.read_text().splitlines()
+    assert lines[0] == "$ python -m benchmarks.probe_op_overhead --reps 1 --nodes 16 --out " + str(tmp_path)
+    timed = [line.split() for line in lines if line.strip().startswith(("fwd ", "fwd+bwd "))]
+    assert [t[0] for t in timed] == ["fwd", "fwd+bwd"] and all(float(t[-2]) > 0 for t in timed)
