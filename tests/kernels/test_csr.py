@@ -75,19 +75,24 @@ def test_gradcheck_through_the_ops(clamp, use_mask):
     assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7)
 
 
+def _op_index(g, layout):
+    """The forward op's nine index arguments for g with 2 heads in `layout`, as csr_attention builds them."""
+    from sparseattn.kernels.csr.index import head_major_index
+
+    if layout == "head-major":
+        hm = head_major_index(g)
+        return (hm.crow, hm.col, hm.offsets, hm.row, hm.ccrow, hm.ccol, hm.to_csc, hm.from_caller, hm.to_caller)
+    ix = interleaved_index(g, 2)
+    return (ix.crow, ix.col, ix.offsets, ix.row, *ix.transposed(), ix.from_caller, ix.to_caller)
+
+
 @pytest.mark.parametrize("clamp", [[-0.5, 0.5], None])
 def test_opcheck_of_the_forward_op(clamp, layout):
     """Schema, fake (shape-only) kernel and autograd registration of the forward op (torch.library.opcheck)."""
-    from sparseattn.kernels.csr.index import head_major_index
     from sparseattn.kernels.csr.ops import csr_attention_fwd
 
     g, q, k, v, bias, mask = _gradcheck_inputs(clamp)
-    if layout == "head-major":
-        hm = head_major_index(g)
-        index = (hm.crow, hm.col, hm.offsets, hm.row, hm.ccrow, hm.ccol, hm.to_csc, hm.from_caller, hm.to_caller)
-    else:
-        ix = interleaved_index(g, 2)
-        index = (ix.crow, ix.col, ix.offsets, ix.row, *ix.transposed(), ix.from_caller, ix.to_caller)
+    index = _op_index(g, layout)
     args = (q, k, v, g.edge_index, *index, bias, mask, 0.7, clamp, True, layout == "head-major")
     torch.library.opcheck(
         csr_attention_fwd, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
@@ -99,16 +104,10 @@ def test_eager_entry_runs_the_registered_rule(clamp, layout):
     """Eager code enters the forward op through an autograd.Function (op_autograd.with_autograd);
     traced code through the op's registered rule. Both run the same op, setup and backward: equal
     outputs, returned weights, first and second derivatives."""
-    from sparseattn.kernels.csr.index import head_major_index
     from sparseattn.kernels.csr.ops import csr_attention_fwd, csr_attention_op
 
     g, q, k, v, bias, mask = _gradcheck_inputs(clamp)
-    if layout == "head-major":
-        hm = head_major_index(g)
-        index = (hm.crow, hm.col, hm.offsets, hm.row, hm.ccrow, hm.ccol, hm.to_csc, hm.from_caller, hm.to_caller)
-    else:
-        ix = interleaved_index(g, 2)
-        index = (ix.crow, ix.col, ix.offsets, ix.row, *ix.transposed(), ix.from_caller, ix.to_caller)
+    index = _op_index(g, layout)
     results = []
     for fn in (csr_attention_op, csr_attention_fwd):
         out, weights, *_ = fn(q, k, v, g.edge_index, *index, bias, mask, 0.7, clamp, True, layout == "head-major")
