@@ -100,6 +100,34 @@ def check_bias(bias: Optional[Tensor], num_edges: int, num_heads: int) -> Option
     )
 
 
+def check_edge_term(t: Optional[Tensor], name: str, shape: Tuple[int, int, int], width: str) -> Optional[Tensor]:
+    """Check an edge term of shape (E, H, width) = shape: a floating-point tensor or None."""
+    if t is None:
+        return None
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape (E, H, {width}), got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape (E, H, {width}) = {tuple(shape)}, got {tuple(t.shape)}")
+    return t
+
+
+def check_eps(eps: object, clamp: Optional[Tuple[float, float]]) -> float:
+    """A normalizer eps: a finite float >= 0, and > 0 only in clamp mode."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    eps = float(eps)
+    if not 0 <= eps < math.inf:  # (NaN compares False; math.isfinite does not trace)
+        raise ValueError(f"eps must be a finite number >= 0, got {eps}")
+    if eps > 0 and clamp is None:
+        raise ValueError(
+            "eps > 0 needs clamp mode (clamp=(lo, hi)): with clamp=None the weights are shifted by each "
+            "destination's max score, so a fixed eps would mean something different per destination"
+        )
+    return eps
+
+
 def max_clamp_bound(dtype: torch.dtype) -> float:
     """The largest |lo| and |hi| that `check_clamp` accepts for inputs of this dtype. Weights
     accumulate in float64 for float64 inputs, else in float32; there exp(+-bound) stays 2^32 away

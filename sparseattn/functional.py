@@ -7,7 +7,16 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from ._checks import check_bias, check_clamp, check_dropout, check_qkv, check_same_device, check_scale
+from ._checks import (
+    check_bias,
+    check_clamp,
+    check_dropout,
+    check_edge_term,
+    check_eps,
+    check_qkv,
+    check_same_device,
+    check_scale,
+)
 from ._tracing import tracing
 from .graphs import Graph
 from .kernels import AttentionInputs, get_backend, reference_backend
@@ -42,12 +51,18 @@ def edge_attention(
     scale: Optional[float] = None,
     clamp: Optional[Tuple[float, float]] = (-5.0, 5.0),
     bias: Optional[Tensor] = None,
+    edge_key: Optional[Tensor] = None,
+    edge_value: Optional[Tensor] = None,
+    edge_scale: Optional[Tensor] = None,
+    eps: float = 0.0,
     dropout_p: float = 0.0,
     backend: str = "auto",
     return_weights: bool = False,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention along graph edges: out[t] = sum_e w_e v[s] / sum_e w_e over edges e = (s, t),
-    with w_e = exp(clamp(scale * <k[s], q[t]> + bias[e], lo, hi)).
+    with w_e = exp(clamp(scale * <k[s], q[t]> + bias[e], lo, hi)). With edge terms, per head:
+    score_e = scale * sum_d q[t, d] * (k[s, d] + edge_key[e, d]) * edge_scale[e, d] + bias[e] and
+    out[t] = sum_e w_e (v[s] + edge_value[e]) / (sum_e w_e + eps).
 
     Args:
         q: (N_dst, H, D) queries, one row per destination node.
@@ -62,9 +77,18 @@ def edge_attention(
             exp of a bound can neither overflow nor underflow to 0 (`_checks.max_clamp_bound`);
             ValueError otherwise.
         bias: optional additive score per edge, (E, H) or (E,); differentiable.
+        edge_key: optional (E, H, D) added to the key of each edge's source (PyG's TransformerConv,
+            anemoi's graph transformer); differentiable.
+        edge_value: optional (E, H, Dv) added to the value of each edge's source; differentiable.
+        edge_scale: optional (E, H, D) multiplied per channel into the query-key product
+            (Exphormer, the Dwivedi-Bresson graph transformer); differentiable.
+        eps: added to each destination's normalizer sum_e w_e (Exphormer's 1e-6); clamp mode
+            only (ValueError with clamp=None). Default 0: a destination without edges gets 0.
         dropout_p: probability of dropping each normalized edge weight (attention dropout);
             survivors are scaled by 1/(1 - dropout_p). Deterministic under `torch.manual_seed`.
-        backend: "auto" or a name from `sparseattn.kernels.backend_names()`.
+        backend: "auto" or a name from `sparseattn.kernels.backend_names()`. Edge terms and eps
+            run on "reference", "csr", "scatter" and "triton"; "dense" refuses them, and "auto"
+            does not pick it for them.
         return_weights: also return the normalized weights (before dropout).
 
     Returns:
@@ -72,6 +96,7 @@ def edge_attention(
         gradient). With return_weights=True also weights: (E, H) in the caller's edge order,
         summing to 1 over each destination's in-edges.
 
+    Per-edge tensors (bias, edge terms, the returned weights) are in the caller's edge order.
     Duplicate edges count once each. Half-precision inputs accumulate in float32, also under
     `torch.autocast` (which is off inside the kernels; q, k and v arrive as autocast made them).
     NaN or inf in q, k or v reaches only the destinations whose edges touch it; in clamp mode a score of +inf
@@ -85,8 +110,13 @@ def edge_attention(
     g = as_graph(graph, num_src=k.shape[0], num_dst=q.shape[0])
     num_heads = q.shape[1]
     bias = check_bias(bias, g.num_edges, num_heads)
-    check_same_device(q=q, bias=bias)
+    num_edges, d, dv = g.num_edges, q.shape[2], v.shape[2]
+    edge_key = check_edge_term(edge_key, "edge_key", (num_edges, num_heads, d), "D")
+    edge_value = check_edge_term(edge_value, "edge_value", (num_edges, num_heads, dv), "Dv")
+    edge_scale = check_edge_term(edge_scale, "edge_scale", (num_edges, num_heads, d), "D")
+    check_same_device(q=q, bias=bias, edge_key=edge_key, edge_value=edge_value, edge_scale=edge_scale)
     clamp = check_clamp(clamp, q.dtype)
+    eps = check_eps(eps, clamp)
     scale = check_scale(scale, q.shape[2])
     dropout_p = check_dropout(dropout_p)
     if not isinstance(return_weights, bool):
@@ -95,15 +125,22 @@ def edge_attention(
     if dropout_p > 0.0:
         keep = torch.rand(g.num_edges, num_heads, device=q.device) >= dropout_p
         dropout_mask = keep.to(q.dtype) / (1.0 - dropout_p)
-    chosen = get_backend(backend, q, g)
+    edge_terms = (edge_key, edge_value, edge_scale)
+    has_edge_terms = eps > 0 or any(t is not None for t in edge_terms)
+    chosen = get_backend(backend, q, g, edge_terms=has_edge_terms)
     if g.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):
         chosen = reference_backend()  # the definition gives zeros (or empty tensors); kernels reject empty shapes
     dtype = q.dtype
     work = chosen.compute_dtype(dtype, q.device.type)  # half types run in float32 where a backend lacks them
     q, k, v = (t.to(work) for t in (q, k, v))
-    bias, dropout_mask = (None if t is None else t.to(work) for t in (bias, dropout_mask))
+    bias, dropout_mask, edge_key, edge_value, edge_scale = (
+        None if t is None else t.to(work) for t in (bias, dropout_mask, *edge_terms)
+    )
+    inputs = AttentionInputs(
+        q, k, v, g, scale, clamp, bias, dropout_mask, return_weights, edge_key, edge_value, edge_scale, eps
+    )
     with torch.autocast(q.device.type, enabled=False):  # backends keep their own precision rules under autocast
-        out, weights = chosen.fn(AttentionInputs(q, k, v, g, scale, clamp, bias, dropout_mask, return_weights))
+        out, weights = chosen.fn(inputs)
     out = out.to(dtype)
     if not return_weights:
         return out

@@ -52,7 +52,7 @@ DENSE_MIN_EDGES_PER_BLOCK = 16384
 DENSE_MAX_SHAPES = 4
 
 
-def choose_auto(q: Tensor, graph: Graph) -> str:
+def choose_auto(q: Tensor, graph: Graph, edge_terms: bool = False) -> str:
     """The backend "auto" picks for these inputs (see README, "Backends"):
     "dense" when the graph records dense blocks in at most DENSE_MAX_SHAPES distinct (kind, n_src,
     n_dst) shapes that either average >= DENSE_MIN_EDGES_PER_BLOCK edges or form unpadded batches
@@ -60,15 +60,17 @@ def choose_auto(q: Tensor, graph: Graph) -> str:
     "triton" for CUDA tensors with D <= 256 when triton is importable, else "csr". Never
     "reference" or "scatter" (both are slower everywhere). Inside a torch.compile or torch.export
     trace, never "dense": its batches take their shapes from the block structure, so every new
-    batch would compile anew (pass backend="dense" to have it anyway)."""
-    blocks = None if tracing() else graph.blocks
+    batch would compile anew (pass backend="dense" to have it anyway). With edge_terms (edge_key,
+    edge_value, edge_scale or eps given), only backends that take them: never "dense"."""
+    blocks = None if tracing() or edge_terms else graph.blocks
     if blocks and len({(b.kind, b.n_src, b.n_dst) for b in blocks}) <= DENSE_MAX_SHAPES:
         if graph.num_edges >= DENSE_MIN_EDGES_PER_BLOCK * len(blocks) or all(
             not bk.padded and bk.kind in ("full", "causal") for bk in plan(graph).buckets
         ):
             return "dense"
     triton = _BACKENDS.get("triton")
-    if q.device.type == "cuda" and q.shape[-1] <= 256 and triton is not None and triton.available:
+    triton_serves = triton is not None and (triton.edge_terms or not edge_terms)
+    if q.device.type == "cuda" and q.shape[-1] <= 256 and triton_serves and triton.available:
         return "triton"
     return "csr"
 
@@ -86,18 +88,24 @@ def prepare(graph: Graph, heads: int, head_dim: Optional[int] = None, dtype: tor
     prepare_dense(graph)
 
 
-def get_backend(name: str, q: Tensor, graph: Graph) -> Backend:
-    """Resolve a backend name ("auto" included) to a usable Backend, or raise."""
+def get_backend(name: str, q: Tensor, graph: Graph, edge_terms: bool = False) -> Backend:
+    """Resolve a backend name ("auto" included) to a usable Backend, or raise. edge_terms: the call
+    has edge_key, edge_value, edge_scale or eps, which the backend must take."""
     if not isinstance(name, str):
         raise TypeError(f"backend must be a str, got {type(name).__name__}")
     if name == "auto":
-        name = choose_auto(q, graph)
+        name = choose_auto(q, graph, edge_terms)
     if name not in _BACKENDS:
         raise ValueError(f"unknown backend {name!r}; valid names are {', '.join(map(repr, backend_names()))}")
     backend = _BACKENDS[name]
     reason = backend.unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"backend {name!r} is not available: {reason}")
+    if edge_terms and not backend.edge_terms:
+        takers = ", ".join(repr(n) for n, b in _BACKENDS.items() if b.edge_terms)
+        raise ValueError(
+            f"backend {name!r} does not take edge_key, edge_value, edge_scale or eps; use one of {takers} or 'auto'"
+        )
     return backend
 
 
@@ -122,11 +130,14 @@ def _probe_triton() -> Optional[str]:
 
 
 # gather, clamp-exp, index_add: the definition; half types accumulate in float32 inside it
-register_backend(Backend("reference", reference_attention, dtypes={"cpu": ALL_FLOATS, "cuda": ALL_FLOATS}))
+register_backend(
+    Backend("reference", reference_attention, dtypes={"cpu": ALL_FLOATS, "cuda": ALL_FLOATS}, edge_terms=True)
+)
 register_backend(Backend("csr", csr_attention))  # SDDMM + CSR SpMM with a hand-written backward
 # batched matmuls (or SDPA) over the graph's dense blocks; CUDA's SDPA and fused kernels take half types
 register_backend(Backend("dense", dense_attention, dtypes={"cpu": (torch.float32, torch.float64), "cuda": ALL_FLOATS}))
-register_backend(Backend("scatter", scatter.scatter_attention, probe=scatter.probe))  # the reference on torch_scatter
+# the reference on torch_scatter
+register_backend(Backend("scatter", scatter.scatter_attention, probe=scatter.probe, edge_terms=True))
 register_backend(
     Backend(
         "triton",

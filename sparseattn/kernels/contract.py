@@ -27,7 +27,11 @@ class AttentionInputs(NamedTuple):
     sources into N_dst destinations along E edges; scale: score scale; clamp: (lo, hi) bounds on
     the scaled score, or None for exact softmax; bias: (E, H) additive scores or None; dropout_mask:
     (E, H) multipliers of the normalized weights (0 or 1/(1 - p)) or None; return_weights: also
-    return the (E, H) normalized weights. Per-edge tensors are in the graph's edge order."""
+    return the (E, H) normalized weights; edge_key: (E, H, D) added to the key of each edge's
+    source, edge_value: (E, H, Dv) added to its value, edge_scale: (E, H, D) multiplied per channel
+    into the query-key product (each None when absent); eps: added to each destination's
+    normalizer (clamp mode only; 0 otherwise). Per-edge tensors are in the graph's edge order.
+    A backend sees edge terms and eps > 0 only when its `Backend.edge_terms` says it takes them."""
 
     q: Tensor
     k: Tensor
@@ -38,6 +42,15 @@ class AttentionInputs(NamedTuple):
     bias: Optional[Tensor]
     dropout_mask: Optional[Tensor]
     return_weights: bool
+    edge_key: Optional[Tensor] = None
+    edge_value: Optional[Tensor] = None
+    edge_scale: Optional[Tensor] = None
+    eps: float = 0.0
+
+    @property
+    def has_edge_terms(self) -> bool:
+        """Whether any edge term or a normalizer eps is present (what `Backend.edge_terms` gates)."""
+        return self.edge_key is not None or self.edge_value is not None or self.edge_scale is not None or self.eps != 0
 
 
 # returns out (N_dst, H, Dv) in q's dtype and, when inputs.return_weights, the weights (E, H), else None
@@ -55,13 +68,16 @@ def _no_dependencies() -> Optional[str]:
 class Backend:
     """A registered backend: its function, the device types it takes tensors on, the input dtypes it
     computes in per device type (others are cast to float32 by `edge_attention`), and a probe of
-    its optional dependencies (returns why it is unavailable, or None), run once when first asked."""
+    its optional dependencies (returns why it is unavailable, or None), run once when first asked.
+    edge_terms: whether it computes edge_key, edge_value, edge_scale and eps (`AttentionInputs`);
+    `edge_attention` refuses those inputs for a backend that does not, and "auto" avoids it."""
 
     name: str
     fn: BackendFn
     probe: Callable[[], Optional[str]] = _no_dependencies
     devices: Tuple[str, ...] = ("cpu", "cuda")
     dtypes: Dict[str, Tuple[torch.dtype, ...]] = field(default_factory=lambda: {"cpu": FLOATS, "cuda": FLOATS})
+    edge_terms: bool = False
     _unavailable: Optional[str] = field(default=None, init=False)
     _probed: bool = field(default=False, init=False)
 

@@ -1,10 +1,11 @@
 """The reference backend: the definition of edge attention in plain torch.
 
-For each edge e = (s, t):
-    score_e = scale * <k[s], q[t]> (+ bias[e])
+For each edge e = (s, t), per head (edge terms and bias are optional: absent, they drop out):
+    score_e = scale * sum_d q[t, d] * (k[s, d] + edge_key[e, d]) * edge_scale[e, d] + bias[e]
     w_e     = exp(clamp(score_e, lo, hi))             (clamp mode, DGL's scaled_exp)
             = exp(score_e - max_{e' -> t} score_e')   (clamp=None: exact softmax)
-    wv[t]   = sum_{e -> t} w_e * v[s],   z[t] = sum_{e -> t} w_e,   out[t] = wv[t] / z[t]
+    wv[t]   = sum_{e -> t} w_e * (v[s] + edge_value[e]),   z[t] = sum_{e -> t} w_e
+    out[t]  = wv[t] / (z[t] + eps)                    (eps = 0: a destination without edges gets 0)
 Autograd is torch's own, so it differentiates to any order; `reference_backward` lends that to
 the fast backends' hand-written backwards under create_graph=True. Every fast backend is tested
 against this file.
@@ -30,10 +31,15 @@ def reference_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tenso
     """The "reference" backend (the contract in contract.py): out (N_dst, H, Dv) in q's dtype and, if
     asked, the weights (E, H) in the graph's edge order. Any float dtype; half types accumulate in
     float32. Degenerate shapes (E = 0; H, D or Dv = 0) give their defined result."""
-    q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights = inputs
+    q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights = inputs[:9]
     src, dst = graph.src, graph.dst
     acc = accumulation_dtype(q.dtype)
-    score = (k[src].to(acc) * q[dst].to(acc)).sum(-1) * scale  # (E, H)
+    keys = k[src].to(acc)  # (E, H, D)
+    if inputs.edge_key is not None:
+        keys = keys + inputs.edge_key.to(acc)
+    if inputs.edge_scale is not None:
+        keys = keys * inputs.edge_scale.to(acc)
+    score = (keys * q[dst].to(acc)).sum(-1) * scale  # (E, H)
     if bias is not None:
         score = score + bias.to(acc)
     if clamp is not None:
@@ -48,15 +54,19 @@ def reference_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tenso
     z = torch.zeros(graph.num_dst, w.shape[1], dtype=acc, device=q.device).index_add_(0, dst, w)
     w_v = w if dropout_mask is None else w * dropout_mask.to(acc)
     wv = torch.zeros(graph.num_dst, *v.shape[1:], dtype=acc, device=q.device)
-    wv = wv.index_add_(0, dst, w_v[..., None] * v[src].to(acc))  # (N_dst, H, Dv)
-    z_safe = torch.where(z > 0, z, torch.ones_like(z))  # no in-edges: wv = 0, so out = 0
+    values = v[src].to(acc) if inputs.edge_value is None else v[src].to(acc) + inputs.edge_value.to(acc)
+    wv = wv.index_add_(0, dst, w_v[..., None] * values)  # (N_dst, H, Dv)
+    if inputs.eps:
+        z_safe = z + inputs.eps
+    else:
+        z_safe = torch.where(z > 0, z, torch.ones_like(z))  # no in-edges: wv = 0, so out = 0
     out = (wv / z_safe[..., None]).to(q.dtype)
     weights = (w / z_safe[dst]).to(q.dtype) if return_weights else None
     return out, weights
 
 
 def reference_backward(
-    inputs: Tuple[Tensor, Tensor, Tensor, Optional[Tensor]],
+    inputs: Sequence[Optional[Tensor]],
     needs: Tuple[bool, ...],
     graph: Graph,
     *,
@@ -65,15 +75,19 @@ def reference_backward(
     dropout_mask: Optional[Tensor],
     grad_out: Optional[Tensor],
     grad_weights: Optional[Tensor],
+    eps: float = 0.0,
 ) -> list:
-    """Gradients of <out, grad_out> + <weights, grad_weights> with respect to inputs = (q, k, v, bias),
-    recomputed through `reference_attention` with create_graph=True, so they can be differentiated
-    again. A fast backend's backward calls this when it runs under create_graph=True
-    (torch.is_grad_enabled() inside backward). needs[i] says whether inputs[i] wants a gradient;
-    the others get None. Shapes as `reference_attention`."""
-    q, k, v, bias = inputs
+    """Gradients of <out, grad_out> + <weights, grad_weights> with respect to inputs = (q, k, v,
+    bias[, edge_key, edge_value, edge_scale]), recomputed through `reference_attention` with
+    create_graph=True, so they can be differentiated again. A fast backend's backward calls this
+    when it runs under create_graph=True (torch.is_grad_enabled() inside backward). needs[i] says
+    whether inputs[i] wants a gradient; the others get None. Shapes as `reference_attention`."""
+    q, k, v, bias, edge_key, edge_value, edge_scale = (*inputs, None, None, None)[:7]
+    assert q is not None and k is not None and v is not None
     out, weights = reference_attention(
-        AttentionInputs(q, k, v, graph, scale, clamp, bias, dropout_mask, grad_weights is not None)
+        AttentionInputs(q, k, v, graph, scale, clamp, bias, dropout_mask, grad_weights is not None)._replace(
+            edge_key=edge_key, edge_value=edge_value, edge_scale=edge_scale, eps=eps
+        )
     )
     pairs = [(o, g) for o, g in ((out, grad_out), (weights, grad_weights)) if g is not None and o is not None]
     wanted = [t for t, need in zip(inputs, needs) if need and t is not None]
@@ -95,15 +109,18 @@ def differentiable_grads(
     clamp: Optional[Sequence[float]],
     grad_out: Optional[Tensor],
     grad_weights: Optional[Tensor],
+    edge_terms: Sequence[Optional[Tensor]] = (),
+    eps: float = 0.0,
 ) -> list:
-    """What a fast backend's backward returns for (q, k, v, bias) when it runs under
-    create_graph=True (torch.is_grad_enabled() inside the backward): `reference_backward`'s
-    gradients on the graph edge_index (2, E) from k's N_src rows into q's N_dst rows, which torch
-    can differentiate again. bias and dropout_mask (E, H) in edge_index's order or None."""
+    """What a fast backend's backward returns for (q, k, v, bias[, edge_key, edge_value,
+    edge_scale]) when it runs under create_graph=True (torch.is_grad_enabled() inside the
+    backward): `reference_backward`'s gradients on the graph edge_index (2, E) from k's N_src rows
+    into q's N_dst rows, which torch can differentiate again. bias and dropout_mask (E, H) and
+    edge_terms ((E, H, D), (E, H, Dv), (E, H, D) or None) in edge_index's order."""
     graph = Graph._trusted(edge_index, k.shape[0], q.shape[0])
     lo_hi = None if clamp is None else (float(clamp[0]), float(clamp[1]))
     return reference_backward(
-        (q, k, v, bias),
+        (q, k, v, bias, *edge_terms),
         needs,
         graph,
         scale=scale,
@@ -111,13 +128,14 @@ def differentiable_grads(
         dropout_mask=dropout_mask,
         grad_out=grad_out,
         grad_weights=grad_weights,
+        eps=eps,
     )
 
 
 def op_grads(
     num_inputs: int, positions: Sequence[int], grads: Sequence[Optional[Tensor]]
 ) -> Tuple[Optional[Tensor], ...]:
-    """What a fast backend's custom op returns from its backward: `grads` (of q, k, v, bias) at
+    """What a fast backend's custom op returns from its backward: `grads` (of q, k, v, bias, ...) at
     those inputs' positions, None for each of its other num_inputs inputs (index tensors, flags)."""
     out: List[Optional[Tensor]] = [None] * num_inputs
     for i, g in zip(positions, grads):

@@ -2,9 +2,9 @@
 
 Edges are taken in the graph's destination-sorted CSR order, so every per-destination sum or
 max is a `segment_csr` over contiguous runs (no atomics, no sort at call time):
-    score_e = scale * <k[s], q[t]> (+ bias)               gathered per edge, (E, H)
+    score_e = scale * <k[s] (+ edge_key), q[t]> (* edge_scale per channel) (+ bias)   per edge, (E, H)
     w_e     = exp(clamp(score_e)) or exp(score_e - segment_csr(score, "max"))
-    out[t]  = segment_csr(w * mask * v[s]) / segment_csr(w)
+    out[t]  = segment_csr(w * mask * (v[s] (+ edge_value))) / (segment_csr(w) (+ eps))
 torch_scatter's own backwards are not differentiable (double backward would silently drop the
 second-order terms), so the summing ops are wrapped in `_SegmentSum` and `_Gather`, each the
 other's backward: autograd then works to any order. Like the reference (and PyG), it gathers
@@ -67,15 +67,21 @@ class _Gather(torch.autograd.Function):
 
 def scatter_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     """The "scatter" backend (the contract in contract.py): float32/float64 inputs."""
-    q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights = inputs
+    q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights = inputs[:9]
     from torch_scatter import segment_csr
 
     csr = graph.csr()
     ptr, src, perm = csr.ptr, csr.idx, None if graph.is_sorted_by_dst else csr.perm
+
+    def sorted_(x: Optional[Tensor]) -> Optional[Tensor]:  # a per-edge tensor in caller order -> sorted
+        return x if x is None or perm is None else x[perm]
+
+    edge_key, edge_value, edge_scale = (sorted_(t) for t in (inputs.edge_key, inputs.edge_value, inputs.edge_scale))
     q_e = _Gather.apply(q, ptr)  # (E, H, D): q of each sorted edge's destination
-    score = (k[src] * q_e).sum(-1) * scale  # (E, H)
+    keys = k[src] if edge_key is None else k[src] + edge_key
+    score = (keys * q_e if edge_scale is None else keys * edge_scale * q_e).sum(-1) * scale  # (E, H)
     if bias is not None:
-        score = score + (bias if perm is None else bias[perm])
+        score = score + sorted_(bias)
     if clamp is not None:
         w = torch.exp(score.clamp(clamp[0], clamp[1]))
     else:
@@ -83,8 +89,9 @@ def scatter_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]
         w = torch.exp(score - _Gather.apply(m.masked_fill(torch.isneginf(m), 0.0), ptr))
     z = _SegmentSum.apply(w, ptr)  # (N_dst, H)
     w_v = w if dropout_mask is None else w * (dropout_mask if perm is None else dropout_mask[perm])
-    wv = _SegmentSum.apply(w_v[..., None] * v[src], ptr)  # (N_dst, H, Dv)
-    z_safe = torch.where(z > 0, z, torch.ones_like(z))
+    values = v[src] if edge_value is None else v[src] + edge_value
+    wv = _SegmentSum.apply(w_v[..., None] * values, ptr)  # (N_dst, H, Dv)
+    z_safe = z + inputs.eps if inputs.eps else torch.where(z > 0, z, torch.ones_like(z))
     out = wv / z_safe[..., None]
     weights = None
     if return_weights:

@@ -743,7 +743,7 @@ def _check_runnable(q: Tensor) -> None:
 def triton_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     """The fused Triton backend (the contract in contract.py): D, Dv <= 256; float16/bfloat16/float32
     accumulate in float32, float64 in float64."""
-    q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights = inputs
+    q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights = inputs[:9]
     _check_runnable(q)
     if max(q.shape[2], v.shape[2]) > MAX_HEAD_DIM:
         raise ValueError(

@@ -49,7 +49,7 @@ def csr_attention(inputs: AttentionInputs, layout: Optional[str] = None) -> Tupl
     then calls the forward op."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    q, k, v, graph, scale, clamp, bias, mask, return_weights = inputs
+    q, k, v, graph, scale, clamp, bias, mask, return_weights = inputs[:9]
     grad = torch.is_grad_enabled()
     wants_grad = grad and any(t is not None and t.requires_grad for t in (q, k, v, bias))
     kv_grad = grad and (k.requires_grad or v.requires_grad)
