@@ -69,8 +69,8 @@ def choose_auto(q: Tensor, graph: Graph, edge_terms: bool = False) -> str:
         ):
             return "dense"
     triton = _BACKENDS.get("triton")
-    triton_serves = triton is not None and (triton.edge_terms or not edge_terms)
-    if q.device.type == "cuda" and q.shape[-1] <= 256 and triton_serves and triton.available:
+    triton_serves = triton is not None and (triton.edge_terms or not edge_terms) and triton.available
+    if q.device.type == "cuda" and q.shape[-1] <= 256 and triton_serves:
         return "triton"
     return "csr"
 
