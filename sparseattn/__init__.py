@@ -1,6 +1,6 @@
 """sparseattn: multi-head attention over the edges of a graph, in pure PyTorch."""
 
-from . import graphs
+from . import graphs, nn
 from ._checks import max_clamp_bound
 from .functional import edge_attention
 from .graphs import Graph
@@ -15,6 +15,7 @@ __all__ = [
     "EdgeAttention",
     "Graph",
     "graphs",
+    "nn",
     "KeyValue",
     "KVStore",
     "KVCache",

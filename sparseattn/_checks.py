@@ -15,11 +15,58 @@ from torch import Tensor
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
+def _is_pyg_edge_index(t: object) -> bool:
+    """Whether `t` is a torch_geometric.EdgeIndex: a Tensor subclass wrapping a plain (2, E) tensor,
+    recognized by its type's name and methods (sparseattn never imports torch_geometric). Plain
+    tensors, and the fake ones of a torch.compile/torch.export trace, are not looked into."""
+    return (
+        isinstance(t, Tensor) and type(t) is not Tensor and type(t).__name__ == "EdgeIndex" and hasattr(t, "as_tensor")
+    )
+
+
+def plain_edge_index(edge_index: object) -> object:
+    """A torch_geometric.EdgeIndex as the plain tensor it wraps (its `as_tensor()`: no copy; its
+    `as_subclass(torch.Tensor)` would stay an EdgeIndex, whose every op goes through PyG's
+    `__torch_function__`); anything else as it is."""
+    return edge_index.as_tensor() if _is_pyg_edge_index(edge_index) else edge_index  # type: ignore[attr-defined]
+
+
+def edge_index_sizes(edge_index: object) -> Tuple[Optional[int], Optional[int]]:
+    """(num_src, num_dst) a torch_geometric.EdgeIndex records (its `sparse_size()`, None where not
+    set); (None, None) for anything else."""
+    if not _is_pyg_edge_index(edge_index):
+        return None, None
+    rows, cols = edge_index.sparse_size()  # type: ignore[attr-defined]
+    return rows, cols
+
+
+def pyg_hint(obj: object) -> str:
+    """The end of a TypeError for a torch_geometric Data/Batch passed where a graph belongs."""
+    if hasattr(obj, "edge_index") or hasattr(obj, "adj_t"):
+        return f": convert a {type(obj).__name__} once with sparseattn.graphs.from_pyg(data) and pass that Graph"
+    return ""
+
+
+def check_graph_tensor(graph: object) -> Tensor:
+    """The `graph=` of `edge_attention`/`EdgeAttention` when it is not a Graph: a tensor, a
+    torch_geometric.EdgeIndex becoming its plain tensor (node counts still come from q and k). A PyG
+    Data/Batch is refused, pointing to `sparseattn.graphs.from_pyg`."""
+    graph = plain_edge_index(graph)
+    if not isinstance(graph, Tensor):
+        raise TypeError(
+            f"graph must be a (2, E) tensor or a sparseattn.Graph, got {type(graph).__name__}{pyg_hint(graph)}"
+        )
+    return graph
+
+
 def check_edge_index(edge_index: object, name: str = "edge_index") -> Tensor:
-    """Check that `edge_index` is a (2, E) integer tensor; return it as int64."""
+    """Check that `edge_index` is a (2, E) integer tensor (a torch_geometric.EdgeIndex: the plain
+    tensor it wraps); return it as int64."""
+    edge_index = plain_edge_index(edge_index)
     if not isinstance(edge_index, Tensor):
         raise TypeError(
-            f"{name} must be a torch.Tensor of shape (2, E) or a sparseattn.Graph, got {type(edge_index).__name__}"
+            f"{name} must be a torch.Tensor of shape (2, E) or a sparseattn.Graph, "
+            f"got {type(edge_index).__name__}{pyg_hint(edge_index)}"
         )
     if edge_index.dtype not in _INT_DTYPES:
         raise TypeError(f"{name} must have an integer dtype (int64 preferred), got {edge_index.dtype}")
@@ -37,15 +84,17 @@ def check_node_count(name: str, n: object) -> int:
     return n
 
 
-def check_node_ids(ids: Tensor, num_nodes: int, name: str) -> None:
-    """Raise IndexError if any id in `ids` is negative or >= num_nodes."""
+def check_node_ids(ids: Tensor, num_nodes: int, name: str, count: Optional[str] = None) -> None:
+    """Raise IndexError if any id in `ids` is negative or >= num_nodes; `count` names the argument
+    that set num_nodes (such as "num_src"), which the message then names as the fix."""
     if ids.numel() == 0:
         return
     lo, hi = (int(x) for x in torch.aminmax(ids))
     if lo < 0:
         raise IndexError(f"{name} contains a negative node id ({lo})")
     if hi >= num_nodes:
-        raise IndexError(f"{name} contains node id {hi}, out of range for {num_nodes} nodes")
+        fix = f" ({count}={num_nodes}: pass {count}={hi + 1} or more)" if count else ""
+        raise IndexError(f"{name} contains node id {hi}, out of range for {num_nodes} nodes{fix}")
 
 
 def check_qkv(q: object, k: object, v: object) -> None:
@@ -101,15 +150,20 @@ def check_bias(bias: Optional[Tensor], num_edges: int, num_heads: int) -> Option
 
 
 def check_edge_term(t: Optional[Tensor], name: str, shape: Tuple[int, int, int], width: str) -> Optional[Tensor]:
-    """Check an edge term of shape (E, H, width) = shape: a floating-point tensor or None."""
+    """Check an edge term of shape (E, H, width) = shape, or (E, 1, width) shared by the heads: a
+    floating-point tensor or None."""
     if t is None:
         return None
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of shape (E, H, {width}), got {type(t).__name__}")
     if not t.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape (E, H, {width}) = {tuple(shape)}, got {tuple(t.shape)}")
+    num_edges, heads, w = shape
+    if t.dim() != 3 or t.shape[0] != num_edges or t.shape[1] not in (heads, 1) or t.shape[2] != w:
+        raise ValueError(
+            f"{name} must have shape (E, H, {width}) = {tuple(shape)} or (E, 1, {width}) = {(num_edges, 1, w)} "
+            f"(shared by the heads), got {tuple(t.shape)}"
+        )
     return t
 
 

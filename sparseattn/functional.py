@@ -13,6 +13,7 @@ from ._checks import (
     check_dropout,
     check_edge_term,
     check_eps,
+    check_graph_tensor,
     check_qkv,
     check_same_device,
     check_scale,
@@ -35,8 +36,9 @@ def as_graph(graph: GraphLike, num_src: int, num_dst: int) -> Graph:
                 torch._check(have == want)
             elif have != want:
                 raise ValueError(
-                    f"graph has {name}={have} but {rows} {want} rows; a Graph built without {name}= counts "
-                    f"nodes up to its largest id: build it as Graph(edge_index, num_src={num_src}, num_dst={num_dst})"
+                    f"graph has {name}={have} but {rows} {want} rows; build it with the tensors' node counts, "
+                    f"Graph(edge_index, num_src={num_src}, num_dst={num_dst}) (without {name}= a Graph counts "
+                    "nodes up to its largest id)"
                 )
         return graph
     return Graph._borrowing(graph, num_src=num_src, num_dst=num_dst)  # lives for this call: no copy
@@ -69,7 +71,8 @@ def edge_attention(
         k: (N_src, H, D) keys, one row per source node.
         v: (N_src, H, Dv) values.
         graph: (2, E) integer tensor (row 0 source, row 1 destination; N_src and N_dst are
-            taken from k and q) or a `Graph` with matching node counts.
+            taken from k and q; a torch_geometric.EdgeIndex is taken as its plain tensor) or a
+            `Graph` with matching node counts (a PyG Data/Batch: `graphs.from_pyg(data)` first).
         scale: score scale, default 1/sqrt(D).
         clamp: (lo, hi) bounds on the scaled score (the DGL tutorial's scaled_exp), or None for
             exact softmax (max-subtracted; equal to dense masked softmax at any score magnitude).
@@ -82,6 +85,9 @@ def edge_attention(
         edge_value: optional (E, H, Dv) added to the value of each edge's source; differentiable.
         edge_scale: optional (E, H, D) multiplied per channel into the query-key product
             (Exphormer, the Dwivedi-Bresson graph transformer); differentiable.
+            Each edge term may also be (E, 1, .), one row shared by the heads: "csr" then reads it
+            once per edge and returns its gradient without any (E, H, .) tensor (edge_key,
+            edge_value; `sparseattn.nn.TransformerConv` builds on this).
         eps: added to each destination's normalizer sum_e w_e (Exphormer's 1e-6); clamp mode
             only (ValueError with clamp=None). Default 0: a destination without edges gets 0.
         dropout_p: probability of dropping each normalized edge weight (attention dropout);
@@ -103,8 +109,8 @@ def edge_attention(
     or -inf is clamped to hi or lo like any other score.
     """
     check_qkv(q, k, v)
-    if not isinstance(graph, (Graph, Tensor)):
-        raise TypeError(f"graph must be a (2, E) tensor or a sparseattn.Graph, got {type(graph).__name__}")
+    if not isinstance(graph, Graph):  # a torch_geometric.EdgeIndex becomes its plain tensor; a PyG Data is refused
+        graph = check_graph_tensor(graph)
     edge_index = graph.edge_index if isinstance(graph, Graph) else graph
     check_same_device(q=q, k=k, v=v, graph=edge_index)
     g = as_graph(graph, num_src=k.shape[0], num_dst=q.shape[0])

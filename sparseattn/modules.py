@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
-from typing import Callable, Optional, Tuple, Union
+from typing import Any, Callable, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.hooks import RemovableHandle
 
-from ._checks import check_clamp, check_dropout, check_node_ids
+from ._checks import check_clamp, check_dropout, check_eps, check_graph_tensor, check_node_ids
 from .functional import GraphLike, as_graph, edge_attention
 from .graphs import Graph
 from .kernels import backend_names
@@ -23,6 +24,20 @@ class EdgeAttention(nn.Module):
     Parameter names, shapes and initialisation follow `nn.MultiheadAttention` (packed
     `in_proj_weight` when kdim == vdim == embed_dim, else `q_proj_weight`, `k_proj_weight`,
     `v_proj_weight`; `in_proj_bias`; `out_proj`), so a state dict loads from one to the other.
+    With clamp=None the module computes what nn.MultiheadAttention computes on the same graph;
+    clamp mode (the default) differs wherever a scaled score leaves [lo, hi]. To convert an
+    nn.MultiheadAttention use `EdgeAttention.from_multihead_attention(mha)` (exact mode, checked).
+
+    State dicts: nothing beyond MHA's keys is saved (an `_extra_state` entry would break strict
+    loading into nn.MultiheadAttention). The module's clamp goes into the state dict's metadata
+    (`state_dict()._metadata`, kept by torch.save/torch.load), and `load_state_dict` warns where the
+    clamp would change results silently: a state dict whose metadata lacks that record (from
+    nn.MultiheadAttention, or saved by sparseattn before it kept the record) loaded into a
+    clamp-mode module, or one saved under another clamp. A plain dict without metadata (a copy,
+    an EMA average) says nothing of its origin and loads without a warning.
+    Keys `bias_k`/`bias_v` (MHA's add_bias_kv) are refused with ValueError: their extra key row
+    has no counterpart along graph edges. MHA's add_zero_attn leaves no key, so only
+    `from_multihead_attention` can refuse it.
 
     Args:
         embed_dim: model width; must be divisible by num_heads.
@@ -33,10 +48,12 @@ class EdgeAttention(nn.Module):
             +-686 raise ValueError here, beyond +-65 at a call with float32/float16/bfloat16 inputs.
         backend: kernel backend passed to `edge_attention`.
         kdim, vdim: feature sizes of the key and value inputs (default embed_dim).
+        eps: added to each destination's normalizer (clamp mode only; see `edge_attention`).
 
     Shapes:
         x_dst: (N_dst, embed_dim); x_src: (N_src, kdim) (None: self-attention, x_src = x_dst);
-        x_value: (N_src, vdim), default x_src; edge_bias: (E, H) or (E,).
+        x_value: (N_src, vdim), default x_src; edge_bias: (E, H) or (E,); edge_key, edge_value,
+        edge_scale: (E, H, D) or (E, embed_dim), the latter split into heads as the projections are.
         Output: (N_dst, embed_dim); with return_weights also (E, H) weights.
 
     Beyond the plain call, as incremental decoders and adaptive-depth models need:
@@ -58,6 +75,7 @@ class EdgeAttention(nn.Module):
         backend: str = "auto",
         kdim: Optional[int] = None,
         vdim: Optional[int] = None,
+        eps: float = 0.0,
     ) -> None:
         super().__init__()
         if embed_dim <= 0 or num_heads <= 0:
@@ -76,6 +94,7 @@ class EdgeAttention(nn.Module):
         self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
         self.dropout = check_dropout(dropout, "dropout")
         self.clamp = check_clamp(clamp)  # the widest dtype's range here; edge_attention checks q's dtype per call
+        self.eps = check_eps(eps, self.clamp)
         self.backend = backend
         if self._qkv_same_embed_dim:
             self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
@@ -150,6 +169,9 @@ class EdgeAttention(nn.Module):
         cache: Optional["KVStore"] = None,
         dst_rows: Optional[Tensor] = None,
         edge_bias: Optional[Tensor] = None,
+        edge_key: Optional[Tensor] = None,
+        edge_value: Optional[Tensor] = None,
+        edge_scale: Optional[Tensor] = None,
         return_weights: bool = False,
     ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
         """Attend from the sources into the destinations along `graph`'s edges.
@@ -157,7 +179,8 @@ class EdgeAttention(nn.Module):
         Args:
             x_dst: (N_dst, embed_dim) destination inputs; with `dst_rows`, (R, embed_dim) inputs of
                 just those destinations.
-            graph: (2, E) edge index or `Graph` from N_src sources into N_dst destinations.
+            graph: (2, E) edge index (or torch_geometric.EdgeIndex) or `Graph` from N_src sources
+                into N_dst destinations (a PyG Data/Batch: `graphs.from_pyg(data)` first).
             x_src: (N_src, kdim) source inputs; None means self-attention (x_src = x_dst).
             x_value: (N_src, vdim) value inputs, default x_src.
             kv: keys and values projected earlier (`project_kv`), used instead of x_src/x_value.
@@ -166,13 +189,22 @@ class EdgeAttention(nn.Module):
             dst_rows: (R,) int64 destination ids: compute only these rows of the output (the edges
                 into other destinations are skipped; every source stays readable).
             edge_bias: (E, H) or (E,) additive scores.
+            edge_key, edge_value, edge_scale: per-edge terms already projected by the caller (no
+                projection of the module's applies to them), added to the keys, added to the
+                values, multiplied per channel into q·k (see `edge_attention`): (E, H, D), or
+                (E, embed_dim) viewed as (E, H, D).
             return_weights: also return the normalized (E, H) weights.
+            With `dst_rows`, per-edge inputs may have a row per edge of `graph` (those of the
+            edges into `dst_rows` are used) or per edge of `graph.dst_subgraph`.
 
         Returns: (N_dst, embed_dim), or (R, embed_dim) with `dst_rows`; with return_weights also the
         (E', H) weights of the edges attended along (E' = E, or the edges into `dst_rows`, in the
         order of `graph.dst_subgraph`). Registered weight hooks see the same weights.
         """
         _check_rows("x_dst", x_dst, self.embed_dim, "embed_dim", "N_dst")
+        if not isinstance(graph, Graph):  # a torch_geometric.EdgeIndex becomes its plain tensor
+            graph = check_graph_tensor(graph)
+        per_edge = [edge_bias, *(self._split_heads(t) for t in (edge_key, edge_value, edge_scale))]
         self_attention = x_src is None and x_value is None
         if self_attention and kv is None and cache is None and dst_rows is None and self._qkv_same_embed_dim:
             # one packed matmul, as nn.MultiheadAttention does for self-attention
@@ -188,7 +220,10 @@ class EdgeAttention(nn.Module):
         if cache is not None:
             kv = cache.update(kv, dst_rows)
         if dst_rows is not None:
-            graph, q = _select_destinations(graph, q, kv.k.shape[0], dst_rows)
+            graph, q, kept = _select_destinations(graph, q, kv.k.shape[0], dst_rows)
+            per_edge = [
+                t[kept] if isinstance(t, Tensor) and t.dim() and t.shape[0] == kept.shape[0] else t for t in per_edge
+            ]
         need_weights = return_weights or bool(self._weights_hooks)
         result = edge_attention(
             q,
@@ -196,7 +231,11 @@ class EdgeAttention(nn.Module):
             kv.v,
             graph,
             clamp=self.clamp,
-            bias=edge_bias,
+            bias=per_edge[0],
+            edge_key=per_edge[1],
+            edge_value=per_edge[2],
+            edge_scale=per_edge[3],
+            eps=self.eps,
             dropout_p=self.dropout if self.training else 0.0,
             backend=self.backend,
             return_weights=need_weights,
@@ -212,6 +251,64 @@ class EdgeAttention(nn.Module):
             return out, weights
         return out
 
+    def _split_heads(self, t: Optional[Tensor]) -> Optional[Tensor]:
+        """An (E, embed_dim) edge term as (E, H, D); anything else as it is (edge_attention checks it)."""
+        if isinstance(t, Tensor) and t.dim() == 2 and t.shape[1] == self.embed_dim:
+            return t.reshape(t.shape[0], self.num_heads, self.head_dim)  # (E, embed_dim) -> (E, H, D)
+        return t
+
+    @classmethod
+    def from_multihead_attention(cls, mha: nn.MultiheadAttention, *, backend: str = "auto") -> "EdgeAttention":
+        """An exact-mode (clamp=None) EdgeAttention computing what `mha` computes: the same
+        embed_dim, num_heads, kdim/vdim, bias and dropout, its weights copied (packed or separate
+        projections), on its device and dtype and in its training mode. `mha(x, x, x, attn_mask=m)`
+        equals this module over the graph of the pairs m allows (`graphs.complete(L)` for no mask,
+        `graphs.causal(L)` for the causal one); batch_first only changes how inputs are laid out:
+        a (B, L, E) batch is x.reshape(B * L, E) over `graphs.batch` of B graphs.
+
+        Raises ValueError for add_zero_attn=True or bias_k/bias_v (add_bias_kv=True): each adds a key
+        row (zeros, or learned) that every query attends to, which has no node along graph edges.
+        """
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(f"mha must be an nn.MultiheadAttention, got {type(mha).__name__}")
+        no_node = "every query attends to, and sparseattn attends only along graph edges (no extra key row)"
+        if mha.add_zero_attn:
+            raise ValueError(f"mha.add_zero_attn is True: it appends a zero key/value row {no_node}")
+        if mha.bias_k is not None or mha.bias_v is not None:
+            raise ValueError(f"mha.bias_k/bias_v exist (add_bias_kv=True): a learned key/value row {no_node}")
+        weight = mha.out_proj.weight
+        attn = cls(
+            mha.embed_dim,
+            mha.num_heads,
+            bias=mha.in_proj_bias is not None,
+            dropout=mha.dropout,
+            clamp=None,
+            backend=backend,
+            kdim=mha.kdim,
+            vdim=mha.vdim,
+        ).to(device=weight.device, dtype=weight.dtype)
+        attn.load_state_dict(mha.state_dict())
+        return attn.train(mha.training)
+
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        """The parameters, as nn.MultiheadAttention saves them, and the clamp in the metadata."""
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        metadata = getattr(destination, "_metadata", None)
+        if metadata is not None and prefix[:-1] in metadata:
+            metadata[prefix[:-1]][_CLAMP_RECORD] = self.clamp
+
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, local_metadata: dict, *args: Any) -> None:
+        """Refuse MHA's bias_k/bias_v; warn where the clamp would change results (class docstring)."""
+        for name in ("bias_k", "bias_v"):
+            if prefix + name in state_dict:
+                raise ValueError(
+                    f"state dict key {prefix + name!r} comes from an nn.MultiheadAttention with add_bias_kv=True: "
+                    "its learned key/value row has no counterpart in EdgeAttention, which attends only along edges"
+                )
+        if prefix + "in_proj_weight" in state_dict or prefix + "q_proj_weight" in state_dict:
+            _warn_if_clamp_changes(self.clamp, local_metadata)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)
+
     def register_weights_hook(self, hook: Callable[["EdgeAttention", GraphLike, Tensor], None]) -> RemovableHandle:
         """Call `hook(module, graph, weights)` after every forward, with the (E, H) normalized
         weights along `graph` (the graph attended along: with `dst_rows`, the subgraph of edges into
@@ -224,7 +321,34 @@ class EdgeAttention(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, "
-            f"clamp={self.clamp}, backend={self.backend!r}"
+            f"clamp={self.clamp}, backend={self.backend!r}" + (f", eps={self.eps}" if self.eps else "")
+        )
+
+
+_CLAMP_RECORD = "sparseattn_clamp"  # the key EdgeAttention adds to its state-dict metadata
+
+
+def _warn_if_clamp_changes(clamp: Optional[Tuple[float, float]], metadata: dict) -> None:
+    """Warn when weights loaded into a module with `clamp` were saved under another clamp, or come
+    with a module's metadata but no record of a clamp while this module is in clamp mode (a plain
+    dict has no metadata: nothing is known). One text per case: shown once, not per layer."""
+    if _CLAMP_RECORD not in metadata:
+        if clamp is not None and "version" in metadata:  # metadata of a module other than EdgeAttention
+            warnings.warn(
+                "EdgeAttention.load_state_dict: these weights carry no record of an EdgeAttention's clamp (they "
+                "come from nn.MultiheadAttention, or from sparseattn before it kept the record); with this "
+                f"module's clamp={clamp} its outputs differ from nn.MultiheadAttention's wherever a scaled score "
+                "leaves the clamp: use clamp=None or EdgeAttention.from_multihead_attention",
+                stacklevel=3,
+            )
+        return
+    saved = metadata[_CLAMP_RECORD]
+    saved = tuple(saved) if isinstance(saved, (list, tuple)) else saved
+    if saved != clamp:
+        warnings.warn(
+            f"EdgeAttention.load_state_dict: weights saved with clamp={saved} load into a module with "
+            f"clamp={clamp}; outputs change wherever a scaled score lies outside either clamp",
+            stacklevel=3,
         )
 
 
@@ -240,9 +364,9 @@ def _check_rows(name: str, x: object, width: int, width_name: str, rows: str, nu
         raise ValueError(f"{name} must have shape ({rows}, {width_name}={width}), got {shape}")
 
 
-def _select_destinations(graph: GraphLike, q: Tensor, num_src: int, dst_rows: Tensor) -> Tuple[Graph, Tensor]:
-    """The subgraph of edges into `dst_rows` and queries placed at those rows (zeros elsewhere).
-    q: (R, H, D) -> (N_dst, H, D)."""
+def _select_destinations(graph: GraphLike, q: Tensor, num_src: int, dst_rows: Tensor) -> Tuple[Graph, Tensor, Tensor]:
+    """The subgraph of edges into `dst_rows`, queries placed at those rows (zeros elsewhere) and
+    the (E,) bool mask of the kept edges. q: (R, H, D) -> (N_dst, H, D)."""
     if not isinstance(dst_rows, Tensor) or dst_rows.dim() != 1 or dst_rows.dtype != torch.long:
         raise TypeError("dst_rows must be a 1-D int64 tensor of destination ids")
     if dst_rows.shape[0] != q.shape[0]:
@@ -261,4 +385,5 @@ def _select_destinations(graph: GraphLike, q: Tensor, num_src: int, dst_rows: Te
             "be written over each other"
         )
     q_all = q.new_zeros(g.num_dst, *q.shape[1:]).index_copy(0, dst_rows, q)
-    return g.dst_subgraph(active), q_all
+    kept = active[g.dst]  # (E,) the edges into dst_rows
+    return g.edge_subgraph(kept), q_all, kept

@@ -2,6 +2,7 @@
 
 from .builders import batch, bipartite, block_edges, causal, complete, from_blocks, from_row_pointers, random, window
 from .graph import CSR, Block, Graph
+from .pyg import from_pyg
 
 __all__ = [
     "Graph",
@@ -16,4 +17,5 @@ __all__ = [
     "from_blocks",
     "from_row_pointers",
     "block_edges",
+    "from_pyg",
 ]

@@ -8,7 +8,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from .._checks import check_edge_index, check_node_count, check_node_ids
+from .._checks import check_edge_index, check_node_count, check_node_ids, edge_index_sizes
 from .._tracing import caching_in_trace, tracing
 from .structure import CSR, compress, compress_op, destination_major, row_pointers
 
@@ -57,9 +57,11 @@ class Graph:
 
     Args:
         edge_index: (2, E) integer tensor; row 0 = source node, row 1 = destination node.
-            Duplicate edges are kept and count once each.
-        num_src: number of source nodes (default: largest source id + 1).
-        num_dst: number of destination nodes (default: largest destination id + 1).
+            Duplicate edges are kept and count once each. A torch_geometric.EdgeIndex is taken as
+            the plain tensor it wraps.
+        num_src: number of source nodes (default: an EdgeIndex's sparse size where set, else
+            largest source id + 1, which misses trailing nodes without out-edges).
+        num_dst: number of destination nodes (default likewise, from the destinations).
 
     The graph is validated once at construction and keeps a contiguous int64 copy of the
     index, so the tensor passed in may be reused or edited afterwards. It is immutable:
@@ -78,9 +80,11 @@ class Graph:
         num_src: Optional[int] = None,
         num_dst: Optional[int] = None,
     ) -> None:
+        sizes = edge_index_sizes(edge_index)  # a torch_geometric.EdgeIndex's, else (None, None)
+        num_src, num_dst = (size if n is None else n for n, size in zip((num_src, num_dst), sizes))
         # a copy of its own (contiguous int64): the caller may reuse or edit the tensor passed in
         edge_index = check_edge_index(edge_index).to(torch.long, memory_format=torch.contiguous_format, copy=True)
-        self._validate_and_init(edge_index, num_src, num_dst)
+        self._validate_and_init(edge_index, num_src, num_dst, counts_given=True)
 
     @classmethod
     def _borrowing(cls, edge_index: Tensor, num_src: Optional[int] = None, num_dst: Optional[int] = None) -> "Graph":
@@ -91,7 +95,11 @@ class Graph:
         g._validate_and_init(check_edge_index(edge_index).contiguous(), num_src, num_dst)
         return g
 
-    def _validate_and_init(self, edge_index: Tensor, num_src: Optional[int], num_dst: Optional[int]) -> None:
+    def _validate_and_init(
+        self, edge_index: Tensor, num_src: Optional[int], num_dst: Optional[int], counts_given: bool = False
+    ) -> None:
+        """counts_given: num_src/num_dst came from the caller of `Graph(...)`, so an id beyond them
+        is reported with the argument to change."""
         if tracing():  # nothing that reads the index: its ids are checked when the CSR is built
             if num_src is None or num_dst is None:
                 raise ValueError(
@@ -106,8 +114,8 @@ class Graph:
         if num_dst is None:
             num_dst = int(dst.max()) + 1 if dst.numel() else 0
         num_src, num_dst = check_node_count("num_src", num_src), check_node_count("num_dst", num_dst)
-        check_node_ids(src, num_src, "edge_index[0] (sources)")
-        check_node_ids(dst, num_dst, "edge_index[1] (destinations)")
+        check_node_ids(src, num_src, "edge_index[0] (sources)", "num_src" if counts_given else None)
+        check_node_ids(dst, num_dst, "edge_index[1] (destinations)", "num_dst" if counts_given else None)
         # destination-major input (as the builders list edges) needs no sort, and without
         # duplicates its dense blocks are recognized on first use of `blocks`
         sorted_by_dst, unique = destination_major(src, dst, num_src, num_dst)
@@ -242,7 +250,9 @@ class Graph:
 
     @property
     def num_graphs(self) -> int:
-        """How many graphs `graphs.batch` joined into this one (1 if not a batch)."""
+        """How many graphs `graphs.batch`, `from_blocks` or `from_pyg` joined into this one (1 if
+        not a batch). A batch records its per-graph node ranges (`src_ptr`, `dst_ptr`), with or
+        without dense `blocks`."""
         return len(self._dst_ptr) - 1 if self._dst_ptr is not None else 1
 
     @property

@@ -133,7 +133,7 @@ def _probe_triton() -> Optional[str]:
 register_backend(
     Backend("reference", reference_attention, dtypes={"cpu": ALL_FLOATS, "cuda": ALL_FLOATS}, edge_terms=True)
 )
-register_backend(Backend("csr", csr_attention))  # SDDMM + CSR SpMM with a hand-written backward
+register_backend(Backend("csr", csr_attention, edge_terms=True))  # SDDMM + CSR SpMM with a hand-written backward
 # batched matmuls (or SDPA) over the graph's dense blocks; CUDA's SDPA and fused kernels take half types
 register_backend(Backend("dense", dense_attention, dtypes={"cpu": (torch.float32, torch.float64), "cuda": ALL_FLOATS}))
 # the reference on torch_scatter
@@ -147,6 +147,7 @@ register_backend(
         probe=_probe_triton,
         devices=("cuda",),
         dtypes={"cpu": ALL_FLOATS, "cuda": ALL_FLOATS},  # float32 (float64 for float64) accumulators
+        edge_terms=True,  # edge_key, edge_value, edge_scale and eps inside the fused kernels
     )
 )
 

@@ -5,20 +5,29 @@ by `_config`) walks t's in-edges in the destination-sorted CSR in tiles of BLOCK
 and v[s, h], and accumulates z = sum w_e and wv = sum w_e m_e v[s] in registers in float32 (float64
 for float64 inputs), with w_e = exp(clamp(score_e)) or, for clamp=None, an online max as in
 FlashAttention. It writes
-out[t, h] = wv / z once (0 without in-edges) and one statistic per destination and head,
-lse = log z (clamp) or max + log z (exact), so that p_e = w_e / z = exp(logit_e - lse[t]).
-Bias, dropout mask and returned weights stay in the caller's edge order, indexed through perm.
+out[t, h] = wv / (z + eps) once (0 without in-edges when eps = 0) and one statistic per destination
+and head, lse = log(z + eps) (clamp) or max + log z (exact), so that p_e = w_e / (z + eps) =
+exp(logit_e - lse[t]). Bias, dropout mask, edge terms and returned weights stay in the caller's edge
+order, read and written through perm (each sorted edge's caller position).
 
-Backward recomputes the weights; nothing of shape (E, H, D) is ever stored. With
-dp_e = m_e <do[t], v[s]> + dweights_e and g_e clamp's gradient indicator (1 in exact mode):
+Edge terms (each optional; absent ones compile away through the HAS_EDGE_* flags): per edge and head
+the key is (k[s] + edge_key[e]) * edge_scale[e] and the value v[s] + edge_value[e]; the kernels load
+those rows where they load k[s] and v[s], so no (E, H, D) tensor is made besides the inputs and their
+gradients. An (E, 1, .) term, shared by the heads, is read with head stride 0.
+
+Backward recomputes the weights; nothing of shape (E, H, D) is ever stored but the edge terms'
+gradients. With dp_e = m_e <do[t], v[s] + edge_value[e]> + dweights_e and g_e clamp's gradient
+indicator (1 in exact mode):
     dscore_e = g_e p_e (dp_e - delta[t]),   delta[t] = sum_{e -> t} p_e dp_e  (= <do[t], out[t]> + ...).
 `_bwd_dq_kernel` walks the CSR once: delta in float32 (not from the rounded output, which costs
-half-precision gradients accuracy), dq[t] = scale (sum g p dp k[s] - delta sum g p k[s]), and p dp
+half-precision gradients accuracy), dq[t] = scale (sum g p dp key_e - delta sum g p key_e), and p dp
 per edge into an (E, H) buffer in caller order. `_bwd_dkdv_kernel` walks the transposed CSR (per
-source): dscore, which it leaves in that buffer as dbias, dk[s] = scale sum_e dscore_e q[t] and
-dv[s] = sum_e p_e m_e do[t]. No atomics, so every run gives bit-identical gradients. Under
-create_graph=True (double backward) backward recomputes through the reference instead
-(`reference.differentiable_grads`), whose gradients torch can differentiate again.
+source): dscore, which it leaves in that buffer as dbias; with G_e = scale dscore_e q[t],
+dk[s] = sum_e G_e edge_scale[e], dv[s] = sum_e p_e m_e do[t], and per edge d edge_key[e] =
+G_e edge_scale[e], d edge_scale[e] = G_e (k[s] + edge_key[e]), d edge_value[e] = p_e m_e do[t] (a
+shared term's per-head rows are summed afterwards). No atomics, so every run gives bit-identical
+gradients. Under create_graph=True (double backward) backward recomputes through the reference
+instead (`reference.differentiable_grads`), whose gradients torch can differentiate again.
 
 The launches are two custom ops, `sparseattn::triton_attention_fwd`/`_bwd`, with an autograd rule:
 eager, compiled and exported code call the same ops, and a compiled graph holds them whole. Runs on
@@ -80,6 +89,38 @@ def _gather(P, rows, heads, offs, s_n, s_h, live_h, width):
 
 
 @triton.jit
+def _rows(P, rows, h, offs, s_n, s_h, live, width):
+    """P[rows, h, :width] as a (BLOCK_E, BLOCK_X) tile, 0 where live (BLOCK_E,) is False."""
+    mask = live[:, None] & (offs < width)[None, :]
+    return tl.load(P + rows[:, None] * s_n + h * s_h + offs[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _edge_keys(
+    kt,
+    EK,
+    ES,
+    pos,
+    heads,
+    offs_d,
+    sek_e,
+    sek_h,
+    ses_e,
+    ses_h,
+    live_h,
+    D,
+    HAS_EDGE_KEY: tl.constexpr,
+    HAS_EDGE_SCALE: tl.constexpr,
+):
+    """Gathered keys kt (BLOCK_E, BLOCK_H, BLOCK_D) -> (kt + edge_key[pos]) * edge_scale[pos]."""
+    if HAS_EDGE_KEY:
+        kt += _gather(EK, pos, heads, offs_d, sek_e, sek_h, live_h, D).to(kt.dtype)
+    if HAS_EDGE_SCALE:
+        kt *= _gather(ES, pos, heads, offs_d, ses_e, ses_h, live_h, D).to(kt.dtype)
+    return kt
+
+
+@triton.jit
 def _fwd_kernel(
     Q,
     K,
@@ -89,6 +130,9 @@ def _fwd_kernel(
     OUT,
     LSE,
     W,
+    EK,
+    EV,
+    ES,
     PTR,
     IDX,
     PERM,
@@ -104,6 +148,12 @@ def _fwd_kernel(
     sb_h,
     sm_e,
     sm_h,
+    sek_e,
+    sek_h,
+    sev_e,
+    sev_h,
+    ses_e,
+    ses_h,
     H,
     D,
     DV,
@@ -119,12 +169,19 @@ def _fwd_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
     RETURN_WEIGHTS: tl.constexpr,
+    HAS_EDGE_KEY: tl.constexpr,
+    HAS_EDGE_VALUE: tl.constexpr,
+    HAS_EDGE_SCALE: tl.constexpr,
+    HAS_EPS: tl.constexpr,
     ACC: tl.constexpr,
 ):
     """One program per destination t and group of BLOCK_H heads (see LAYOUTS). Accumulators have
     ROWS = BLOCK_E rows with per-lane accumulators (LANES), else 1: z, m (ROWS, BLOCK_H),
-    acc (ROWS, BLOCK_H, BLOCK_DV); the lanes are combined once, after the loop."""
+    acc (ROWS, BLOCK_H, BLOCK_DV); the lanes are combined once, after the loop. EK, EV, ES: the edge
+    terms (E, H or 1, D / Dv) in caller order, read when their HAS_ flag is set; HAS_EPS: SCALARS[3]
+    is eps."""
     ROWS: tl.constexpr = BLOCK_E if LANES else 1
+    TERMS: tl.constexpr = HAS_EDGE_KEY or HAS_EDGE_VALUE or HAS_EDGE_SCALE
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BLOCK_H,)
     in_h = heads < H
@@ -142,11 +199,19 @@ def _fwd_kernel(
         live = e < end
         live_h = live[:, None] & in_h[None, :]  # (BLOCK_E, BLOCK_H)
         src = tl.load(IDX + e, mask=live, other=0)
+        if TERMS:  # the edge terms' gathers need each edge's caller-order position up front
+            pos = tl.load(PERM + e, mask=live, other=0)
         kt = _gather(K, src, heads, offs_d, sk_n, sk_h, live_h, D).to(ACC)  # (BLOCK_E, BLOCK_H, BLOCK_D)
         if V_EARLY:  # one memory round trip for both gathers
             vt = _gather(V, src, heads, offs_dv, sv_n, sv_h, live_h, DV).to(ACC)  # (BLOCK_E, BLOCK_H, BLOCK_DV)
+            if HAS_EDGE_VALUE:
+                vt += _gather(EV, pos, heads, offs_dv, sev_e, sev_h, live_h, DV).to(ACC)
+        if HAS_EDGE_KEY or HAS_EDGE_SCALE:
+            kt = _edge_keys(
+                kt, EK, ES, pos, heads, offs_d, sek_e, sek_h, ses_e, ses_h, live_h, D, HAS_EDGE_KEY, HAS_EDGE_SCALE
+            )
         s = tl.sum(kt * q[None, :, :], 2) * sc  # (BLOCK_E, BLOCK_H)
-        if HAS_BIAS or HAS_MASK:
+        if (HAS_BIAS or HAS_MASK) and not TERMS:
             pos = tl.load(PERM + e, mask=live, other=0)  # caller-order position of each edge
         if HAS_BIAS:
             s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
@@ -165,6 +230,8 @@ def _fwd_kernel(
             w = w * tl.load(MASK + pos[:, None] * sm_e + heads[None, :] * sm_h, mask=live_h, other=0.0).to(ACC)
         if not V_EARLY:
             vt = _gather(V, src, heads, offs_dv, sv_n, sv_h, live_h, DV).to(ACC)
+            if HAS_EDGE_VALUE:
+                vt += _gather(EV, pos, heads, offs_dv, sev_e, sev_h, live_h, DV).to(ACC)
         acc += _fold(w[:, :, None] * vt, LANES)
     if CLAMP:
         m = tl.zeros([BLOCK_H], ACC)
@@ -174,13 +241,15 @@ def _fwd_kernel(
         m = tl.where(m == float("-inf"), 0.0, m)  # (BLOCK_H,)
         f = tl.exp(m_i - m[None, :])  # 0 for a lane that saw no edge
         z, wv = tl.sum(z_i * f, 0), tl.sum(acc * f[:, :, None], 0)
-    z_safe = tl.where(z > 0, z, 1.0)  # no in-edges: wv = 0, so out = 0
+    if HAS_EPS:
+        z += tl.load(SCALARS + 3)
+    z_safe = tl.where(z > 0, z, 1.0)  # no in-edges (and eps = 0): wv = 0, so out = 0
     tl.store(
         OUT + t * so_n + heads[:, None] * so_h + offs_dv[None, :],
         (wv / z_safe[:, None]).to(OUT.dtype.element_ty),
         mask=in_h[:, None] & (offs_dv[None, :] < DV),
     )
-    lse = tl.log(z_safe) + m  # (BLOCK_H,)
+    lse = tl.log(z_safe) + m  # (BLOCK_H,); log(z + eps) in clamp mode
     tl.store(LSE + t * H + heads, lse, mask=in_h)
     if RETURN_WEIGHTS:  # second pass over the scores, now that lse is known
         for e0 in range(start, end, BLOCK_E):
@@ -189,7 +258,12 @@ def _fwd_kernel(
             live_h = live[:, None] & in_h[None, :]
             src = tl.load(IDX + e, mask=live, other=0)
             pos = tl.load(PERM + e, mask=live, other=0)
-            s = tl.sum(_gather(K, src, heads, offs_d, sk_n, sk_h, live_h, D).to(ACC) * q[None, :, :], 2) * sc
+            kt = _gather(K, src, heads, offs_d, sk_n, sk_h, live_h, D).to(ACC)
+            if HAS_EDGE_KEY or HAS_EDGE_SCALE:
+                kt = _edge_keys(
+                    kt, EK, ES, pos, heads, offs_d, sek_e, sek_h, ses_e, ses_h, live_h, D, HAS_EDGE_KEY, HAS_EDGE_SCALE
+                )
+            s = tl.sum(kt * q[None, :, :], 2) * sc
             if HAS_BIAS:
                 s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
             p = tl.exp(_logit(s, lo, hi, CLAMP) - lse[None, :])
@@ -209,6 +283,9 @@ def _bwd_dq_kernel(
     DQ,
     DELTA,
     PDP,
+    EK,
+    EV,
+    ES,
     PTR,
     IDX,
     PERM,
@@ -226,6 +303,12 @@ def _bwd_dq_kernel(
     sm_h,
     sw_e,
     sw_h,
+    sek_e,
+    sek_h,
+    sev_e,
+    sev_h,
+    ses_e,
+    ses_h,
     H,
     D,
     DV,
@@ -237,9 +320,13 @@ def _bwd_dq_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
     HAS_DW: tl.constexpr,
+    HAS_EDGE_KEY: tl.constexpr,
+    HAS_EDGE_VALUE: tl.constexpr,
+    HAS_EDGE_SCALE: tl.constexpr,
     ACC: tl.constexpr,
 ):
-    """One pass: with g = clamp indicator, dq = scale (sum g p dp k - delta sum g p k), delta = sum p dp."""
+    """One pass: with g = clamp indicator and key_e = (k[s] + edge_key[e]) * edge_scale[e],
+    dq = scale (sum g p dp key - delta sum g p key), delta = sum p dp."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     sc, lo, hi = tl.load(SCALARS), tl.load(SCALARS + 1), tl.load(SCALARS + 2)  # in ACC
@@ -259,6 +346,10 @@ def _bwd_dq_kernel(
         kt = tl.load(
             K + src[:, None] * sk_n + h * sk_h + offs_d[None, :], mask=live[:, None] & (offs_d[None, :] < D), other=0.0
         ).to(ACC)
+        if HAS_EDGE_KEY:
+            kt += _rows(EK, pos, h, offs_d, sek_e, sek_h, live, D).to(ACC)
+        if HAS_EDGE_SCALE:
+            kt *= _rows(ES, pos, h, offs_d, ses_e, ses_h, live, D).to(ACC)
         s = tl.sum(kt * q[None, :], 1) * sc
         if HAS_BIAS:
             s += tl.load(BIAS + pos * sb_e + h * sb_h, mask=live, other=0.0).to(ACC)
@@ -268,7 +359,9 @@ def _bwd_dq_kernel(
             mask=live[:, None] & (offs_dv[None, :] < DV),
             other=0.0,
         ).to(ACC)
-        dp = tl.sum(vt * do[None, :], 1)  # <do[t], v[s]>
+        if HAS_EDGE_VALUE:
+            vt += _rows(EV, pos, h, offs_dv, sev_e, sev_h, live, DV).to(ACC)
+        dp = tl.sum(vt * do[None, :], 1)  # <do[t], v[s] + edge_value[e]>
         if HAS_MASK:
             dp *= tl.load(MASK + pos * sm_e + h * sm_h, mask=live, other=0.0).to(ACC)
         if HAS_DW:
@@ -299,6 +392,12 @@ def _bwd_dkdv_kernel(
     DS,
     DK,
     DV_OUT,
+    EK,
+    EV,
+    ES,
+    DEK,
+    DEV,
+    DES,
     PTR,
     IDX,
     PERM,
@@ -314,6 +413,12 @@ def _bwd_dkdv_kernel(
     sb_h,
     sm_e,
     sm_h,
+    sek_e,
+    sek_h,
+    sev_e,
+    sev_h,
+    ses_e,
+    ses_h,
     H,
     D,
     DV,
@@ -324,10 +429,17 @@ def _bwd_dkdv_kernel(
     CLAMP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    HAS_EDGE_KEY: tl.constexpr,
+    HAS_EDGE_VALUE: tl.constexpr,
+    HAS_EDGE_SCALE: tl.constexpr,
+    GRAD_EDGE_KEY: tl.constexpr,
+    GRAD_EDGE_VALUE: tl.constexpr,
+    GRAD_EDGE_SCALE: tl.constexpr,
     ACC: tl.constexpr,
 ):
     """DS holds p dp from `_bwd_dq_kernel` and leaves holding dscore = g (p dp - p delta): overwritten in
-    place, so a triton.autotune of this kernel needs restore_value=["DS"]."""
+    place, so a triton.autotune of this kernel needs restore_value=["DS"]. DEK, DEV, DES: the edge
+    terms' gradients, (E, H, D / Dv) contiguous in caller order, written where their GRAD_ flag is set."""
     u = tl.program_id(0).to(tl.int64)  # a source node; PTR/IDX/PERM are the transposed CSR
     h = tl.program_id(1).to(tl.int64)
     sc, lo, hi = tl.load(SCALARS), tl.load(SCALARS + 1), tl.load(SCALARS + 2)  # in ACC
@@ -344,7 +456,18 @@ def _bwd_dkdv_kernel(
         qt = tl.load(
             Q + dst[:, None] * sq_n + h * sq_h + offs_d[None, :], mask=live[:, None] & (offs_d[None, :] < D), other=0.0
         ).to(ACC)  # (BLOCK_E, BLOCK_D)
-        s = tl.sum(qt * k[None, :], 1) * sc
+        if HAS_EDGE_KEY or HAS_EDGE_SCALE:
+            if HAS_EDGE_KEY:  # key: k[s] + edge_key[e], (BLOCK_E, BLOCK_D)
+                key = k[None, :] + _rows(EK, pos, h, offs_d, sek_e, sek_h, live, D).to(ACC)
+            else:
+                key = k[None, :]
+            if HAS_EDGE_SCALE:
+                es = _rows(ES, pos, h, offs_d, ses_e, ses_h, live, D).to(ACC)
+                s = tl.sum(qt * key * es, 1) * sc
+            else:
+                s = tl.sum(qt * key, 1) * sc
+        else:
+            s = tl.sum(qt * k[None, :], 1) * sc
         if HAS_BIAS:
             s += tl.load(BIAS + pos * sb_e + h * sb_h, mask=live, other=0.0).to(ACC)
         lse = tl.load(LSE + dst * H + h, mask=live, other=0.0)
@@ -353,7 +476,22 @@ def _bwd_dkdv_kernel(
         if CLAMP:
             ds = tl.where((s >= lo) & (s <= hi), ds, 0.0)
         tl.store(DS + pos * H + h, ds, mask=live)
-        dk += tl.sum(ds[:, None] * qt, 0)
+        g = ds[:, None] * qt  # (BLOCK_E, BLOCK_D): the score's gradient per key channel, / scale
+        if HAS_EDGE_SCALE:
+            if GRAD_EDGE_SCALE:
+                tl.store(
+                    DES + (pos * H + h)[:, None] * D + offs_d[None, :],
+                    (g * key * sc).to(DES.dtype.element_ty),
+                    mask=live[:, None] & (offs_d[None, :] < D),
+                )
+            g *= es
+        if GRAD_EDGE_KEY:
+            tl.store(
+                DEK + (pos * H + h)[:, None] * D + offs_d[None, :],
+                (g * sc).to(DEK.dtype.element_ty),
+                mask=live[:, None] & (offs_d[None, :] < D),
+            )
+        dk += tl.sum(g, 0)
         if HAS_MASK:
             p *= tl.load(MASK + pos * sm_e + h * sm_h, mask=live, other=0.0).to(ACC)
         dot = tl.load(
@@ -361,7 +499,14 @@ def _bwd_dkdv_kernel(
             mask=live[:, None] & (offs_dv[None, :] < DV),
             other=0.0,
         ).to(ACC)  # (BLOCK_E, BLOCK_DV)
-        dv += tl.sum(p[:, None] * dot, 0)
+        pdo = p[:, None] * dot
+        if GRAD_EDGE_VALUE:
+            tl.store(
+                DEV + (pos * H + h)[:, None] * DV + offs_dv[None, :],
+                pdo.to(DEV.dtype.element_ty),
+                mask=live[:, None] & (offs_dv[None, :] < DV),
+            )
+        dv += tl.sum(pdo, 0)
     tl.store(DK + u * sk_n + h * sk_h + offs_d, (dk * sc).to(DK.dtype.element_ty), mask=offs_d < D)
     tl.store(DV_OUT + u * sv_n + h * sv_h + offs_dv, dv.to(DV_OUT.dtype.element_ty), mask=offs_dv < DV)
 
@@ -478,23 +623,30 @@ def _strides(t: Optional[Tensor]) -> Tuple[int, int]:
     return (t.stride(0), t.stride(1)) if t is not None else (0, 0)
 
 
+EdgeTerms = Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]  # edge_key, edge_value, edge_scale
+_NO_TERMS: EdgeTerms = (None, None, None)
+
+
 @functools.lru_cache(maxsize=64)
-def _scalars(scale: float, lo: float, hi: float, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """[scale, lo, hi] as a tensor on the device, made once per setting and then only read. A
-    tensor, not float arguments: Triton passes Python floats to compiled kernels as float32, which
-    cost float64 inputs 1e-8 relative error on a GPU (the interpreter keeps them exact). Made once:
-    a new one per call was a host-to-device copy that CUDA's sync debug mode flagged as
-    synchronizing, 18 per Multi30k training step (H100, two per attention call)."""
+def _scalars(values: Tuple[float, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """[scale, lo, hi] (and eps, where the forward adds one) as a tensor on the device, made once
+    per setting and then only read. A tensor, not float arguments: Triton passes Python floats to
+    compiled kernels as float32, which cost float64 inputs 1e-8 relative error on a GPU (the
+    interpreter keeps them exact). Made once: a new one per call was a host-to-device copy that
+    CUDA's sync debug mode flagged as synchronizing, 18 per Multi30k training step (H100, two per
+    attention call)."""
     with torch.inference_mode(False):  # usable outside inference mode too
-        return torch.tensor([scale, lo, hi], dtype=dtype, device=device)
+        return torch.tensor(values, dtype=dtype, device=device)
 
 
-def _shared_args(q, v, scale, clamp, bias, dropout_mask):
+def _shared_args(q, v, scale, clamp, bias, dropout_mask, eps=0.0):
     """What every kernel takes: bias and mask (a never-read stand-in when absent), the dims
-    (H, D, Dv) and scalars ([scale, lo, hi] in the accumulation dtype), and the compile-time flags."""
+    (H, D, Dv) and scalars ([scale, lo, hi], then eps if it is not 0, in the accumulation dtype),
+    and the compile-time flags."""
     dummy = q.new_empty(1)
     lo, hi = clamp if clamp is not None else (0.0, 0.0)
-    scalars = _scalars(float(scale), float(lo), float(hi), accumulation_dtype(q.dtype), q.device)
+    values = (float(scale), float(lo), float(hi)) + ((float(eps),) if eps else ())
+    scalars = _scalars(values, accumulation_dtype(q.dtype), q.device)
     flags = dict(
         CLAMP=clamp is not None,
         HAS_BIAS=bias is not None,
@@ -509,12 +661,27 @@ def _shared_args(q, v, scale, clamp, bias, dropout_mask):
     )
 
 
-def _triton_forward(q, k, v, csr, scale, clamp, bias, dropout_mask, return_weights):
+def _edge_args(q: Tensor, terms: EdgeTerms) -> Tuple[Tuple[Tensor, ...], Tuple[int, ...], dict]:
+    """The edge terms as kernel arguments: the pointers EK, EV, ES (a never-read stand-in when
+    absent), their (edge, head) strides (head stride 0 for an (E, 1, .) term shared by the heads)
+    and the HAS_EDGE_* flags. Each term's last dim is contiguous (`triton_attention`)."""
+    dummy = q.new_empty(1)
+    ptrs = tuple(t if t is not None else dummy for t in terms)
+    strides = tuple(
+        x for t in terms for x in ((t.stride(0), t.stride(1) if t.shape[1] > 1 else 0) if t is not None else (0, 0))
+    )
+    names = ("HAS_EDGE_KEY", "HAS_EDGE_VALUE", "HAS_EDGE_SCALE")
+    return ptrs, strides, {n: t is not None for n, t in zip(names, terms)}
+
+
+def _triton_forward(q, k, v, csr, scale, clamp, bias, dropout_mask, return_weights, terms=_NO_TERMS, eps=0.0):
     """q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv) contiguous; csr: the destination-sorted
-    (ptr, idx, perm); bias, mask (E, H) or None. Returns out (N_dst, H, Dv), lse (N_dst, H) in the
-    accumulation dtype, weights (E, H) or None."""
+    (ptr, idx, perm); bias, mask (E, H) or None; terms: edge_key (E, H or 1, D), edge_value
+    (E, H or 1, Dv), edge_scale (E, H or 1, D), each or None; eps added to each normalizer. Returns
+    out (N_dst, H, Dv), lse (N_dst, H) in the accumulation dtype, weights (E, H) or None."""
     (n_dst, h), num_edges = q.shape[:2], csr[1].shape[0]
-    bias_t, mask_t, dims, flags = _shared_args(q, v, scale, clamp, bias, dropout_mask)
+    bias_t, mask_t, dims, flags = _shared_args(q, v, scale, clamp, bias, dropout_mask, eps)
+    term_ptrs, term_strides, term_flags = _edge_args(q, terms)
     out = torch.empty(n_dst, h, v.shape[2], dtype=q.dtype, device=q.device)
     lse = torch.empty(n_dst, h, dtype=accumulation_dtype(q.dtype), device=q.device)
     weights = torch.empty(num_edges, h, dtype=q.dtype, device=q.device) if return_weights else lse
@@ -528,6 +695,7 @@ def _triton_forward(q, k, v, csr, scale, clamp, bias, dropout_mask, return_weigh
         out,
         lse,
         weights,
+        *term_ptrs,
         *_contiguous(csr),
         *_strides(q),
         *_strides(k),
@@ -535,26 +703,44 @@ def _triton_forward(q, k, v, csr, scale, clamp, bias, dropout_mask, return_weigh
         *_strides(out),
         *_strides(bias),
         *_strides(dropout_mask),
+        *term_strides,
         *dims,
         RETURN_WEIGHTS=return_weights,
+        HAS_EPS=bool(eps),
         **flags,
+        **term_flags,
         **cfg,
     )
     return out, lse, (weights if return_weights else None)
 
 
-def _triton_backward(q, k, v, csr, csc, scale, clamp, bias, dropout_mask, lse, d_out, d_weights, tiles):
-    """Gradients (dq, dk, dv, dscore) of out (and of weights, if d_weights is given); dscore is
-    (E, H) in caller order and the accumulation dtype: it is dbias. csr, csc: the destination- and
-    source-sorted (ptr, idx, perm); tiles: both kernels' launch settings (`_bwd_tiles`, with
-    `backward_config`'s overrides)."""
+def _term_grad(t: Optional[Tensor], needed: bool, heads: int, acc: torch.dtype) -> Tuple[Optional[Tensor], bool]:
+    """The buffer an edge term's gradient is written into, (E, H, .) contiguous (in the accumulation
+    dtype for a term shared by the heads, whose rows are summed afterwards), or None; and whether
+    the term is shared."""
+    if t is None or not needed:
+        return None, False
+    shared = t.shape[1] == 1 and heads > 1
+    return torch.empty(t.shape[0], heads, t.shape[2], dtype=acc if shared else t.dtype, device=t.device), shared
+
+
+def _triton_backward(
+    q, k, v, csr, csc, scale, clamp, bias, dropout_mask, lse, d_out, d_weights, terms, needs_terms, tiles
+):
+    """Gradients (dq, dk, dv, dscore, d edge_key, d edge_value, d edge_scale) of out (and of weights,
+    if d_weights is given); dscore is (E, H) in caller order and the accumulation dtype: it is
+    dbias. The edge terms' gradients are shaped as the terms, None where absent or where
+    needs_terms (3 bools) says no. csr, csc: the destination- and source-sorted (ptr, idx, perm);
+    tiles: both kernels' launch settings (`_bwd_tiles`, with `backward_config`'s overrides)."""
     (n_dst, h), n_src, num_edges = q.shape[:2], k.shape[0], csr[1].shape[0]
     acc = accumulation_dtype(q.dtype)
     bias_t, mask_t, dims, flags = _shared_args(q, v, scale, clamp, bias, dropout_mask)
+    term_ptrs, term_strides, term_flags = _edge_args(q, terms)
     d_out = d_out.contiguous()
     delta = torch.empty(n_dst, h, dtype=acc, device=q.device)  # sum_e p_e dp_e = <do, out> (+ p . dweights)
     ds = torch.empty(num_edges, h, dtype=acc, device=q.device)  # p dp, then dscore; caller order
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    d_terms, shared = zip(*(_term_grad(t, need, h, acc) for t, need in zip(terms, needs_terms)))
     _bwd_dq_kernel[(n_dst, h)](
         q,
         k,
@@ -567,6 +753,7 @@ def _triton_backward(q, k, v, csr, csc, scale, clamp, bias, dropout_mask, lse, d
         dq,
         delta,
         ds,
+        *term_ptrs,
         *_contiguous(csr),
         *_strides(q),
         *_strides(k),
@@ -575,9 +762,11 @@ def _triton_backward(q, k, v, csr, csc, scale, clamp, bias, dropout_mask, lse, d
         *_strides(bias),
         *_strides(dropout_mask),
         *_strides(d_weights),
+        *term_strides,
         *dims,
         HAS_DW=d_weights is not None,
         **flags,
+        **term_flags,
         **tiles,
     )
     _bwd_dkdv_kernel[(n_src, h)](
@@ -591,6 +780,8 @@ def _triton_backward(q, k, v, csr, csc, scale, clamp, bias, dropout_mask, lse, d
         ds,
         dk,
         dv,
+        *term_ptrs,
+        *(d if d is not None else ds for d in d_terms),
         *_contiguous(csc),
         *_strides(q),
         *_strides(k),
@@ -598,11 +789,17 @@ def _triton_backward(q, k, v, csr, csc, scale, clamp, bias, dropout_mask, lse, d
         *_strides(d_out),
         *_strides(bias),
         *_strides(dropout_mask),
+        *term_strides,
         *dims,
+        GRAD_EDGE_KEY=d_terms[0] is not None,
+        GRAD_EDGE_VALUE=d_terms[1] is not None,
+        GRAD_EDGE_SCALE=d_terms[2] is not None,
         **flags,
+        **term_flags,
         **tiles,
     )
-    return dq, dk, dv, ds
+    d_terms = tuple(d.sum(1, keepdim=True).to(t.dtype) if sh else d for d, t, sh in zip(d_terms, terms, shared))
+    return (dq, dk, dv, ds, *d_terms)
 
 
 def _on(device: torch.device):
@@ -624,6 +821,10 @@ def triton_attention_fwd(
     cperm: Optional[Tensor],
     bias: Optional[Tensor],
     mask: Optional[Tensor],
+    edge_key: Optional[Tensor],
+    edge_value: Optional[Tensor],
+    edge_scale: Optional[Tensor],
+    eps: float,
     scale: float,
     clamp: Optional[List[float]],
     return_weights: bool,
@@ -631,14 +832,19 @@ def triton_attention_fwd(
     """The forward kernel as an op: out (N_dst, H, Dv), lse (N_dst, H) in the accumulation dtype
     (saved for the backward) and the weights (E, H) (empty unless return_weights). ptr, idx, perm:
     the destination-sorted CSR; cptr, cidx, cperm: the source-sorted one, for the backward (None
-    when no gradient is wanted); edge_index only for a double backward."""
+    when no gradient is wanted); edge_index only for a double backward. edge_key (E, H or 1, D),
+    edge_value (E, H or 1, Dv), edge_scale (E, H or 1, D): caller order, last dim contiguous."""
     with _on(q.device):
-        out, lse, weights = _triton_forward(q, k, v, (ptr, idx, perm), scale, _pair(clamp), bias, mask, return_weights)
+        out, lse, weights = _triton_forward(
+            q, k, v, (ptr, idx, perm), scale, _pair(clamp), bias, mask, return_weights,
+            (edge_key, edge_value, edge_scale), eps,
+        )  # fmt: skip
     return out, lse, weights if weights is not None else q.new_empty(0)
 
 
 @triton_attention_fwd.register_fake
-def _(q, k, v, edge_index, ptr, idx, perm, cptr, cidx, cperm, bias, mask, scale, clamp, return_weights):
+def _(q, k, v, edge_index, ptr, idx, perm, *rest):
+    return_weights = rest[-1]
     (n_dst, h), acc = q.shape[:2], accumulation_dtype(q.dtype)
     weights = q.new_empty(idx.shape[0], h) if return_weights else q.new_empty(0)
     return q.new_empty(n_dst, h, v.shape[2]), q.new_empty(n_dst, h, dtype=acc), weights
@@ -657,6 +863,9 @@ def triton_attention_bwd(
     cperm: Tensor,
     bias: Optional[Tensor],
     mask: Optional[Tensor],
+    edge_key: Optional[Tensor],
+    edge_value: Optional[Tensor],
+    edge_scale: Optional[Tensor],
     lse: Tensor,
     d_out: Tensor,
     d_weights: Optional[Tensor],
@@ -664,68 +873,79 @@ def triton_attention_bwd(
     clamp: Optional[List[float]],
     block_e: int,
     num_warps: int,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The two backward kernels as an op: dq, dk, dv and dscore ((E, H), the accumulation dtype:
-    the gradient of bias), launched with block_e edges per tile and num_warps warps."""
+    needs_terms: List[bool],
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The two backward kernels as an op: dq, dk, dv, dscore ((E, H), the accumulation dtype: the
+    gradient of bias) and the gradients of edge_key, edge_value, edge_scale (shaped as they are;
+    empty where a term is absent or needs_terms says no), launched with block_e edges per tile and
+    num_warps warps."""
     tiles = dict(_bwd_tiles(q.shape[2], v.shape[2]), BLOCK_E=block_e, num_warps=num_warps)
+    terms = (edge_key, edge_value, edge_scale)
     with _on(q.device):
-        return _triton_backward(
-            q,
-            k,
-            v,
-            (ptr, idx, perm),
-            (cptr, cidx, cperm),
-            scale,
-            _pair(clamp),
-            bias,
-            mask,
-            lse,
-            d_out,
-            d_weights,
-            tiles,
-        )
+        *grads, dek, dev, des = _triton_backward(
+            q, k, v, (ptr, idx, perm), (cptr, cidx, cperm), scale, _pair(clamp), bias, mask, lse, d_out, d_weights,
+            terms, needs_terms, tiles,
+        )  # fmt: skip
+    return (*grads, *(d if d is not None else q.new_empty(0) for d in (dek, dev, des)))
 
 
 @triton_attention_bwd.register_fake
-def _(q, k, v, ptr, idx, perm, cptr, cidx, cperm, bias, mask, lse, d_out, *rest):
+def _(q, k, v, ptr, idx, perm, cptr, cidx, cperm, bias, mask, edge_key, edge_value, edge_scale, *rest):
+    needs_terms = rest[-1]
     ds = q.new_empty(idx.shape[0], q.shape[1], dtype=accumulation_dtype(q.dtype))
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), ds
+    terms = (edge_key, edge_value, edge_scale)
+    d_terms = (
+        t.new_empty(t.shape) if t is not None and need else q.new_empty(0) for t, need in zip(terms, needs_terms)
+    )
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), ds, *d_terms)
 
 
 def _pair(clamp: Optional[List[float]]) -> Optional[Tuple[float, float]]:
     return None if clamp is None else (clamp[0], clamp[1])
 
 
+# inputs of the forward op, by name: the autograd rule returns a gradient for q, k, v, bias and the edge terms
+_FWD_INPUTS = (
+    "q k v edge_index ptr idx perm cptr cidx cperm bias mask edge_key edge_value edge_scale eps scale clamp "
+    "return_weights"
+).split()
+_GRADIENTS = ("q", "k", "v", "bias", "edge_key", "edge_value", "edge_scale")
+_GRAD_INPUTS = tuple(_FWD_INPUTS.index(n) for n in _GRADIENTS)
+_SAVED = "q k v edge_index ptr idx perm cptr cidx cperm bias mask edge_key edge_value edge_scale".split()
+
+
 def _setup(ctx, inputs, output):
-    q, k, v, edge_index, ptr, idx, perm, cptr, cidx, cperm, bias, mask, scale, clamp, _ = inputs
+    named = dict(zip(_FWD_INPUTS, inputs))
     ctx.mark_non_differentiable(output[1])  # lse only reaches the backward
     ctx.set_materialize_grads(False)  # no zeros made up for an output left unused
-    ctx.save_for_backward(q, k, v, edge_index, ptr, idx, perm, cptr, cidx, cperm, bias, mask, output[1])
-    ctx.scale, ctx.clamp = scale, clamp
+    ctx.save_for_backward(*(named[n] for n in _SAVED), output[1])
+    ctx.scale, ctx.clamp, ctx.eps = named["scale"], named["clamp"], named["eps"]
+    q, v = named["q"], named["v"]
     tiles = {**_bwd_tiles(q.shape[2], v.shape[2]), **_bwd_overrides}  # as set when the forward ran
     ctx.block_e, ctx.num_warps = tiles["BLOCK_E"], tiles["num_warps"]
 
 
-_GRAD_INPUTS = (0, 1, 2, 10)  # q, k, v, bias among triton_attention_fwd's 15 inputs
-
-
 def _backward(ctx, d_out, _d_lse, d_weights):
-    q, k, v, edge_index, ptr, idx, perm, cptr, cidx, cperm, bias, mask, lse = ctx.saved_tensors
+    q, k, v, edge_index, ptr, idx, perm, cptr, cidx, cperm, bias, mask, *terms, lse = ctx.saved_tensors
     wanted = [ctx.needs_input_grad[i] for i in _GRAD_INPUTS]
     if d_weights is not None and d_weights.numel() == 0:
         d_weights = None
     if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
         again = differentiable_grads(
-            edge_index, q, k, v, bias, mask, tuple(wanted), ctx.scale, ctx.clamp, d_out, d_weights
-        )
-        return op_grads(15, _GRAD_INPUTS, again)
+            edge_index, q, k, v, bias, mask, tuple(wanted), ctx.scale, ctx.clamp, d_out, d_weights,
+            edge_terms=tuple(terms), eps=ctx.eps,
+        )  # fmt: skip
+        return op_grads(len(_FWD_INPUTS), _GRAD_INPUTS, again)
     if d_out is None:  # only the weights were used
         d_out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
-    dq, dk, dv, ds = triton_attention_bwd(
-        q, k, v, ptr, idx, perm, cptr, cidx, cperm, bias, mask, lse, d_out.contiguous(), d_weights,
-        ctx.scale, ctx.clamp, ctx.block_e, ctx.num_warps,
+    needs_terms = [want and t is not None for want, t in zip(wanted[4:], terms)]
+    dq, dk, dv, ds, *d_terms = triton_attention_bwd(
+        q, k, v, ptr, idx, perm, cptr, cidx, cperm, bias, mask, *terms, lse, d_out.contiguous(), d_weights,
+        ctx.scale, ctx.clamp, ctx.block_e, ctx.num_warps, needs_terms,
     )  # fmt: skip
-    return op_grads(15, _GRAD_INPUTS, (dq, dk, dv, ds.to(bias.dtype) if bias is not None and wanted[3] else None))
+    dbias = ds.to(bias.dtype) if bias is not None and wanted[3] else None
+    d_terms = [d if need else None for d, need in zip(d_terms, needs_terms)]
+    return op_grads(len(_FWD_INPUTS), _GRAD_INPUTS, (dq, dk, dv, dbias, *d_terms))
 
 
 _attention_op = with_autograd(triton_attention_fwd, _setup, _backward)  # an autograd.Function in eager code
@@ -740,9 +960,14 @@ def _check_runnable(q: Tensor) -> None:
         )
 
 
+def _last_dim_contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
+    """An edge term as the kernels read it: rows with unit stride (other strides are passed)."""
+    return t if t is None or t.stride(2) == 1 else t.contiguous()
+
+
 def triton_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     """The fused Triton backend (the contract in contract.py): D, Dv <= 256; float16/bfloat16/float32
-    accumulate in float32, float64 in float64."""
+    accumulate in float32, float64 in float64. Takes the edge terms and eps (`Backend.edge_terms`)."""
     q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights = inputs[:9]
     _check_runnable(q)
     if max(q.shape[2], v.shape[2]) > MAX_HEAD_DIM:
@@ -750,7 +975,9 @@ def triton_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]
             f"the triton backend supports head dims up to {MAX_HEAD_DIM}, got D={q.shape[2]}, "
             f"Dv={v.shape[2]}; use another backend"
         )
-    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias))
+    terms = tuple(_last_dim_contiguous(t) for t in (inputs.edge_key, inputs.edge_value, inputs.edge_scale))
+    differentiable = (q, k, v, bias, *terms)
+    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in differentiable)
     transposed = graph.csc() if wants_grad else (None, None, None)  # the backward walks both orders
     out, _, weights = _attention_op(
         q.contiguous(),
@@ -761,6 +988,8 @@ def triton_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]
         *transposed,
         bias,
         None if dropout_mask is None else dropout_mask.detach(),
+        *terms,
+        float(inputs.eps),
         scale,
         None if clamp is None else list(clamp),
         return_weights,

@@ -93,7 +93,7 @@ def test_opcheck_of_the_forward_op(clamp, layout):
 
     g, q, k, v, bias, mask = _gradcheck_inputs(clamp)
     index = _op_index(g, layout)
-    args = (q, k, v, g.edge_index, *index, bias, mask, 0.7, clamp, True, layout == "head-major")
+    args = (q, k, v, g.edge_index, *index, bias, mask, None, None, None, 0.0, 0.7, clamp, True, layout == "head-major")
     torch.library.opcheck(
         csr_attention_fwd, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
     )
@@ -110,7 +110,10 @@ def test_eager_entry_runs_the_registered_rule(clamp, layout):
     index = _op_index(g, layout)
     results = []
     for fn in (csr_attention_op, csr_attention_fwd):
-        out, weights, *_ = fn(q, k, v, g.edge_index, *index, bias, mask, 0.7, clamp, True, layout == "head-major")
+        no_terms = (None, None, None, 0.0)  # edge_key, edge_value, edge_scale, eps
+        out, weights, *_ = fn(
+            q, k, v, g.edge_index, *index, bias, mask, *no_terms, 0.7, clamp, True, layout == "head-major"
+        )
         assert out.grad_fn is not None
         loss = (out * out).sum() + (weights * weights).sum()
         grads = torch.autograd.grad(loss, (q, k, v, bias), create_graph=True)

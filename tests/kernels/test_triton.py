@@ -466,15 +466,17 @@ _COMPILE = textwrap.dedent("""
         assert compiled.metadata.shared <= 227 * 1024, (kernel.__name__, constexprs, compiled.metadata.shared)
     for clamp in (True, False):
         flags = dict(CLAMP=clamp, HAS_BIAS=True, HAS_MASK=True, ACC=ACC)
+        terms = dict(HAS_EDGE_KEY=clamp, HAS_EDGE_VALUE=clamp, HAS_EDGE_SCALE=clamp)  # with and without
+        grads = dict(GRAD_EDGE_KEY=clamp, GRAD_EDGE_VALUE=clamp, GRAD_EDGE_SCALE=clamp)
         for layout in tk.LAYOUTS:
             with tk.forward_config(layout=layout):
                 cfg = tk._config(d, d, 8, 16.0)
             num_warps = cfg.pop("num_warps")
-            build(tk._fwd_kernel, dict(RETURN_WEIGHTS=True, **flags, **cfg), num_warps)
+            build(tk._fwd_kernel, dict(RETURN_WEIGHTS=True, HAS_EPS=clamp, **flags, **terms, **cfg), num_warps)
         cfg = tk._bwd_tiles(d, d)
         num_warps = cfg.pop("num_warps")
-        build(tk._bwd_dq_kernel, dict(HAS_DW=True, **flags, **cfg), num_warps)
-        build(tk._bwd_dkdv_kernel, dict(**flags, **cfg), num_warps)
+        build(tk._bwd_dq_kernel, dict(HAS_DW=True, **flags, **terms, **cfg), num_warps)
+        build(tk._bwd_dkdv_kernel, dict(**flags, **terms, **grads, **cfg), num_warps)
     print("compiled")
 """)
 

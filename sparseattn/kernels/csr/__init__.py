@@ -23,6 +23,10 @@ are wanted (its index is E entries, built from the graph's CSR by plain tensor o
 interleaved backward would build an H * E transposed index), interleaved otherwise (measured
 1.5-1.7x faster forward on window graphs of 8K and 65K tokens, level on a 50K-node random graph).
 Both run through the same custom ops (ops.py), whose index arguments index.py builds.
+
+Edge terms (edge_key, edge_value, edge_scale: the formulas in interleaved.py) run in the
+interleaved layout, whose caller map (`from_caller`) lets sddmm and spmm read them in the
+caller's order where they lie; eps (added to the normalizer) runs in both.
 """
 
 from __future__ import annotations
@@ -45,15 +49,22 @@ LAYOUTS = (None, "interleaved", "head-major")
 def csr_attention(inputs: AttentionInputs, layout: Optional[str] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """The "csr" backend (the contract in contract.py). layout: "interleaved", "head-major" or None
     to let `prefers_head_major` choose (inside a trace: head-major when gradients are wanted, else
-    interleaved). Builds (or reads from the graph's cache) the parts of the index this call needs,
+    interleaved); with edge terms always interleaved. Builds (or reads from the graph's cache) the
+    parts of the index this call needs,
     then calls the forward op."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     q, k, v, graph, scale, clamp, bias, mask, return_weights = inputs[:9]
+    terms = (inputs.edge_key, inputs.edge_value, inputs.edge_scale)
+    has_terms = any(t is not None for t in terms)
     grad = torch.is_grad_enabled()
-    wants_grad = grad and any(t is not None and t.requires_grad for t in (q, k, v, bias))
+    wants_grad = grad and any(t is not None and t.requires_grad for t in (q, k, v, bias, *terms))
     kv_grad = grad and (k.requires_grad or v.requires_grad)
-    if layout is None:  # traced code decides without looking at the data: head-major to train, else interleaved
+    if has_terms:
+        if layout == "head-major":
+            raise ValueError("edge terms (edge_key, edge_value, edge_scale) run in the interleaved layout only")
+        head_major_layout = False
+    elif layout is None:  # traced code decides without looking at the data: head-major to train, else interleaved
         head_major_layout = wants_grad if tracing() else prefers_head_major(graph, k, wants_grad)
     else:
         head_major_layout = layout == "head-major"
@@ -65,10 +76,11 @@ def csr_attention(inputs: AttentionInputs, layout: Optional[str] = None) -> Tupl
         ix = interleaved_index(graph, q.shape[1])
         row = ix.row if clamp is None or return_weights or wants_grad else None  # a clamp-mode forward needs none
         transposed = ix.transposed() if kv_grad else (None, None, None)
-        caller_in = bias is not None or mask is not None or (return_weights and wants_grad)  # (E, H) arriving
+        # (E, H) arriving in the caller's order; edge terms are read through the caller map both ways
+        caller_in = bias is not None or mask is not None or (return_weights and wants_grad) or has_terms
         from_caller = ix.from_caller if caller_in else None
         bias_grad = bias is not None and bias.requires_grad and grad
-        to_caller = ix.to_caller if return_weights or bias_grad else None
+        to_caller = ix.to_caller if return_weights or bias_grad or has_terms else None
         index = (ix.crow, ix.col, ix.offsets, row, *transposed, from_caller, to_caller)
         q, k, v = (t.contiguous() for t in (q, k, v))
     out, weights, *_ = csr_attention_op(
@@ -79,6 +91,8 @@ def csr_attention(inputs: AttentionInputs, layout: Optional[str] = None) -> Tupl
         *index,
         bias,
         mask,
+        *terms,
+        inputs.eps,
         scale,
         None if clamp is None else list(clamp),
         return_weights,

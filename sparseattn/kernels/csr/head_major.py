@@ -90,9 +90,11 @@ def forward(
     clamp: Optional[Tuple[float, float]],
     bias: Optional[Tensor],
     mask: Optional[Tensor],
+    eps: float = 0.0,
 ):
-    """q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv); bias, mask: (H, E) sorted or None.
-    Returns out (N_dst, H, Dv), w and score ((H, E); score None in exact mode), z_safe (H, N_dst)."""
+    """q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv); bias, mask: (H, E) sorted or None;
+    eps: added to the normalizer. Returns out (N_dst, H, Dv), w and score ((H, E); score None in
+    exact mode), z_safe (H, N_dst)."""
     heads, num_edges, shape = q.shape[1], pat.col.numel(), (q.shape[0], k.shape[0])
     out = q.new_empty(q.shape[0], heads, v.shape[2])
     w = q.new_empty(heads, num_edges)
@@ -109,7 +111,7 @@ def forward(
         else:
             exp_shifted_(s, pat.offsets, pat.row)
         z = torch.segment_reduce(w[h], "sum", offsets=pat.offsets)
-        z_safe[h] = z.masked_fill_(z == 0, 1.0)  # no in-edges: wv = 0, so out = 0
+        z_safe[h] = z.add_(eps) if eps else z.masked_fill_(z == 0, 1.0)  # no in-edges: wv = 0, so out = 0
         # normalized before the SpMM: an (E,) product instead of dividing the strided (N_dst, Dv) rows
         p = w[h] / take(z_safe[h], pat.row)
         if mask is not None:

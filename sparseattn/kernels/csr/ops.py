@@ -1,21 +1,25 @@
 """The csr kernels as two `torch.library` custom ops with an autograd rule: the one path of eager,
 compiled and exported code (the flash-attention pattern: op -> autograd rule -> thin function).
 
-    sparseattn::csr_attention_fwd(q, k, v, edge_index, <index>, bias, mask, scale, clamp,
-                                  return_weights, head_major) -> out, weights, w, score, z
-    sparseattn::csr_attention_bwd(grad_out, grad_weights, q, k, v, w, score, z, mask, <index>,
-                                  scale, clamp, head_major, needs) -> dq, dk, dv, dbias
+    sparseattn::csr_attention_fwd(q, k, v, edge_index, <index>, bias, mask, edge_key, edge_value,
+                                  edge_scale, eps, scale, clamp, return_weights, head_major)
+                                  -> out, weights, w, score, z
+    sparseattn::csr_attention_bwd(grad_out, grad_weights, q, k, v, w, score, z, mask, edge_index,
+                                  edge_key, edge_value, edge_scale, <index>, scale, clamp,
+                                  head_major, needs) -> dq, dk, dv, dbias, dedge_key, dedge_value,
+                                  dedge_scale
 
 <index> is crow, col, offsets, row, ccrow, ccol, to_csc, from_caller, to_caller of one layout
 (index.py; optional parts None when not needed: row in a clamp-mode inference of the interleaved
 layout, the transposed half when no gradient of k or v is wanted, the caller maps when nothing
 arrives or leaves in the caller's edge order). Shapes: q (N_dst, H, D), k (N_src, H, D),
-v (N_src, H, Dv), edge_index (2, E), bias and mask (E, H) in the caller's edge order; out
+v (N_src, H, Dv), edge_index (2, E), bias and mask (E, H), edge_key and edge_scale (E, H, D),
+edge_value (E, H, Dv) in the caller's edge order (edge terms: interleaved layout only); out
 (N_dst, H, Dv), weights (E, H) (empty unless return_weights); w and score (H * E,) in the layout's
 edge order (score empty in exact mode) and z (N_dst * H,) are saved for the backward. Under
 create_graph=True (double backward) the backward recomputes through the reference instead
 (`reference_backward`), whose gradients torch can differentiate again; edge_index is an input
-for that alone.
+for that and for the edge terms' nodes.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from ..op_autograd import with_autograd
 from ..reference import differentiable_grads, op_grads
 from . import head_major, interleaved
 from .index import HeadMajorIndex
+from .interleaved import EdgeTerms
 from .primitives import take
 
 
@@ -44,6 +49,36 @@ def _to_layout(x: Optional[Tensor], from_caller: Optional[Tensor], heads: int, h
         return (x if from_caller is None else x.index_select(0, from_caller)).t().contiguous()
     assert from_caller is not None
     return take(x.reshape(-1), from_caller)
+
+
+def _edge_terms(
+    edge_index: Tensor,
+    terms: Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]],
+    from_caller: Optional[Tensor],
+    to_caller: Optional[Tensor],
+) -> Optional[EdgeTerms]:
+    """The interleaved kernels' view of the edge terms ((E, H, .) -> (E * H, .) rows; (E, 1, .),
+    shared by the heads, -> (E, .) rows), or None without any."""
+    if all(t is None for t in terms):
+        return None
+    assert from_caller is not None and to_caller is not None, "edge terms need both caller maps"
+    heads = from_caller.shape[0] // max(edge_index.shape[1], 1)
+    is_shared = [t is not None and t.shape[1] == 1 and heads > 1 for t in terms]
+    shared = (is_shared[0], is_shared[1], is_shared[2])
+    rows = [None if t is None else t.contiguous().view(-1, t.shape[2]) for t in terms]
+    edge_of_slot = torch.div(from_caller, heads, rounding_mode="floor") if any(shared[:2]) else None
+    key, value, scale = rows
+    return EdgeTerms(
+        key,
+        value,
+        scale,
+        shared,
+        from_caller,
+        edge_of_slot,
+        to_caller.reshape(-1),
+        edge_index[0],
+        edge_index[1],
+    )
 
 
 def _to_caller(x: Tensor, to_caller: Optional[Tensor], heads: int, head_major_layout: bool) -> Tensor:
@@ -72,6 +107,10 @@ def csr_attention_fwd(
     to_caller: Optional[Tensor],
     bias: Optional[Tensor],
     mask: Optional[Tensor],
+    edge_key: Optional[Tensor],
+    edge_value: Optional[Tensor],
+    edge_scale: Optional[Tensor],
+    eps: float,
     scale: float,
     clamp: Optional[List[float]],
     return_weights: bool,
@@ -80,17 +119,18 @@ def csr_attention_fwd(
     heads = q.shape[1]
     lo_hi = _clamp(clamp)
     bias_l, mask_l = (_to_layout(x, from_caller, heads, head_major_layout) for x in (bias, mask))
+    terms = _edge_terms(edge_index, (edge_key, edge_value, edge_scale), from_caller, to_caller)
     if head_major_layout:
-        assert row is not None
+        assert row is not None and terms is None, "edge terms run in the interleaved layout"
         index = HeadMajorIndex(crow, col, offsets, row, ccrow, ccol, to_csc, from_caller, to_caller)  # type: ignore[arg-type]
-        out, w, score, z = head_major.forward(q, k, v, index, scale, lo_hi, bias_l, mask_l)
+        out, w, score, z = head_major.forward(q, k, v, index, scale, lo_hi, bias_l, mask_l, eps)
         p = w / z.index_select(1, row) if return_weights else None
     else:
         slots = interleaved.Slots(
             crow, col, offsets, row, ccrow, ccol, to_csc, (q.shape[0] * heads, k.shape[0] * heads)
         )
         q2, k2, v2 = (t.contiguous().view(-1, t.shape[2]) for t in (q, k, v))  # (N * H, D): views
-        out, w, score, z = interleaved.forward(q2, k2, v2, slots, scale, lo_hi, bias_l, mask_l)
+        out, w, score, z = interleaved.forward(q2, k2, v2, slots, scale, lo_hi, bias_l, mask_l, terms, eps)
         out = out.view(q.shape[0], heads, -1)
         p = w / take(z, row) if return_weights and row is not None else None
     weights = _to_caller(p, to_caller, heads, head_major_layout) if p is not None else w.new_empty(0)
@@ -99,7 +139,7 @@ def csr_attention_fwd(
 
 @csr_attention_fwd.register_fake
 def _(q, k, v, edge_index, crow, col, offsets, row, ccrow, ccol, to_csc, from_caller, to_caller, bias, mask, *rest):
-    scale, clamp, return_weights, head_major_layout = rest
+    scale, clamp, return_weights, head_major_layout = rest[-4:]
     heads, num_edges = q.shape[1], edge_index.shape[1]
     return (
         q.new_empty(q.shape[0], heads, v.shape[2]),
@@ -121,6 +161,10 @@ def csr_attention_bwd(
     score: Tensor,
     z: Tensor,
     mask: Optional[Tensor],
+    edge_index: Tensor,
+    edge_key: Optional[Tensor],
+    edge_value: Optional[Tensor],
+    edge_scale: Optional[Tensor],
     crow: Tensor,
     col: Tensor,
     offsets: Tensor,
@@ -134,46 +178,58 @@ def csr_attention_bwd(
     clamp: Optional[List[float]],
     head_major_layout: bool,
     needs: List[bool],
-) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """dq, dk, dv (shaped as q, k, v) and dbias ((E, H), caller order); an empty tensor where
-    `needs` (q, k, v, bias) says no gradient is wanted."""
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv (shaped as q, k, v), dbias ((E, H), caller order) and the edge terms' gradients
+    (shaped as they are); an empty tensor where `needs` (q, k, v, bias, edge_key, edge_value,
+    edge_scale) says no gradient is wanted."""
     heads = q.shape[1]
     lo_hi = _clamp(clamp)
     sc = score if clamp is not None else None
     mask_l = _to_layout(mask, from_caller, heads, head_major_layout)
     gw = _to_layout(grad_weights, from_caller, heads, head_major_layout)
-    need = (needs[0], needs[1], needs[2], needs[3])
+    need = tuple(bool(n) for n in needs)
+    d_terms: Tuple[Optional[Tensor], ...] = (None, None, None)
     if head_major_layout:
         index = HeadMajorIndex(crow, col, offsets, row, ccrow, ccol, to_csc, from_caller, to_caller)  # type: ignore[arg-type]
         w_l, z_l, sc = w.view(heads, -1), z.view(heads, -1), None if sc is None else sc.view(heads, -1)
-        dq, dk, dv, ds = head_major.backward(grad_out, gw, q, k, v, w_l, sc, z_l, mask_l, index, scale, lo_hi, need)
+        dq, dk, dv, ds = head_major.backward(
+            grad_out, gw, q, k, v, w_l, sc, z_l, mask_l, index, scale, lo_hi, (need[0], need[1], need[2], need[3])
+        )
     else:
         slots = interleaved.Slots(
             crow, col, offsets, row, ccrow, ccol, to_csc, (q.shape[0] * heads, k.shape[0] * heads)
         )
         q2, k2, v2 = (t.contiguous().view(-1, t.shape[2]) for t in (q, k, v))
         g2 = grad_out.reshape(q2.shape[0], v.shape[2])  # (N_dst * H, Dv)
-        dq, dk, dv, ds = interleaved.backward(g2, gw, q2, k2, v2, w, sc, z, mask_l, slots, scale, lo_hi, need)
+        terms = _edge_terms(edge_index, (edge_key, edge_value, edge_scale), from_caller, to_caller)
+        dq, dk, dv, ds, *d_terms = interleaved.backward(
+            g2, gw, q2, k2, v2, w, sc, z, mask_l, slots, scale, lo_hi, need, terms
+        )
         dq, dk, dv = (None if t is None else t.view(-1, heads, t.shape[1]) for t in (dq, dk, dv))
+        given = (edge_key, edge_value, edge_scale)
+        d_terms = tuple(None if d is None else d.view(t.shape) for d, t in zip(d_terms, given))  # type: ignore[union-attr]
     dbias = _to_caller(ds, to_caller, heads, head_major_layout) if need[3] and ds is not None else None
-    return tuple(q.new_empty(0) if t is None else t for t in (dq, dk, dv, dbias))  # type: ignore[return-value]
+    grads = (dq, dk, dv, dbias, *d_terms)
+    return tuple(q.new_empty(0) if t is None else t for t in grads)  # type: ignore[return-value]
 
 
 @csr_attention_bwd.register_fake
-def _(grad_out, grad_weights, q, k, v, w, score, z, mask, *rest):
-    needs = rest[-1]
+def _(grad_out, grad_weights, q, k, v, w, score, z, mask, edge_index, edge_key, edge_value, edge_scale, *rest):
+    needs = list(rest[-1]) + [False] * 3
     heads = q.shape[1]
-    grads = [torch.empty_like(t) if n else q.new_empty(0) for t, n in zip((q, k, v), needs)]
-    dbias = q.new_empty(w.shape[0] // heads, heads) if needs[3] else q.new_empty(0)
-    return (*grads, dbias)
+    inputs = (q, k, v, None, edge_key, edge_value, edge_scale)
+    grads = [torch.empty_like(t) if n and t is not None else q.new_empty(0) for t, n in zip(inputs, needs)]
+    grads[3] = q.new_empty(w.shape[0] // heads, heads) if needs[3] else q.new_empty(0)
+    return tuple(grads)
 
 
-# inputs of the forward op, by name: the autograd rule returns a gradient for q, k, v and bias
+# inputs of the forward op, by name: the autograd rule returns a gradient for q, k, v, bias and the edge terms
 _FWD_INPUTS = (
     "q k v edge_index crow col offsets row ccrow ccol to_csc from_caller to_caller bias mask "
-    "scale clamp return_weights head_major_layout"
+    "edge_key edge_value edge_scale eps scale clamp return_weights head_major_layout"
 ).split()
-_GRAD_INPUTS = tuple(_FWD_INPUTS.index(n) for n in ("q", "k", "v", "bias"))  # the inputs with gradients
+_GRADIENTS = ("q", "k", "v", "bias", "edge_key", "edge_value", "edge_scale")
+_GRAD_INPUTS = tuple(_FWD_INPUTS.index(n) for n in _GRADIENTS)  # the inputs with gradients
 
 
 def _setup(ctx, inputs, output):
@@ -184,26 +240,58 @@ def _setup(ctx, inputs, output):
     ctx.mark_non_differentiable(w, score, z)
     ctx.set_materialize_grads(False)
     index = [named[n] for n in ("crow", "col", "offsets", "row", "ccrow", "ccol", "to_csc", "from_caller", "to_caller")]
+    terms = [named[n] for n in ("edge_key", "edge_value", "edge_scale")]
     ctx.save_for_backward(
-        named["q"], named["k"], named["v"], named["edge_index"], named["bias"], named["mask"], w, score, z, *index
+        named["q"],
+        named["k"],
+        named["v"],
+        named["edge_index"],
+        named["bias"],
+        named["mask"],
+        w,
+        score,
+        z,
+        *terms,
+        *index,
     )
-    ctx.scale, ctx.clamp, ctx.head_major = named["scale"], named["clamp"], named["head_major_layout"]
+    ctx.scale, ctx.clamp, ctx.head_major, ctx.eps = (
+        named["scale"],
+        named["clamp"],
+        named["head_major_layout"],
+        named["eps"],
+    )
 
 
 def _backward(ctx, grad_out, grad_weights, _w, _score, _z):
-    q, k, v, edge_index, bias, mask, w, score, z, *index = ctx.saved_tensors
+    q, k, v, edge_index, bias, mask, w, score, z, edge_key, edge_value, edge_scale, *index = ctx.saved_tensors
+    terms = (edge_key, edge_value, edge_scale)
     wanted = [ctx.needs_input_grad[i] for i in _GRAD_INPUTS]
     if grad_weights is not None and grad_weights.numel() == 0:
         grad_weights = None
     if torch.is_grad_enabled():  # create_graph=True: gradients that can be differentiated again
         again = differentiable_grads(
-            edge_index, q, k, v, bias, mask, tuple(wanted), ctx.scale, ctx.clamp, grad_out, grad_weights
+            edge_index, q, k, v, bias, mask, tuple(wanted), ctx.scale, ctx.clamp, grad_out, grad_weights, terms, ctx.eps
         )
         return op_grads(len(_FWD_INPUTS), _GRAD_INPUTS, again)
     if grad_out is None:  # only the weights were used
         grad_out = v.new_zeros(q.shape[0], q.shape[1], v.shape[2])
     grads = csr_attention_bwd(
-        grad_out, grad_weights, q, k, v, w, score, z, mask, *index, ctx.scale, ctx.clamp, ctx.head_major, wanted
+        grad_out,
+        grad_weights,
+        q,
+        k,
+        v,
+        w,
+        score,
+        z,
+        mask,
+        edge_index,
+        *terms,
+        *index,
+        ctx.scale,
+        ctx.clamp,
+        ctx.head_major,
+        wanted,
     )
     return op_grads(len(_FWD_INPUTS), _GRAD_INPUTS, [g if want else None for g, want in zip(grads, wanted)])
 

@@ -1,0 +1,196 @@
+"""Graph-transformer layers and edge terms: `sparseattn.nn.TransformerConv` against PyG's
+`TransformerConv`, and what edge terms cost the csr kernels.
+
+    python -m benchmarks.bench_layers                        # 50K-node graphs, 1 thread (~10 min on 2 cores)
+    python -m benchmarks.bench_layers --nodes 5000 --threads 2
+
+Layers: TransformerConv(512, 64, heads=8, edge_dim=16) from one state dict, on a random graph of
+--nodes nodes (in-degree 16) and a window graph of as many tokens (radius 8, in-degree 17), edge
+features (E, 16). Forward (no_grad) and forward+backward (a sum of the output, gradients of every
+parameter), timed in interleaved rounds (harness.time_interleaved), outputs checked against PyG's
+first, and the peak memory one call adds (harness.peak_extra_mib, the process's peak resident set).
+Edge terms: `edge_attention` on the csr backend (H=8, D=64, exact softmax) forward+backward with
+no edge term, with edge_key and edge_value (E, H, D) each, and with one (E, 1, D) row shared by
+the heads as both (TransformerConv's form), on the same graphs: the cost of the terms against the
+same call without them. On a CUDA device (--device cuda) the same cases run there.
+
+Writes bench_layers_<machine>.{json,png,log} under --out (benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, Dict, List
+
+import torch
+
+from sparseattn import edge_attention, graphs
+from sparseattn.nn import TransformerConv
+
+from .harness import (
+    Result,
+    machine_header,
+    machine_info,
+    machine_tag,
+    median,
+    peak_extra_mib,
+    time_interleaved,
+    write_json,
+    write_png,
+)
+
+RESULTS = os.path.join(os.path.dirname(__file__), "results")
+HEADS, CHANNELS, EDGE_DIM = 8, 64, 16
+
+
+def _graphs(n: int, device: str) -> Dict[str, graphs.Graph]:
+    return {
+        f"random-{n}": graphs.random(n, n, 16 * n, seed=0, device=device),
+        f"window-{n}": graphs.window(n, radius=8, device=device),
+    }
+
+
+def _layer_cases(name: str, g, device: str, log: Callable[[str], None]) -> List[Result]:
+    from torch_geometric.nn import TransformerConv as PygTransformerConv
+
+    gen = torch.Generator().manual_seed(0)
+    n, e = g.num_dst, g.num_edges
+    x = torch.randn(n, HEADS * CHANNELS, generator=gen).to(device)
+    edge_attr = torch.randn(e, EDGE_DIM, generator=gen).to(device)
+    torch.manual_seed(0)
+    pyg = PygTransformerConv(HEADS * CHANNELS, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM).to(device)
+    ours = TransformerConv(HEADS * CHANNELS, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM).to(device)
+    ours.load_state_dict(pyg.state_dict())
+    index = g.edge_index
+    with torch.no_grad():
+        err = (ours(x, g, edge_attr) - pyg(x, index, edge_attr)).abs().max().item()
+    log(f"{name}: max |sparseattn - PyG| = {err:.2e}")
+    contenders = {"sparseattn.nn.TransformerConv": (ours, g), "PyG TransformerConv": (pyg, index)}
+    results: List[Result] = []
+    for mode in ("fwd", "fwd+bwd"):
+        fns = []
+        for module, graph in contenders.values():
+            fns.append(_call(module, graph, x, edge_attr, mode))
+        times = time_interleaved(fns, device, warmup=1, reps=5, budget_s=60)
+        for (label, (module, _)), fn, t in zip(contenders.items(), fns, times):
+            r = Result(name, e, label, mode, max_err_vs_reference=err if label.startswith("sparseattn") else 0.0)
+            if isinstance(t, list) and t:
+                r.ms, r.times_ms = median(t), t
+                module.zero_grad(set_to_none=True)  # measured from no gradients held
+                r.peak_extra_mib = peak_extra_mib(fn, device)
+            else:
+                r.note = f"failed: {type(t).__name__}: {t}"
+            results.append(r)
+    return results
+
+
+def _call(module, graph, x, edge_attr, mode: str) -> Callable[[], None]:
+    def fwd() -> None:
+        with torch.no_grad():
+            module(x, graph, edge_attr)
+
+    def fwd_bwd() -> None:
+        module.zero_grad(set_to_none=True)
+        module(x, graph, edge_attr).sum().backward()
+
+    return fwd if mode == "fwd" else fwd_bwd
+
+
+def _edge_term_cases(name: str, g, device: str) -> List[Result]:
+    gen = torch.Generator().manual_seed(1)
+    n, e, d = g.num_dst, g.num_edges, CHANNELS
+
+    def leaf(*shape):
+        return (0.5 * torch.randn(*shape, generator=gen)).to(device).requires_grad_()
+
+    q, k, v = leaf(n, HEADS, d), leaf(n, HEADS, d), leaf(n, HEADS, d)
+    grad = torch.randn(n, HEADS, d, generator=gen).to(device)
+    cases = {
+        "csr, no edge term": {},
+        "csr, edge_key + edge_value (E,H,D)": {"edge_key": leaf(e, HEADS, d), "edge_value": leaf(e, HEADS, d)},
+    }
+    shared = leaf(e, 1, d)
+    cases["csr, one shared (E,1,D) row as both"] = {"edge_key": shared, "edge_value": shared}
+    backend = "csr" if device == "cpu" else "auto"
+
+    def run(kwargs) -> Callable[[], None]:
+        def fn() -> None:
+            for t in (q, k, v, *kwargs.values()):
+                t.grad = None
+            edge_attention(q, k, v, g, clamp=None, backend=backend, **kwargs).backward(grad)
+
+        return fn
+
+    fns = [run(kw) for kw in cases.values()]
+    times = time_interleaved(fns, device, warmup=1, reps=5, budget_s=40)
+    results = []
+    base = median(times[0]) if isinstance(times[0], list) and times[0] else None
+    for label, fn, t in zip(cases, fns, times):
+        r = Result(name, e, label, "fwd+bwd")
+        if isinstance(t, list) and t:
+            r.ms, r.times_ms = median(t), t
+            r.speedup_vs_reference = None if base is None else base / r.ms  # (here: the call without terms)
+            for x in (q, k, v, *cases[label].values()):
+                x.grad = None  # measured from no gradients held
+            r.peak_extra_mib = peak_extra_mib(fn, device)
+        else:
+            r.note = f"failed: {type(t).__name__}: {t}"
+        results.append(r)
+    return results
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nodes", type=int, default=50_000, help="nodes (tokens) of each graph")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", default=RESULTS)
+    p.add_argument("--skip-layers", action="store_true", help="only the edge-term cases (no torch_geometric)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    info = machine_info(args.device)
+    stem = os.path.join(args.out, f"bench_layers_{machine_tag(info)}")
+    os.makedirs(args.out, exist_ok=True)
+    lines: List[str] = [machine_header(info), f"nodes {args.nodes}, H={HEADS}, C={CHANNELS}, edge_dim={EDGE_DIM}"]
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    print(lines[0], lines[1], sep="\n", flush=True)
+    results: List[Result] = []
+    for name, g in _graphs(args.nodes, args.device).items():
+        if not args.skip_layers:
+            results += _layer_cases(name, g, args.device, log)
+        results += _edge_term_cases(name, g, args.device)
+        _table([r for r in results if r.family == name], log)
+    write_json(stem + ".json", info, vars(args), results)
+    write_png(stem + ".png", machine_header(info), [r for r in results if "csr" not in r.contender])
+    with open(stem + ".log", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {stem}.{{json,png,log}}", file=sys.stderr)
+
+
+def _table(rows: List[Result], log: Callable[[str], None]) -> None:
+    log(f"{'graph':<14} {'contender':<38} {'pass':<8} {'ms':>9} {'peak MiB':>9}  ratio")
+    layer = {(r.mode, r.contender): r for r in rows}
+    for r in rows:
+        ms = "-" if r.ms is None else f"{r.ms:9.1f}"
+        mib = "-" if r.peak_extra_mib is None else f"{r.peak_extra_mib:9.0f}"
+        ratio = ""
+        if r.contender.startswith("sparseattn"):
+            peer = layer.get((r.mode, "PyG TransformerConv"))
+            if peer is not None and peer.ms and r.ms:
+                mem = ""
+                if peer.peak_extra_mib and r.peak_extra_mib:
+                    mem = f", memory 1/{peer.peak_extra_mib / r.peak_extra_mib:.1f} of PyG's"
+                ratio = f"{peer.ms / r.ms:.2f}x faster than PyG{mem}"
+        elif r.speedup_vs_reference is not None and r.contender != "csr, no edge term":
+            ratio = f"{1 / r.speedup_vs_reference:.2f}x the call without edge terms"
+        log(f"{r.family:<14} {r.contender:<38} {r.mode:<8} {ms:>9} {mib:>9}  {ratio}{r.note}")
+
+
+if __name__ == "__main__":
+    main()

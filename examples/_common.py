@@ -1,0 +1,125 @@
+"""What both example scripts share: flags, the optional PyG import, timing and peak-memory
+measurement, and the results table."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import statistics
+import time
+from typing import Callable, Dict, List, NamedTuple, Optional
+
+import numpy as np
+import torch
+
+MEMORY_NOTE = (
+    "peak_MiB: torch profiler (profile_memory=True) CPU allocator events over one training step "
+    "(forward, backward, optimizer): peak of bytes allocated minus freed during the step (frees of "
+    "memory allocated before it, such as the old gradients, are not seen)"
+)
+
+
+def parse_args(description: str, default_epochs: int) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--epochs", type=int, default=default_epochs)
+    parser.add_argument("--small", action="store_true", help="tiny quick mode: a subset of the data, small model")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    return args
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def import_pyg_conv() -> Optional[type]:
+    """torch_geometric.nn.TransformerConv, or None (then only the sparseattn model runs)."""
+    try:
+        from torch_geometric.nn import TransformerConv
+    except ImportError:
+        print("torch_geometric is not installed: running the sparseattn model only")
+        return None
+    return TransformerConv
+
+
+def peak_step_mib(step: Callable[[], object]) -> Optional[float]:
+    """Peak MiB that torch allocates on CPU during `step()`, from the profiler's memory events
+    (None where this torch build does not expose them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    try:
+        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+        events.sort(key=lambda e: e.start_ns())
+        return max(itertools.accumulate(e.nbytes() for e in events), default=0) / 2**20
+    except (AttributeError, RuntimeError):
+        return None
+
+
+class Contender(NamedTuple):
+    """One model in the comparison. train_epoch() -> mean loss; evaluate(split) -> accuracy for
+    split in ("val", "test"); step() runs one optimizer step (what peak memory is measured on)."""
+
+    name: str
+    train_epoch: Callable[[], float]
+    evaluate: Callable[[str], float]
+    step: Callable[[], object]
+
+
+def run_side_by_side(contenders: List[Contender], epochs: int, seed: int) -> None:
+    """Train the contenders epoch by epoch, each epoch under the same seed (same feature dropout and
+    batch order), print a progress line per epoch, then the results table."""
+    stats = {c.name: {"times": [], "best_val": -1.0, "test_acc": float("nan")} for c in contenders}
+    for epoch in range(1, epochs + 1):
+        parts = []
+        for c in contenders:
+            s = stats[c.name]
+            seed_everything(seed + epoch)
+            start = time.perf_counter()
+            loss = c.train_epoch()
+            s["times"].append(time.perf_counter() - start)
+            with torch.no_grad():
+                val = c.evaluate("val")
+                if val > s["best_val"]:
+                    s["best_val"], s["test_acc"] = val, c.evaluate("test")
+            parts.append(f"{c.name} loss {loss:.4f} val {val:.4f} ({s['times'][-1]:.3f} s)")
+        print(f"epoch {epoch:3d} | " + " | ".join(parts), flush=True)
+    rows = []
+    for c in contenders:
+        seed_everything(seed)
+        s = stats[c.name]
+        rows.append(
+            dict(
+                name=c.name,
+                test_acc=s["test_acc"],
+                best_val=s["best_val"],
+                s_per_epoch=mean_epoch_seconds(s["times"]),
+                peak_mib=peak_step_mib(c.step),
+            )
+        )
+    print_results(rows)
+
+
+def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    return (logits.argmax(-1) == labels).float().mean().item() if labels.numel() else float("nan")
+
+
+def print_results(rows: List[Dict[str, object]]) -> None:
+    """One row per model: name, test accuracy (at the best validation epoch), best validation
+    accuracy, mean seconds per training epoch (first epoch excluded when there are more), peak MiB."""
+    print(f"{'model':<12} {'test_acc':>8} {'best_val':>8} {'s/epoch':>9} {'peak_MiB':>9}")
+    for r in rows:
+        peak = r["peak_mib"]
+        mem = f"{peak:9.2f}" if isinstance(peak, float) else f"{'n/a':>9}"
+        print(f"{r['name']:<12} {r['test_acc']:8.4f} {r['best_val']:8.4f} {r['s_per_epoch']:9.4f} {mem}")
+    print(MEMORY_NOTE)
+
+
+def mean_epoch_seconds(times: List[float]) -> float:
+    return statistics.mean(times[1:] if len(times) > 1 else times)

@@ -1,0 +1,131 @@
+"""`GlobalAttention`: GraphGPS's global attention over each graph of a batch, without padding."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import graphs
+from ..functional import edge_attention
+from ..graphs import Graph
+from ._common import check_backend, check_dropout
+
+
+def complete_per_graph(batch: Optional[Tensor] = None, ptr: Optional[Tensor] = None, num_nodes: int = -1) -> Graph:
+    """The graph in which every node attends to every node of its own graph (itself included):
+    block-diagonal, one recorded "full" block per graph, so the "dense" backend can serve it.
+
+    Args:
+        batch: (N,) PyG batch vector, graph id of each node, sorted.
+        ptr: (B + 1,) node offsets of the graphs (PyG's `data.ptr`); used instead of batch if given.
+        num_nodes: N; with neither batch nor ptr, all N nodes form one graph.
+
+    Returns: a `Graph` over N nodes with sum_b n_b^2 edges, destination-major.
+    """
+    if ptr is not None:
+        if ptr.dim() != 1 or ptr.numel() == 0 or int(ptr[0]) != 0 or bool((ptr.diff() < 0).any()):
+            raise ValueError("ptr must be a 1-D non-decreasing tensor of node offsets starting at 0, (B + 1,)")
+        sizes = ptr.diff().tolist()
+        device = ptr.device
+    elif batch is not None:
+        if batch.dim() != 1 or batch.is_floating_point():
+            raise ValueError(f"batch must be a 1-D integer tensor (N,), got {batch.dtype} {tuple(batch.shape)}")
+        if batch.numel() and (int(batch[0]) < 0 or bool((batch.diff() < 0).any())):
+            raise ValueError("batch must be sorted with ids >= 0 (nodes of one graph contiguous, as PyG batches them)")
+        sizes = torch.bincount(batch).tolist() if batch.numel() else []
+        device = batch.device
+    else:
+        if num_nodes < 0:
+            raise ValueError("pass batch, ptr or num_nodes")
+        sizes, device = [num_nodes], None
+    if num_nodes >= 0 and sum(sizes) != num_nodes:
+        raise ValueError(f"batch/ptr cover {sum(sizes)} nodes but x has {num_nodes} rows")
+    # empty graphs hold no nodes: leaving them out changes no node id
+    return graphs.from_blocks([("full", n, n) for n in sizes if n > 0], device=device)
+
+
+class GlobalAttention(nn.Module):
+    """Full self-attention within each graph of a PyG-style batch (GraphGPS's global attention
+    block), without padding every graph to the largest. Not PyG's `GlobalAttention` pooling layer.
+
+    GraphGPS computes `to_dense_batch` + `nn.MultiheadAttention(..., key_padding_mask)`; this layer
+    computes the same over `complete_per_graph(batch)` with one `edge_attention` call. Parameters
+    mirror `nn.MultiheadAttention` (in_proj_weight, in_proj_bias, out_proj; same init), so
+    `load_state_dict(mha.state_dict())` works both ways.
+
+    Args:
+        embed_dim: model width, divisible by num_heads; head dim D = embed_dim // num_heads.
+        num_heads: H.
+        dropout: dropout on the normalized attention weights (training mode only), as
+            nn.MultiheadAttention's.
+        bias: biases in the input and output projections.
+        clamp: None for exact softmax (nn.MultiheadAttention's), or (lo, hi) for clamp mode.
+        backend: kernel backend for `edge_attention`. With "auto", batches whose graphs come in at
+            most `kernels.DENSE_MAX_SHAPES` sizes run on "dense" (SDPA); others on "csr".
+
+    Shapes:
+        x: (N, embed_dim); batch: (N,) sorted graph ids; ptr: (B + 1,) offsets; graph: a prebuilt
+        `complete_per_graph(...)` (or any Graph over N nodes) to reuse across layers.
+        Output: (N, embed_dim).
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        *,
+        clamp: Optional[Tuple[float, float]] = None,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        if num_heads <= 0 or embed_dim <= 0 or embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim must be divisible by num_heads, got {embed_dim} and {num_heads}")
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.dropout = check_dropout(dropout)
+        self.clamp = clamp
+        self.backend = check_backend(backend)
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
+        if bias:
+            self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """nn.MultiheadAttention's init: xavier-uniform in_proj_weight, zero biases."""
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        if self.in_proj_bias is not None:
+            nn.init.zeros_(self.in_proj_bias)
+            nn.init.zeros_(self.out_proj.bias)
+
+    def forward(
+        self, x: Tensor, batch: Optional[Tensor] = None, ptr: Optional[Tensor] = None, *, graph: Optional[Graph] = None
+    ) -> Tensor:
+        """x: (N, embed_dim) -> (N, embed_dim), attending within the graphs given by `graph`, else
+        `ptr`, else `batch`, else all of x as one graph."""
+        if graph is None:
+            graph = complete_per_graph(batch, ptr, num_nodes=x.shape[0])
+        h, d = self.num_heads, self.head_dim
+        q, k, v = F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)  # (N, E) each
+        out = edge_attention(
+            q.reshape(-1, h, d),  # (N, H, D)
+            k.reshape(-1, h, d),
+            v.reshape(-1, h, d),
+            graph,
+            clamp=self.clamp,
+            dropout_p=self.dropout if self.training else 0.0,
+            backend=self.backend,
+        )
+        assert isinstance(out, Tensor)
+        return self.out_proj(out.reshape(-1, self.embed_dim))  # (N, H, D) -> (N, embed_dim)
+
+    def extra_repr(self) -> str:
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, clamp={self.clamp}"

@@ -1,0 +1,198 @@
+"""`TransformerConv`: PyG's graph transformer operator (UniMP, Shi et al. 2021) on `edge_attention`."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from ..functional import edge_attention
+from ..graphs import Graph
+from ._common import check_backend, check_dropout
+
+PairTensor = Tuple[Tensor, Tensor]
+
+
+class TransformerConv(nn.Module):
+    """Multi-head dot-product attention over the in-edges of each node, as
+    `torch_geometric.nn.TransformerConv`, with the same constructor, parameter names and state-dict
+    keys (`load_state_dict(pyg_conv.state_dict())` works both ways).
+
+    Per edge j -> i, per head, with e_ji = lin_edge(edge_attr) when edge_dim is set (else 0):
+        alpha_ji = softmax_i(<q_i, k_j + e_ji> / sqrt(C))     (exact, over i's in-edges)
+        out_i    = sum_j dropout(alpha_ji) (v_j + e_ji)
+    then heads are concatenated (or averaged with concat=False), and with root_weight
+    x_r = lin_skip(x_i) is added (with beta: out = b x_r + (1 - b) out, b = sigmoid(lin_beta([out, x_r,
+    out - x_r]))). A node without in-edges gets 0 before the skip. One `edge_attention` call with
+    clamp=None.
+
+    With edge features, e_ji = W_h a_ji (W_h the head's (C, edge_dim) block of lin_edge) is never
+    built per edge and head: <q_i, e_ji> = <W_h^T q_i, a_ji> and sum_j alpha_ji e_ji = W_h sum_j
+    alpha_ji a_ji, so the call attends with queries [q, W_h^T q], keys [k, 0], values [v, 0] and
+    one edge row [0, a_ji] shared by the heads (edge_key = edge_value, (E, 1, C + edge_dim)), and
+    maps the last edge_dim output channels back through W_h. Memory per edge is C + edge_dim
+    values instead of PyG's several (E, H, C) tensors; the result is the same formula (used when
+    C + edge_dim < H * C, i.e. whenever H > 1 and edge_dim < C; otherwise e is passed per head).
+
+    Args:
+        in_channels: input width, or a (source, destination) pair for bipartite inputs (PyG's lazy
+            -1 is not supported).
+        out_channels: C, the width per head.
+        heads: number of heads H.
+        concat: concatenate heads (output H * C) or average them (output C).
+        beta: gate the skip connection (only with root_weight, as in PyG).
+        dropout: dropout on the normalized attention weights (training mode only), as PyG: dropped
+            after the softmax, survivors scaled by 1 / (1 - dropout), no renormalization.
+        edge_dim: edge feature width; None for no edge features.
+        bias: biases in lin_key, lin_query, lin_value and lin_skip.
+        root_weight: add the transformed destination features lin_skip(x_dst).
+        backend: kernel backend for `edge_attention` (keyword only; not in PyG).
+
+    Shapes:
+        x: (N, in_channels), or a pair ((N_src, in_src), (N_dst, in_dst)).
+        edge_index: (2, E) int64 (row 0 source, row 1 destination) or a `Graph` with N_src sources
+            and N_dst destinations. Duplicate edges count once each.
+        edge_attr: (E, edge_dim).
+        Output: (N_dst, H * C) if concat else (N_dst, C); with return_attention_weights also
+        (edge_index (2, E), alpha (E, H)).
+    """
+
+    def __init__(
+        self,
+        in_channels: Union[int, Tuple[int, int]],
+        out_channels: int,
+        heads: int = 1,
+        concat: bool = True,
+        beta: bool = False,
+        dropout: float = 0.0,
+        edge_dim: Optional[int] = None,
+        bias: bool = True,
+        root_weight: bool = True,
+        *,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        src_dim, dst_dim = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels
+        for name, n in (("in_channels", src_dim), ("in_channels", dst_dim), ("out_channels", out_channels)):
+            if n <= 0:
+                raise ValueError(f"{name} must be > 0 (lazy -1 is not supported), got {n}")
+        if heads <= 0:
+            raise ValueError(f"heads must be > 0, got {heads}")
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.heads = heads
+        self.beta = beta and root_weight
+        self.root_weight = root_weight
+        self.concat = concat
+        self.dropout = check_dropout(dropout)
+        self.edge_dim = edge_dim
+        self.backend = check_backend(backend)
+        width = heads * out_channels
+        # registration order = PyG's, so one seed draws the same kind of init in the same order
+        self.lin_key = nn.Linear(src_dim, width, bias=bias)
+        self.lin_query = nn.Linear(dst_dim, width, bias=bias)
+        self.lin_value = nn.Linear(src_dim, width, bias=bias)
+        self.lin_edge: Optional[nn.Linear] = None if edge_dim is None else nn.Linear(edge_dim, width, bias=False)
+        out_width = width if concat else out_channels
+        self.lin_skip = nn.Linear(dst_dim, out_width, bias=bias)
+        self.lin_beta: Optional[nn.Linear] = nn.Linear(3 * out_width, 1, bias=False) if self.beta else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """PyG's init: every Linear uniform in +-1/sqrt(fan_in), weights and biases (PyG's
+        kaiming_uniform(a=sqrt(5)) and bias init equal nn.Linear's)."""
+        for lin in (self.lin_key, self.lin_query, self.lin_value, self.lin_edge, self.lin_skip, self.lin_beta):
+            if lin is not None:
+                lin.reset_parameters()
+
+    def forward(
+        self,
+        x: Union[Tensor, PairTensor],
+        edge_index: Union[Tensor, Graph],
+        edge_attr: Optional[Tensor] = None,
+        return_attention_weights: Optional[bool] = None,
+    ) -> Union[Tensor, Tuple[Tensor, PairTensor]]:
+        """Args as the class docstring's Shapes. return_attention_weights: as PyG, any bool (True or
+        False) also returns (edge_index, alpha) with alpha (E, H) the softmax weights before dropout,
+        in edge_index's order (a Graph's `edge_index` when a Graph was passed)."""
+        x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
+        h, c = self.heads, self.out_channels
+        dropout_p = self.dropout if self.training else 0.0
+        want_alpha = isinstance(return_attention_weights, bool)
+        kwargs = dict(clamp=None, dropout_p=dropout_p, backend=self.backend, return_weights=want_alpha)
+        if self.lin_edge is None and edge_attr is not None:
+            raise ValueError("edge_attr was given but the layer was built with edge_dim=None")
+        if self.lin_edge is not None and edge_attr is None:
+            raise ValueError(f"edge_attr (E, {self.edge_dim}) is required: the layer was built with edge_dim")
+        if self.lin_edge is not None and edge_attr is not None and c + edge_attr.shape[-1] < h * c:
+            lins = (self.lin_query, self.lin_key, self.lin_value)
+            result = _attend_through_edge_weight(
+                h, *lins, x_src, x_dst, edge_index, edge_attr, self.lin_edge.weight, kwargs
+            )
+        else:
+            q = self.lin_query(x_dst).view(-1, h, c)  # (N_dst, H, C)
+            k = self.lin_key(x_src).view(-1, h, c)  # (N_src, H, C)
+            v = self.lin_value(x_src).view(-1, h, c)
+            e = None if self.lin_edge is None else self.lin_edge(edge_attr).view(-1, h, c)  # (E, H, C)
+            result = edge_attention(q, k, v, edge_index, edge_key=e, edge_value=e, **kwargs)  # type: ignore[arg-type]
+        out, alpha = result if isinstance(result, tuple) else (result, None)
+        out = out.reshape(-1, h * c) if self.concat else out.mean(dim=1)  # (N_dst, H*C) or (N_dst, C)
+        if self.root_weight:
+            x_r = self.lin_skip(x_dst)
+            if self.lin_beta is not None:
+                b = torch.sigmoid(self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)))  # (N_dst, 1)
+                out = b * x_r + (1 - b) * out
+            else:
+                out = out + x_r
+        if not want_alpha:
+            return out
+        assert alpha is not None
+        index = edge_index.edge_index if isinstance(edge_index, Graph) else edge_index
+        return out, (index, alpha)
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
+
+
+def _attend_through_edge_weight(
+    heads: int,
+    lin_query: nn.Linear,
+    lin_key: nn.Linear,
+    lin_value: nn.Linear,
+    x_src: Tensor,
+    x_dst: Tensor,
+    graph: Union[Tensor, Graph],
+    edge_attr: Tensor,
+    weight: Tensor,
+    kwargs: dict,
+):
+    """edge_attention with edge_key = edge_value = (edge_attr @ weight.T) per head, without building
+    that (E, H, C) tensor (the class docstring): the augmented queries [q, W_h^T q], keys [k, 0] and
+    values [v, 0] come from one linear map each (weights composed per call, (H * (C + F), in)), so
+    q, k and v are never built apart. x_src (N_src, in_src), x_dst (N_dst, in_dst), edge_attr
+    (E, F), weight (H * C, F). Returns what edge_attention returns, out (N_dst, H, C)."""
+    c, f = weight.shape[0] // heads, weight.shape[1]
+    w = weight.view(heads, c, f)  # (H, C, F)
+
+    def augmented(lin: nn.Linear, through_edge: bool):
+        wt = lin.weight.view(heads, c, -1)  # (H, C, in)
+        extra = torch.einsum("hcf,hci->hfi", w, wt) if through_edge else wt.new_zeros(heads, f, wt.shape[2])
+        weight_aug = torch.cat([wt, extra], dim=1).reshape(heads * (c + f), -1)
+        bias_aug = None
+        if lin.bias is not None:
+            b = lin.bias.view(heads, c)
+            b_extra = torch.einsum("hcf,hc->hf", w, b) if through_edge else b.new_zeros(heads, f)
+            bias_aug = torch.cat([b, b_extra], dim=1).reshape(-1)
+        return weight_aug, bias_aug
+
+    q_aug = F.linear(x_dst, *augmented(lin_query, True)).view(-1, heads, c + f)  # (N_dst, H, C + F)
+    k_aug = F.linear(x_src, *augmented(lin_key, False)).view(-1, heads, c + f)
+    v_aug = F.linear(x_src, *augmented(lin_value, False)).view(-1, heads, c + f)
+    edge_row = edge_attr.new_zeros(edge_attr.shape[0], 1, c + f)  # (E, 1, C + F): [0, edge_attr]
+    edge_row[:, 0, c:] = edge_attr
+    result = edge_attention(q_aug, k_aug, v_aug, graph, scale=c**-0.5, edge_key=edge_row, edge_value=edge_row, **kwargs)
+    out_aug = result[0] if isinstance(result, tuple) else result
+    out = torch.einsum("nhf,hcf->nhc", out_aug[..., c:], w).add_(out_aug[..., :c])
+    return (out, result[1]) if isinstance(result, tuple) else out

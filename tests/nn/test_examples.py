@@ -1,0 +1,52 @@
+"""The example scripts run in --small mode and print a results row per model (sparseattn, and pyg
+when torch_geometric is installed). Both run at once, in subprocesses."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SCRIPTS = ("node_classification.py", "graph_classification.py")
+ROW = re.compile(r"^(sparseattn|pyg)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$", re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def outputs() -> Dict[str, str]:
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, str(EXAMPLES / name), "--small", "--threads", "1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in SCRIPTS
+    }
+    results = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, f"{name} failed:\n{stderr[-3000:]}"
+        results[name] = stdout
+    return results
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_example_prints_a_row_per_model(outputs, script):
+    out = outputs[script]
+    assert re.search(r"^epoch\s+1 \| sparseattn loss", out, re.MULTILINE), out
+    rows = {m.group(1): m.groups()[1:] for m in ROW.finditer(out)}
+    try:
+        import torch_geometric  # noqa: F401
+
+        expected = {"sparseattn", "pyg"}
+    except ImportError:
+        expected = {"sparseattn"}
+        assert "running the sparseattn model only" in out
+    assert set(rows) == expected, out
+    for name, (test_acc, best_val, s_per_epoch, peak) in rows.items():
+        assert 0.0 <= float(test_acc) <= 1.0 and 0.0 <= float(best_val) <= 1.0, (name, out)
+        assert float(s_per_epoch) > 0, (name, out)
+        assert peak == "n/a" or float(peak) >= 0, (name, out)

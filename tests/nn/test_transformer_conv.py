@@ -1,0 +1,179 @@
+"""sparseattn.nn.TransformerConv against the real torch_geometric.nn.TransformerConv: same state
+dict, equal outputs, attention weights and gradients (inputs, edge features, every parameter)."""
+
+import itertools
+from typing import Dict, Optional
+
+import pytest
+import torch
+
+import sparseattn
+from sparseattn.nn import TransformerConv
+
+from .helpers import assert_close, grads_of
+
+pyg_nn = pytest.importorskip("torch_geometric.nn")
+
+N_SRC, N_DST, EDGE_DIM, C = 6, 5, 4, 3
+# sources 0..5 into destinations 0..4: destination 3 has no in-edges, (1 -> 0) and (4 -> 2) repeat,
+# and the edges are not sorted by destination
+EDGE_INDEX = torch.tensor(
+    [
+        [1, 0, 4, 2, 1, 5, 4, 3, 0, 2, 5, 4, 1],
+        [0, 4, 2, 0, 0, 1, 2, 4, 1, 2, 4, 2, 1],
+    ]
+)
+
+
+def make_pair(dtype: torch.dtype, bipartite: bool, **options):
+    """PyG's layer and ours with PyG's state dict, in dtype."""
+    in_channels = (N_SRC - 1, N_DST - 1) if bipartite else N_SRC - 1
+    theirs = pyg_nn.TransformerConv(in_channels, C, **options).to(dtype)
+    ours = TransformerConv(in_channels, C, **options, backend="auto").to(dtype)
+    ours.load_state_dict(theirs.state_dict())
+    return theirs, ours
+
+
+def make_inputs(dtype: torch.dtype, bipartite: bool, edge_dim: Optional[int]):
+    """Leaf inputs: x (a tensor, or a (source, destination) pair of different sizes and widths)
+    and edge_attr; for a homogeneous graph every node is a source and a destination (N_SRC nodes)."""
+    leaves: Dict[str, torch.Tensor] = {}
+    if bipartite:
+        leaves["x_src"] = torch.randn(N_SRC, N_SRC - 1, dtype=dtype, requires_grad=True)
+        leaves["x_dst"] = torch.randn(N_DST, N_DST - 1, dtype=dtype, requires_grad=True)
+        x = (leaves["x_src"], leaves["x_dst"])
+    else:
+        leaves["x"] = torch.randn(N_SRC, N_SRC - 1, dtype=dtype, requires_grad=True)
+        x = leaves["x"]
+    edge_attr = None
+    if edge_dim is not None:
+        edge_attr = leaves["edge_attr"] = torch.randn(EDGE_INDEX.shape[1], edge_dim, dtype=dtype, requires_grad=True)
+    return x, edge_attr, leaves
+
+
+def compare(theirs, ours, x, edge_attr, leaves, dtype, edge_index=EDGE_INDEX):
+    """Outputs, attention weights and gradients of (a random projection of) the output with respect
+    to the inputs and every parameter."""
+    out_t, (ei_t, alpha_t) = theirs(x, EDGE_INDEX, edge_attr, return_attention_weights=True)
+    out_o, (ei_o, alpha_o) = ours(x, edge_index, edge_attr, return_attention_weights=True)
+    assert_close(out_o, out_t, dtype, "output vs PyG")
+    assert_close(alpha_o, alpha_t, dtype, "attention weights vs PyG")
+    assert torch.equal(ei_o, EDGE_INDEX)
+    w = torch.randn_like(out_t)
+    g_t = grads_of((out_t * w).sum(), {**leaves, **dict(theirs.named_parameters())})
+    g_o = grads_of((out_o * w).sum(), {**leaves, **dict(ours.named_parameters())})
+    assert g_t.keys() == g_o.keys()
+    for name in g_t:
+        kind = "grad of parameters vs PyG" if "." in name else "grad of inputs vs PyG"
+        assert_close(g_o[name], g_t[name], dtype, f"grad of {name}", kind)
+
+
+OPTIONS = [
+    dict(concat=concat, beta=beta, root_weight=root_weight, bias=bias, edge_dim=edge_dim, heads=heads)
+    for concat, beta, root_weight, bias, edge_dim, heads in itertools.product(
+        [True, False], [False, True], [True, False], [True, False], [None, EDGE_DIM], [1, 3]
+    )
+]
+
+
+@pytest.mark.parametrize("bipartite", [False, True], ids=["homogeneous", "bipartite"])
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_matches_pyg_on_every_option(options, bipartite):
+    for dtype in (torch.float64, torch.float32):
+        theirs, ours = make_pair(dtype, bipartite, **options)
+        x, edge_attr, leaves = make_inputs(dtype, bipartite, options["edge_dim"])
+        compare(theirs, ours, x, edge_attr, leaves, dtype)
+
+
+@pytest.mark.parametrize("backend", ["reference", "scatter", "csr"])
+def test_backends_and_graph_input_agree(backend):
+    """Named backends, and a sparseattn.Graph (bipartite node counts) instead of the raw index."""
+    if backend not in sparseattn.kernels.available_backends():
+        pytest.skip(f"backend {backend!r} is not available here")
+    theirs, ours = make_pair(torch.float64, True, heads=2, edge_dim=EDGE_DIM, beta=True)
+    ours.backend = backend
+    x, edge_attr, leaves = make_inputs(torch.float64, True, EDGE_DIM)
+    graph = sparseattn.Graph(EDGE_INDEX, num_src=N_SRC, num_dst=N_DST)
+    compare(theirs, ours, x, edge_attr, leaves, torch.float64, edge_index=graph)
+
+
+def test_isolated_destination_gets_only_the_skip():
+    theirs, ours = make_pair(torch.float64, True, heads=2, root_weight=False)
+    x, _, _ = make_inputs(torch.float64, True, None)
+    out = ours(x, EDGE_INDEX)
+    assert torch.equal(out[3], torch.zeros_like(out[3]))
+    assert_close(out, theirs(x, EDGE_INDEX), torch.float64, "output vs PyG")
+
+
+def test_state_dicts_load_both_ways_and_one_seed_gives_one_init():
+    options = dict(heads=2, beta=True, edge_dim=EDGE_DIM)
+    torch.manual_seed(3)
+    theirs = pyg_nn.TransformerConv((5, 4), C, **options)
+    torch.manual_seed(3)
+    ours = TransformerConv((5, 4), C, **options)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    for key, value in theirs.state_dict().items():
+        assert torch.equal(ours.state_dict()[key], value), key
+    fresh = pyg_nn.TransformerConv((5, 4), C, **options)
+    fresh.load_state_dict(ours.state_dict())  # strict: same keys and shapes
+    ours.reset_parameters()
+    ours.load_state_dict(fresh.state_dict())
+    assert repr(ours) == repr(theirs)
+
+
+def test_dropout_eval_mode_matches_pyg():
+    theirs, ours = make_pair(torch.float64, True, heads=3, edge_dim=EDGE_DIM, dropout=0.4)
+    theirs.eval(), ours.eval()
+    x, edge_attr, leaves = make_inputs(torch.float64, True, EDGE_DIM)
+    compare(theirs, ours, x, edge_attr, leaves, torch.float64)
+
+
+@pytest.mark.parametrize("impl", ["sparseattn", "pyg"])
+def test_dropout_drops_normalized_weights_without_renormalizing(impl):
+    """PyG's semantics, checked on both layers: in training mode each softmax weight is dropped
+    (after the softmax) or scaled by 1 / (1 - p), and the survivors are not renormalized. With every
+    value 1, out[t] * (1 - p) must be the sum of a subset of t's returned (pre-dropout) weights."""
+    p, heads = 0.5, 2
+    theirs, ours = make_pair(torch.float64, False, heads=heads, root_weight=False, dropout=p)
+    conv = ours if impl == "sparseattn" else theirs
+    with torch.no_grad():
+        conv.lin_value.weight.zero_()
+        conv.lin_value.bias.fill_(1.0)  # v = 1 on every head and channel
+    conv.train()
+    x = torch.randn(N_SRC, N_SRC - 1, dtype=torch.float64)
+    dst = EDGE_INDEX[1]
+    dropped_some = False
+    for _ in range(3):
+        out, (_, alpha) = conv(x, EDGE_INDEX, return_attention_weights=True)
+        out = out.view(-1, heads, C)
+        assert torch.allclose(out, out[..., :1].expand_as(out))  # one weight per edge and head, all channels
+        for t in range(N_SRC):
+            for h in range(heads):
+                weights = alpha[dst == t, h].tolist()
+                sums = {0.0} | {sum(s) for r in range(1, len(weights) + 1) for s in itertools.combinations(weights, r)}
+                got = out[t, h, 0].item() * (1 - p)
+                assert min(abs(got - s) for s in sums) < 1e-12, (t, h, got, sums)
+                dropped_some |= weights != [] and abs(got - sum(weights)) > 1e-9
+    assert dropped_some
+    conv.eval()
+    assert_close(
+        conv(x, EDGE_INDEX).view(-1, heads, C)[:, :, 0],
+        torch.zeros(N_SRC, heads, dtype=torch.float64).index_add_(0, dst, alpha),
+        torch.float64,
+        "eval output = sum of weights",
+    )
+
+
+def test_errors_name_the_argument():
+    conv = TransformerConv(4, 2, edge_dim=3)
+    x = torch.randn(5, 4)
+    with pytest.raises(ValueError, match="edge_attr"):
+        conv(x, EDGE_INDEX[:, :3] % 5)
+    with pytest.raises(ValueError, match="edge_dim=None"):
+        TransformerConv(4, 2)(x, EDGE_INDEX[:, :3] % 5, torch.randn(3, 3))
+    with pytest.raises(ValueError, match="in_channels"):
+        TransformerConv(-1, 2)
+    with pytest.raises(ValueError, match="dropout"):
+        TransformerConv(4, 2, dropout=1.0)
+    with pytest.raises(ValueError, match="backend"):
+        TransformerConv(4, 2, backend="nope")
