@@ -132,14 +132,19 @@ def check_same_device(**tensors: Optional[Tensor]) -> None:
         raise ValueError(f"all tensors must be on one device, got {where}")
 
 
+def _check_floating(t: object, name: str, shape: str) -> None:
+    """TypeError naming `name` unless t is a floating-point tensor (of the described shape)."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape {shape}, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+
+
 def check_bias(bias: Optional[Tensor], num_edges: int, num_heads: int) -> Optional[Tensor]:
     """Check an edge bias of shape (E, H) or (E,); return it as (E, H) (a view, no copy)."""
     if bias is None:
         return None
-    if not isinstance(bias, Tensor):
-        raise TypeError(f"bias must be a torch.Tensor of shape (E, H) or (E,), got {type(bias).__name__}")
-    if not bias.is_floating_point():
-        raise TypeError(f"bias must be a floating-point tensor, got {bias.dtype}")
+    _check_floating(bias, "bias", "(E, H) or (E,)")
     if bias.dim() == 1 and bias.shape[0] == num_edges:
         return bias.unsqueeze(1).expand(num_edges, num_heads)
     if bias.dim() == 2 and bias.shape == (num_edges, num_heads):
@@ -154,10 +159,7 @@ def check_edge_term(t: Optional[Tensor], name: str, shape: Tuple[int, int, int],
     floating-point tensor or None."""
     if t is None:
         return None
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of shape (E, H, {width}), got {type(t).__name__}")
-    if not t.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    _check_floating(t, name, f"(E, H, {width})")
     num_edges, heads, w = shape
     if t.dim() != 3 or t.shape[0] != num_edges or t.shape[1] not in (heads, 1) or t.shape[2] != w:
         raise ValueError(

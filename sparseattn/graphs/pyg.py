@@ -101,24 +101,37 @@ def _num_nodes_of(data: object, num_nodes: Optional[int]) -> int:
 
 
 def _graph_offsets(data: object, n: int) -> Optional[Tuple[int, ...]]:
-    """(B + 1,) node offsets of a batch's graphs from `ptr` or a sorted `batch` vector; None if neither."""
-    ptr = getattr(data, "ptr", None)
+    """(B + 1,) node offsets of a batch's graphs from `data.ptr` or a sorted `data.batch`; None if neither."""
+    named = getattr(data, "num_graphs", None)
+    num_graphs = named if isinstance(named, int) else 0
+    ptr, batch = getattr(data, "ptr", None), getattr(data, "batch", None)
+    return batch_offsets(ptr, batch, n, name="data.", num_graphs=num_graphs)
+
+
+def batch_offsets(
+    ptr: Optional[object], batch: Optional[object], n: int, *, name: str = "", num_graphs: int = 0
+) -> Optional[Tuple[int, ...]]:
+    """(B + 1,) node offsets of the graphs of a PyG-style batch of n nodes, from ptr (B + 1,) node
+    offsets, else batch (n,) sorted graph ids (at least num_graphs graphs: trailing empty ones
+    kept); None if neither is given. ValueError naming `{name}ptr` or `{name}batch` otherwise."""
     if ptr is not None:
         if not isinstance(ptr, Tensor) or ptr.dim() != 1 or ptr.numel() == 0 or ptr.is_floating_point():
-            raise ValueError("data.ptr must be a non-empty 1-D integer tensor of node offsets (B + 1,)")
+            raise ValueError(f"{name}ptr must be a non-empty 1-D integer tensor of node offsets (B + 1,)")
         offsets = tuple(int(x) for x in ptr.tolist())
         if offsets[0] != 0 or offsets[-1] != n or any(b < a for a, b in zip(offsets[:-1], offsets[1:])):
-            raise ValueError(f"data.ptr must be non-decreasing from 0 to num_nodes={n}, got {list(offsets)[:8]}")
+            raise ValueError(f"{name}ptr must be non-decreasing from 0 to num_nodes={n}, got {list(offsets)[:8]}")
         return offsets
-    batch = getattr(data, "batch", None)
     if batch is None:
         return None
     if not isinstance(batch, Tensor) or batch.dim() != 1 or batch.is_floating_point() or batch.numel() != n:
-        raise ValueError(f"data.batch must be a 1-D integer tensor of graph ids, one per node ({n},)")
+        shape = tuple(batch.shape) if isinstance(batch, Tensor) else type(batch).__name__
+        raise ValueError(
+            f"{name}batch must be a 1-D integer tensor of graph ids, one per node: ({n},) for {n} node rows, got "
+            f"{shape}"
+        )
     if n and (int(batch[0]) < 0 or bool((batch.diff() < 0).any())):
-        raise ValueError("data.batch must hold graph ids >= 0 in non-decreasing order, as a PyG Batch does")
-    named = getattr(data, "num_graphs", None)
-    num_graphs = max(int(batch[-1]) + 1 if n else 0, named if isinstance(named, int) else 0)
+        raise ValueError(f"{name}batch must hold graph ids >= 0 in non-decreasing order (sorted), as a PyG Batch does")
+    num_graphs = max(int(batch[-1]) + 1 if n else 0, num_graphs)
     counts = torch.bincount(batch, minlength=num_graphs) if n else batch.new_zeros(num_graphs)
     return (0, *(int(x) for x in torch.cumsum(counts, 0).tolist()))
 

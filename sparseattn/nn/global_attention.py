@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from .. import graphs
 from ..functional import edge_attention
 from ..graphs import Graph
+from ..graphs.pyg import batch_offsets
 from ._common import check_backend, check_dropout
 
 
@@ -25,24 +26,18 @@ def complete_per_graph(batch: Optional[Tensor] = None, ptr: Optional[Tensor] = N
 
     Returns: a `Graph` over N nodes with sum_b n_b^2 edges, destination-major.
     """
-    if ptr is not None:
-        if ptr.dim() != 1 or ptr.numel() == 0 or int(ptr[0]) != 0 or bool((ptr.diff() < 0).any()):
-            raise ValueError("ptr must be a 1-D non-decreasing tensor of node offsets starting at 0, (B + 1,)")
-        sizes = ptr.diff().tolist()
-        device = ptr.device
-    elif batch is not None:
-        if batch.dim() != 1 or batch.is_floating_point():
-            raise ValueError(f"batch must be a 1-D integer tensor (N,), got {batch.dtype} {tuple(batch.shape)}")
-        if batch.numel() and (int(batch[0]) < 0 or bool((batch.diff() < 0).any())):
-            raise ValueError("batch must be sorted with ids >= 0 (nodes of one graph contiguous, as PyG batches them)")
-        sizes = torch.bincount(batch).tolist() if batch.numel() else []
-        device = batch.device
-    else:
+    given = ptr if ptr is not None else batch
+    if given is None:
         if num_nodes < 0:
             raise ValueError("pass batch, ptr or num_nodes")
         sizes, device = [num_nodes], None
-    if num_nodes >= 0 and sum(sizes) != num_nodes:
-        raise ValueError(f"batch/ptr cover {sum(sizes)} nodes but x has {num_nodes} rows")
+    else:
+        n = num_nodes
+        if n < 0:  # no x to count: the nodes ptr or batch cover
+            n = (int(ptr[-1]) if ptr.numel() else 0) if ptr is not None else given.numel()
+        offsets = batch_offsets(ptr, batch, n)
+        assert offsets is not None
+        sizes, device = [b - a for a, b in zip(offsets[:-1], offsets[1:])], given.device
     # empty graphs hold no nodes: leaving them out changes no node id
     return graphs.from_blocks([("full", n, n) for n in sizes if n > 0], device=device)
 

@@ -70,14 +70,19 @@ class EdgeTerms(NamedTuple):
         return self.from_caller
 
 
+def _edge_keys(k2: Tensor, terms: EdgeTerms) -> Tensor:
+    """(E, H, D) keys k[s] + edge_key[e] of the caller's edges (a new tensor)."""
+    keys = k2.view(-1, terms.heads, k2.shape[1]).index_select(0, terms.src)
+    if terms.key is not None:
+        keys += terms.key.view(keys.shape[0], -1, keys.shape[2])  # (a shared row broadcasts over the heads)
+    return keys
+
+
 def _scaled_keys(k2: Tensor, terms: EdgeTerms) -> Tensor:
     """(E * H, D) rows (k[s] + edge_key[e]) * edge_scale[e] of the caller's edges."""
     assert terms.scale is not None
-    num_edges, d = terms.src.shape[0], k2.shape[1]
-    keys = k2.view(-1, terms.heads, d).index_select(0, terms.src)  # (E, H, D)
-    if terms.key is not None:
-        keys += terms.key.view(num_edges, -1, d)  # (a shared row broadcasts over the heads)
-    return keys.mul_(terms.scale.view(num_edges, -1, d)).view(-1, d)
+    keys = _edge_keys(k2, terms)
+    return keys.mul_(terms.scale.view(keys.shape[0], -1, keys.shape[2])).view(-1, keys.shape[2])
 
 
 def _per_edge(x2: Tensor, weights: Tensor, terms: EdgeTerms, shared: bool) -> Tensor:
@@ -227,10 +232,7 @@ def _edge_key_grads(ds, q2, k2, terms: EdgeTerms, scale: float, need, dk, d_valu
         dk = dk.index_add_(0, terms.src, d_key.view(num_edges, heads, d)).view(k2.shape)
     d_scale = None
     if need[6]:
-        keys = k2.view(-1, heads, d).index_select(0, terms.src)  # (E, H, D)
-        if terms.key is not None:
-            keys += terms.key.view(num_edges, -1, d)
-        d_scale = _head_sum(g.mul_(keys.view(-1, d)), terms, terms.shared[2])
+        d_scale = _head_sum(g.mul_(_edge_keys(k2, terms).view(-1, d)), terms, terms.shared[2])
     if d_key is not None:
         d_key = _head_sum(d_key, terms, terms.shared[0]) if need[4] else None
     return dk, (d_key, d_value, d_scale)
