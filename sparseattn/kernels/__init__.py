@@ -69,9 +69,10 @@ def choose_auto(q: Tensor, graph: Graph, edge_terms: bool = False) -> str:
         ):
             return "dense"
     triton = _BACKENDS.get("triton")
-    triton_serves = triton is not None and (triton.edge_terms or not edge_terms) and triton.available
-    if q.device.type == "cuda" and q.shape[-1] <= 256 and triton_serves:
-        return "triton"
+    if q.device.type == "cuda" and q.shape[-1] <= 256 and triton is not None:
+        # (probed only for CUDA tensors: the probe imports triton, ~1 s)
+        if (triton.edge_terms or not edge_terms) and triton.available:
+            return "triton"
     return "csr"
 
 
