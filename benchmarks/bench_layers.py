@@ -7,9 +7,14 @@
 Layers: TransformerConv(512, 64, heads=8, edge_dim=16) from one state dict, on a random graph of
 --nodes nodes (in-degree 16) and a window graph of as many tokens (radius 8, in-degree 17), edge
 features (E, 16). Forward (no_grad) and forward+backward (a sum of the output, gradients of every
-parameter), timed in interleaved rounds (harness.time_interleaved), outputs checked against PyG's
-first, and the peak memory one call adds (harness.peak_extra_mib, the process's peak resident set).
-Edge terms: `edge_attention` on the csr backend (H=8, D=64, exact softmax) forward+backward with
+parameter), timed in interleaved rounds (harness.time_interleaved) after one warm-up call with a
+reused `Graph` (PyG: its int64 edge_index), outputs checked against PyG's first, and the peak
+memory one call adds (harness.peak_extra_mib, the process's peak resident set). "fwd+bwd cold" is
+a user's first call: a fresh process per contender, the raw edge_index as a user holds it (int64,
+or int32 stored transposed, (E, 2) pairs viewed as (2, E)), no warm-up, one call timed (index
+building, first page faults and lazy initialisation included; imports and the model's
+construction not).
+Edge terms: `edge_attention` on the csr backend (H=8, D=64, exact softmax, inputs of unit scale) forward+backward with
 no edge term, with edge_key and edge_value (E, H, D) each, and with one (E, 1, D) row shared by
 the heads as both (TransformerConv's form), on the same graphs: the cost of the terms against the
 same call without them. On a CUDA device (--device cuda) the same cases run there.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from typing import Callable, Dict, List
 
@@ -86,6 +92,57 @@ def _layer_cases(name: str, g, device: str, log: Callable[[str], None]) -> List[
     return results
 
 
+COLD = {  # contender -> (layer, edge_index layout)
+    "sparseattn.nn.TransformerConv, raw int64 edge_index": ("sparseattn", "int64"),
+    "sparseattn.nn.TransformerConv, raw transposed int32 edge_index": ("sparseattn", "transposed-int32"),
+    "PyG TransformerConv, raw int64 edge_index": ("pyg", "int64"),
+}
+
+
+def _cold_cases(name: str, nodes: int, threads: int, device: str, log: Callable[[str], None]) -> List[Result]:
+    """Each COLD contender's first forward+backward in a fresh process (this script with --cold)."""
+    results = []
+    for label in COLD:
+        cmd = [sys.executable, "-m", "benchmarks.bench_layers", "--cold", label, "--cold-graph", name]
+        cmd += ["--nodes", str(nodes), "--threads", str(threads), "--device", device]
+        run = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+        r = Result(name, 0, label, "fwd+bwd cold")
+        try:
+            ms, r.edges = (float(x) for x in run.stdout.strip().splitlines()[-1].split())
+            r.ms, r.times_ms = ms, [ms]
+        except (ValueError, IndexError):
+            r.note = f"failed: {run.stderr.strip().splitlines()[-1] if run.stderr.strip() else run.returncode}"
+        log(f"{name}: {label}: first fwd+bwd {r.ms if r.ms is None else round(r.ms, 1)} ms {r.note}")
+        results.append(r)
+    return results
+
+
+def _cold_child(label: str, graph_name: str, nodes: int, device: str) -> None:
+    """Build the inputs, time one forward+backward, print "<ms> <edges>" (run by _cold_cases)."""
+    import time
+
+    layer, layout = COLD[label]
+    g = _graphs(nodes, device)[graph_name]
+    edge_index = g.edge_index.clone()
+    del g  # nothing cached survives: the call gets only the raw index
+    if layout == "transposed-int32":
+        edge_index = edge_index.int().t().contiguous().t()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(nodes, HEADS * CHANNELS, generator=gen).to(device)
+    edge_attr = torch.randn(edge_index.shape[1], EDGE_DIM, generator=gen).to(device)
+    if layer == "pyg":
+        from torch_geometric.nn import TransformerConv as PygTransformerConv
+
+        module = PygTransformerConv(HEADS * CHANNELS, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM).to(device)
+    else:
+        module = TransformerConv(HEADS * CHANNELS, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM).to(device)
+    t = time.perf_counter()
+    module(x, edge_index, edge_attr).sum().backward()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    print(f"{(time.perf_counter() - t) * 1e3:.3f} {edge_index.shape[1]}")
+
+
 def _call(module, graph, x, edge_attr, mode: str) -> Callable[[], None]:
     def fwd() -> None:
         with torch.no_grad():
@@ -103,7 +160,7 @@ def _edge_term_cases(name: str, g, device: str) -> List[Result]:
     n, e, d = g.num_dst, g.num_edges, CHANNELS
 
     def leaf(*shape):
-        return (0.5 * torch.randn(*shape, generator=gen)).to(device).requires_grad_()
+        return torch.randn(*shape, generator=gen).to(device).requires_grad_()
 
     q, k, v = leaf(n, HEADS, d), leaf(n, HEADS, d), leaf(n, HEADS, d)
     grad = torch.randn(n, HEADS, d, generator=gen).to(device)
@@ -148,8 +205,13 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=RESULTS)
     p.add_argument("--skip-layers", action="store_true", help="only the edge-term cases (no torch_geometric)")
+    p.add_argument("--cold", choices=list(COLD), help=argparse.SUPPRESS)  # the child of a cold case
+    p.add_argument("--cold-graph", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.cold:
+        _cold_child(args.cold, args.cold_graph, args.nodes, args.device)
+        return
     info = machine_info(args.device)
     stem = os.path.join(args.out, f"bench_layers_{machine_tag(info)}")
     os.makedirs(args.out, exist_ok=True)
@@ -164,6 +226,7 @@ def main(argv=None) -> None:
     for name, g in _graphs(args.nodes, args.device).items():
         if not args.skip_layers:
             results += _layer_cases(name, g, args.device, log)
+            results += _cold_cases(name, args.nodes, args.threads, args.device, log)
         results += _edge_term_cases(name, g, args.device)
         _table([r for r in results if r.family == name], log)
     write_json(stem + ".json", info, vars(args), results)
@@ -174,14 +237,14 @@ def main(argv=None) -> None:
 
 
 def _table(rows: List[Result], log: Callable[[str], None]) -> None:
-    log(f"{'graph':<14} {'contender':<38} {'pass':<8} {'ms':>9} {'peak MiB':>9}  ratio")
-    layer = {(r.mode, r.contender): r for r in rows}
+    log(f"{'graph':<14} {'contender':<62} {'pass':<12} {'ms':>9} {'peak MiB':>9}  ratio")
+    pyg = {r.mode: r for r in rows if r.contender.startswith("PyG")}
     for r in rows:
         ms = "-" if r.ms is None else f"{r.ms:9.1f}"
         mib = "-" if r.peak_extra_mib is None else f"{r.peak_extra_mib:9.0f}"
         ratio = ""
         if r.contender.startswith("sparseattn"):
-            peer = layer.get((r.mode, "PyG TransformerConv"))
+            peer = pyg.get(r.mode)
             if peer is not None and peer.ms and r.ms:
                 mem = ""
                 if peer.peak_extra_mib and r.peak_extra_mib:
@@ -189,7 +252,7 @@ def _table(rows: List[Result], log: Callable[[str], None]) -> None:
                 ratio = f"{peer.ms / r.ms:.2f}x faster than PyG{mem}"
         elif r.speedup_vs_reference is not None and r.contender != "csr, no edge term":
             ratio = f"{1 / r.speedup_vs_reference:.2f}x the call without edge terms"
-        log(f"{r.family:<14} {r.contender:<38} {r.mode:<8} {ms:>9} {mib:>9}  {ratio}{r.note}")
+        log(f"{r.family:<14} {r.contender:<62} {r.mode:<12} {ms:>9} {mib:>9}  {ratio}{r.note}")
 
 
 if __name__ == "__main__":

@@ -177,3 +177,14 @@ def test_errors_name_the_argument():
         TransformerConv(4, 2, dropout=1.0)
     with pytest.raises(ValueError, match="backend"):
         TransformerConv(4, 2, backend="nope")
+
+
+@pytest.mark.parametrize("layout", ["transposed", "strided", "int32", "transposed-int32"])
+@pytest.mark.parametrize("heads", [1, 3])  # per-head edge path and the shared-row path
+def test_edge_index_layouts_users_pass_equal_pyg(layout, heads):
+    """An edge_index that is int32, transposed or strided gives PyG's result on its int64 copy."""
+    from ..strategies import laid_out
+
+    theirs, ours = make_pair(torch.float64, False, heads=heads, edge_dim=EDGE_DIM)
+    x, edge_attr, leaves = make_inputs(torch.float64, False, EDGE_DIM)
+    compare(theirs, ours, x, edge_attr, leaves, torch.float64, edge_index=laid_out(EDGE_INDEX, layout))
