@@ -1,6 +1,6 @@
 """sparseattn: multi-head attention over the edges of a graph, in pure PyTorch."""
 
-from . import graphs, nn
+from . import distributed, graphs, nn
 from ._checks import max_clamp_bound
 from .functional import edge_attention
 from .graphs import Graph
@@ -16,6 +16,7 @@ __all__ = [
     "Graph",
     "graphs",
     "nn",
+    "distributed",
     "KeyValue",
     "KVStore",
     "KVCache",

@@ -12,6 +12,7 @@ from torch.nn import functional as F
 from torch.utils.hooks import RemovableHandle
 
 from ._checks import check_clamp, check_dropout, check_eps, check_graph_tensor, check_node_ids
+from .distributed import HaloExchange, Shard, sharded_edge_attention
 from .functional import GraphLike, as_graph, edge_attention
 from .graphs import Graph
 from .kernels import backend_names
@@ -180,7 +181,11 @@ class EdgeAttention(nn.Module):
             x_dst: (N_dst, embed_dim) destination inputs; with `dst_rows`, (R, embed_dim) inputs of
                 just those destinations.
             graph: (2, E) edge index (or torch_geometric.EdgeIndex) or `Graph` from N_src sources
-                into N_dst destinations (a PyG Data/Batch: `graphs.from_pyg(data)` first).
+                into N_dst destinations (a PyG Data/Batch: `graphs.from_pyg(data)` first); or this
+                rank's `distributed.Shard` (or a `HaloExchange` over it) of a partitioned graph: then
+                x_dst holds the rows of `shard.nodes`, x_src those of `shard.src_nodes`, per-edge
+                inputs one row per edge of `shard.graph`, and the output is this rank's rows
+                (`sharded_edge_attention`; every rank calls the module collectively).
             x_src: (N_src, kdim) source inputs; None means self-attention (x_src = x_dst).
             x_value: (N_src, vdim) value inputs, default x_src.
             kv: keys and values projected earlier (`project_kv`), used instead of x_src/x_value.
@@ -202,7 +207,14 @@ class EdgeAttention(nn.Module):
         order of `graph.dst_subgraph`). Registered weight hooks see the same weights.
         """
         _check_rows("x_dst", x_dst, self.embed_dim, "embed_dim", "N_dst")
-        if not isinstance(graph, Graph):  # a torch_geometric.EdgeIndex becomes its plain tensor
+        shard = graph if isinstance(graph, (Shard, HaloExchange)) else None
+        if shard is not None:
+            for name, value in (("cache", cache), ("dst_rows", dst_rows)):
+                if value is not None:
+                    kind = type(graph).__name__
+                    raise ValueError(f"{name}= does not apply to attention on a shard (graph is a {kind})")
+            graph = shard.shard.graph if isinstance(shard, HaloExchange) else shard.graph
+        elif not isinstance(graph, Graph):  # a torch_geometric.EdgeIndex becomes its plain tensor
             graph = check_graph_tensor(graph)
         per_edge = [edge_bias, *(self._split_heads(t) for t in (edge_key, edge_value, edge_scale))]
         self_attention = x_src is None and x_value is None
@@ -225,11 +237,15 @@ class EdgeAttention(nn.Module):
                 t[kept] if isinstance(t, Tensor) and t.dim() and t.shape[0] == kept.shape[0] else t for t in per_edge
             ]
         need_weights = return_weights or bool(self._weights_hooks)
-        result = edge_attention(
+        attend: Callable[..., Any] = edge_attention
+        graph_arg: Any = graph
+        if shard is not None:  # halo rows fetched from their owners, then the local graph
+            attend, graph_arg = sharded_edge_attention, shard
+        result = attend(
             q,
             kv.k,
             kv.v,
-            graph,
+            graph_arg,
             clamp=self.clamp,
             bias=per_edge[0],
             edge_key=per_edge[1],

@@ -1,0 +1,17 @@
+"""Attention over a graph partitioned by destination across processes (torch.distributed).
+
+    shards = partition(graph, world_size, method="contiguous")   # or "metis"
+    shard = shards[rank]                                         # q rows of shard.nodes live here
+    out = sharded_edge_attention(q, k, v, shard)                 # this rank's destinations' outputs
+
+Each rank owns some destinations, computes their outputs from their in-edges, and fetches the source
+rows those edges read from other ranks (its halo) in one `all_to_all_single` per call; backward sends
+the halo rows' gradients back. Parameters are replicated (DistributedDataParallel); activations are
+partitioned. `EdgeAttention` takes a `Shard` (or a `HaloExchange`) in place of a graph.
+"""
+
+from .exchange import HaloExchange, local_shard, sharded_edge_attention
+from .partition import METHODS, partition
+from .shard import Shard
+
+__all__ = ["Shard", "partition", "local_shard", "HaloExchange", "sharded_edge_attention", "METHODS"]

@@ -1,0 +1,265 @@
+"""Halo exchange over torch.distributed and attention on a shard."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .._checks import check_edge_index, check_qkv
+from ..functional import edge_attention
+from .partition import _positions
+from .shard import Shard, local_part
+
+
+class HaloExchange:
+    """Trades one shard's halo rows with the other ranks: one `all_to_all_single` per call, sending
+    exactly the rows the peers' edges read (`shard.send_index`) and receiving exactly `shard.halo`.
+    Backward sends the halo rows' gradients back the same way and adds them into the owners' rows.
+
+    One object serves every layer of a model (the plan is the shard's; the tensors are per call) and
+    counts what it moved.
+
+    Args:
+        shard: this rank's `Shard`.
+        group: the process group (default: the world). A group of its own
+            (`dist.new_group()`) keeps the exchange apart from DDP's gradient all-reduces.
+        timed: wait at a barrier before each collective and time both, so that `seconds` holds the
+            transfer alone and `wait_seconds` the time spent waiting for slower ranks (benchmarks).
+
+    Counters (this rank, since construction or `reset_counters()`): calls, rows_sent,
+    rows_received, bytes_sent, bytes_received (forward and backward together), seconds, wait_seconds.
+    """
+
+    def __init__(self, shard: Shard, group: Optional[Any] = None, *, timed: bool = False) -> None:
+        if not isinstance(shard, Shard):
+            raise TypeError(f"shard must be a sparseattn.distributed.Shard, got {type(shard).__name__}")
+        self.shard = shard
+        self.group = group
+        self.timed = timed
+        self._checked = False
+        self.reset_counters()
+
+    def reset_counters(self) -> None:
+        self.calls = 0
+        self.rows_sent = self.rows_received = 0
+        self.bytes_sent = self.bytes_received = 0
+        self.seconds = self.wait_seconds = 0.0
+
+    def __call__(self, *xs: Tensor) -> Tuple[Tensor, ...]:
+        """xs: tensors of (N_src_own, ...) rows of this rank's sources -> their (N_halo, ...) halo
+        rows, differentiable. Several tensors (k and v) travel in one collective."""
+        n = self.shard.src_nodes.numel()
+        for x in xs:
+            if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[0] != n:
+                shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+                raise ValueError(f"an exchanged tensor must have one row per owned source ({n}), got {shape}")
+        if len({x.dtype for x in xs}) > 1:
+            raise ValueError("tensors exchanged together must share a dtype")
+        return _HaloRows.apply(self, *xs)
+
+    def _check_group(self) -> None:
+        if self._checked:
+            return
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                f"a shard of {self.shard.num_parts} parts exchanges rows over torch.distributed: call "
+                "dist.init_process_group first (torchrun sets up the environment for it)"
+            )
+        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        if (world, rank) != (self.shard.num_parts, self.shard.rank):
+            raise ValueError(
+                f"this process is rank {rank} of {world} in the group, but the shard is part {self.shard.rank} of "
+                f"{self.shard.num_parts}: pass shards[rank] of partition(graph, world_size)"
+            )
+        self._checked = True
+
+    def _trade(self, rows: Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]) -> Tensor:
+        """all_to_all_single of (n, F) rows grouped by receiving rank -> (m, F) grouped by sender."""
+        out = rows.new_empty((sum(recv_counts), rows.shape[1]))
+        if self.shard.num_parts == 1:
+            return out  # nothing to trade with
+        self._check_group()
+        if self.timed:
+            start = time.perf_counter()
+            dist.barrier(group=self.group)
+            self.wait_seconds += time.perf_counter() - start
+        start = time.perf_counter()
+        dist.all_to_all_single(out, rows.contiguous(), list(recv_counts), list(send_counts), group=self.group)
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
+        self.rows_sent += rows.shape[0]
+        self.rows_received += out.shape[0]
+        self.bytes_sent += rows.numel() * rows.element_size()
+        self.bytes_received += out.numel() * out.element_size()
+        return out
+
+    def _forward(self, xs: Sequence[Tensor]) -> Tuple[Tensor, ...]:
+        index = self.shard.send_index
+        rows = torch.cat([_as_rows(x).index_select(0, index) for x in xs], 1)  # only the rows sent
+        halo = self._trade(rows, self.shard.send_counts, self.shard.recv_counts)
+        pieces = halo.split([_as_rows(x).shape[1] for x in xs], 1)
+        return tuple(p.reshape(p.shape[0], *x.shape[1:]) for p, x in zip(pieces, xs))
+
+    def _backward(self, grads: Sequence[Tensor], shapes: Sequence[Tuple[int, ...]]) -> Tuple[Tensor, ...]:
+        grad_rows = torch.cat([_as_rows(g) for g in grads], 1)
+        sent = self._trade(grad_rows, self.shard.recv_counts, self.shard.send_counts)
+        out = []
+        for piece, shape in zip(sent.split([_as_rows(g).shape[1] for g in grads], 1), shapes):
+            grad = piece.new_zeros((shape[0], piece.shape[1]))
+            grad.index_add_(0, self.shard.send_index, piece)  # a row sent to several ranks sums their gradients
+            out.append(grad.view(shape))
+        return tuple(out)
+
+    def __repr__(self) -> str:
+        return f"HaloExchange({self.shard!r}, calls={self.calls}, rows_sent={self.rows_sent})"
+
+
+def _as_rows(x: Tensor) -> Tensor:
+    """(N, ...) -> (N, F), also for N = 0 and 1-D tensors."""
+    return x.reshape(x.shape[0], math.prod(x.shape[1:]))
+
+
+class _HaloRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, exchange: HaloExchange, *xs: Tensor) -> Tuple[Tensor, ...]:
+        ctx.exchange, ctx.shapes = exchange, [tuple(x.shape) for x in xs]
+        return exchange._forward(xs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> Tuple[Optional[Tensor], ...]:
+        return (None, *ctx.exchange._backward(grads, ctx.shapes))
+
+
+def sharded_edge_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    shard: Union[Shard, HaloExchange],
+    *,
+    group: Optional[Any] = None,
+    **edge_attention_kwargs: Any,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """`edge_attention` over a graph partitioned across ranks: this rank's destinations' outputs.
+
+    The halo rows of k and v are fetched from their owners in one `all_to_all_single` (k and v
+    travel together), the local kernel runs on `shard.graph`, and backward returns the halo rows'
+    gradients to their owners. Every rank of the group must call it (collectively, in the same
+    order); together the ranks compute exactly what `edge_attention` computes on the whole graph.
+
+    Args:
+        q: (N_own, H, D) queries of `shard.nodes`, in that order.
+        k: (N_src_own, H, D) keys of `shard.src_nodes`, in that order (self-attention: `shard.nodes`).
+        v: (N_src_own, H, Dv) values of the same rows.
+        shard: this rank's `Shard` (`partition(...)[rank]` or `local_shard`), or a `HaloExchange`
+            over it (to reuse one across layers, a group, counters).
+        group: the process group, when `shard` is a Shard (default: the world).
+        **edge_attention_kwargs: as `edge_attention` (scale, clamp, bias, edge_key, edge_value,
+            edge_scale, eps, dropout_p, backend, return_weights). Per-edge tensors hold one row per
+            edge of `shard.graph`, in its order (global per-edge tensors: index with `shard.edge_ids`).
+
+    Returns:
+        out: (N_own, H, Dv); with return_weights=True also the (E_local, H) weights.
+    """
+    exchange = shard if isinstance(shard, HaloExchange) else HaloExchange(shard, group)
+    if isinstance(shard, HaloExchange) and group is not None:
+        raise ValueError("pass group= to the HaloExchange, not with one")
+    s = exchange.shard
+    check_qkv(q, k, v)
+    if q.shape[0] != s.nodes.numel():
+        raise ValueError(f"q must have one row per node of the shard ({s.nodes.numel()}), got {q.shape[0]}")
+    if k.shape[0] != s.src_nodes.numel():
+        raise ValueError(f"k and v must have one row per source of the shard ({s.src_nodes.numel()}), got {k.shape[0]}")
+    k_halo, v_halo = exchange(k, v)  # one trade for both
+    k_all, v_all = torch.cat([k, k_halo]), torch.cat([v, v_halo])
+    return edge_attention(q, k_all, v_all, s.graph, **edge_attention_kwargs)
+
+
+def local_shard(
+    edge_index: Tensor,
+    *,
+    ranges: Optional[Sequence[int]] = None,
+    owner: Optional[Tensor] = None,
+    group: Optional[Any] = None,
+) -> Shard:
+    """This rank's `Shard` built from its own in-edges only, collectively: no rank holds the whole graph.
+
+    Every rank passes the edges into the destinations it owns (global ids; self-attention graphs)
+    and how nodes are owned, as `ranges` (P + 1 offsets: rank r owns ids ranges[r] .. ranges[r+1] - 1)
+    or `owner` ((N,) the rank of every node). The halo requests are traded in two
+    `all_to_all_single` calls. The local edges keep the caller's order (`shard.edge_ids` is None).
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("local_shard runs collectively: call dist.init_process_group first")
+    num_parts, rank = dist.get_world_size(group), dist.get_rank(group)
+    edge_index = check_edge_index(edge_index).to(torch.long)
+    device = edge_index.device
+    edge_index = edge_index.cpu()
+    if (ranges is None) == (owner is None):
+        raise ValueError("pass exactly one of ranges= (contiguous ownership) and owner= (a rank per node)")
+    if ranges is not None:
+        bounds = torch.as_tensor(list(ranges), dtype=torch.long)
+        if bounds.shape != (num_parts + 1,) or int(bounds[0]) != 0 or bool((bounds[1:] < bounds[:-1]).any()):
+            raise ValueError(f"ranges must be {num_parts + 1} non-decreasing offsets from 0, got {list(ranges)}")
+        num_nodes = int(bounds[-1])
+        nodes = torch.arange(int(bounds[rank]), int(bounds[rank + 1]))
+
+        def owner_pos(x: Tensor) -> Tuple[Tensor, Tensor]:
+            o = torch.searchsorted(bounds, x, right=True) - 1
+            return o, x - bounds[o]
+    else:
+        assert owner is not None
+        if not isinstance(owner, Tensor) or owner.dim() != 1 or owner.dtype == torch.bool or owner.is_floating_point():
+            raise ValueError("owner must be a 1-D integer tensor holding the rank of every node")
+        owner = owner.cpu().long()
+        if owner.numel() and (int(owner.min()) < 0 or int(owner.max()) >= num_parts):
+            raise ValueError(f"owner holds ranks outside 0..{num_parts - 1}")
+        num_nodes = owner.numel()
+        pos, groups = _positions(owner, num_parts)
+        nodes = groups[rank]
+
+        def owner_pos(x: Tensor) -> Tuple[Tensor, Tensor]:
+            return owner[x], pos[x]
+
+    src, dst = edge_index[0], edge_index[1]
+    if src.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
+        raise ValueError(f"edge_index holds node ids outside 0..{num_nodes - 1}")
+    dst_owner, dst_pos = owner_pos(dst)
+    foreign = dst_owner != rank
+    if bool(foreign.any()):
+        bad, other = int(dst[foreign][0]), int(dst_owner[foreign][0])
+        raise ValueError(
+            f"edge_index[1] (destinations) names node {bad}, owned by rank {other}, not by this rank ({rank}): "
+            "pass only the in-edges of the nodes this rank owns"
+        )
+    src_owner, src_pos = owner_pos(src)
+    part = local_part(src, dst_pos, src_owner, src_pos, rank, num_parts, nodes.numel(), nodes.numel(), num_nodes)
+    # tell each owner which of its rows this rank reads: counts first, then the ids
+    nccl = dist.get_backend(group) == "nccl"
+    comm = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    recv = torch.tensor(part.recv_counts, dtype=torch.long, device=comm)
+    send = torch.empty_like(recv)
+    dist.all_to_all_single(send, recv, group=group)
+    send_counts = tuple(int(c) for c in send.tolist())
+    requested = torch.empty(sum(send_counts), dtype=torch.long, device=comm)
+    dist.all_to_all_single(requested, part.halo.to(comm), list(send_counts), list(part.recv_counts), group=group)
+    requested = requested.cpu()
+    shard = Shard(
+        rank=rank,
+        num_parts=num_parts,
+        nodes=nodes,
+        src_nodes=nodes,
+        halo=part.halo,
+        graph=part.graph,
+        edge_ids=None,
+        send_index=owner_pos(requested)[1],
+        send_counts=send_counts,
+        recv_counts=part.recv_counts,
+        num_nodes=num_nodes,
+        num_src_nodes=num_nodes,
+    )
+    return shard.to(device) if device.type != "cpu" else shard
