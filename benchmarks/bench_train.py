@@ -9,7 +9,7 @@
 Both models get the same batches, the same sizes and the same training step: forward, label-smoothed
 cross entropy summed over the target tokens / their count, backward, Adam. Dropout is 0 in both.
 
-* graph <backend>: the task's preset model (`configs/<task>-transformer.toml`, `cfg.model_cfg.build(...)`)
+* graph <backend>: the task's preset model (the `<task>-transformer` preset, `cfg.model_cfg.build(...)`)
   with each backend of `--backends` (default: auto), fed the task's own `GraphBatch` (no padding).
 * nn.Transformer: `torch.nn.Transformer` of the same size (layers, d_model, heads, d_ff, pre-norm,
   batch_first) with the same shared/tied embeddings, sqrt(d) embedding scale, sinusoidal positions

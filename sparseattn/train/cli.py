@@ -1,20 +1,20 @@
 """The command line: `sparseattn <command>` (also `python -m sparseattn <command>`).
 
-    sparseattn demo                                                           # EdgeAttention vs padded MHA
-    sparseattn train --task copy --out runs/copy                              # preset configs/copy-transformer.toml
-    sparseattn train --task sort --model ut --out runs/sort --epochs=30       # preset + overrides
-    sparseattn train --config configs/sort-ut.toml --out runs/s2 --d_ff=512   # any preset file
-    sparseattn train --task chunking --model bilstm --data-dir ../shared/data --out runs/b --time_budget_min=14
-    sparseattn train --out runs/copy --resume [--epochs=8]                    # continue exactly
-    sparseattn evaluate --checkpoint runs/copy/checkpoint.pt [--beam 4] [--json]
-    sparseattn plot --checkpoint runs/copy/checkpoint.pt [--out DIR]
-    sparseattn compare --run BiLSTM=runs/b --run Tagger=runs/t --metric f1 --output f1.png
-    sparseattn translate --checkpoint runs/m30k/checkpoint.pt "A dog runs."
-    sparseattn configs                                                        # the preset files
-    torchrun --nproc_per_node=N -m sparseattn train ...                       # DDP (distributed.py)
+    sparseattn demo                                                      # EdgeAttention vs padded MHA
+    sparseattn train --task copy --out runs/copy                         # the preset copy-transformer
+    sparseattn train --task sort --model ut --out runs/sort --epochs=30  # a preset + overrides
+    sparseattn train --config my.toml --out runs/s2 --d_ff=512           # a preset file of yours
+    sparseattn train --out runs/copy --resume [--epochs=8]               # continue a run exactly
+    sparseattn evaluate --checkpoint runs/copy [--beam 4] [--json]       # decoded test metrics
+    sparseattn plot --checkpoint runs/copy [--out DIR]                   # attention maps, loss curve
+    sparseattn translate --checkpoint runs/m30k "A dog runs."            # a multi30k run
+    sparseattn compare --run A=runs/a --run B=runs/b --output f1.png     # runs side by side
+    sparseattn configs                                                   # the presets
+    torchrun --nproc_per_node=N -m sparseattn train ...                  # several processes (DDP)
 
-`sparseattn train --help [--task T --model M]` lists every config key with its type, default and
-help. trainer.py says what a run directory holds.
+evaluate, plot and translate take a run folder (its best.pt, else its checkpoint.pt) or a .pt
+file. `sparseattn train --help [--task T --model M] [--key=value ...]` lists every config key with
+the value that run would use, its type and help; `sparseattn COMMAND --help` the other commands'.
 """
 
 from __future__ import annotations
@@ -23,24 +23,26 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import sys
+import textwrap
 import time
+import typing
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from . import checkpoint as ckpt_io
 from .config import (
-    DEFAULT_MODELS,
     MAX_BEAM,
     MAX_LEN_A,
     MAX_LEN_B,
+    Clamp,
     Config,
     check_run_values,
     config_from_dict,
-    describe,
     list_presets,
     make_config,
     parse_flags,
@@ -51,6 +53,35 @@ from .metrics import read_metrics
 from .runlock import make_run_dir, run_dir_lock
 from .tasks import get_task
 from .trainer import Trainer, resolve_device
+
+RUN_FOLDER = """\
+A run folder (--out RUN_DIR) holds:
+  config.json     the run's whole config (task, model, run, task_config, model_config)
+  checkpoint.pt   the last saved state (weights, optimizer, RNG, data position), written at each
+                  epoch end, every checkpoint_every steps, at max_steps, when the time budget runs
+                  out and on Ctrl-C; `sparseattn train --out RUN_DIR --resume` continues from it
+  best.pt         the weights of the best validation epoch (keep_best): the final test and plots
+                  use them, and so do evaluate, plot and translate when given the folder
+  metrics.jsonl   one JSON object per line: kind "train" every log_every steps, "valid" each
+                  epoch, "test" at the end
+  results.json    the decoded test metrics (and best_epoch)
+  plots/          attention maps (ACT steps for the UT, F1 per epoch for chunking), loss.png
+  tokenizer.json  multi30k: the subword vocabulary; hyp.test.de (hyp.SPLIT.de of evaluate): the
+                  decoded translations
+  .lock           held while a run writes there: one run per folder
+With ema_decay > 0 the evaluated weights (best.pt, the test) are the moving average."""
+
+TRAIN_USAGE = """\
+usage: sparseattn train [--task T] [--model M] [--config FILE|PRESET] --out RUN_DIR
+                        [--key=value ...] [--overwrite]
+       sparseattn train --out RUN_DIR --resume [--key=value ...]
+       torchrun --nproc_per_node=N -m sparseattn train ...
+
+--overwrite replaces the run RUN_DIR holds; --resume continues it exactly (flags may change run
+keys, not the task or model); torchrun trains on several processes (DistributedDataParallel).
+A run's values: each key's default <- the preset of --task and --model (or --config: a TOML file
+or a preset's name; `sparseattn configs` lists them) <- the --key=value flags (also --key value;
+a bare --flag means true)."""
 
 
 def train_main(argv: List[str]) -> int:
@@ -65,15 +96,11 @@ def train_main(argv: List[str]) -> int:
             raise ValueError("--config needs a FILE")
         config_file = argv[i + 1]
         argv = argv[:i] + argv[i + 2 :]
-    if "-h" in argv or "--help" in argv:
-        flags = parse_flags([a for a in argv if a not in ("-h", "--help")])
-        task = flags.get("task", "copy")
-        lines = describe(task, flags.get("model", DEFAULT_MODELS.get(task, "transformer")))
-        print(__doc__)
-        print("config keys (defaults, before presets):\n" + "\n".join(lines))
-        return 0
     overwrite = "--overwrite" in argv
     argv = [a for a in argv if a != "--overwrite"]
+    if "-h" in argv or "--help" in argv:
+        print(train_help(parse_flags([a for a in argv if a not in ("-h", "--help")]), config_file, resume))
+        return 0
     flags = parse_flags(argv)
     if resume and overwrite:
         raise ValueError("--resume continues a run and --overwrite replaces it: pass one of them")
@@ -105,6 +132,102 @@ def train_main(argv: List[str]) -> int:
             return _run(trainer)
         finally:
             distributed.cleanup()
+
+
+def train_help(flags: Dict[str, str], config_file: Optional[str], resume: bool) -> str:
+    """`sparseattn train --help`: usage, what a run folder holds, the preset applied and every key
+    with the value the run given by these flags would use (the preset's where it sets one)."""
+    if resume and "out" in flags:
+        ckpt = Path(flags["out"]) / "checkpoint.pt"
+        if not ckpt.is_file():
+            raise FileNotFoundError(f"no checkpoint at {ckpt}: --resume continues a run saved there")
+        cfg = resumed_config(ckpt, dict(flags), config_file)
+        base = config_from_dict(ckpt_io.load(ckpt)["config"], ckpt)
+        origin = f"resumes: {ckpt}, task {cfg.task}, model {cfg.model} (its config, the flags' run keys applied)"
+        base_label = "saved"
+    else:
+        cfg = make_config(flags, config_file)  # the run's values, checked as the run checks them
+        base = make_config({k: v for k, v in flags.items() if k in ("task", "model")}, config_file)
+        origin = preset_line(cfg.task, cfg.model, config_file)
+        base_label = "preset"
+    sources: Dict[str, str] = {}
+    for section, base_section in zip(cfg.sections().values(), base.sections().values()):
+        for f in dataclasses.fields(section):
+            if f.name in flags:
+                sources[f.name] = "flag"
+            elif getattr(base_section, f.name) != field_default(f):
+                sources[f.name] = base_label
+    return "\n\n".join(
+        [
+            TRAIN_USAGE,
+            RUN_FOLDER,
+            origin,
+            "\n".join(config_table(cfg, sources)),
+        ]
+    )
+
+
+def preset_line(task: str, model: str, config_file: Optional[str]) -> str:
+    """Which preset a run of task and model without --config starts from (or the --config file)."""
+    if config_file:
+        return f"preset: {config_file} (--config), task {task}, model {model}"
+    for name, about in list_presets():
+        if Path(name).stem == f"{task}-{model}":
+            line = f"preset: {Path(name).stem} ({name}, one of `sparseattn configs`), task {task}, model {model}"
+            return "\n  ".join([line, *textwrap.wrap(about, terminal_width() - 2)]) if about else line
+    return f"preset: none for task {task} and model {model} (`sparseattn configs` lists the presets)"
+
+
+def terminal_width() -> int:
+    """The width help text wraps to: the terminal's ($COLUMNS, else 100 when not a terminal), at least 80."""
+    return max(80, shutil.get_terminal_size((100, 24)).columns)
+
+
+def field_default(f: Any) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+
+
+def flag_text(value: Any) -> str:
+    """A value as a flag would give it: none, true/false, lo,hi for a clamp."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (tuple, list)):
+        return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+    return str(value)
+
+
+def config_table(cfg: Config, sources: Dict[str, str], width: Optional[int] = None) -> List[str]:
+    """Every key of cfg by section, in aligned columns: --key=value (the run's value), type, where
+    the value comes from (preset, flag, saved; blank for the key's default), help ([default: X]
+    where the value differs), wrapped to `width` (the terminal's)."""
+    width = width or terminal_width()
+    rows: List[Tuple[str, str, str, str]] = []
+    titles: Dict[int, str] = {}
+    for title, section in (("run", cfg.run), (f"task {cfg.task}", cfg.task_cfg), (f"model {cfg.model}", cfg.model_cfg)):
+        titles[len(rows)] = f"{title} ({type(section).__name__}):"
+        hints = typing.get_type_hints(type(section))
+        for f in dataclasses.fields(section):
+            value, default = getattr(section, f.name), field_default(f)
+            typ = "clamp" if hints[f.name] == Clamp else getattr(hints[f.name], "__name__", str(hints[f.name]))
+            about = f.metadata.get("help", "")
+            if value != default:
+                about += f" [default: {flag_text(default) or chr(34) * 2}]"
+            rows.append((f"--{f.name}={flag_text(value)}", typ, sources.get(f.name, ""), about))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    indent = 2 + sum(widths) + 2 * 3
+    lines = ["config keys: the value this run uses, type, where it comes from (blank: the default), help"]
+    for i, (key, typ, source, about) in enumerate(rows):
+        if i in titles:
+            lines.append(titles[i])
+        head = f"  {key:<{widths[0]}}  {typ:<{widths[1]}}  {source:<{widths[2]}}  "
+        wrapped = textwrap.wrap(about, max(30, width - indent), break_on_hyphens=False) or [""]
+        lines.append(head + wrapped[0])
+        lines.extend(" " * indent + more for more in wrapped[1:])
+    return lines
 
 
 def resumed_config(ckpt_path: Path, flags: Dict[str, str], config_file: Optional[str]) -> Config:
@@ -211,13 +334,52 @@ def _run(trainer: Trainer) -> int:
     return 0
 
 
+def resolve_checkpoint(path: str) -> Tuple[Path, Optional[Path]]:
+    """(checkpoint file, run folder or None) of what --checkpoint names: a file as it is; a run
+    folder's best.pt (the best validation epoch's weights), else its checkpoint.pt (the last saved
+    ones). A folder with neither is a FileNotFoundError saying so."""
+    given = Path(path)
+    if not given.is_dir():
+        return given, None
+    for name in ("best.pt", "checkpoint.pt"):
+        if (given / name).is_file():
+            return given / name, given
+    raise FileNotFoundError(
+        f"{given} holds no checkpoint (neither best.pt nor checkpoint.pt): give a run folder that "
+        "`sparseattn train --out` has saved to, or a .pt file"
+    )
+
+
+def checkpoint_note(folder: Path, ckpt: Path, state: dict, averaged: bool) -> str:
+    """The line saying which checkpoint of a run folder evaluate, plot and translate use
+    (averaged: the weights are an --ema_decay moving average)."""
+    kind = "averaged weights" if averaged else "weights"
+    if ckpt.name == "best.pt":
+        epoch = state.get("epoch")
+        which = f"epoch {epoch}, the best on the validation split" if epoch else "the best validation epoch"
+        return f"{folder}: using best.pt, the {kind} of {which}"
+    position = state.get("position") or {}
+    epoch, batch, step = (position.get(k) for k in ("epoch", "batch", "step"))
+    if batch:
+        when = f" at step {step} (epoch {epoch + 1} unfinished)"
+    elif epoch is not None:
+        when = f" after epoch {epoch}"
+    else:
+        when = ""
+    return f"{folder}: no best.pt (keep_best off, or no epoch finished); using checkpoint.pt, the {kind}{when}"
+
+
 def load_for_eval(path: str, device: str = "auto", need_data: bool = True, need: Optional[str] = None):
-    """(cfg, task, model, checkpoint dict) of a checkpoint file, the model in eval mode. With
-    ema weights (checkpoint.pt of an --ema_decay run) the model holds the averages, as training
-    evaluated them. need_data=False skips reading the task's data (decoding new input needs only
-    the vocabulary, which the checkpoint holds). need: a method the task must have (translate),
-    checked before the model is built. Anything wrong with the file is one ValueError naming it."""
+    """(cfg, task, model, checkpoint dict) of a checkpoint file or run folder (see
+    resolve_checkpoint; a folder's checkpoint is named in one line on stderr), the model in eval
+    mode. With ema weights (checkpoint.pt of an --ema_decay run) the model holds the averages, as
+    training evaluated them. need_data=False skips reading the task's data (decoding new input
+    needs only the vocabulary, which the checkpoint holds). need: a method the task must have
+    (translate), checked before the model is built. Anything wrong with the file is one ValueError
+    naming it."""
     target = resolve_device(device)
+    ckpt, folder = resolve_checkpoint(path)
+    path = str(ckpt)
     state = ckpt_io.load(path)
     cfg = config_from_dict(state["config"], Path(path))
     cfg.run.out = str(Path(path).parent)  # run files (tokenizer.json, hypotheses) live next to the checkpoint
@@ -237,13 +399,18 @@ def load_for_eval(path: str, device: str = "auto", need_data: bool = True, need:
     if "ema" in state:
         ckpt_io.load_weights(model, state["ema"]["average"], path, strict=False)
     model.to(target).eval()
+    if folder is not None:  # after every check: a failure stays one line
+        print(checkpoint_note(folder, ckpt, state, cfg.run.ema_decay > 0), file=sys.stderr)
     return cfg, task, model, state
+
+
+CHECKPOINT_HELP = "a run folder (its best.pt, else its checkpoint.pt: the line on stderr says which) or a .pt file"
 
 
 def decoding_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """A parser with the options of commands that decode with a checkpoint (see load_for_decoding)."""
     p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
     p.add_argument("--beam", type=int, default=None, help=f"beam size (default: the run's, 1 = greedy; <= {MAX_BEAM})")
     p.add_argument("--alpha", type=float, default=None, help="length penalty exponent")
     p.add_argument(
@@ -288,13 +455,29 @@ def evaluate_main(argv: List[str]) -> int:
 
 
 def plot_main(argv: List[str]) -> int:
-    p = argparse.ArgumentParser(prog="sparseattn plot", description="attention and ACT plots of a checkpoint")
-    p.add_argument("--checkpoint", required=True)
+    p = argparse.ArgumentParser(
+        prog="sparseattn plot",
+        description="a run's plots again: the task's (attention maps with a colour bar, ACT steps, F1 per "
+        "epoch) from a checkpoint, and loss.png from the run's metrics.jsonl",
+    )
+    p.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
     p.add_argument("--out", default=None, help="folder for the PNGs (default: RUN_DIR/plots)")
     args = p.parse_args(argv)
     cfg, task, model, state = load_for_eval(args.checkpoint, "cpu")
-    out = Path(args.out) if args.out else Path(args.checkpoint).parent / "plots"
-    for path in task.plot(model, cfg, out, state.get("history", [])):
+    run_dir = Path(cfg.run.out)  # the checkpoint's folder
+    out = Path(args.out) if args.out else run_dir / "plots"
+    paths = list(task.plot(model, cfg, out, state.get("history", [])))
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file():
+        from .plots import loss_curve
+
+        try:
+            paths.append(loss_curve(read_metrics(metrics), out / "loss.png"))
+        except ValueError:  # a run stopped before it logged a loss
+            print(f"no loss.png: {metrics} holds no training or validation loss yet", file=sys.stderr)
+    else:
+        print(f"no loss.png: no metrics.jsonl next to the checkpoint in {run_dir}", file=sys.stderr)
+    for path in paths:
         print(path)
     return 0
 
@@ -416,7 +599,7 @@ COMMANDS: Dict[str, Callable[[List[str]], int]] = {
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print(__doc__)
+        print(f"{__doc__}\n{RUN_FOLDER}")
         if argv and argv[0] not in ("-h", "--help"):
             print(f"sparseattn: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
             return 2

@@ -9,8 +9,11 @@ of the three, so flags stay flat (`--epochs=8 --d_model=64 --vocab_size=4000`); 
 errors naming the valid ones. Every field carries its help text (`cfg_field(default, "help")`),
 which `sparseattn train --help` prints with its type and default.
 
-Presets are TOML files, `configs/<task>-<model>.toml` by default (`sparseattn configs` lists
-them), or any file given with `--config FILE`:
+Presets are TOML files shipped inside the package (`sparseattn/train/presets/<task>-<model>.toml`,
+read with `importlib.resources`, so a wheel has them too; `sparseattn configs` lists them). The
+preset of the run's task and model applies by default; `--config NAME` picks a shipped preset by
+name (`sort-ut`), `--config FILE` any file. A named preset that does not exist is an error naming
+the ones that do:
 
     [task]
     name = "sort"
@@ -26,18 +29,26 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import sys
 import typing
 from dataclasses import dataclass, field, fields
+from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+if TYPE_CHECKING:
+    if sys.version_info >= (3, 11):
+        from importlib.resources.abc import Traversable
+    else:  # pragma: no cover
+        from importlib.abc import Traversable
+
+PRESETS = "presets"  # the folder of preset TOML files inside this package (sparseattn/train/presets)
 Clamp = Optional[Tuple[float, float]]
 
 
@@ -276,16 +287,66 @@ def parse_flags(args: Sequence[str]) -> Dict[str, str]:
     return out
 
 
-def preset_path(task: str, model: str) -> Optional[Path]:
-    path = CONFIG_DIR / f"{task}-{model}.toml"
-    return path if path.is_file() else None
+def presets_dir() -> Traversable:
+    """The folder of the shipped presets, inside the installed package."""
+    return resources.files(__package__ or "sparseattn.train").joinpath(PRESETS)
 
 
-def read_toml(path: Path) -> Dict[str, Any]:
-    """{"task"?, "model"?, and key -> value} of a preset file: the sections [run], [task] and
-    [model] flattened, the `name` of [task] and [model] as "task" and "model"."""
+def preset_files() -> Dict[str, Traversable]:
+    """name (`copy-transformer`) -> file of every shipped preset, sorted by name. An install without
+    them (package data left out of a wheel) is an error rather than a run on the defaults."""
+    folder = presets_dir()
+    found = (
+        {entry.name[: -len(".toml")]: entry for entry in folder.iterdir() if entry.name.endswith(".toml")}
+        if folder.is_dir()
+        else {}
+    )
+    if not found:
+        raise FileNotFoundError(
+            f"no presets in {folder}: this install of sparseattn lacks its package data; reinstall sparseattn"
+        )
+    return dict(sorted(found.items()))
+
+
+def preset_file(name: str) -> Traversable:
+    """The shipped preset `name` (`sort-ut` or `sort-ut.toml`); ValueError naming the presets if none."""
+    files = preset_files()
+    key = name[: -len(".toml")] if name.endswith(".toml") else name
+    if key not in files:
+        raise ValueError(f"no preset {name!r}; presets: {', '.join(files)}")
+    return files[key]
+
+
+def preset_path(task: str, model: str) -> Optional[Traversable]:
+    """The shipped preset of this task and model (`<task>-<model>.toml`), or None if it has none."""
+    return preset_files().get(f"{task}-{model}")
+
+
+def config_source(spec: Union[str, os.PathLike]) -> Union[Path, Traversable]:
+    """What `--config SPEC` reads: the file SPEC if there is one, else the shipped preset named SPEC
+    (`sort-ut`); neither is one FileNotFoundError naming the presets."""
+    path = Path(spec)
+    if path.exists():
+        return path
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        files = preset_files()
+    except FileNotFoundError:  # the missing file is the error to report
+        files = {}
+    key = path.name[: -len(".toml")] if path.name.endswith(".toml") else path.name
+    if key in files and str(spec) in (key, path.name):  # a bare name, not a path to a missing file
+        return files[key]
+    raise FileNotFoundError(
+        f"--config {spec}: no such file, nor a preset of that name (presets: {', '.join(files) or 'none'})"
+    )
+
+
+def read_toml(path: Union[str, os.PathLike, Traversable]) -> Dict[str, Any]:
+    """{"task"?, "model"?, and key -> value} of a preset: a file, a shipped preset's name (see
+    `config_source`) or a preset's Traversable. The sections [run], [task] and [model] flattened,
+    the `name` of [task] and [model] as "task" and "model"."""
+    source = config_source(path) if isinstance(path, (str, os.PathLike)) else path
+    try:
+        data = tomllib.loads(source.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"--config {path}: no such file") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
@@ -326,9 +387,10 @@ def build_config(task: str, model: str, values: Dict[str, Any]) -> Config:
 
 
 def make_config(flags: Dict[str, Any], config_file: Optional[str] = None) -> Config:
-    """Defaults <- preset (`config_file`, else configs/<task>-<model>.toml if present) <- flags."""
+    """Defaults <- preset (`config_file`: a file or a shipped preset's name; else the shipped
+    `<task>-<model>` preset if there is one) <- flags."""
     flags = dict(flags)
-    from_file = read_toml(Path(config_file)) if config_file else {}
+    from_file = read_toml(config_file) if config_file else {}
     task = str(flags.pop("task", from_file.pop("task", "copy")))
     model = str(flags.pop("model", from_file.pop("model", DEFAULT_MODELS.get(task, "transformer"))))
     if not config_file:
@@ -393,16 +455,16 @@ def describe(task: str, model: str) -> List[str]:
 
 
 def list_presets() -> List[Tuple[str, str]]:
-    """(file name, first comment line) of each preset in configs/."""
+    """(file name, first comment line) of each shipped preset."""
     out = []
-    for path in sorted(CONFIG_DIR.glob("*.toml")):
+    for name, file in preset_files().items():
         first = next(
             (
                 line.lstrip("# ").strip()
-                for line in path.read_text(encoding="utf-8").splitlines()
+                for line in file.read_text(encoding="utf-8").splitlines()
                 if line.startswith("#")
             ),
             "",
         )
-        out.append((path.name, first))
+        out.append((f"{name}.toml", first))
     return out

@@ -1,7 +1,8 @@
 """Plots (matplotlib, PNG): attention maps of one example and, for the UT, ACT steps.
 
 attention_maps     one figure per attention kind (encoder self, decoder self, cross): rows are
-                   layers (ACT steps for the UT, where halted rows are blank), columns heads.
+                   layers (ACT steps for the UT, where halted rows are blank), columns heads, and
+                   a colour bar of the weights (one scale, 0 to 1, for every panel).
                    Weights come from `sparseattn.record_attention` and are scattered into a
                    dense (N_dst, N_src) map from the graph's own edge index, so subgraphs work.
 act_steps_map      steps per position for a few test examples, encoder and decoder.
@@ -65,21 +66,27 @@ def attention_maps(
             continue
         heads = recs[0][3].shape[1]
         fig, axes = plt.subplots(
-            len(recs), heads, figsize=(max(4.8, 2.6 * heads + 0.5), 2.6 * len(recs) + 0.5), squeeze=False
+            len(recs),
+            heads,
+            figsize=(max(4.8, 2.6 * heads + 1.3), 2.6 * len(recs) + 0.5),
+            squeeze=False,
+            layout="constrained",  # leaves room for the colour bar shared by every panel
         )
         ylab, xlab = (labels[k] for k in axes_labels[kind])
+        image = None
         for row, (_, layer, graph, w) in enumerate(recs):
             maps = dense_weights(graph, w)
             for head in range(heads):
                 ax = axes[row, head]
-                ax.imshow(maps[head], cmap="viridis", vmin=0, vmax=1, aspect="auto")
+                image = ax.imshow(maps[head], cmap="viridis", vmin=0, vmax=1, aspect="auto")
                 ax.set_xticks(range(len(xlab)))
                 ax.set_xticklabels(xlab, fontsize=5)
                 ax.set_yticks(range(len(ylab)))
                 ax.set_yticklabels(ylab, fontsize=5)
                 ax.set_title(f"layer/step {layer} head {head}", fontsize=7)
         fig.suptitle(f"{kind} attention (rows: destination, columns: source)", fontsize=9)
-        fig.tight_layout()
+        # every panel shares the scale [0, 1] (0 also where there is no edge): one bar for all
+        fig.colorbar(image, ax=axes, label="attention weight", shrink=0.9, aspect=max(20, 15 * len(recs)))
         path = out_dir / f"{prefix}_{kind}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)

@@ -370,9 +370,8 @@ class Trainer:
                     {**best, "epoch": pos["epoch"] + 1, "score": score}, self.best_path
                 )  # the evaluated weights, which evaluate/plot read
         self.history.append(record)
-        shown = {k: round(v, 4) for k, v in valid.items() if isinstance(v, float)}
-        if self.cfg.run.progress and self.main_process:
-            print(f"epoch {pos['epoch'] + 1}: valid {shown}", file=sys.stderr)
+        if self.main_process:  # one line per epoch, with or without progress bars
+            print(epoch_line(record, self.cfg.run.epochs), file=sys.stderr)
         pos["epoch"] += 1
         pos["batch"] = 0
         self.save()
@@ -406,6 +405,33 @@ class Trainer:
                 paths.append(loss_curve(records, self.out / "plots" / "loss.png"))
             results["plots"] = [str(p) for p in paths]
         return results
+
+
+EPOCH_LINE_KEYS = (
+    "loss",
+    "tf_accuracy",
+    "token_accuracy",
+    "sequence_accuracy",
+    "precision",
+    "recall",
+    "f1",
+    "bleu",
+    "act_steps_mean",
+)
+
+
+def epoch_line(record: dict, epochs: int) -> str:
+    """The one line printed at the end of each epoch: position, training loss and accuracy, and the
+    main validation metrics (metrics.jsonl holds all of them)."""
+    train, valid = record.get("train") or {}, record.get("valid") or {}
+    seconds = record["time_s"]
+    clock = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+    parts = [f"epoch {record['epoch']}/{epochs}", f"step {record['step']}", clock]
+    if "loss" in train:
+        parts.append(f"train loss {train['loss']:.4f} acc {train.get('accuracy', float('nan')):.4f}")
+    shown = [f"{k} {valid[k]:.4f}" for k in EPOCH_LINE_KEYS if isinstance(valid.get(k), (int, float))]
+    parts.append(f"valid {' '.join(shown)}" if shown else "valid -")
+    return " | ".join(parts)
 
 
 def best_score(valid: dict) -> Tuple[float, float]:

@@ -105,6 +105,7 @@ def test_tiny_copy_run_learns_then_evaluate_and_plot(tmp_path, capsys):
         "attention_encoder.png",
         "attention_decoder.png",
         "attention_cross.png",
+        "loss.png",  # redrawn from the run's metrics.jsonl
     }
 
 

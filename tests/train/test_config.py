@@ -90,7 +90,7 @@ def test_a_preset_file_sets_values_and_flags_override_it(tmp_path):
 
 def test_every_shipped_preset_loads_for_its_task_and_model():
     presets = list_presets()
-    assert presets, "configs/ holds the presets"
+    assert presets, "sparseattn/train/presets/ holds the presets"
     for name, about in presets:
         task, model = name[: -len(".toml")].split("-")
         cfg = make_config({"task": task, "model": model})

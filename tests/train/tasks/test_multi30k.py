@@ -64,6 +64,7 @@ def test_train_evaluate_translate_on_sample(tmp_path, capsys):
         "attention_cross.png",
         "attention_decoder.png",
         "attention_encoder.png",
+        "loss.png",  # plot redraws the loss curve from the run's metrics.jsonl
     ]
 
 
