@@ -45,6 +45,8 @@ class HaloExchange:
         self.reset_counters()
 
     def reset_counters(self) -> None:
+        """Zero the traffic counters: `calls`, `rows_sent`/`rows_received`, `bytes_sent`/
+        `bytes_received` (forward and backward exchanges of this rank) and `seconds`/`wait_seconds`."""
         self.calls = 0
         self.rows_sent = self.rows_received = 0
         self.bytes_sent = self.bytes_received = 0
@@ -58,9 +60,24 @@ class HaloExchange:
             if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[0] != n:
                 shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
                 raise ValueError(f"an exchanged tensor must have one row per owned source ({n}), got {shape}")
+        self._check_rows(xs)
+        return _HaloRows.apply(self, False, *xs)
+
+    def with_halo(self, *xs: Tensor) -> Tuple[Tensor, ...]:
+        """Each x: (N_src_own, ...) -> (N_src_own + N_halo, ...), its rows followed by the halo's:
+        the source rows of the local graph. Backward adds the returned halo gradients into x's
+        gradient in place (no zero-filled or full-size intermediate beyond that gradient)."""
+        self._check_rows(xs)
+        return _HaloRows.apply(self, True, *xs)
+
+    def _check_rows(self, xs: Sequence[Tensor]) -> None:
+        n = self.shard.src_nodes.numel()
+        for x in xs:
+            if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[0] != n:
+                shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+                raise ValueError(f"an exchanged tensor must have one row per owned source ({n}), got {shape}")
         if len({x.dtype for x in xs}) > 1:
             raise ValueError("tensors exchanged together must share a dtype")
-        return _HaloRows.apply(self, *xs)
 
     def _check_group(self) -> None:
         if self._checked:
@@ -105,12 +122,17 @@ class HaloExchange:
         pieces = halo.split([_as_rows(x).shape[1] for x in xs], 1)
         return tuple(p.reshape(p.shape[0], *x.shape[1:]) for p, x in zip(pieces, xs))
 
-    def _backward(self, grads: Sequence[Tensor], shapes: Sequence[Tuple[int, ...]]) -> Tuple[Tensor, ...]:
-        grad_rows = torch.cat([_as_rows(g) for g in grads], 1)
+    def _backward(
+        self, grads: Sequence[Tensor], shapes: Sequence[Tuple[int, ...]], appended: bool
+    ) -> Tuple[Tensor, ...]:
+        """grads: of the halo rows, or (appended) of [x; halo] rows -> the gradients of the xs."""
+        own = [shape[0] if appended else 0 for shape in shapes]
+        grad_rows = torch.cat([_as_rows(g)[n:] for g, n in zip(grads, own)], 1)
         sent = self._trade(grad_rows, self.shard.recv_counts, self.shard.send_counts)
         out = []
-        for piece, shape in zip(sent.split([_as_rows(g).shape[1] for g in grads], 1), shapes):
-            grad = piece.new_zeros((shape[0], piece.shape[1]))
+        for piece, g, n, shape in zip(sent.split([_as_rows(g).shape[1] for g in grads], 1), grads, own, shapes):
+            # x's own rows' gradient (a copy: autograd's grad must not change), or zeros
+            grad = _as_rows(g)[:n].clone() if appended else piece.new_zeros((shape[0], piece.shape[1]))
             grad.index_add_(0, self.shard.send_index, piece)  # a row sent to several ranks sums their gradients
             out.append(grad.view(shape))
         return tuple(out)
@@ -125,14 +147,17 @@ def _as_rows(x: Tensor) -> Tensor:
 
 
 class _HaloRows(torch.autograd.Function):
+    """The halo rows of xs (append=False), or each x with its halo rows appended (append=True)."""
+
     @staticmethod
-    def forward(ctx: Any, exchange: HaloExchange, *xs: Tensor) -> Tuple[Tensor, ...]:
-        ctx.exchange, ctx.shapes = exchange, [tuple(x.shape) for x in xs]
-        return exchange._forward(xs)
+    def forward(ctx: Any, exchange: HaloExchange, append: bool, *xs: Tensor) -> Tuple[Tensor, ...]:
+        ctx.exchange, ctx.append, ctx.shapes = exchange, append, [tuple(x.shape) for x in xs]
+        halos = exchange._forward(xs)
+        return tuple(torch.cat([x, h]) for x, h in zip(xs, halos)) if append else halos
 
     @staticmethod
     def backward(ctx: Any, *grads: Tensor) -> Tuple[Optional[Tensor], ...]:
-        return (None, *ctx.exchange._backward(grads, ctx.shapes))
+        return (None, None, *ctx.exchange._backward(grads, ctx.shapes, ctx.append))
 
 
 def sharded_edge_attention(
@@ -170,12 +195,13 @@ def sharded_edge_attention(
         raise ValueError("pass group= to the HaloExchange, not with one")
     s = exchange.shard
     check_qkv(q, k, v)
+    if q.device != s.graph.device:
+        raise ValueError(f"the shard is on {s.graph.device} but q is on {q.device}: move it with shard.to(q.device)")
     if q.shape[0] != s.nodes.numel():
         raise ValueError(f"q must have one row per node of the shard ({s.nodes.numel()}), got {q.shape[0]}")
     if k.shape[0] != s.src_nodes.numel():
         raise ValueError(f"k and v must have one row per source of the shard ({s.src_nodes.numel()}), got {k.shape[0]}")
-    k_halo, v_halo = exchange(k, v)  # one trade for both
-    k_all, v_all = torch.cat([k, k_halo]), torch.cat([v, v_halo])
+    k_all, v_all = exchange.with_halo(k, v)  # one trade for both: (N_src_own + N_halo, H, .)
     return edge_attention(q, k_all, v_all, s.graph, **edge_attention_kwargs)
 
 

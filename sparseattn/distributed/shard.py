@@ -115,11 +115,13 @@ def local_part(
     owning rank of each source and its position among that rank's sources.
     """
     foreign = src_owner != rank
-    key = src_owner * num_src_nodes + src  # sorts by owner, then id
-    halo_keys = torch.unique(key[foreign])  # sorted
+    foreign_keys = src_owner[foreign] * num_src_nodes + src[foreign]  # sorts by owner, then id
+    halo_keys = torch.unique(foreign_keys)  # sorted
     halo = halo_keys % num_src_nodes if num_src_nodes else halo_keys
     recv = torch.bincount(halo_keys // max(num_src_nodes, 1), minlength=num_parts) if halo_keys.numel() else None
     recv_counts = tuple(int(c) for c in recv.tolist()) if recv is not None else (0,) * num_parts
-    local_src = torch.where(foreign, num_src_own + torch.searchsorted(halo_keys, key), src_pos)
-    graph = Graph(torch.stack([local_src, dst_local]), num_src=num_src_own + halo.numel(), num_dst=num_dst)
+    local_src = src_pos.clone()
+    local_src[foreign] = num_src_own + torch.searchsorted(halo_keys, foreign_keys)
+    # an index built here: validated without another copy
+    graph = Graph._borrowing(torch.stack([local_src, dst_local]), num_src=num_src_own + halo.numel(), num_dst=num_dst)
     return LocalPart(graph, halo, recv_counts)

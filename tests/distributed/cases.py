@@ -290,6 +290,23 @@ def wrong_shard_check(rank: int, world: int) -> dict:
     return {"message": None}
 
 
+def halo_rows_check(rank: int, world: int) -> dict:
+    """HaloExchange(x) alone: the rows received are the halo's (x holds each node's global id), and
+    backward gives each owned row the number of ranks it was sent to."""
+    g = build_graph("power_law", world)
+    shard = partition(g, world)[rank]
+    x = shard.nodes.double().unsqueeze(1).repeat(1, 3).requires_grad_()
+    (halo,) = HaloExchange(shard)(x)
+    halo.sum().backward()
+    assert x.grad is not None
+    sent_to = torch.bincount(shard.send_index, minlength=shard.nodes.numel()).double()
+    return {
+        "ids": bool(torch.equal(halo[:, 0].long(), shard.halo)) and bool((halo[:, 1:] == halo[:, :1]).all()),
+        "grad": bool(torch.equal(x.grad, sent_to.unsqueeze(1).expand(-1, 3))),
+        "halo_size": shard.halo_size,
+    }
+
+
 def run_all(rank: int, world: int) -> dict:
     return {
         "cases": {case.name: run_case(case, rank, world) for case in all_cases()},
@@ -297,4 +314,5 @@ def run_all(rank: int, world: int) -> dict:
         "training": training_check(rank, world),
         "bipartite_module": bipartite_module_check(rank, world),
         "wrong_shard": wrong_shard_check(rank, world),
+        "halo_rows": halo_rows_check(rank, world),
     }

@@ -185,3 +185,10 @@ def test_shard_to_and_repr():
     assert repr(s) == "Shard(rank=1/2, nodes=5, edges=14, halo=1, sent=1)"
     b = partition(graphs.random(6, 4, 12), 2)[0]
     assert b.is_bipartite and "bipartite" in repr(b) and b.to("cpu").is_bipartite
+
+
+def test_a_shard_on_another_device_is_named():
+    shard = partition(graphs.window(10, 1), 1)[0]
+    q = torch.randn(10, 2, 4, device="meta")  # any device but the shard's
+    with pytest.raises(ValueError, match="shard.to"):
+        sharded_edge_attention(q, q, q, shard)

@@ -87,3 +87,10 @@ def test_wrong_shard_is_refused_by_every_rank(runs, world):
     for rank, result in enumerate(runs[world]):
         message = result["wrong_shard"]["message"]
         assert message is not None and f"rank {rank} of {world}" in message and "shards[rank]" in message
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_exchange_alone_moves_the_halo_rows_and_their_gradients(runs, world):
+    results = [result["halo_rows"] for result in runs[world]]
+    assert all(r["ids"] and r["grad"] for r in results), results
+    assert sum(r["halo_size"] for r in results) > 0

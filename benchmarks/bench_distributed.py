@@ -1,0 +1,446 @@
+"""Training on a graph partitioned across gloo processes (`sparseattn.distributed`): per-rank memory,
+step time and halo traffic with 1 and 4 processes, for the model of
+examples/distributed_node_classification.py (Linear -> 2 x (EdgeAttention + FFN) -> classifier,
+width 32, 4 heads, DDP, Adam).
+
+    python -m benchmarks.bench_distributed                     # default sizes (~15 min on 2 cores)
+    python -m benchmarks.bench_distributed --quick             # 20K-node graphs, 2 steps: a smoke run
+    python -m benchmarks.bench_distributed --nodes 500000 --knn-nodes 250000 --world 2
+
+Families (each configuration is one torchrun launch of this script in worker mode, one at a time):
+  window    window graph, --nodes nodes (default 2M), radius 8 (~34M edges), contiguous id ranges;
+            every rank builds its own in-edges and calls `local_shard(ranges=)`.
+  knn       --knn-nodes random points in the unit square (default 2M), in-edges from the k = 16
+            nearest points (self included; scipy's cKDTree), ids in random spatial order. Built
+            once here and split two ways: "contiguous" (id ranges: neighbours are anywhere, so the
+            halo is most of the graph) and "metis" (`partition(..., method="metis")`: spatial
+            parts, a thin halo). This process writes each rank's in-edges and the ownership
+            (ranges or the owner vector) to temporary files; a rank loads only its own and calls
+            `local_shard(ranges=)` or `local_shard(owner=)`.
+One process trains on the whole `Graph` of the family (no exchange): the reference every ratio
+divides by. Each run: setup (edges, shard, features, model), then one warm-up step and --steps
+timed steps (forward, backward, optimizer) with `HaloExchange(timed=True)`: `exch_s` is the time
+inside all_to_all_single, `wait_s` the time at the barrier before it (waiting for slower ranks).
+Memory: VmHWM of /proc/self/status, the peak resident set, read after setup ("setup peak") and
+again after training, reset after setup ("train peak": everything resident during the steps,
+the process's libraries, graph and parameters included). The step-1 loss of every configuration
+equals the one-process loss (checked: same seed, features generated per global node id).
+With 4 processes on a 2-core machine the ranks share cores: step times are no speed claim.
+
+Writes bench_distributed_<machine>.{json,png,log} under --out (benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from .harness import _LIBC, _reset_cpu_peak, _status_kib, machine_header, machine_info, machine_tag
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+EXAMPLE = os.path.join(ROOT, "examples", "distributed_node_classification.py")
+SEED, WIDTH, HEADS, LR = 0, 32, 4, 0.003
+PEAK_TARGET, SHARE_TARGET = 0.35, 0.25
+
+
+@dataclass(frozen=True)
+class Config:
+    family: str  # "window" or "knn"
+    partition: str  # "whole" (one process), "contiguous" or "metis"
+    world: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}-{self.partition}-P{self.world}"
+
+
+def configs(world: int) -> List[Config]:
+    return [
+        Config("window", "whole", 1),
+        Config("window", "contiguous", world),
+        Config("knn", "whole", 1),
+        Config("knn", "contiguous", world),
+        Config("knn", "metis", world),
+    ]
+
+
+@dataclass
+class RankResult:
+    """One rank of one configuration; per-step numbers are medians over the timed steps."""
+
+    config: str
+    family: str
+    partition: str
+    world: int
+    rank: int
+    nodes: int = 0
+    edges: int = 0
+    halo: int = 0
+    sent: int = 0
+    setup_s: float = 0.0
+    setup_peak_mib: float = 0.0
+    rss_after_setup_mib: float = 0.0
+    train_peak_mib: float = 0.0
+    step_s: float = 0.0
+    exchange_s: float = 0.0
+    wait_s: float = 0.0
+    exchange_share: float = 0.0
+    wait_share: float = 0.0
+    rows_in: float = 0.0
+    rows_out: float = 0.0
+    bytes_in: float = 0.0
+    bytes_out: float = 0.0
+    step_times_s: List[float] = field(default_factory=list)
+    losses: List[float] = field(default_factory=list)
+    load_average: Optional[float] = None
+    note: str = ""
+
+
+def _example() -> Any:
+    """examples/distributed_node_classification.py as a module (its model, data and training loop)."""
+    spec = importlib.util.spec_from_file_location("distributed_node_classification", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---- the parent: data, launches, table, files ---------------------------------------------------
+
+
+def knn_edges(n: int, k: int, seed: int) -> torch.Tensor:
+    """(2, n * k) in-edges of each of n uniform random points in [0, 1)^2 from its k nearest points
+    (itself included), destination-major. Point i is node i: ids carry no spatial order."""
+    import numpy as np
+    from scipy.spatial import cKDTree  # type: ignore[import-untyped]
+
+    points = np.random.default_rng(seed).random((n, 2))
+    _, nbr = cKDTree(points).query(points, k=k, workers=-1)
+    src = torch.from_numpy(np.ascontiguousarray(nbr).reshape(-1)).long()
+    return torch.stack([src, torch.arange(n).repeat_interleave(k)])
+
+
+def write_knn_parts(edges: torch.Tensor, n: int, world: int, data_dir: str, log: Callable[[str], None]) -> None:
+    """The knn graph's files: whole/edges.pt, and per partition its ownership and rank{r}.pt in-edges."""
+    from sparseattn import Graph
+    from sparseattn.distributed import partition
+
+    os.makedirs(os.path.join(data_dir, "whole"))
+    torch.save(edges, os.path.join(data_dir, "whole", "edges.pt"))
+    start = time.perf_counter()
+    shards = partition(Graph(edges, num_src=n, num_dst=n), world, method="metis")
+    metis_owner = torch.empty(n, dtype=torch.long)
+    for shard in shards:
+        metis_owner[shard.nodes] = shard.rank
+    del shards
+    log(f"knn: METIS partition into {world} parts (distributed.partition): {time.perf_counter() - start:.1f} s")
+    ranges = [n * r // world for r in range(world + 1)]
+    owners = {
+        "contiguous": torch.repeat_interleave(torch.arange(world), torch.tensor(ranges).diff()),
+        "metis": metis_owner,
+    }
+    for name, owner in owners.items():
+        folder = os.path.join(data_dir, name)
+        os.makedirs(folder)
+        torch.save(ranges if name == "contiguous" else owner, os.path.join(folder, "ownership.pt"))
+        edge_owner = owner[edges[1]]
+        for rank in range(world):
+            torch.save(edges[:, edge_owner == rank].clone(), os.path.join(folder, f"rank{rank}.pt"))
+
+
+def launch(cfg: Config, args: argparse.Namespace, data_dir: str, log: Callable[[str], None]) -> List[RankResult]:
+    """One configuration under torchrun (--nproc_per_node world); each rank's RankResult."""
+    out_dir = os.path.join(data_dir, "out", cfg.name)
+    os.makedirs(out_dir)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(cfg.world)]
+    cmd += ["-m", "benchmarks.bench_distributed", "--worker", cfg.name, "--data-dir", data_dir, "--out-dir", out_dir]
+    cmd += ["--nodes", str(args.nodes), "--radius", str(args.radius), "--knn-nodes", str(args.knn_nodes)]
+    cmd += ["--steps", str(args.steps)]
+    cmd += ["--threads", str(args.threads)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=ROOT)
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    try:
+        run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
+        errors = [line for line in run.stderr.splitlines() if "Error" in line and "ChildFailedError" not in line]
+        failure = "" if run.returncode == 0 else f"exit {run.returncode}: {(errors or ['?'])[-1].strip()}"
+    except subprocess.TimeoutExpired:
+        failure = f"timed out after {args.timeout} s"
+    log(f"{cfg.name}: {time.perf_counter() - start:.0f} s wall (load average before {load:.2f}) {failure}")
+    rows = []
+    for rank in range(cfg.world):
+        path = os.path.join(out_dir, f"rank{rank}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                rows.append(RankResult(**json.load(f)))
+        else:
+            rows.append(RankResult(cfg.name, cfg.family, cfg.partition, cfg.world, rank, note=failure or "no result"))
+    return rows
+
+
+def table(results: List[RankResult], log: Callable[[str], None]) -> None:
+    log(
+        f"{'config':<22} {'rank':>4} {'nodes':>8} {'edges':>9} {'halo':>7} {'sent':>7} {'setup_s':>7} "
+        f"{'setupPk':>7} {'trainPk':>7} {'step_s':>7} {'exch_s':>7} {'wait_s':>6} {'exch%':>6} {'wait%':>6} "
+        f"{'rows_in':>8} {'MiB_in':>7} {'MiB_out':>7} {'loss1':>9}"
+    )
+    for r in results:
+        if r.note:
+            log(f"{r.config:<22} {r.rank:>4} failed: {r.note}")
+            continue
+        log(
+            f"{r.config:<22} {r.rank:>4} {r.nodes:>8} {r.edges:>9} {r.halo:>7} {r.sent:>7} {r.setup_s:>7.1f} "
+            f"{r.setup_peak_mib:>7.0f} {r.train_peak_mib:>7.0f} {r.step_s:>7.2f} {r.exchange_s:>7.3f} {r.wait_s:>6.2f} "
+            f"{100 * r.exchange_share:>5.1f}% {100 * r.wait_share:>5.1f}% {r.rows_in:>8.0f} "
+            f"{r.bytes_in / 2**20:>7.1f} {r.bytes_out / 2**20:>7.1f} {r.losses[0] if r.losses else float('nan'):>9.6f}"
+        )
+    log(
+        "setupPk / trainPk: peak resident MiB during setup / during the steps (peak reset after setup); step_s, "
+        "exch_s, wait_s, rows_in, MiB_in/out: per step (forward + backward), median of the timed steps"
+    )
+
+
+def ratios(results: List[RankResult], log: Callable[[str], None]) -> Dict[str, Dict[str, Optional[float]]]:
+    """Per distributed configuration: max-rank train peak / one-process train peak, the largest
+    exchange and wait shares, and the step-1 loss's largest difference from the one process."""
+    summary: Dict[str, Dict[str, Optional[float]]] = {}
+    for name in dict.fromkeys(r.config for r in results):
+        rows = [r for r in results if r.config == name]
+        whole = [r for r in results if r.family == rows[0].family and r.partition == "whole" and not r.note]
+        if rows[0].partition == "whole" or not whole or any(r.note for r in rows):
+            continue
+        ref = whole[0]
+        peak = max(r.train_peak_mib for r in rows) / ref.train_peak_mib if ref.train_peak_mib else None
+        share = max(r.exchange_share for r in rows)
+        loss_err = max(abs(r.losses[0] - ref.losses[0]) for r in rows) if ref.losses else None
+        summary[name] = {
+            "peak_ratio": peak,
+            "setup_peak_ratio": max(r.setup_peak_mib for r in rows) / ref.setup_peak_mib,
+            "exchange_share": share,
+            "wait_share": max(r.wait_share for r in rows),
+            "step_ratio": max(r.step_s for r in rows) / ref.step_s,
+            "step1_loss_diff": loss_err,
+        }
+        target = f" (target <= {SHARE_TARGET:.0%})" if rows[0].family == "window" else ""
+        log(
+            f"{name}: max-rank train peak / one process = {peak:.3f} (target <= {PEAK_TARGET}); setup peak ratio "
+            f"{summary[name]['setup_peak_ratio']:.3f}; exchange share max {share:.1%}{target}, wait share max "
+            f"{summary[name]['wait_share']:.1%}; slowest step / one process {summary[name]['step_ratio']:.2f}; "
+            f"step-1 loss vs one process: max |diff| {loss_err:.1e}"
+        )
+    return summary
+
+
+def write_png(path: str, title: str, results: List[RankResult]) -> bool:
+    """Left: each rank's train peak (setup peak hatched) beside the one process's. Right: each rank's
+    median step split into compute (the rest of the step), exchange transfer and wait."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [r for r in results if not r.note]
+    labels = [f"{r.config}\nr{r.rank}" if r.world > 1 else r.config for r in rows]
+    x = list(range(len(rows)))
+    colors = {"window": "tab:blue", "knn": "tab:green"}
+    fig, (mem, split) = plt.subplots(1, 2, figsize=(16, 6))
+    mem.bar(
+        x,
+        [r.setup_peak_mib / 1024 for r in rows],
+        color="none",
+        edgecolor="grey",
+        hatch="//",
+        label="setup peak",
+        zorder=3,
+    )
+    mem.bar(x, [r.train_peak_mib / 1024 for r in rows], color=[colors[r.family] for r in rows], alpha=0.7, width=0.6)
+    for fam, color in colors.items():
+        whole = [r for r in rows if r.family == fam and r.partition == "whole"]
+        if whole:
+            mem.axhline(whole[0].train_peak_mib / 1024, color=color, ls="--", lw=1, label=f"{fam}: one process")
+            mem.axhline(PEAK_TARGET * whole[0].train_peak_mib / 1024, color=color, ls=":", lw=1, label=f"{fam}: target")
+    mem.set_ylabel("GiB (VmHWM)")
+    mem.set_title("peak resident memory per rank (training; hatched: setup)")
+    mem.legend(fontsize=7)
+    compute = [max(r.step_s - r.exchange_s - r.wait_s, 0.0) for r in rows]
+    split.bar(x, compute, label="compute (rest of the step)", color="tab:grey")
+    split.bar(x, [r.exchange_s for r in rows], bottom=compute, label="exchange (all_to_all)", color="tab:red")
+    bottom = [c + r.exchange_s for c, r in zip(compute, rows)]
+    split.bar(x, [r.wait_s for r in rows], bottom=bottom, label="wait (barrier)", color="tab:orange")
+    split.set_ylabel("s per step (median)")
+    split.set_title("step time split (4 ranks share 2 cores: no speed claim)")
+    split.legend(fontsize=7)
+    for ax in (mem, split):
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, fontsize=6, rotation=90)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nodes", type=int, default=2_000_000, help="window graph nodes")
+    p.add_argument("--radius", type=int, default=8, help="window radius")
+    p.add_argument("--knn-nodes", type=int, default=2_000_000, help="knn graph points")
+    p.add_argument("--k", type=int, default=16, help="in-edges per knn node (self included)")
+    p.add_argument("--world", type=int, default=4, help="processes of the distributed runs")
+    p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--families", default="window,knn")
+    p.add_argument("--quick", action="store_true", help="20K-node graphs, 2 timed steps")
+    p.add_argument("--timeout", type=int, default=1200, help="seconds per configuration")
+    p.add_argument("--out", default=RESULTS)
+    p.add_argument("--tag", default="", help="appended to the file names")
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # a configuration's name: run as one of its ranks
+    p.add_argument("--data-dir", help=argparse.SUPPRESS)
+    p.add_argument("--out-dir", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.worker:
+        worker(args)
+        return
+    if args.quick:
+        args.nodes, args.knn_nodes, args.steps = 20_000, 20_000, 2
+    info = machine_info()
+    info["load_average_1_5_15"] = list(os.getloadavg())
+    stem = os.path.join(args.out, f"bench_distributed_{machine_tag(info)}" + (f"_{args.tag}" if args.tag else ""))
+    lines: List[str] = [
+        machine_header(info),
+        f"window: {args.nodes} nodes, radius {args.radius} | knn: {args.knn_nodes} points, k={args.k} | width "
+        f"{WIDTH}, {HEADS} heads, 2 layers, float32 | {args.world} processes vs 1 | 1 warm-up + {args.steps} "
+        f"timed steps | {args.threads} thread(s) per process, gloo",
+    ]
+    print(*lines, sep="\n", flush=True)
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    families = args.families.split(",")
+    results: List[RankResult] = []
+    data_dir = tempfile.mkdtemp(prefix="bench_distributed_")
+    try:
+        for cfg in configs(args.world):
+            if cfg.family not in families:
+                continue
+            if cfg.family == "knn" and not os.path.exists(os.path.join(data_dir, "whole")):
+                start = time.perf_counter()
+                edges = knn_edges(args.knn_nodes, args.k, SEED)
+                log(f"knn: {edges.shape[1]} edges built in {time.perf_counter() - start:.1f} s (cKDTree)")
+                write_knn_parts(edges, args.knn_nodes, args.world, data_dir, log)
+                del edges
+            results += launch(cfg, args, data_dir, log)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+    table(results, log)
+    summary = ratios(results, log)
+    info["load_average_1_5_15_end"] = list(os.getloadavg())
+    log(f"load average (1, 5, 15 min): start {info['load_average_1_5_15']}, end {info['load_average_1_5_15_end']}")
+    os.makedirs(args.out, exist_ok=True)
+    with open(stem + ".json", "w") as f:
+        config = {k: v for k, v in vars(args).items() if k not in ("worker", "data_dir", "out_dir", "out")}
+        json.dump(
+            {"machine": info, "config": config, "summary": summary, "results": [asdict(r) for r in results]},
+            f,
+            indent=1,
+        )
+    write_png(stem + ".png", machine_header(info), results)
+    with open(stem + ".log", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {stem}.{{json,png,log}}", file=sys.stderr)
+
+
+# ---- the worker: one rank of one configuration ---------------------------------------------------
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch.distributed as dist
+
+    ex = _example()
+    family, partition, _ = args.worker.split("-")
+    world = ex.init_distributed()
+    rank = dist.get_rank() if world > 1 else 0
+    start = time.perf_counter()
+    if family == "window":
+        ranges = ex.contiguous_ranges(args.nodes, world)
+        edges = ex.window_in_edges(ranges[rank], ranges[rank + 1], args.nodes, args.radius)
+        built = ex.build(edges, world, SEED, ranges=ranges)
+        num_nodes = args.nodes
+    else:
+        folder = os.path.join(args.data_dir, partition)
+        if partition == "whole":
+            edges = torch.load(os.path.join(folder, "edges.pt"))
+            num_nodes = args.knn_nodes
+            built = ex.build(edges, world, SEED, ranges=[0, num_nodes])
+        else:
+            edges = torch.load(os.path.join(folder, f"rank{rank}.pt"))
+            ownership = torch.load(os.path.join(folder, "ownership.pt"))
+            how = {"ranges": ownership} if partition == "contiguous" else {"owner": ownership}
+            num_nodes = args.knn_nodes
+            built = ex.build(edges, world, SEED, **how)
+    del edges
+    model = ex.make_model(world, SEED, WIDTH, HEADS)
+    setup_s = time.perf_counter() - start
+    setup_peak = _status_kib("VmHWM") or 0
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)  # setup's freed heap pages are not training's
+    rss = _status_kib("VmRSS") or 0
+    _reset_cpu_peak()
+    records = ex.train(model, built.data, built.graph, num_nodes, 1 + args.steps, LR, log=False)
+    train_peak = _status_kib("VmHWM") or 0
+    med = ex.summary(records)
+    shard = built.shard
+    result = RankResult(
+        args.worker,
+        family,
+        partition,
+        world,
+        rank,
+        nodes=int(built.data["y"].numel()),
+        edges=built.edges,
+        halo=shard.halo_size if shard is not None else 0,
+        sent=shard.num_sent if shard is not None else 0,
+        setup_s=setup_s,
+        setup_peak_mib=setup_peak / 1024,
+        rss_after_setup_mib=rss / 1024,
+        train_peak_mib=train_peak / 1024,
+        step_s=med["s"],
+        exchange_s=med["seconds"],
+        wait_s=med["wait_seconds"],
+        exchange_share=med["exchange_share"],
+        wait_share=med["wait_share"],
+        rows_in=med["rows_received"],
+        rows_out=med["rows_sent"],
+        bytes_in=med["bytes_received"],
+        bytes_out=med["bytes_sent"],
+        step_times_s=[r["s"] for r in records],
+        losses=[r["loss"] for r in records],
+        load_average=os.getloadavg()[0],
+    )
+    with open(os.path.join(args.out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(asdict(result), f)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
