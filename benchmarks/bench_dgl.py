@@ -29,7 +29,8 @@ the clamp on these inputs, so all four compute the same numbers. Timing is inter
 warm-up, each round takes one sample per contender (the median of --reps calls; DGL's calls are
 timed inside the subprocess, without the pipe), alternating the order; reported is the median over
 --rounds. Peak memory: peak RSS during one call minus RSS before it, in the process that ran it.
-Writes bench_dgl_<machine>_dgl<version>_torch<version>.{json,png,log} under --out.
+Writes bench_dgl_<machine>[_<tag>].{json,png,log} under --out ("nodgl" joins the tag when DGL did not
+run); both sides' versions are in the JSON.
 """
 
 from __future__ import annotations
@@ -140,11 +141,9 @@ def main(argv=None) -> None:
     info = machine_info()
     info["dgl"] = dgl_info
     dgl_note = dgl_info if isinstance(dgl_info, str) else ""
-    theirs = f"dgl{dgl_info['dgl']}-torch{dgl_info['torch'].split('+')[0]}" if runner else "nodgl"
-    versions = f"{theirs}_vs_torch{torch.__version__.split('+')[0]}"
-    stem = (
-        f"bench_dgl{'_quick' if args.quick else ''}_{machine_tag(info)}_{versions}{'_' + args.tag if args.tag else ''}"
-    )
+    # DGL's and torch's versions are in the JSON (machine.dgl), not in the name; a run without DGL says so
+    variant = "-".join(([args.tag] if args.tag else []) + ([] if runner else ["nodgl"]))
+    stem = f"bench_dgl{'_quick' if args.quick else ''}_{machine_tag(info)}{'_' + variant if variant else ''}"
     lines: List[str] = []
 
     def log(s: str) -> None:

@@ -30,7 +30,7 @@ run under bfloat16 autocast (as `sparseattn train` does on CUDA), each timed ste
 synchronize, memory is the peak CUDA allocation a step adds, and the profile table ranks operators
 by self CUDA time; `--threads` then only names the CPU threads that launch the work.
 
-Writes bench_train_<machine>_torch<version>.{json,png,log} under --out (benchmarks/results).
+Writes bench_train_<machine>[_<tag>].{json,png,log} under --out (benchmarks/results); the versions are in the JSON.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from .harness import cpu_model, env_note, machine_info, peak_extra_mib
+from .harness import env_note, machine_info, machine_tag, peak_extra_mib
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results")
 SDPA_OPS = ("flash_attention", "efficient_attention", "cudnn_attention", "attention_math", "_fused_sdp", "sdpa")
@@ -459,11 +459,8 @@ def main(argv=None) -> None:
         args.run = tempfile.mkdtemp(prefix="bench_train_")
     info = machine_info(args.device)
     info["threads"] = "-".join(map(str, args.threads))
-    cpu = "".join(c if c.isalnum() else "-" for c in cpu_model().lower().replace("(r)", "").replace("(tm)", ""))
-    cpu = "-".join(x for x in cpu.split("-") if x and x != "cpu")
-    gpu = "".join(c if c.isalnum() else "-" for c in info["gpu"].lower()) if args.device.startswith("cuda") else ""
-    stem = f"bench_train_{cpu}-{info['threads']}t{'-' + gpu if gpu else ''}_torch{torch.__version__.split('+')[0]}"
-    stem += f"_{args.tag}" if args.tag else ""
+    gpu = info["gpu"] if args.device.startswith("cuda") else ""
+    stem = f"bench_train_{machine_tag(info)}" + (f"_{args.tag}" if args.tag else "")  # versions are in the JSON
     os.makedirs(args.out, exist_ok=True)
     log_lines: List[str] = []
 

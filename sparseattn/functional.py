@@ -62,7 +62,7 @@ def edge_attention(
     return_weights: bool = False,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention along graph edges: out[t] = sum_e w_e v[s] / sum_e w_e over edges e = (s, t),
-    with w_e = exp(clamp(scale * <k[s], q[t]> + bias[e], lo, hi)). With edge terms, per head:
+    with w_e = exp(clamp(scale * `<k[s], q[t]>` + bias[e], lo, hi)). With edge terms, per head:
     score_e = scale * sum_d q[t, d] * (k[s, d] + edge_key[e, d]) * edge_scale[e, d] + bias[e] and
     out[t] = sum_e w_e (v[s] + edge_value[e]) / (sum_e w_e + eps).
 

@@ -31,6 +31,8 @@ class KVStore:
     keys and values attention reads."""
 
     def update(self, kv: KeyValue, rows: Optional[Tensor] = None) -> KeyValue:
+        """Store this call's keys and values (k: (R, H, D), v: (R, H, Dv); `rows`: (R,) node ids
+        they belong to, or None) and return every key and value attention reads, (N_src, H, ·)."""
         raise NotImplementedError
 
 
@@ -51,6 +53,8 @@ class KVCache(KVStore):
         return 0 if self.k is None else self.k.shape[1]
 
     def update(self, kv: KeyValue, rows: Optional[Tensor] = None) -> KeyValue:
+        """Append one row per sequence: kv.k (B, H, D), kv.v (B, H, Dv) -> every row so far,
+        (B * T, H, D) and (B * T, H, Dv), sequence-major. `rows` must be None (ValueError)."""
         if rows is not None:
             raise ValueError("KVCache appends one row per sequence; dst_rows is not supported with it")
         k, v = kv.k[:, None], kv.v[:, None]  # (B, 1, H, D)
@@ -59,6 +63,8 @@ class KVCache(KVStore):
         return KeyValue(self.k.flatten(0, 1), self.v.flatten(0, 1))
 
     def reorder(self, index: Tensor) -> None:
+        """Keep the sequences `index` (B',) int64, in that order (beam search: a hypothesis's
+        cache follows the hypothesis it extends); an empty cache stays empty."""
         if self.k is not None and self.v is not None:
             self.k, self.v = self.k[index], self.v[index]
 
@@ -86,6 +92,9 @@ class NodeKV(KVStore):
         self.kv: Optional[KeyValue] = None
 
     def update(self, kv: KeyValue, rows: Optional[Tensor] = None) -> KeyValue:
+        """Overwrite the nodes `rows` (R,) int64 with kv (R, H, D) and return every node's keys and
+        values, (N, H, D). The first update holds every node in order (rows ignored); later ones
+        need rows (ValueError otherwise)."""
         if self.kv is None:  # the first update holds every node, in order
             self.kv = kv
         elif rows is None:

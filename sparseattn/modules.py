@@ -58,6 +58,7 @@ class EdgeAttention(nn.Module):
         Output: (N_dst, embed_dim); with return_weights also (E, H) weights.
 
     Beyond the plain call, as incremental decoders and adaptive-depth models need:
+
         kv = attn.project_kv(memory)                      # project a fixed source set once
         out = attn(x, cross_graph, kv=kv)                 # ... and reuse it in every call
         out = attn(x_new, step_graph, cache=kv_cache)     # append this step's keys/values (KVCache)
@@ -78,6 +79,7 @@ class EdgeAttention(nn.Module):
         vdim: Optional[int] = None,
         eps: float = 0.0,
     ) -> None:
+        """Build the layer; the arguments are described in the class docstring."""
         super().__init__()
         if embed_dim <= 0 or num_heads <= 0:
             raise ValueError(f"embed_dim and num_heads must be > 0, got embed_dim={embed_dim}, num_heads={num_heads}")
@@ -116,6 +118,8 @@ class EdgeAttention(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """nn.MultiheadAttention's init: xavier-uniform projection weights (packed or separate),
+        zero biases; `out_proj.weight` keeps nn.Linear's init."""
         if self._qkv_same_embed_dim:
             nn.init.xavier_uniform_(self.in_proj_weight)
         else:
@@ -199,8 +203,9 @@ class EdgeAttention(nn.Module):
                 values, multiplied per channel into q·k (see `edge_attention`): (E, H, D), or
                 (E, embed_dim) viewed as (E, H, D).
             return_weights: also return the normalized (E, H) weights.
-            With `dst_rows`, per-edge inputs may have a row per edge of `graph` (those of the
-            edges into `dst_rows` are used) or per edge of `graph.dst_subgraph`.
+
+        With `dst_rows`, per-edge inputs may have a row per edge of `graph` (those of the edges
+        into `dst_rows` are used) or per edge of `graph.dst_subgraph`.
 
         Returns: (N_dst, embed_dim), or (R, embed_dim) with `dst_rows`; with return_weights also the
         (E', H) weights of the edges attended along (E' = E, or the edges into `dst_rows`, in the
@@ -335,6 +340,7 @@ class EdgeAttention(nn.Module):
         return handle
 
     def extra_repr(self) -> str:
+        """The settings `print(module)` shows: widths, heads, dropout, clamp, backend (and eps)."""
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, "
             f"clamp={self.clamp}, backend={self.backend!r}" + (f", eps={self.eps}" if self.eps else "")

@@ -22,10 +22,11 @@ class Block(NamedTuple):
     `dst_start .. dst_start + n_dst`; its edges are the `num_edges` edges starting at
     `edge_start` in the graph's edge order, listed destination-major (for each
     destination in order, its sources in order). Kinds:
-      full            every (source, destination) pair
-      full_no_self    every pair except s == t (square blocks)
-      causal          pairs with local source j <= local destination i (square)
-      causal_no_self  pairs with j < i (square)
+
+        full            every (source, destination) pair
+        full_no_self    every pair except s == t (square blocks)
+        causal          pairs with local source j <= local destination i (square)
+        causal_no_self  pairs with j < i (square)
     """
 
     kind: str
@@ -37,6 +38,7 @@ class Block(NamedTuple):
 
     @property
     def num_edges(self) -> int:
+        """Edges in this block: n_src * n_dst for "full", the lower triangle for "causal"."""
         return block_num_edges(self.kind, self.n_src, self.n_dst)
 
 
@@ -71,7 +73,7 @@ class Graph:
     workers) and `torch.save`/`torch.load(weights_only=True)`; a copy rebuilds its cached
     structure on first use. torch.compile and torch.export take a Graph as an input: it is a
     registered pytree node (its index, CSR and CSC; `Graph.dynamic_shapes()`), and inside a trace
-    its structure is built by ops (README, "Compile and export").
+    its structure is built by ops (docs/guide/compile.md).
     """
 
     def __init__(
@@ -212,26 +214,32 @@ class Graph:
 
     @property
     def src(self) -> Tensor:
+        """(E,) int64 source ids, row 0 of the edge index (a view of the graph's own copy)."""
         return self._edge_index[0]
 
     @property
     def dst(self) -> Tensor:
+        """(E,) int64 destination ids, row 1 of the edge index."""
         return self._edge_index[1]
 
     @property
     def num_src(self) -> int:
+        """N_src: the number of source nodes (ids 0 .. N_src - 1)."""
         return self._num_src
 
     @property
     def num_dst(self) -> int:
+        """N_dst: the number of destination nodes; outputs have this many rows."""
         return self._num_dst
 
     @property
     def num_edges(self) -> int:
+        """E: the number of edges, duplicates counted."""
         return self._edge_index.shape[1]
 
     @property
     def device(self) -> torch.device:
+        """The device of the edge index and of the structure cached from it."""
         return self._edge_index.device
 
     @property

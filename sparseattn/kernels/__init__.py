@@ -24,6 +24,7 @@ _BACKENDS: Dict[str, Backend] = {}
 
 
 def register_backend(backend: Backend) -> None:
+    """Add (or replace) a backend under `backend.name`, for `edge_attention(..., backend=name)`."""
     _BACKENDS[backend.name] = backend
 
 
@@ -53,7 +54,7 @@ DENSE_MAX_SHAPES = 4
 
 
 def choose_auto(q: Tensor, graph: Graph, edge_terms: bool = False) -> str:
-    """The backend "auto" picks for these inputs (see README, "Backends"):
+    """The backend "auto" picks for these inputs (see docs/guide/backends.md):
     "dense" when the graph records dense blocks in at most DENSE_MAX_SHAPES distinct (kind, n_src,
     n_dst) shapes that either average >= DENSE_MIN_EDGES_PER_BLOCK edges or form unpadded batches
     of "full"/"causal" blocks: batched matmuls (or SDPA) beat any sparse kernel there. Otherwise

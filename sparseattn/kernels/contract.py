@@ -61,6 +61,7 @@ ALL_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _no_dependencies() -> Optional[str]:
+    """The probe of a backend without optional dependencies: always available (None)."""
     return None
 
 
@@ -87,6 +88,8 @@ class Backend:
         self._probed = self.probe is _no_dependencies
 
     def unavailable_reason(self) -> Optional[str]:
+        """Why this backend cannot run here (a missing dependency, as its probe says), or None.
+        The probe runs once and is cached; inside a torch.compile/export trace nothing is cached."""
         if not self._probed:
             if tracing():  # inside a trace: ask, but change nothing
                 return self.probe()
@@ -95,6 +98,7 @@ class Backend:
 
     @property
     def available(self) -> bool:
+        """Whether its optional dependencies import here (`unavailable_reason()` is None)."""
         return self.unavailable_reason() is None
 
     def compute_dtype(self, dtype: torch.dtype, device_type: str) -> torch.dtype:

@@ -50,6 +50,7 @@ class GraphBatch:
 
     @property
     def num_sentences(self) -> int:
+        """B: the number of sentence pairs."""
         return len(self.src_lens)
 
     @property
@@ -58,6 +59,7 @@ class GraphBatch:
         return int(self.tgt_out.numel())
 
     def to(self, device) -> "GraphBatch":
+        """A copy with every tensor and graph on `device` (lengths stay host tuples)."""
         moved: Dict[str, Any] = {}
         for f in fields(self):
             v = getattr(self, f.name)
@@ -77,16 +79,19 @@ class GraphPool:
         self._cross: Dict[Tuple[int, int], Graph] = {}
 
     def encoder(self, n: int) -> Graph:
+        """`graphs.complete(n)`: a source sentence of n tokens (self-loops included), cached."""
         if n not in self._enc:
             self._enc[n] = graphs.complete(n)
         return self._enc[n]
 
     def decoder(self, m: int) -> Graph:
+        """`graphs.causal(m)`: a target sentence of m tokens, each attending to itself and earlier ones, cached."""
         if m not in self._dec:
             self._dec[m] = graphs.causal(m)
         return self._dec[m]
 
     def cross(self, n: int, m: int) -> Graph:
+        """`graphs.bipartite(n, m)`: every source token into every target token, cached."""
         if (n, m) not in self._cross:
             self._cross[(n, m)] = graphs.bipartite(n, m)
         return self._cross[(n, m)]

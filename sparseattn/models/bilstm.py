@@ -40,6 +40,7 @@ class BiLSTMTagger(Tagger):
         self.classifier = nn.Linear(2 * hidden, num_tags)
 
     def forward(self, batch: TaggingBatch) -> Tensor:
+        """A batch of L tokens in B sentences -> per-token logits (L, num_tags)."""
         x = self.features(batch)  # (L, F)
         packed = pack_sequence(list(batch.split(x)), enforce_sorted=False)
         out, _ = self.lstm(packed)

@@ -61,6 +61,7 @@ class Embeddings(nn.Module):
         self.scale = math.sqrt(d_model)
 
     def forward(self, tokens: Tensor) -> Tensor:
+        """tokens: (N,) int64 -> (N, d_model) embeddings times sqrt(d_model)."""
         return self.lut(tokens) * self.scale
 
 
@@ -93,6 +94,8 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, lengths: Optional[Tensor] = None) -> Tensor:
+        """x: (N, d_model) -> (N, d_model). lengths: (B,) sentence lengths, summing to N; needed
+        (ValueError otherwise) and only read by kind="conv"."""
         if self.kind == "linear":
             return self.w2(self.dropout(F.relu(self.w1(x))))
         if lengths is None:
@@ -155,6 +158,10 @@ class EncoderLayer(nn.Module):
         cache: Optional[KVStore] = None,
         rows: Optional[Tensor] = None,
     ) -> Tensor:
+        """x: (N, d) -> (N, d), self-attention along `graph`. lengths: (B,) sentence lengths (for
+        ffn="conv"). cache: a `KVStore` the attention writes this call's keys and values into. rows:
+        (R,) int64 destinations to compute (x is then (R, d) and so is the output; with a `NodeKV`
+        cache the other nodes' keys and values are read from it)."""
         bias = self.edge_bias(graph)
         x = residual(
             x, self.norm1, lambda h: self.self_attn(h, graph, edge_bias=bias, cache=cache, dst_rows=rows), self.dropout
@@ -191,6 +198,7 @@ class DecoderLayer(nn.Module):
         cache: Optional[KVStore] = None,
         rows: Optional[Tensor] = None,
     ) -> Tensor:
+        """x: (N_dec, d) -> (N_dec, d) (with rows: (R, d) -> (R, d)); see the class docstring."""
         x = residual(x, self.norm1, lambda h: self.self_attn(h, self_graph, cache=cache, dst_rows=rows), self.dropout)
         if isinstance(memory, KeyValue):
             cross = lambda h: self.cross_attn(h, cross_graph, kv=memory, dst_rows=rows)  # noqa: E731

@@ -105,9 +105,11 @@ class Seq2SeqModel(nn.Module):
         xavier_init_(self)
 
     def encode(self, batch: GraphBatch) -> Tensor:
+        """Source tokens (N_enc,) along batch.enc_graph -> memory (N_enc, d_model)."""
         raise NotImplementedError
 
     def decoder_cross_attentions(self) -> List[EdgeAttention]:
+        """The decoder's cross attentions, whose keys and values `start_decoding` projects once."""
         raise NotImplementedError
 
     def start_decoding(self, batch: GraphBatch, hyp_sent: Tensor) -> DecodeState:
@@ -127,4 +129,5 @@ class Seq2SeqModel(nn.Module):
             state.prefix = state.prefix[index]
 
     def decode_next(self, state: DecodeState, tokens: Tensor) -> Tensor:
+        """Feed one token per hypothesis, (Nh,) -> log-probabilities of the next, (Nh, V)."""
         raise NotImplementedError

@@ -94,6 +94,7 @@ class TransformerTagger(Tagger):
         return graphs.batch([self._sentence_graph(n, device) for n in lengths])
 
     def forward(self, batch: TaggingBatch) -> Tensor:
+        """A batch of L tokens in B sentences -> per-token logits (L, num_tags)."""
         g = self.graph(batch.lengths.tolist(), batch.words.device)
         x = self.input(self.features(batch))  # (L, dim)
         x = x + sinusoid(positions_in_sentence(batch.lengths), self.dim)

@@ -37,9 +37,12 @@ class TaggingBatch:
 
     @property
     def num_tokens(self) -> int:
+        """L: the number of tokens in the batch."""
         return int(self.words.shape[0])
 
     def to(self, device: Union[str, torch.device]) -> "TaggingBatch":
+        """A copy with every tensor on `device`."""
+
         def move(t: Optional[Tensor]) -> Optional[Tensor]:
             return None if t is None else t.to(device)
 
@@ -70,6 +73,7 @@ class CharCNN(nn.Module):
         self.out_dim = out_dim
 
     def forward(self, chars: Tensor) -> Tensor:
+        """chars: (L, C) int64, 0-padded -> (L, out_dim), max over each word's characters."""
         h = self.conv(self.embed(chars).transpose(1, 2))  # (L, C, char_dim) -> (L, out_dim, C)
         h = h.masked_fill((chars == 0)[:, None, :], float("-inf"))
         return h.max(dim=2).values  # (L, out_dim); every word has >= 1 character
@@ -107,6 +111,7 @@ class TokenFeatures(nn.Module):
         self.word_dropout = word_dropout  # training: replace a word by <unk> (id 1) with this probability
 
     def forward(self, batch: TaggingBatch) -> Tensor:
+        """A batch of L tokens -> (L, out_dim) features (word dropout and dropout in training mode)."""
         words = batch.words
         if self.training and self.word_dropout > 0:
             words = words.masked_fill(torch.rand(words.shape, device=words.device) < self.word_dropout, 1)

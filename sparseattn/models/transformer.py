@@ -67,6 +67,7 @@ class GraphTransformer(Seq2SeqModel):
         self.finish_init(tgt_vocab_size, tie_generator)
 
     def encode(self, batch: GraphBatch) -> Tensor:
+        """The encoder stack over batch.enc_graph: source tokens (N_enc,) -> memory (N_enc, d_model)."""
         top = max(batch.src_lens, default=0) - 1  # positions run 0..len-1: known here, no GPU sync
         x = self.dropout(self.src_embed(batch.src) + self.pos_enc(batch.src_pos, top))  # (N_enc, d)
         for layer in self.encoder:
@@ -74,6 +75,8 @@ class GraphTransformer(Seq2SeqModel):
         return self.enc_norm(x)
 
     def decode(self, memory: Tensor, batch: GraphBatch) -> Tensor:
+        """The decoder stack, teacher-forced: memory (N_enc, d_model) and batch.tgt_in (N_dec,) ->
+        decoder states (N_dec, d_model), before the generator."""
         top = max(batch.tgt_lens, default=0) - 1
         x = self.dropout(self.tgt_embed(batch.tgt_in) + self.pos_enc(batch.tgt_pos, top))  # (N_dec, d)
         for layer in self.decoder:
@@ -81,13 +84,18 @@ class GraphTransformer(Seq2SeqModel):
         return self.dec_norm(x)
 
     def forward(self, batch: GraphBatch) -> Seq2SeqOutput:
+        """Teacher-forced logits (N_dec, tgt_vocab) of a batch with targets; aux_loss 0, no stats."""
         logits = self.generator(self.decode(self.encode(batch), batch))
         return Seq2SeqOutput(logits, logits.new_zeros(()), {})
 
     def decoder_cross_attentions(self) -> List[EdgeAttention]:
+        """Each decoder layer's cross attention, in order (their keys and values of the memory are
+        projected once per decoding)."""
         return [layer.cross_attn for layer in self.decoder]  # type: ignore[misc]
 
     def start_decoding(self, batch: GraphBatch, hyp_sent: Tensor) -> DecodeState:
+        """Encode a source-only batch once; hyp_sent: (Nh,) the source sentence of each hypothesis.
+        Each decoder layer gets an empty `KVCache` for the steps to come."""
         state = super().start_decoding(batch, hyp_sent)
         state.caches = [KVCache() for _ in self.decoder]
         return state

@@ -46,6 +46,7 @@ class HaltingUnit(nn.Module):
         nn.init.constant_(self.linear.bias, self.bias_init)
 
     def forward(self, x: Tensor) -> Tensor:
+        """x: (N, d) -> halting probabilities (N,), sigmoid(Linear(LN(x)))."""
         return torch.sigmoid(self.linear(self.norm(x))).squeeze(-1)
 
 
@@ -128,6 +129,7 @@ class UniversalTransformer(Seq2SeqModel):
         return self.enc_norm(s), steps, r
 
     def encode(self, batch: GraphBatch) -> Tensor:
+        """The shared encoder layer with ACT: source tokens (N_enc,) -> memory (N_enc, d_model)."""
         return self.encode_with_stats(batch)[0]
 
     def _decode(
@@ -139,10 +141,14 @@ class UniversalTransformer(Seq2SeqModel):
         return self.dec_norm(s), steps, r
 
     def decode(self, memory: Tensor, batch: GraphBatch) -> Tensor:
+        """The shared decoder layer with ACT, teacher-forced: memory (N_enc, d_model) and
+        batch.tgt_in (N_dec,) -> decoder states (N_dec, d_model), before the generator."""
         kv = self.dec_layer.cross_attn.project_kv(memory)  # memory is fixed: project once for all steps
         return self._decode(kv, batch.tgt_in, batch.tgt_pos, *batch.target_graphs())[0]
 
     def forward(self, batch: GraphBatch) -> Seq2SeqOutput:
+        """Teacher-forced logits (N_dec, tgt_vocab), the weighted ACT loss (remainders) as aux_loss,
+        and stats "act_steps_enc" (N_enc,) and "act_steps_dec" (N_dec,): the steps each token took."""
         memory, enc_steps, enc_r = self.encode_with_stats(batch)
         kv = self.dec_layer.cross_attn.project_kv(memory)
         states, dec_steps, dec_r = self._decode(kv, batch.tgt_in, batch.tgt_pos, *batch.target_graphs())
@@ -152,9 +158,12 @@ class UniversalTransformer(Seq2SeqModel):
 
     # ---- decoding: the decoder is recomputed on the prefix (ACT makes every step's depth differ) --
     def decoder_cross_attentions(self) -> List[EdgeAttention]:
+        """The shared decoder layer's cross attention (one for every step)."""
         return [self.dec_layer.cross_attn]
 
     def start_decoding(self, batch: GraphBatch, hyp_sent: Tensor) -> DecodeState:
+        """Encode a source-only batch once; hyp_sent: (Nh,) the source sentence of each hypothesis.
+        The decoder is recomputed on each hypothesis' prefix at every step (ACT halts per node)."""
         state = super().start_decoding(batch, hyp_sent)
         state.prefix = torch.zeros(hyp_sent.numel(), 0, dtype=torch.long, device=state.memory.device)
         return state

@@ -18,8 +18,10 @@ class ExphormerAttention(nn.Module):
     parameter names `Q`, `K`, `E`, `V` (nn.Linear, bias = use_bias), so state dicts load both ways.
 
     Per edge s -> t, per head (head dim d = out_dim // num_heads):
+
         score_e = exp(clamp(sum_c K[s, c] * Q[t, c] / sqrt(d) * E[e, c], -5, 5))
         h[t]    = sum_e score_e V[s] / (sum_e score_e + 1e-6)
+
     with E = self.E(edge_attr); without edge_attr the E factor is absent. One `edge_attention` call
     in clamp mode (-5, 5) with edge_scale=E and the kernel's eps=1e-6 option, which adds 1e-6 to each
     destination's normalizer (so a destination without in-edges gets 0).
@@ -50,6 +52,7 @@ class ExphormerAttention(nn.Module):
         *,
         backend: str = "auto",
     ) -> None:
+        """Build the layer; the arguments are described in the class docstring."""
         super().__init__()
         if num_heads <= 0 or out_dim % num_heads != 0:
             raise ValueError(f"out_dim must be divisible by num_heads, got out_dim={out_dim}, num_heads={num_heads}")
@@ -78,4 +81,5 @@ class ExphormerAttention(nn.Module):
         return out.reshape(-1, h * d)  # (N, H*d)
 
     def extra_repr(self) -> str:
+        """The settings `print(module)` shows: heads, head dim, backend."""
         return f"num_heads={self.num_heads}, head_dim={self.out_dim}, backend={self.backend!r}"

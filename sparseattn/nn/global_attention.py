@@ -77,6 +77,7 @@ class GlobalAttention(nn.Module):
         clamp: Optional[Tuple[float, float]] = None,
         backend: str = "auto",
     ) -> None:
+        """Build the layer; the arguments are described in the class docstring."""
         super().__init__()
         if num_heads <= 0 or embed_dim <= 0 or embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim must be divisible by num_heads, got {embed_dim} and {num_heads}")
@@ -123,4 +124,5 @@ class GlobalAttention(nn.Module):
         return self.out_proj(out.reshape(-1, self.embed_dim))  # (N, H, D) -> (N, embed_dim)
 
     def extra_repr(self) -> str:
+        """The settings `print(module)` shows: width, heads, dropout, clamp."""
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, clamp={self.clamp}"

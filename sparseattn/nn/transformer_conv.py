@@ -21,15 +21,17 @@ class TransformerConv(nn.Module):
     keys (`load_state_dict(pyg_conv.state_dict())` works both ways).
 
     Per edge j -> i, per head, with e_ji = lin_edge(edge_attr) when edge_dim is set (else 0):
+
         alpha_ji = softmax_i(<q_i, k_j + e_ji> / sqrt(C))     (exact, over i's in-edges)
         out_i    = sum_j dropout(alpha_ji) (v_j + e_ji)
+
     then heads are concatenated (or averaged with concat=False), and with root_weight
     x_r = lin_skip(x_i) is added (with beta: out = b x_r + (1 - b) out, b = sigmoid(lin_beta([out, x_r,
     out - x_r]))). A node without in-edges gets 0 before the skip. One `edge_attention` call with
     clamp=None.
 
     With edge features, e_ji = W_h a_ji (W_h the head's (C, edge_dim) block of lin_edge) is never
-    built per edge and head: <q_i, e_ji> = <W_h^T q_i, a_ji> and sum_j alpha_ji e_ji = W_h sum_j
+    built per edge and head: `<q_i, e_ji> = <W_h^T q_i, a_ji>` and sum_j alpha_ji e_ji = W_h sum_j
     alpha_ji a_ji, so the call attends with queries [q, W_h^T q], keys [k, 0], values [v, 0] and
     one edge row [0, a_ji] shared by the heads (edge_key = edge_value, (E, 1, C + edge_dim)), and
     maps the last edge_dim output channels back through W_h. Memory per edge is C + edge_dim
@@ -73,6 +75,7 @@ class TransformerConv(nn.Module):
         *,
         backend: str = "auto",
     ) -> None:
+        """Build the layer; the arguments are described in the class docstring."""
         super().__init__()
         src_dim, dst_dim = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels
         for name, n in (("in_channels", src_dim), ("in_channels", dst_dim), ("out_channels", out_channels)):

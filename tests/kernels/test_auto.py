@@ -1,4 +1,4 @@
-"""The "auto" rule (README, "Backends"): which backend it picks, and that the pick computes the same."""
+"""The "auto" rule (docs/guide/backends.md): which backend it picks, and that the pick computes the same."""
 
 import types
 

@@ -72,7 +72,8 @@ class Multi30kTask(Seq2SeqTask):
         data = cfg.task_cfg
         if not data.data_dir:
             raise ValueError(
-                "task multi30k needs --data-dir DIR with train/val/test_2016_flickr.{en,de} (see README, 'Translation')"
+                "task multi30k needs --data-dir DIR with train/val/test_2016_flickr.{en,de} "
+                "(see docs/guide/translation.md)"
             )
         self.out_dir = Path(cfg.run.out)
         self.text = {name: read_parallel(data.data_dir, name) for name in self.FILE_SPLITS}

@@ -2,7 +2,7 @@
 
 A data directory holds `{split}.{lang}` files, one sentence per line, line i of the source
 file translating line i of the target file (Multi30k task 1: `train`, `val`,
-`test_2016_flickr`; see README "Translation" for where to get them). Nothing is downloaded.
+`test_2016_flickr`; see docs/guide/translation.md for where to get them). Nothing is downloaded.
 
 The vocabulary is one BPE model (Hugging Face `tokenizers`) trained on both sides of the
 training split, so source, target and generator embeddings can be shared. Words are split
@@ -28,7 +28,7 @@ def read_parallel(data_dir: str, split: str, src_lang: str = "en", tgt_lang: str
     if missing:
         raise FileNotFoundError(
             f"data_dir {data_dir!r} lacks {', '.join(os.path.basename(p) for p in missing)}; it must hold "
-            f"Multi30k-format files {stem}.{src_lang} and {stem}.{tgt_lang} (see README, 'Translation')"
+            f"Multi30k-format files {stem}.{src_lang} and {stem}.{tgt_lang} (see docs/guide/translation.md)"
         )
     src, tgt = ([line.rstrip("\n") for line in open(p, encoding="utf-8")] for p in paths)
     if len(src) != len(tgt):
