@@ -26,7 +26,7 @@ import platform
 import re
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable, List, Optional
 
 import torch
@@ -201,7 +201,36 @@ def machine_info(device: str = "cpu") -> dict:
 
 
 # settings that change CPU timings, named in every result they were set for
-_ENV_NOTED = ("THP_MEM_ALLOC_ENABLE", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS")
+_ENV_NOTED = (
+    "THP_MEM_ALLOC_ENABLE",
+    "ATEN_CPU_CAPABILITY",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "OMP_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+)
+_OPENMP_ENV = ("OMP_", "GOMP_", "KMP_", "MKL_NUM_THREADS")  # what OpenMP and MKL read at start
+
+
+def openmp_settings() -> dict:
+    """This process's OpenMP-related environment and a summary of torch.__config__.parallel_info():
+    {"env": {name: value}, "parallel_info": {"backend": "OpenMP", "OpenMP": "201511 ...",
+    "at::get_num_threads()": "2", "omp_get_max_threads()": "2", ...}} (its environment section left
+    out: "env" holds it)."""
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(_OPENMP_ENV)}
+    summary = {}
+    for line in torch.__config__.parallel_info().splitlines():
+        line = line.strip()
+        if line.startswith("Environment variables"):
+            break
+        if line.startswith("OpenMP "):
+            summary["OpenMP"] = line[len("OpenMP ") :]
+        elif " : " in line:
+            key, value = line.split(" : ", 1)
+            summary[key.strip()] = value.strip()
+    backend = re.search(r"ATen parallel backend: (.*)", torch.__config__.parallel_info())
+    if backend:
+        summary["backend"] = backend.group(1).strip()
+    return {"env": env, "parallel_info": summary}
 
 
 def env_note(info: dict) -> str:
@@ -292,7 +321,8 @@ def replot(json_path: str) -> None:
     """Redraw the PNG beside a results JSON: python -m benchmarks.harness results/<file>.json"""
     with open(json_path) as f:
         data = json.load(f)
-    results = [Result(**r) for r in data["results"]]
+    names = {f.name for f in fields(Result)}  # a benchmark's rows may carry fields of their own
+    results = [Result(**{k: v for k, v in r.items() if k in names}) for r in data["results"]]
     write_png(json_path[: -len(".json")] + ".png", machine_header(data["machine"]), results)
 
 

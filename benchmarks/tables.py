@@ -399,6 +399,7 @@ KERNEL_TARGETS = (  # the ratio names of bench_kernels' JSON, the column head, t
     ("csr bwd/fwd", "`csr` backward / forward", ("<=", 2.5)),
     ("pyg/auto", "`pyg` / `auto`", (">=", 15.0)),
     ("compiled/eager", "`auto (compiled)` / `auto`", None),
+    ("auto 1 thread/this", "`auto` at 1 thread / here", (">=", 1.0)),
 )
 
 
@@ -409,75 +410,191 @@ def _misses(value: Optional[float], target: Optional[Tuple[str, float]]) -> bool
     return value > bound if op == "<=" else value < bound
 
 
+# A bench_kernels run of format 2 (config["format"]) times each family at several thread settings
+# and input scales: its rows carry `threads`, `omp_wait_policy` and `input_scale`, its config the
+# settings (OpenMP environment, copy bandwidth, GEMM rate) and ratio records per setting and scale,
+# and every row its physical limit. Earlier runs hold one setting, and their tables have no such
+# columns.
+
+
+def _is_v2(run: Run) -> bool:
+    return run.config.get("format", 1) >= 2
+
+
+def _setting(row: Dict[str, Any]) -> str:
+    policy = row.get("omp_wait_policy", "default")
+    return str(row.get("threads")) + ("" if policy == "default" else f" {policy}")
+
+
+def _group(run: Run, row: Dict[str, Any]) -> Tuple[str, ...]:
+    """The group cells a row's table line starts with after its family: (threads, input σ) for a
+    run of format 2, nothing for an earlier one."""
+    return (_setting(row), f"{row.get('input_scale', 0.5):g}") if _is_v2(run) else ()
+
+
+GROUP_HEAD = ["threads", "input σ"]
+
+
+def _lines(run: Run) -> List[Tuple[str, Tuple[str, ...]]]:
+    """(family, group) per table line, families in run order, then groups in run order."""
+    groups = ordered(_group(run, r) for r in run.results)
+    have = {(r["family"], _group(run, r)) for r in run.results}
+    return [(f, gr) for f in ordered(r["family"] for r in run.results) for gr in groups if (f, gr) in have]
+
+
+def _ratio_lines(run: Run) -> List[Tuple[List[str], Dict[str, List[Optional[float]]]]]:
+    """Each table line's first cells and its ratios by name, from the JSON's records."""
+    ratios = run.config.get("ratios", {})
+    if not _is_v2(run):
+        families = ordered(r["family"] for r in run.results)
+        return [
+            ([f"`{f}`"], {k[len(f) + 1 :]: v for k, v in ratios.items() if k.startswith(f + " ")}) for f in families
+        ]
+    by_line: Dict[Tuple[str, Tuple[str, ...]], Dict[str, List[Optional[float]]]] = {}
+    for rec in ratios:
+        line = (rec["family"], (rec["threads"], f"{rec['input_scale']:g}"))
+        by_line.setdefault(line, {})[rec["ratio"]] = rec["values"]
+    return [([f"`{f}`", *gr], by_line[f, gr]) for f, gr in _lines(run) if (f, gr) in by_line]
+
+
 def kernel_ratios(run: Run) -> Tuple[str, int, int]:
     """The target-ratio table, and how many of its ratios meet their target, of how many."""
-    ratios = run.config.get("ratios", {})
-    families = ordered(r["family"] for r in run.results)
-    present = [(k, head, t) for k, head, t in KERNEL_TARGETS if any(f"{f} {k}" in ratios for f in families)]
+    lines = _ratio_lines(run)
+    present = [(k, head, t) for k, head, t in KERNEL_TARGETS if any(k in ratios for _, ratios in lines)]
     rows, met, total = [], 0, 0
-    for fam in families:
-        row = [f"`{fam}`"]
+    for first, ratios in lines:
+        row = list(first)
         for key, _, target in present:
-            values = ratios.get(f"{fam} {key}", [])
             cells = []
-            for v in values:
+            for v in ratios.get(key, []):
                 if v is not None and target is not None:
                     total += 1
                     met += not _misses(v, target)
                 cells.append(f"**{f_x(v)}**" if _misses(v, target) else f_x(v))
             row.append(" / ".join(cells) if cells else DASH)
         rows.append(row)
-    head = ["family"] + [
+    head = (["family"] + (GROUP_HEAD if _is_v2(run) else [])) + [
         h + (f" ({t[0].replace('<=', '≤').replace('>=', '≥')} {t[1]:g})" if t else "") for _, h, t in present
     ]
-    return table(head, rows, right=range(1, len(head))), met, total
+    first = 1 + (len(GROUP_HEAD) if _is_v2(run) else 0)
+    return table(head, rows, right=range(first, len(head))), met, total
+
+
+MOVED = (("bytes", 1e6, 0), ("flops", 1e9, 2))  # must_move's bytes in MB and flops in GFLOP, with decimals
+
+
+def family_table(run: Run) -> str:
+    fams = run.config.get("family_info", {})
+    rows = []
+    for fam in ordered(r["family"] for r in run.results):
+        fi = fams.get(fam, {})
+        waste = fi.get("dense_waste")
+        row = [
+            f"`{fam}`",
+            f_int(fi.get("num_dst")),
+            f_int(fi.get("edges")),
+            f"`{fi.get('auto', '?')}`",
+            DASH if waste is None else f"{100 * waste:.0f}%",
+        ]
+        if _is_v2(run):
+            row.append(f"{f_int(fi.get('max_in_degree'))} / {f_int(fi.get('max_out_degree'))}")
+            for k, d, p in MOVED:
+                vals = [fi.get(k, {}).get(m) for m in ("fwd", "fwd+bwd")]
+                row.append(" / ".join(DASH if v is None else f"{v / d:,.{p}f}" for v in vals))
+        rows.append(row)
+    head = ["family", "nodes", "edges", "`auto` picks", "dense padding"]
+    if _is_v2(run):
+        head += ["max in / out degree", "MB moved, fwd / fwd+bwd", "GFLOP, fwd / fwd+bwd"]
+    return table(head, rows, right=(1, 2, 4, 5, 6, 7) if _is_v2(run) else (1, 2, 4))
+
+
+def settings_table(run: Run) -> str:
+    """A run of format 2: each thread setting's OpenMP environment and measured rates."""
+    rows = []
+    for s in run.config.get("settings", []):
+        env = s.get("env", {})
+        rows.append(
+            [
+                s.get("label", "?"),
+                " ".join(f"`{k}={v}`" for k, v in env.items()) or DASH,
+                str(s.get("torch_threads", DASH)),
+                DASH if s.get("copy_gb_per_s") is None else f"{s['copy_gb_per_s']:.1f}",
+                DASH if s.get("gemm_gflop_per_s") is None else f"{s['gemm_gflop_per_s']:.0f}",
+                "-".join(dict.fromkeys(f"{s[k]:.1f}" for k in ("load_average_start", "load_average_end") if k in s))
+                or DASH,
+                s.get("error", ""),
+            ]
+        )
+    head = ["threads", "environment", "torch threads", "copy GB/s", "GEMM GFLOP/s", "load", "note"]
+    return (
+        "Thread settings, each run in a process of its own started with this environment; the rates, measured"
+        " in that process at its start and end (the higher is used), set each row's physical limit:\n\n"
+        + table(head, rows, right=(2, 3, 4, 5))
+    )
+
+
+def _cells(run: Run) -> Dict[Tuple[str, ...], Dict[str, Any]]:
+    """Rows by (family, mode, contender, *group)."""
+    return {(r["family"], r["mode"], r["contender"], *_group(run, r)): r for r in run.results}
+
+
+def limit_table(run: Run, contenders: List[str]) -> str:
+    """A run of format 2: the physical limit per family and setting, and the share of it each
+    contender reached (limit ms / its ms)."""
+    cells, modes = _cells(run), ordered(r["mode"] for r in run.results)
+    limits = {(r["family"], r["mode"], *_group(run, r)): r.get("limit_ms") for r in run.results}
+    cons = [c for c in contenders if any(k[2] == c and v.get("limit_fraction") for k, v in cells.items())]
+    rows = []
+    for fam, gr in _lines(run):
+        row = [f"`{fam}`", *gr, " / ".join(f_ms(limits.get((fam, m, *gr))) for m in modes)]
+        for c in cons:
+            vals = [cells.get((fam, m, c, *gr), {}).get("limit_fraction") for m in modes]
+            row.append(DASH if all(v is None for v in vals) else " / ".join(f_pct(v) for v in vals))
+        rows.append(row)
+    head = ["family", *GROUP_HEAD, "limit ms"] + cons
+    return (
+        f"Physical limit, ms ({' / '.join(modes)}): the larger of the bytes that must move at the copy bandwidth"
+        " and the flops that must run at the GEMM rate (`benchmarks/limits.py`), and the share of it each"
+        " contender reached (limit / its time):\n\n" + table(head, rows, right=range(3, len(head)))
+    )
 
 
 def kernel_sections(run: Run) -> List[str]:
-    fams = run.config.get("family_info", {})
-    families = ordered(r["family"] for r in run.results)
     contenders = ordered((r["contender"] for r in run.results), KERNEL_ORDER)
-    cells = by_key(run.results, "family", "mode", "contender")
+    cells, lines = _cells(run), _lines(run)
+    gh = GROUP_HEAD if _is_v2(run) else []
     out = []
-    if fams:
-        rows = []
-        for fam in families:
-            fi = fams.get(fam, {})
-            waste = fi.get("dense_waste")
-            rows.append(
-                [
-                    f"`{fam}`",
-                    f_int(fi.get("num_dst")),
-                    f_int(fi.get("edges")),
-                    f"`{fi.get('auto', '?')}`",
-                    DASH if waste is None else f"{100 * waste:.0f}%",
-                ]
-            )
-        out.append(table(["family", "nodes", "edges", "`auto` picks", "dense padding"], rows, right=(1, 2, 4)))
+    if run.config.get("family_info"):
+        out.append(family_table(run))
+    if _is_v2(run):
+        out.append(settings_table(run))
     modes = ordered(r["mode"] for r in run.results)
     for mode in modes:
         cons = [c for c in contenders if any(k[1] == mode and k[2] == c for k in cells)]
         rows = []
-        for fam in families:
-            row = [f"`{fam}`"]
+        for fam, gr in lines:
+            row = [f"`{fam}`", *gr]
             for c in cons:
-                r = cells.get((fam, mode, c))
+                r = cells.get((fam, mode, c, *gr))
                 row.append(DASH if r is None else f_ms(r["ms"]) if r["ms"] is not None else skipped(r["note"]))
             rows.append(row)
-        out.append(f"**{mode}**, ms (median):\n\n" + table(["family"] + cons, rows, right=range(1, len(cons) + 1)))
+        right = range(1 + len(gh), 1 + len(gh) + len(cons))
+        out.append(f"**{mode}**, ms (median):\n\n" + table(["family"] + gh + cons, rows, right=right))
+    if _is_v2(run):
+        out.append(limit_table(run, contenders))
     if all(r.get("peak_extra_mib") is None for r in run.results):
         return out
     rows = []
     mem_cons = [c for c in contenders if any(k[2] == c and cells[k]["peak_extra_mib"] is not None for k in cells)]
-    for fam in families:
-        row = [f"`{fam}`"]
+    for fam, gr in lines:
+        row = [f"`{fam}`", *gr]
         for c in mem_cons:
-            vals = [cells.get((fam, m, c), {}).get("peak_extra_mib") for m in modes]
+            vals = [cells.get((fam, m, c, *gr), {}).get("peak_extra_mib") for m in modes]
             row.append(DASH if all(v is None for v in vals) else " / ".join(f_int(v) for v in vals))
         rows.append(row)
+    right = range(1 + len(gh), 1 + len(gh) + len(mem_cons))
     out.append(
-        f"Peak extra memory, MiB ({' / '.join(modes)}):\n\n"
-        + table(["family"] + mem_cons, rows, right=range(1, len(mem_cons) + 1))
+        f"Peak extra memory, MiB ({' / '.join(modes)}):\n\n" + table(["family"] + gh + mem_cons, rows, right=right)
     )
     return out
 
@@ -525,15 +642,17 @@ def thp_headline(off: Run, on: Run) -> str:
 
 
 KERNELS_INTRO = """\
-`python -m benchmarks.bench_kernels` times every backend, `auto` and the peers on ten graph
-families, forward (under `no_grad`) and forward+backward, H=8 heads of D=64, float32. Each
-contender's output is first checked against the reference (against `csr` where the reference would
-not fit the memory budget). A time is the median of up to `--reps` calls after warm-up calls; the
-contenders run in interleaved rounds, every other round in reverse order, so that load changes hit
-them alike. Peak extra memory is the peak resident set during one call minus the resident set
-before it (a `Graph`'s cached index, built before, is not in it). Timing runs at glibc's
-steady-state 32 MiB mmap threshold, what a long-running process settles to; the harness switches to
-a 64 KiB threshold only while it measures memory, so that every block shows up in the resident set.
+`python -m benchmarks.bench_kernels` times every backend, `auto` and the peers on its graph
+families (windows, uniform random, power-law, batches of dense blocks:
+`benchmarks/families.py`), forward (under `no_grad`) and forward+backward, H=8 heads of D=64,
+float32, at each thread setting and input scale. Each contender's output is first checked against
+the reference (against `csr` where the reference would not fit the memory budget). A time is the
+median of up to `--reps` calls after warm-up calls; the contenders run in interleaved rounds, every
+other round in reverse order, so that load changes hit them alike. Peak extra memory is the peak
+resident set during one call minus the resident set before it (a `Graph`'s cached index, built
+before, is not in it). Timing runs at glibc's steady-state 32 MiB mmap threshold, what a
+long-running process settles to; the harness switches to a 64 KiB threshold only while it measures
+memory, so that every block shows up in the resident set.
 
 Contenders: the backends `csr` and `dense`; `auto` (its pick per family is in the first table);
 `auto (raw)`, the same call on the raw `(2, E)` edge_index, which validates and builds the index
@@ -542,16 +661,30 @@ inside every call; `auto (compiled)`, `torch.compile(fullgraph=True)` of the cal
 `sdpa-masked`, a padded batch with a boolean mask, as a user would write it; `pyg`,
 torch_geometric's TransformerConv path (`utils.softmax` and `utils.scatter`, tested equal to the
 exact reference in `tests/test_benchmark_peers.py`). DGL runs in its own environment: see
-[Against DGL](dgl.md). Inputs are N(0, 0.25), so no score reaches the clamp, and clamp-mode and
-exact-softmax contenders compute the same numbers. Clamp-mode `auto` runs at SDPA's speed on
-equal-length blocks: a per-row Cauchy-Schwarz bound proves where the clamp cannot bind, and there
-clamp-exp is exact softmax.
+[Against DGL](dgl.md).
 
-Options: `--quick` (small graphs, a minute), `--families`, `--contenders`, `--flex all`
-(FlexAttention, compiled; no backward on the CPU), `--threads`, `--budget-gib`, and
-`--baseline DIR`, which times another checkout's `csr` and `auto` in the same rounds (a
-`git worktree` of another commit) and adds `<name>/baseline` ratios. Absolute times move between
-runs on a shared virtual machine; ratios within one run are the comparison."""
+Inputs: q, k, v ~ N(0, σ²) for each `--input-scale` σ (default 0.5). At N(0, 0.25) no score reaches
+the clamp, and clamp-mode and exact-softmax contenders compute the same numbers; clamp-mode `auto`
+runs at SDPA's speed on equal-length blocks there, because a per-row Cauchy-Schwarz bound proves
+the clamp cannot bind. At σ = 1 (scores of standard deviation 1, a trained model's range) the clamp
+binds on a few scores and the bound no longer holds; the exact-softmax peers are then checked
+against the exact reference.
+
+Threads: each `--threads` count (default 1 and 2), with each `--omp-wait-policy` (default: unset,
+then `PASSIVE`) where it has more than one thread, runs in a process of its own started with
+`OMP_NUM_THREADS` and `OMP_WAIT_POLICY` set, since OpenMP reads them once at start; the run's
+settings table names each one's environment. Physical limit: each of those processes measures its
+copy bandwidth and float32 GEMM rate; a family's limit is the larger of the bytes that must move
+(q, k, v and the index read, the output written; the gradients too for forward+backward) over that
+bandwidth and the flops that must run over that rate (formulas in `benchmarks/limits.py`), and a
+contender's share of it is limit / its time. Runs stored before these options hold one thread
+setting, σ = 0.5 and no limit.
+
+Options: `--quick` (small graphs, a minute), `--families`, `--contenders`, `--threads`,
+`--omp-wait-policy`, `--input-scale`, `--flex all` (FlexAttention, compiled; no backward on the
+CPU), `--budget-gib`, and `--baseline DIR`, which times another checkout's `csr` and `auto` in the
+same rounds (a `git worktree` of another commit) and adds `<name>/baseline` ratios. Absolute times
+move between runs on a shared virtual machine; ratios within one run are the comparison."""
 
 THP_INTRO = """\
 **Large graphs on the CPU: set `THP_MEM_ALLOC_ENABLE=1`.** A PyTorch setting, read once at the
@@ -585,7 +718,7 @@ def page_kernels(runs: List[Run]) -> Tuple[str, Dict[str, str]]:
 
 def kernels_headline(run: Run) -> str:
     ratios = run.config.get("ratios", {})
-    pyg = [v[-1] for k, v in ratios.items() if k.endswith(" pyg/auto") and v and v[-1] is not None]
+    pyg = [v[-1] for _, r in _ratio_lines(run) for k, v in r.items() if k == "pyg/auto" and v and v[-1] is not None]
     out = []
     if pyg:
         out.append(f"`auto` {f_x(min(pyg))[:-1]}-{f_x(max(pyg))} faster than torch_geometric forward+backward")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from benchmarks.harness import machine_header, machine_info, time_interleaved
+from benchmarks.harness import machine_header, machine_info, openmp_settings, time_interleaved
 
 
 def test_header_names_the_cpu_capability_and_timing_settings(monkeypatch):
@@ -16,6 +16,16 @@ def test_header_names_the_cpu_capability_and_timing_settings(monkeypatch):
     info = machine_info()
     assert info["env"]["THP_MEM_ALLOC_ENABLE"] == "1"
     assert "THP_MEM_ALLOC_ENABLE=1" in machine_header(info)
+
+
+def test_openmp_settings_name_the_environment_and_torch_threads(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "1000")
+    found = openmp_settings()
+    assert found["env"]["OMP_WAIT_POLICY"] == "PASSIVE" and found["env"]["GOMP_SPINCOUNT"] == "1000"
+    assert found["parallel_info"]["at::get_num_threads()"] == str(torch.get_num_threads())
+    assert "backend" in found["parallel_info"] and not any(k.startswith("OMP_") for k in found["parallel_info"])
+    assert "OMP_WAIT_POLICY=PASSIVE" in machine_header(machine_info())
 
 
 def test_interleaved_rounds_alternate_the_order_and_keep_failures():

@@ -1,0 +1,122 @@
+"""What bench_kernels prints and stores besides its rows: the row type (a Result with its thread
+setting, input scale and physical limit), the summary table, the target ratios per setting, and the
+lines of its plot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import List, Optional, Tuple
+
+from .harness import Result
+from .threads import setting_label
+
+DEFAULT_SCALE = 0.5  # inputs N(0, 0.25): no score reaches the clamp
+
+
+@dataclass
+class KernelResult(Result):
+    """A Result with the setting it was measured at and its distance to the physical limit."""
+
+    threads: int = 1
+    omp_wait_policy: str = "default"
+    input_scale: float = DEFAULT_SCALE
+    gflop_per_s: Optional[float] = None
+    limit_ms: Optional[float] = None
+    limit_fraction: Optional[float] = None
+    load_average: Optional[float] = None
+
+
+def group_of(r: KernelResult) -> Tuple[str, float]:
+    return setting_label(r.threads, r.omp_wait_policy), r.input_scale
+
+
+BASELINE_CONTENDERS = ("csr", "auto", "auto (raw)")  # timed with --baseline as "<name> [baseline]"
+
+
+def _fmt(x: Optional[float], f: str) -> str:
+    return "-" if x is None else format(x, f)
+
+
+def print_row(r: KernelResult) -> None:
+    pct = None if r.limit_fraction is None else 100 * r.limit_fraction
+    print(
+        f"  {r.mode:8s} {r.contender:15s} {_fmt(r.ms, '10.2f')} ms  peak +{_fmt(r.peak_extra_mib, '8.1f')} MiB  "
+        f"{_fmt(r.gb_per_s, '6.2f')} GB/s {_fmt(r.gflop_per_s, '6.1f')} GFLOP/s {_fmt(pct, '5.1f')}% of limit  "
+        f"err {_fmt(r.max_err_vs_reference, '.1e')}  {r.note}",
+        flush=True,
+    )
+
+
+def summary_table(results: List[KernelResult]) -> str:
+    lines = [
+        "family               threads    scale pass     contender        ms         x vs ref   peak extra MiB"
+        "  limit ms  % of limit  max|err|"
+    ]
+    for r in results:
+        if r.ms is None:
+            continue
+        sp = "-" if r.speedup_vs_reference is None else f"{r.speedup_vs_reference:.1f}x"
+        pk = "-" if r.peak_extra_mib is None else f"{r.peak_extra_mib:.0f}"
+        lines.append(
+            f"{r.family:20s} {group_of(r)[0]:10s} {r.input_scale:5g} {r.mode:8s} {r.contender:15s} {r.ms:10.2f} "
+            f"{sp:>10s} {pk:>15s}  {_fmt(r.limit_ms, '8.2f')} {_fmt(100 * (r.limit_fraction or 0), '10.1f')}  "
+            f"{r.max_err_vs_reference:.1e}"
+        )
+    return "\n".join(lines)
+
+
+RATIOS = {  # targets: name -> (numerator, denominator, target as "<= x" / ">= x" or None)
+    "auto/sdpa": ("auto", "sdpa", "<= 1.1"),
+    "raw/Graph": ("auto (raw)", "auto", "<= 1.5"),
+    "compiled/eager": ("auto (compiled)", "auto", None),
+    "pyg/auto": ("pyg", "auto", ">= 15"),
+    # --baseline: this tree's eager time over the baseline's, in the same rounds
+    **{f"{n}/baseline": (n, f"{n} [baseline]", "<= 1.05") for n in BASELINE_CONTENDERS},
+}
+THREAD_GAIN = ("auto", ">= 1")  # "1 thread/this": the contender's time at 1 thread over its time here
+
+
+def ratio_table(results: List[KernelResult]) -> Tuple[str, List[dict]]:
+    """Target ratios per thread setting, input scale and family: auto/sdpa, raw/Graph and pyg/auto
+    per pass, csr backward/forward (the backward alone: fwd+bwd minus fwd, over fwd), and at more
+    than one thread `auto`'s time at 1 thread over its time here. Returns the text and the records
+    {"threads", "input_scale", "family", "ratio", "values"} (values: [fwd, fwd+bwd], one value for
+    csr bwd/fwd)."""
+    ms = {(*group_of(r), r.family, r.contender, r.mode): r.ms for r in results if r.ms}
+    out: List[dict] = []
+    lines = ["threads    scale family               ratio                fwd  fwd+bwd  target"]
+
+    def add(group, fam, name, vals, target):
+        out.append({"threads": group[0], "input_scale": group[1], "family": fam, "ratio": name, "values": vals})
+        cells = "  ".join("      -" if x is None else f"{x:7.2f}" for x in vals)
+        lines.append(f"{group[0]:10s} {group[1]:5g} {fam:20s} {name:18s} {cells}" + (f"  {target}" if target else ""))
+
+    for group in dict.fromkeys(group_of(r) for r in results):
+        for fam in dict.fromkeys(r.family for r in results):
+            at = lambda c, m, g=group, f=fam: ms.get((*g, f, c, m))  # noqa: E731
+            for name, (num, den, target) in RATIOS.items():
+                vals = [at(num, m) and at(den, m) and at(num, m) / at(den, m) for m in ("fwd", "fwd+bwd")]
+                if any(vals):
+                    add(group, fam, name, vals, target)
+            f, fb = at("csr", "fwd"), at("csr", "fwd+bwd")
+            if f and fb:
+                add(group, fam, "csr bwd/fwd", [(fb - f) / f], "<= 2.5")
+            one, (c, target) = ("1", group[1]), THREAD_GAIN
+            if group[0] != "1":
+                vals = [at(c, m, one) and at(c, m) and at(c, m, one) / at(c, m) for m in ("fwd", "fwd+bwd")]
+                if any(vals):
+                    add(group, fam, f"{c} 1 thread/this", vals, target)
+    return "\n".join(lines), out
+
+
+def plotted(results: List[KernelResult]) -> List[Result]:
+    """The PNG's lines: every contender at the first setting and scale; `auto` at the others."""
+    first = group_of(results[0]) if results else None
+    out: List[Result] = []
+    for r in results:
+        if group_of(r) == first:
+            out.append(r)
+        elif r.contender == "auto":
+            label, scale = group_of(r)
+            out.append(replace(r, contender=f"auto [{label} t, s={scale:g}]"))
+    return out

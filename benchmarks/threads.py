@@ -1,0 +1,60 @@
+"""Thread settings for a CPU benchmark, each measured in a fresh process of its own.
+
+OpenMP reads OMP_NUM_THREADS and OMP_WAIT_POLICY once, when the process starts (libgomp: how long
+an idle thread spins before it sleeps; ACTIVE spins, PASSIVE sleeps at once, unset lets it spin a
+while), so a benchmark that compares settings runs each in a process started with that environment:
+`run_setting` starts `python -m <module> <argv> --threads T --omp-wait-policy P --worker PATH` and
+reads back the JSON the worker wrote at PATH. The worker calls torch.set_num_threads(T) itself and
+records `harness.openmp_settings()`, so each setting's rows say what they ran with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Dict, List, Optional, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+POLICIES = ("default", "passive", "active")  # "default": OMP_WAIT_POLICY unset
+
+
+def thread_settings(threads: List[int], policies: List[str]) -> List[Tuple[int, str]]:
+    """(threads, wait policy) pairs to run, in order; one thread has no team to wait on, so it runs
+    with the first policy only."""
+    return [(t, p) for t in threads for p in (policies if t > 1 else policies[:1])]
+
+
+def setting_label(threads: int, policy: str) -> str:
+    """'1', '2', '2 passive': a setting as tables name it."""
+    return str(threads) + ("" if policy == "default" else f" {policy}")
+
+
+def describe(threads: int, policy: str) -> str:
+    """The environment of a setting, for a progress line: 'OMP_NUM_THREADS=2, OMP_WAIT_POLICY=PASSIVE'."""
+    wait = "OMP_WAIT_POLICY unset" if policy == "default" else f"OMP_WAIT_POLICY={policy.upper()}"
+    return f"OMP_NUM_THREADS={threads}, {wait}"
+
+
+def setting_env(threads: int, policy: str) -> Dict[str, str]:
+    """This process's environment with one setting's OpenMP variables (policy "default": unset),
+    and the repository on PYTHONPATH so that `python -m benchmarks...` imports from any folder."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env.pop("OMP_WAIT_POLICY", None)
+    if policy != "default":
+        env["OMP_WAIT_POLICY"] = policy.upper()
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    return env
+
+
+def run_setting(module: str, argv: List[str], threads: int, policy: str, path: str) -> Tuple[Optional[dict], int]:
+    """Run `module` as a worker for one setting in a fresh process (its output goes to this one's);
+    returns what it wrote to `path` (None if nothing) and its exit code."""
+    cmd = [sys.executable, "-m", module, *argv, "--threads", str(threads), "--omp-wait-policy", policy]
+    sys.stdout.flush()
+    code = subprocess.run(cmd + ["--worker", path], env=setting_env(threads, policy)).returncode
+    if not os.path.exists(path):
+        return None, code
+    with open(path) as f:
+        return json.load(f), code

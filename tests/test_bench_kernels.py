@@ -1,0 +1,116 @@
+"""benchmarks/bench_kernels.py: the power-law family, the physical limit's byte and flop counts,
+thread settings run in processes of their own, and a quick run (one thread setting, two input
+scales) whose JSON the kernels page renders with its thread and limit columns."""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from benchmarks import tables
+from benchmarks.bench_kernels import main
+from benchmarks.families import families, powerlaw_edges
+from benchmarks.harness import machine_tag
+from benchmarks.limits import limit_ms, must_move
+from benchmarks.threads import setting_env, setting_label, thread_settings
+from sparseattn import edge_attention, graphs
+
+
+def test_powerlaw_edges_are_seeded_sorted_unique_and_heavy_tailed():
+    n, degree = 5000, 16
+    ei = powerlaw_edges(n, degree, seed=3)
+    assert torch.equal(ei, powerlaw_edges(n, degree, seed=3)) and not torch.equal(ei, powerlaw_edges(n, degree))
+    src, dst = ei
+    key = dst * n + src
+    assert torch.equal(key, torch.unique(key)), "destination-major, each pair once"
+    assert 0.9 * n * degree < ei.shape[1] <= n * degree
+    out_deg, in_deg = torch.bincount(src, minlength=n), torch.bincount(dst, minlength=n)
+    assert out_deg.max() > 50 * degree, "hub sources feed many destinations"
+    assert in_deg.max() > 10 * degree, "heavy-tailed in-degree"
+    g = families(quick=True)["powerlaw-5k"].build(graphs)
+    assert (g.num_src, g.num_dst) == (5000, 5000) and g.num_edges == powerlaw_edges(5000, 16).shape[1]
+
+
+def test_must_move_counts_by_hand():
+    """window(4, 1): 10 edges, 4 nodes; H=2, D=3, Dv=5."""
+    g = graphs.window(4, 1)
+    q, kv, o, s, index = 4 * 2 * 3, 4 * 2 * (3 + 5), 4 * 2 * 5, 4 * 2, 8 * (10 + 4 + 1)
+    moved = must_move(g, heads=2, dim=3, dim_v=5)
+    assert moved["bytes"] == {"fwd": 4 * (q + kv + o) + index, "fwd+bwd": 4 * (3 * (q + kv + o) + 2 * s) + 2 * index}
+    assert moved["flops"] == {"fwd": 2 * 10 * 2 * 8, "fwd+bwd": 6 * 10 * 2 * 8}
+    blocks = must_move(graphs.from_blocks([("causal", 4, 4)]), heads=2, dim=3, dim_v=5)
+    assert blocks["bytes"]["fwd"] == 4 * (q + kv + o), "dense blocks read no per-edge index"
+    assert blocks["flops"]["fwd"] == 2 * 10 * 2 * 8
+    assert limit_ms(2e9, 1e9, copy_gb_per_s=10, gemm_gflop_per_s=100) == pytest.approx(200.0)
+    assert limit_ms(1e9, 1e11, copy_gb_per_s=10, gemm_gflop_per_s=100) == pytest.approx(1000.0)
+
+
+def test_thread_settings_and_their_environment(monkeypatch):
+    assert thread_settings([1, 2], ["default", "passive"]) == [(1, "default"), (2, "default"), (2, "passive")]
+    assert [setting_label(*s) for s in thread_settings([2], ["passive", "active"])] == ["2 passive", "2 active"]
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert setting_env(2, "passive")["OMP_WAIT_POLICY"] == "PASSIVE"
+    env = setting_env(1, "default")
+    assert env["OMP_NUM_THREADS"] == "1" and "OMP_WAIT_POLICY" not in env
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """One quick run: a power-law and a block family, inputs N(0, 0.25) and N(0, 4) (the clamp
+    binds), one thread, in a process of its own."""
+    out = tmp_path_factory.mktemp("bench_kernels")
+    args = ["--quick", "--families", "powerlaw-5k,complete-16x32", "--contenders", "csr,auto,sdpa"]
+    main(args + ["--threads", "1", "--input-scale", "0.5,2", "--reps", "1", "--warmup", "1", "--out", str(out)])
+    (path,) = out.glob("*.json")
+    return path, json.loads(path.read_text())
+
+
+def test_quick_run_records_settings_scales_and_limits(quick_run):
+    path, data = quick_run
+    config, rows = data["config"], data["results"]
+    assert config["format"] == 2 and config["input_scales"] == [0.5, 2.0]
+    (setting,) = config["settings"]
+    assert setting["env"]["OMP_NUM_THREADS"] == "1" and setting["torch_threads"] == 1
+    assert setting["parallel_info"]["omp_get_max_threads()"] == "1" and "error" not in setting
+    assert setting["copy_gb_per_s"] > 0 and setting["gemm_gflop_per_s"] > 0
+    timed = [r for r in rows if r["ms"] is not None]
+    assert {(r["family"], r["input_scale"]) for r in timed} == {
+        (f, s) for f in ("powerlaw-5k", "complete-16x32") for s in (0.5, 2.0)
+    }
+    for r in timed:
+        assert r["threads"] == 1 and r["omp_wait_policy"] == "default"
+        assert r["limit_fraction"] == pytest.approx(r["limit_ms"] / r["ms"]) and r["limit_fraction"] > 0
+        assert r["max_err_vs_reference"] < 1e-3
+    fi = config["family_info"]["powerlaw-5k"]
+    assert fi["max_out_degree"] > fi["max_in_degree"] > 16 and fi["bytes"]["fwd+bwd"] > fi["bytes"]["fwd"]
+    ratios = {(r["family"], r["input_scale"], r["ratio"]) for r in config["ratios"]}
+    assert ("complete-16x32", 2.0, "auto/sdpa") in ratios and ("powerlaw-5k", 0.5, "csr bwd/fwd") in ratios
+    assert machine_tag(data["machine"]) in path.name
+
+
+def test_exact_peers_are_checked_against_exact_softmax(quick_run):
+    """At N(0, 4) the clamp binds, so SDPA (exact softmax) differs from the clamp-mode reference;
+    the run checked it against the exact one and timed it."""
+    g = families(quick=True)["complete-16x32"].build(graphs)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(n, 8, 64) * 2 for n in (g.num_dst, g.num_src, g.num_src))
+    clamped = edge_attention(q, k, v, g, backend="reference")
+    exact = edge_attention(q, k, v, g, clamp=None, backend="reference")
+    assert (clamped - exact).abs().max() > 1e-2
+    sdpa = [r for r in quick_run[1]["results"] if r["contender"] == "sdpa" and r["input_scale"] == 2.0]
+    assert len(sdpa) == 2 and all(r["ms"] is not None and r["max_err_vs_reference"] < 1e-4 for r in sdpa)
+
+
+def test_kernels_page_shows_threads_scales_and_limits(quick_run, tmp_path):
+    path, data = quick_run
+    stem = f"bench_kernels_{machine_tag(data['machine'])}"
+    shutil.copy(path, tmp_path / f"{stem}.json")
+    shutil.copy(os.path.join(tables.RESULTS, "bench_layers_amd-epyc-1t-cpu.json"), tmp_path)
+    made, stems = tables.generate(str(tmp_path))
+    page = made["kernels.md"].decode()
+    assert stem in stems and f"{tables.RESULTS_REL}/{stem}.json" in page
+    assert "| family | threads | input σ | csr | auto |" in page
+    assert "| `powerlaw-5k` | 1 | 2 |" in page and "| `complete-16x32` | 1 | 0.5 |" in page
+    assert "Physical limit, ms (fwd / fwd+bwd)" in page and "`OMP_NUM_THREADS=1`" in page
