@@ -205,8 +205,14 @@ def local_shard_check(rank: int, world: int) -> dict:
         )
         ranges = [0] + torch.cumsum(torch.bincount(owner, minlength=world), 0).tolist()
         mine = g.edge_index[:, ref.edge_ids]
-        for how, kw in (("ranges", dict(ranges=ranges)), ("owner", dict(owner=owner))):
-            s = local_shard(mine, **kw)
+        # as users hold an index: int32, or (E, 2) pairs viewed as (2, E)
+        for how, index, kw in (
+            ("ranges", mine, dict(ranges=ranges)),
+            ("owner", mine, dict(owner=owner)),
+            ("ranges-int32", mine.int(), dict(ranges=ranges)),
+            ("owner-transposed", mine.t().contiguous().t(), dict(owner=owner)),
+        ):
+            s = local_shard(index, **kw)
             result[f"{name}-{how}"] = all(
                 [
                     torch.equal(s.nodes, ref.nodes),

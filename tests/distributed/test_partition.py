@@ -192,3 +192,14 @@ def test_a_shard_on_another_device_is_named():
     q = torch.randn(10, 2, 4, device="meta")  # any device but the shard's
     with pytest.raises(ValueError, match="shard.to"):
         sharded_edge_attention(q, q, q, shard)
+
+
+def test_int32_and_transposed_edge_index_give_the_same_shards():
+    """An edge_index as users hold it: int32, or (E, 2) pairs viewed as (2, E) (not contiguous)."""
+    g = power_law(64, 400, seed=2)
+    want = partition(g, 3)
+    for edge_index in (g.edge_index.int(), g.edge_index.t().contiguous().t()):
+        got = partition(edge_index, 3)
+        for a, b in zip(got, want):
+            assert torch.equal(a.graph.edge_index, b.graph.edge_index) and torch.equal(a.halo, b.halo)
+            assert torch.equal(a.send_index, b.send_index) and torch.equal(a.edge_ids, b.edge_ids)
