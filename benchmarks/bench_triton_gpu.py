@@ -1,5 +1,6 @@
-"""The triton backend against its peers on the graphs of issue 16 (a GPU; --smoke checks the script on CPU).
+"""The triton backend against its peers on the graphs of issues 16 and 30 (a GPU; --smoke checks the script on CPU).
 
+    python benchmarks/bench_triton_gpu.py --scale --out $OUT                  # issue 30: every target, one call
     python benchmarks/bench_triton_gpu.py --out $OUT --budget 400             # the table, both clamp modes
     python benchmarks/bench_triton_gpu.py --cases random,window8 --contenders triton,pyg --no-backward
     python benchmarks/bench_triton_gpu.py --sweep --cases random,window8 --out $OUT  # forward layouts x tiles
@@ -9,8 +10,18 @@
 Cases (CASES; H=8, D=Dv=64, bfloat16 on a GPU, float32 in --smoke), each with clamp=(-5, 5) and exact:
     random        N=2^20 nodes, E=16N uniform edges (in-degree ~ Poisson(16)): the roofline case
     powerlaw      N=2^20, E=16N, destination of rank r drawn with probability ~ r^(-2/3): hubs of ~5e4 edges
-    window8       L=2^18 tokens, |i - j| <= 8 (in-degree 17);   window64: L=2^16, |i - j| <= 64
+    window8       L=2^16 tokens, |i - j| <= 8 (in-degree 17; L=2^18 before issue 30, which compares both windows
+                  with FlexAttention at L=65536);   window64: L=2^16, |i - j| <= 64
     complete512   16 complete graphs of 512 tokens;   complete2048: 4 of 2048 tokens (in-degree 2048)
+    random-2^28   (SCALE_CASE, only with --scale or when --cases names it; not subject to --budget) N=2^24 nodes,
+                  E=16N=2^28 uniform edges, H=2, D=64 (H*D = 128), clamp mode only, the triton backend only
+                  (the other contenders get a "skipped" row); timed with at most 1 warmup. Its record also
+                  holds the peak CUDA memory of one fwd+bwd step (torch.cuda.max_memory_allocated after
+                  reset_peak_memory_stats, with the inputs, grad_out, the graph and its cached CSR and CSC
+                  live) against the least such a step must hold, `step_minimum_bytes`: q, k, v, out,
+                  grad_out, dq, dk, dv and one int64 edge index, (4 N_dst + 4 N_src) H D size + 16 E. Its
+                  output is checked destination range by destination range (no full float32 copy).
+                  In --smoke: N=16 on CPU, where the peak is None.
 Contenders (CONTENDERS): the backends triton, csr, reference and auto; pyg, what PyG's TransformerConv
 computes (gather, torch_geometric.utils.softmax over destinations, scatter-add; skipped without PyG);
 flex, compiled FlexAttention with a BlockMask built from the graph's CSR and a mask_mod that looks up
@@ -22,17 +33,32 @@ Correctness first: each contender's output on ALL destinations, computed while t
 with NaN (so rows a kernel never writes show up), must be within TOL of the reference backend run in
 float32 on the same inputs; a contender that is not is marked WRONG, not timed, and the exit status is 1.
 Timing: inputs require grad (as in training), median of --rep runs after --warmup; "fwd" is the
-forward alone, "fwd+bwd" forward and backward. Rate of the forward: bytes = q and out rows once per
-destination, k and v rows and the int64 source index once per edge, (N_dst + E) H (D + Dv) size + 8 E,
-in GB/s and as a fraction of the device's peak HBM bandwidth (--peak-gbs, default from PEAK_GBS by
-device name); the header also gives the measured device copy rate.
-Writes bench_triton_gpu_<machine>[_sweep|_sweep-backward][_smoke].{json,png,log} into --out.
+forward alone, "fwd+bwd" forward and backward, and the backward's time is fwd+bwd ms - fwd ms.
+Bytes moved (`moved_bytes`; D = Dv, element size s, N_dst destinations, N_src sources, E edges):
+    forward   q and out rows once per destination, k and v rows and the int64 source index once per edge:
+              (N_dst + E) H 2D s + 8 E
+    backward  a dq pass per destination: q, out, grad_out read once per destination, k, v once per edge,
+              dq written once, the index once per edge: N_dst H 4D s + E H 2D s + 8 E; and a dk/dv pass
+              per source: k, v read once per source, q, grad_out and the two float32 row scalars (lse,
+              delta) once per edge, dk, dv written once, the index once per edge: N_src H 4D s + E H 2D s
+              + 8 E H + 8 E; in all 4 (N_dst + N_src + E) H D s + 8 E H + 16 E
+Each rate is GB/s and a fraction of the device's peak HBM bandwidth (--peak-gbs, default from PEAK_GBS by
+device name); the header also gives the measured device copy rate. That is a bandwidth only where each
+source row is read from memory once per edge (the random graphs); elsewhere the cache serves shared rows.
+--budget (default 420 s) skips the cases that would start after it, so that `--scale` stays under ~9 minutes.
+Writes bench_triton_gpu_<machine>[_sweep|_sweep-backward][_smoke].{json,png,log} into --out. JSON: machine,
+config, results (Row: harness.Result with fwd_bytes and fwd_peak_fraction on "fwd" rows, whose gb_per_s is the
+forward's; bwd_bytes, bwd_ms, bwd_gb_per_s and bwd_peak_fraction on "fwd+bwd" rows, whose gb_per_s is None;
+peak_total_mib: the allocator's peak during the pass, everything live included), targets (issue 30's, by
+name with the bound; None where a side is missing), scale (SCALE_CASE's record or None) and wrong.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import gc
 import itertools
 import json
 import os
@@ -40,7 +66,7 @@ import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -87,18 +113,60 @@ def complete(size, device) -> Graph:
     return graphs.from_blocks([("full", size[1], size[1])] * size[0], device=device)
 
 
+def random_graph(n: int, num_edges: int, device) -> Graph:
+    """graphs.random's kind of graph (uniform edges with replacement, listed by destination), drawn and
+    sorted on the device: one (E,) key dst * n + src, so that 2^28 edges need no host sort."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    key = torch.randint(0, n * n, (num_edges,), generator=gen, device=device).sort().values
+    return Graph(torch.stack([key % n, key // n]), n, n)
+
+
 CASES = {  # name: (graph builder (size, device) -> Graph, size on a GPU, size in --smoke)
     "random": (lambda n, dev: graphs.random(n, n, 16 * n, device=dev), 2**20, 64),
     "powerlaw": (lambda n, dev: powerlaw(n, 16 * n, dev), 2**20, 64),
-    "window8": (lambda n, dev: graphs.window(n, 8, device=dev), 2**18, 64),
+    "window8": (lambda n, dev: graphs.window(n, 8, device=dev), 2**16, 64),
     "window64": (lambda n, dev: graphs.window(n, 64, device=dev), 2**16, 160),
     "complete512": (complete, (16, 512), (2, 32)),
     "complete2048": (complete, (4, 2048), (1, 96)),
 }
+SCALE_CASE = "random-2^28"  # --scale: a random graph of SCALE_NODES nodes of in-degree SCALE_DEGREE, H*D = 128
+SCALE_NODES = (2**24, 16)  # on a GPU (E = 2^28), in --smoke
+SCALE_DEGREE, SCALE_HEADS = 16, 2
+
+
+def moved_bytes(num_dst: int, num_src: int, num_edges: int, heads: int, dim: int, elem: int) -> Tuple[int, int]:
+    """The bytes the forward and the backward must move at least, (fwd, bwd), as defined at the top:
+    D = Dv = dim, elem the size of an element of q, k, v; the row scalars lse and delta are float32."""
+    fwd = (num_dst + num_edges) * heads * 2 * dim * elem + 8 * num_edges
+    dq_pass = num_dst * heads * 4 * dim * elem + num_edges * heads * 2 * dim * elem + 8 * num_edges
+    dkdv_pass = (num_src * heads * 4 * dim + num_edges * heads * 2 * dim) * elem + 8 * num_edges * heads + 8 * num_edges
+    return fwd, dq_pass + dkdv_pass
+
+
+def step_minimum_bytes(num_dst: int, num_src: int, num_edges: int, heads: int, dim: int, elem: int) -> int:
+    """The least memory a fwd+bwd step holds at its peak: q, out, grad_out, dq (num_dst, heads, dim) and
+    k, v, dk, dv (num_src, heads, dim) of elem bytes each, and one int64 edge index (2, num_edges)."""
+    return (4 * num_dst + 4 * num_src) * heads * dim * elem + 2 * 8 * num_edges
 
 
 class Skip(Exception):
     """The contender does not apply to this case; the message says why."""
+
+
+@dataclass
+class Row(harness.Result):
+    """A harness.Result with the rates of both passes. A "fwd" row: gb_per_s = fwd_bytes / ms, its
+    fraction of the peak. A "fwd+bwd" row: the backward, bwd_ms = its ms - the fwd row's ms, bwd_bytes /
+    bwd_ms and its fraction of the peak (gb_per_s None). peak_total_mib: the allocator's peak during one
+    call, including what was live before it (CUDA only)."""
+
+    fwd_bytes: Optional[int] = None
+    fwd_peak_fraction: Optional[float] = None
+    bwd_bytes: Optional[int] = None
+    bwd_ms: Optional[float] = None
+    bwd_gb_per_s: Optional[float] = None
+    bwd_peak_fraction: Optional[float] = None
+    peak_total_mib: Optional[float] = None
 
 
 @dataclass
@@ -208,8 +276,8 @@ def make_sdpa(g, clamp, q, k, v):
         raise Skip("the graph is not a batch of equal complete blocks")
 
     def fn():  # (B L, H, D) -> (B, H, L, D) and back
-        qb, kb, vb = (x.view(len(blocks), length, H, -1).transpose(1, 2) for x in (q, k, v))
-        return F.scaled_dot_product_attention(qb, kb, vb, scale=SCALE).transpose(1, 2).reshape(n, H, -1)
+        qb, kb, vb = (x.view(len(blocks), length, x.shape[1], -1).transpose(1, 2) for x in (q, k, v))
+        return F.scaled_dot_product_attention(qb, kb, vb, scale=SCALE).transpose(1, 2).reshape(n, q.shape[1], -1)
 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
@@ -264,55 +332,91 @@ def poisoned_memory():
         torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
-def reference_output(q, k, v, g, clamp, chunk_edges=2**20):
-    """The reference backend in float32 on the same inputs, over destinations in chunks of about
-    chunk_edges in-edges (it gathers (E, H, D) tensors). Returns (N_dst, H, Dv) float32."""
+def reference_chunks(q, k, v, g: Graph, clamp, chunk_edges: int = 2**20):
+    """The reference backend in float32 on the same inputs, over consecutive destination ranges a..b-1
+    of about chunk_edges in-edges each (it gathers (E, H, D) tensors), each as a graph of its own over
+    only the sources it reads. Yields (a, b, ref), ref (b - a, H, Dv) float32."""
     ptr, idx, _ = g.csr()
     starts = ptr.cpu()
-    k32, v32 = k.detach().float(), v.detach().float()
-    ref = torch.empty(g.num_dst, H, v.shape[2], device=q.device)
     a = 0
-    while a < g.num_dst:  # destinations a..b-1 as a graph of their own
+    while a < g.num_dst:
         b = min(g.num_dst, max(a + 1, int(torch.searchsorted(starts, starts[a] + chunk_edges, right=True)) - 1))
+        src, local = torch.unique(idx[int(starts[a]) : int(starts[b])], return_inverse=True)  # (S,), (E_ab,)
         dst = torch.repeat_interleave(torch.arange(b - a, device=q.device), ptr[a + 1 : b + 1] - ptr[a:b])
-        sub = Graph(torch.stack([idx[int(starts[a]) : int(starts[b])], dst]), g.num_src, b - a)
-        ref[a:b] = edge_attention(q[a:b].detach().float(), k32, v32, sub, scale=SCALE, clamp=clamp, backend="reference")
+        sub = Graph(torch.stack([local, dst]), len(src), b - a)
+        k32, v32 = k.detach()[src].float(), v.detach()[src].float()  # (S, H, D), (S, H, Dv)
+        yield (
+            a,
+            b,
+            edge_attention(q[a:b].detach().float(), k32, v32, sub, scale=SCALE, clamp=clamp, backend="reference"),
+        )
         a = b
+
+
+def reference_output(q, k, v, g: Graph, clamp, chunk_edges: int = 2**20) -> torch.Tensor:
+    """`reference_chunks` gathered: (N_dst, H, Dv) float32."""
+    ref = torch.empty(g.num_dst, q.shape[1], v.shape[2], device=q.device)
+    for a, b, chunk in reference_chunks(q, k, v, g, clamp, chunk_edges):
+        ref[a:b] = chunk
     return ref
 
 
-def measure(name, make, case, mode, g, inputs, ref, args, device):
-    """The rows (fwd, fwd+bwd) of one contender: its output checked against ref on all destinations,
-    then timed. Returns the rows and whether the output was wrong."""
+def compare(out: torch.Tensor, ref: torch.Tensor, tol: float) -> Tuple[float, int]:
+    """out, ref (n, H, Dv): max |out - ref| (inf where out has NaN) and the number of rows with an
+    entry off by more than tol (1 + |ref|)."""
+    err = (out.detach().float() - ref).abs()
+    bad = int((~(err <= tol * (1 + ref.abs()))).flatten(1).any(1).sum())  # NaN counts as bad
+    return (err.nan_to_num(float("inf")).max().item() if err.numel() else 0.0), bad
+
+
+def chunked_check(inputs: Sequence[torch.Tensor], g: Graph, clamp, tol: float) -> Callable:
+    """A check (out -> (max |err|, bad rows)) against `reference_chunks`, holding no full float32 copy."""
+
+    def check(out):
+        worst, bad = 0.0, 0
+        for a, b, ref in reference_chunks(*inputs, g, clamp):
+            err, n = compare(out[a:b], ref, tol)
+            worst, bad = max(worst, err), bad + n
+        return worst, bad
+
+    return check
+
+
+def measure(name, make, case, mode, g, inputs, check, args, device, warmup: int) -> Tuple[List[Row], bool]:
+    """The rows (fwd, fwd+bwd) of one contender: its output checked (check: out -> (max |err|, bad rows)),
+    then timed after `warmup` runs, with their peak memory. Returns the rows and whether the output was wrong."""
     dtype, num_edges = inputs[0].dtype, g.num_edges
-    moved = (g.num_dst + num_edges) * H * 2 * D * inputs[0].element_size() + 8 * num_edges  # bytes, see top
-    rows = [harness.Result(case, num_edges, name, f"{p} {mode}") for p in ("fwd", "fwd+bwd")[: 2 - args.no_backward]]
+    rows = [Row(case, num_edges, name, f"{p} {mode}") for p in ("fwd", "fwd+bwd")[: 2 - args.no_backward]]
     stage = rows[0]
     try:
         run = make(g, CLAMPS[mode], *inputs)
         with poisoned_memory() if run.poison else contextlib.nullcontext():
-            err = (run.fn().detach().float() - ref).abs()  # (N_dst, H, Dv)
-        bad = int((~(err <= TOL[dtype] * (1 + ref.abs()))).flatten(1).any(1).sum())  # NaN counts as bad
-        stage.max_err_vs_reference, stage.note = err.nan_to_num(float("inf")).max().item(), run.detail
-        del err
+            out = run.fn().detach()  # (N_dst, H, Dv)
+        stage.max_err_vs_reference, bad = check(out)
+        stage.note = run.detail
+        del out
         if bad:
             stage.note = f"WRONG: {bad} of {g.num_dst} destinations off by more than {TOL[dtype]:g} (1 + |ref|)"
             return rows[:1], True
-        stage.times_ms = harness.time_ms(run.fn, device, args.warmup, args.rep, budget_s=args.contender_s)
-        stage.ms, stage.peak_extra_mib = harness.median(stage.times_ms), peak_mib(run.fn, device)
-        stage.gb_per_s = moved / stage.ms / 1e6
+        stage.times_ms = harness.time_ms(run.fn, device, warmup, args.rep, budget_s=args.contender_s)
+        stage.ms = harness.median(stage.times_ms)
+        stage.peak_extra_mib, stage.peak_total_mib = peak_mib(run.fn, device)
         if len(rows) > 1 and not run.backward:
             rows[1].note = "skipped: no backward here"
         elif len(rows) > 1:
-            stage, grad = rows[1], torch.randn_like(ref).to(dtype)
+            stage = rows[1]
+            grad = torch.randn(g.num_dst, inputs[0].shape[1], inputs[2].shape[2], dtype=dtype, device=device)
 
             def step():
                 for t in inputs:
                     t.grad = None
                 run.fn().backward(grad)
 
-            stage.times_ms = harness.time_ms(step, device, args.warmup, args.rep, budget_s=args.contender_s)
-            stage.ms, stage.peak_extra_mib = harness.median(stage.times_ms), peak_mib(step, device)
+            stage.times_ms = harness.time_ms(step, device, warmup, args.rep, budget_s=args.contender_s)
+            stage.ms = harness.median(stage.times_ms)
+            for t in inputs:  # the last step's gradients would count as live before the measured one
+                t.grad = None
+            stage.peak_extra_mib, stage.peak_total_mib = peak_mib(step, device)
     except Skip as e:
         rows = rows[:1]
         rows[0].note = f"skipped: {e}"
@@ -320,14 +424,41 @@ def measure(name, make, case, mode, g, inputs, ref, args, device):
         stage.note = "out of memory"
     except Exception as e:  # a failing contender is a result, not a crash
         stage.note = f"failed: {type(e).__name__}: {str(e)[:160]}"
+    for t in inputs:
+        t.grad = None
     if device == "cuda":
         torch.cuda.empty_cache()
     return rows, False
 
 
-def peak_mib(fn, device):
-    """CUDA memory one call of fn adds at its peak, in MiB (None on CPU, where this benchmark does not measure it)."""
-    return harness.peak_extra_mib(fn, device) if device == "cuda" else None
+def set_rates(rows: List[Row], g: Graph, inputs: Sequence[torch.Tensor], peak: Optional[float]) -> None:
+    """Fill in a contender's bytes, GB/s and fractions of peak (`moved_bytes`) from its rows' times."""
+    q = inputs[0]
+    fwd_bytes, bwd_bytes = moved_bytes(g.num_dst, g.num_src, g.num_edges, q.shape[1], q.shape[2], q.element_size())
+    fwd = rows[0]
+    fwd.fwd_bytes = fwd_bytes
+    if fwd.ms is not None:
+        fwd.gb_per_s = fwd_bytes / fwd.ms / 1e6
+        fwd.fwd_peak_fraction = fwd.gb_per_s / peak if peak else None
+    for both in rows[1:]:
+        both.bwd_bytes = bwd_bytes
+        if both.ms is not None and fwd.ms is not None:
+            both.bwd_ms = both.ms - fwd.ms
+            if both.bwd_ms > 0:  # the difference of two medians: noise can make it <= 0 on tiny cases
+                both.bwd_gb_per_s = bwd_bytes / both.bwd_ms / 1e6
+                both.bwd_peak_fraction = both.bwd_gb_per_s / peak if peak else None
+
+
+def peak_mib(fn, device) -> Tuple[Optional[float], Optional[float]]:
+    """(extra, total): the CUDA memory one call of fn adds at its peak, and the allocator's peak during
+    it including what was live before (inputs, graph), in MiB; (None, None) on CPU, where this
+    benchmark does not measure it."""
+    if device != "cuda":
+        return None, None
+    gc.collect()  # as harness.peak_extra_mib does first, so that both read the same live memory
+    live = torch.cuda.memory_allocated()
+    extra = harness.peak_extra_mib(fn, device)
+    return extra, None if extra is None else live / 2**20 + extra
 
 
 def machine(args, device) -> dict:
@@ -353,62 +484,138 @@ def machine(args, device) -> dict:
     return info
 
 
-def targets(rows, peak) -> dict:
-    """The issue's targets per clamp mode, from the timed rows (None where a side is missing)."""
+MEMORY_TARGET = f"{SCALE_CASE} clamp: triton fwd+bwd peak memory / minimum (<= 1.25)"
+
+
+def targets(rows: List[Row], scale: Optional[dict] = None) -> Dict[str, Optional[float]]:
+    """Issue 30's targets (and issue 16's that still hold) per clamp mode, from the timed rows and the
+    scale record, by a name that states the bound (None where a side is missing)."""
     by = {(r.family, r.mode, r.contender): r for r in rows if r.ms is not None}
 
     def ratio(case, mode, a, b):
         x, y = by.get((case, f"fwd+bwd {mode}", a)), by.get((case, f"fwd+bwd {mode}", b))
-        return x.ms / y.ms if x and y else None
+        return x.ms / y.ms if x and y and x.ms and y.ms else None
 
-    out = {}
+    out: Dict[str, Optional[float]] = {}
     for mode in CLAMPS:
-        fwd = by.get(("random", f"fwd {mode}", "triton"))
-        out[f"random {mode}: triton fwd GB/s / peak (>= 0.5)"] = fwd.gb_per_s / peak if fwd and peak else None
+        fwd, both = by.get(("random", f"fwd {mode}", "triton")), by.get(("random", f"fwd+bwd {mode}", "triton"))
+        out[f"random {mode}: triton fwd GB/s / peak (>= 0.8)"] = fwd.fwd_peak_fraction if fwd else None
+        out[f"random {mode}: triton fwd+bwd ms (<= 40)"] = both.ms if both else None
+        bwd_ms = both.bwd_ms if both else None
+        out[f"random {mode}: triton bwd / fwd time (<= 2)"] = bwd_ms / fwd.ms if fwd and fwd.ms and bwd_ms else None
         out[f"random {mode}: pyg / triton fwd+bwd time (>= 3)"] = ratio("random", mode, "pyg", "triton")
         for case in ("window8", "window64"):
-            out[f"{case} {mode}: triton / flex fwd+bwd time (<= 1)"] = ratio(case, mode, "triton", "flex")
+            out[f"{case} {mode}: triton / flex fwd+bwd time (<= 1.1)"] = ratio(case, mode, "triton", "flex")
         out[f"complete512 {mode}: auto / sdpa fwd+bwd time (<= 1.3)"] = ratio("complete512", mode, "auto", "sdpa")
+    out[MEMORY_TARGET] = scale["peak_over_minimum"] if scale else None
     return out
 
 
-def run_cases(args, contenders, device, dtype, info, say):
-    """Every case and mode: the reference output, then each contender's rows, printed as a table."""
-    rows, wrong, t0 = [], [], time.time()
-    for case in args.cases.split(","):
+TABLE_HEAD = (
+    f"{'contender':20}{'fwd ms':>9}{'fwd+bwd ms':>12}{'fwd GB/s':>10}{'% peak':>8}{'bwd GB/s':>10}{'% peak':>8}"
+    f"{'peak MiB':>10}{'max|err|':>10}  note"
+)
+
+
+def table_line(name: str, rows: List[Row]) -> str:
+    """One contender's line under TABLE_HEAD from its rows (fwd[, fwd+bwd]); peak MiB: the larger extra."""
+    fwd, both = rows[0], rows[1] if len(rows) > 1 else Row("", 0, "", "")
+    mib = max((r.peak_extra_mib for r in rows if r.peak_extra_mib is not None), default=None)
+    pct = [None if f is None else 100 * f for f in (fwd.fwd_peak_fraction, both.bwd_peak_fraction)]
+    return (
+        f"{name:20}{_fmt(fwd.ms, '9.3f')}{_fmt(both.ms, '12.3f')}{_fmt(fwd.gb_per_s, '10.0f')}{_fmt(pct[0], '8.1f')}"
+        f"{_fmt(both.bwd_gb_per_s, '10.0f')}{_fmt(pct[1], '8.1f')}{_fmt(mib, '10.0f')}"
+        f"{_fmt(fwd.max_err_vs_reference, '10.2g')}  " + "; ".join(r.note for r in rows if r.note)
+    )
+
+
+def make_inputs(g: Graph, heads: int, dtype, device) -> List[torch.Tensor]:
+    """q (N_dst, heads, D), k and v (N_src, heads, D): seeded normal values in dtype, requiring grad."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    return [
+        torch.randn(n, heads, D, generator=gen, device=device).to(dtype).requires_grad_()
+        for n in (g.num_dst, g.num_src, g.num_src)
+    ]
+
+
+def run_cases(args, cases, contenders, device, dtype, info, say, t0: float) -> Tuple[List[Row], List[str]]:
+    """Every case and mode: the reference output, then each contender's rows, printed as a table; the
+    modes that would start more than --budget seconds after t0 are skipped."""
+    rows: List[Row] = []
+    wrong: List[str] = []
+    for case in cases:
         build, size, smoke_size = CASES[case]
         g = build(smoke_size if args.smoke else size, device)
         g.csr(), g.csc()  # built once, as a model's layers share them
-        gen = torch.Generator(device=device).manual_seed(0)
-        inputs = [
-            torch.randn(n, H, D, generator=gen, device=device).to(dtype).requires_grad_()
-            for n in (g.num_dst, g.num_src, g.num_src)
-        ]
+        inputs = make_inputs(g, H, dtype, device)
         for mode in args.modes.split(","):
             say(f"\n{case} {mode}: N_dst={g.num_dst}, E={g.num_edges}, max in-degree {int(g.in_degree().max())}")
             if args.budget is not None and time.time() - t0 > args.budget:
-                rows.append(harness.Result(case, g.num_edges, "-", f"fwd {mode}", note="skipped: --budget reached"))
+                rows.append(Row(case, g.num_edges, "-", f"fwd {mode}", note="skipped: --budget reached"))
                 say("skipped: --budget reached")
                 continue
-            say(
-                f"{'contender':20}{'fwd ms':>9}{'fwd+bwd ms':>12}{'GB/s':>7}{'% peak':>8}{'peak MiB':>10}"
-                f"{'max|err|':>10}  note"
-            )
-            ref = reference_output(*inputs, g, CLAMPS[mode])
+            say(TABLE_HEAD)
+            check = functools.partial(compare, ref=reference_output(*inputs, g, CLAMPS[mode]), tol=TOL[dtype])
             for name, make in contenders.items():
-                new, bad = measure(name, make, case, mode, g, inputs, ref, args, device)
+                new, bad = measure(name, make, case, mode, g, inputs, check, args, device, args.warmup)
+                set_rates(new, g, inputs, info["peak_gb_s"])
                 rows += new
                 wrong += [f"{case} {mode} {name}"] if bad else []
-                fwd, both = new[0], new[-1] if len(new) > 1 else harness.Result("", 0, "", "")
-                frac = 100 * fwd.gb_per_s / info["peak_gb_s"] if fwd.gb_per_s and info["peak_gb_s"] else None
-                mib = max((r.peak_extra_mib for r in new if r.peak_extra_mib is not None), default=None)
-                say(
-                    f"{name:20}{_fmt(fwd.ms, '9.3f')}{_fmt(both.ms, '12.3f')}{_fmt(fwd.gb_per_s, '7.0f')}"
-                    f"{_fmt(frac, '8.1f')}{_fmt(mib, '10.0f')}{_fmt(fwd.max_err_vs_reference, '10.2g')}  "
-                    + "; ".join(r.note for r in new if r.note)
-                )
-            del ref
+                say(table_line(name, new))
+            del check  # and the reference it holds
     return rows, wrong
+
+
+def run_scale(args, contenders, device, dtype, info, say) -> Tuple[List[Row], dict, List[str]]:
+    """SCALE_CASE: triton's fwd and fwd+bwd in clamp mode, its output checked in destination ranges,
+    at most 1 warmup; the other contenders get a "skipped" row. Returns the rows, the scale record
+    (`scale_record`) and the wrong list."""
+    n = SCALE_NODES[1] if args.smoke else SCALE_NODES[0]
+    g = random_graph(n, SCALE_DEGREE * n, device)
+    g.csr(), g.csc()  # cached before the step, as in training
+    inputs = make_inputs(g, SCALE_HEADS, dtype, device)
+    say(f"\n{SCALE_CASE} clamp: N_dst={n}, E={g.num_edges}, H={SCALE_HEADS}, D={D}: triton only, peak memory")
+    say(TABLE_HEAD)
+    check = chunked_check(inputs, g, CLAMPS["clamp"], TOL[dtype])
+    warmup = min(args.warmup, 1)  # one compiles the H=2 kernels; more only lengthen the run
+    rows, bad = measure("triton", CONTENDERS["triton"], SCALE_CASE, "clamp", g, inputs, check, args, device, warmup)
+    set_rates(rows, g, inputs, info["peak_gb_s"])
+    say(table_line("triton", rows))
+    for name in contenders:
+        if name != "triton":
+            rows.append(Row(SCALE_CASE, g.num_edges, name, "fwd clamp", note="skipped: this case times triton only"))
+            say(table_line(name, rows[-1:]))
+    step = next((r for r in rows if r.mode == "fwd+bwd clamp" and r.contender == "triton"), None)
+    record = scale_record(g, inputs, step)
+    say(
+        f"peak {_fmt(record['peak_gib'], '.2f').strip()} GiB during one fwd+bwd step, minimum "
+        f"{record['minimum_gib']:.2f} GiB (inputs, out, grad_out, gradients, one edge index): "
+        f"ratio {_fmt(record['peak_over_minimum'], '.3f').strip()} (target <= 1.25)"
+    )
+    return rows, record, [f"{SCALE_CASE} clamp triton"] if bad else []
+
+
+def scale_record(g: Graph, inputs: Sequence[torch.Tensor], step: Optional[Row]) -> dict:
+    """SCALE_CASE's sizes, its fwd+bwd ms, the step's peak memory (None on CPU or without a step),
+    `step_minimum_bytes` and their ratio."""
+    q = inputs[0]
+    minimum = step_minimum_bytes(g.num_dst, g.num_src, g.num_edges, q.shape[1], q.shape[2], q.element_size())
+    total = step.peak_total_mib if step else None
+    peak = None if total is None else round(total * 2**20)
+    return dict(
+        case=SCALE_CASE,
+        nodes=g.num_dst,
+        edges=g.num_edges,
+        heads=q.shape[1],
+        dim=q.shape[2],
+        dtype=str(q.dtype),
+        fwd_bwd_ms=step.ms if step else None,
+        peak_bytes=peak,
+        minimum_bytes=minimum,
+        peak_gib=None if peak is None else peak / 2**30,
+        minimum_gib=minimum / 2**30,
+        peak_over_minimum=None if peak is None else peak / minimum,
+    )
 
 
 def write_png(path, title, rows):
@@ -444,7 +651,7 @@ def write_png(path, title, rows):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
-    parser.add_argument("--cases", default=",".join(CASES), help=", ".join(CASES))
+    parser.add_argument("--cases", default=",".join(CASES), help=", ".join([*CASES, SCALE_CASE]))
     parser.add_argument("--modes", default=",".join(CLAMPS), help=", ".join(CLAMPS))
     parser.add_argument("--contenders", default="triton,csr,auto,pyg,flex,sdpa", help=", ".join(CONTENDERS))
     parser.add_argument("--sweep", action="store_true", help="time the triton forward under each SWEEP setting")
@@ -452,34 +659,41 @@ def main(argv=None) -> int:
         "--sweep-backward", action="store_true", help="time triton fwd+bwd under each SWEEP_BACKWARD setting"
     )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes in float32 on CPU")
+    parser.add_argument("--scale", action="store_true", help=f"also run {SCALE_CASE} (triton, clamp, peak memory)")
     parser.add_argument("--no-backward", action="store_true", help="time the forward only")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rep", type=int, default=10)
     parser.add_argument("--contender-s", type=float, default=3.0, help="seconds of timing per contender at most")
-    parser.add_argument("--budget", type=float, default=None, help="seconds; later cases are skipped")
+    parser.add_argument("--budget", type=float, default=420.0, help="seconds; later cases are skipped")
     parser.add_argument("--peak-gbs", type=float, default=None, help="peak HBM GB/s (default: PEAK_GBS by name)")
     args = parser.parse_args(argv)
     unknown = [
         x
         for x in args.cases.split(",") + args.modes.split(",") + args.contenders.split(",")
-        if x not in {**CASES, **CLAMPS, **CONTENDERS}
+        if x not in {**CASES, SCALE_CASE: None, **CLAMPS, **CONTENDERS}
     ]
     if unknown:
         parser.error(f"unknown {unknown}")
+    cases = [c for c in args.cases.split(",") if c != SCALE_CASE]
+    scale = args.scale or SCALE_CASE in args.cases.split(",")
     device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
+    if device == "cpu":  # triton on CPU runs interpreted; read when triton (PyG imports it) and the kernels load
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     if device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: the GPU benchmark needs one (--smoke runs tiny sizes on CPU); nothing to do")
         return 0
     if args.sweep and args.sweep_backward:
         parser.error("--sweep and --sweep-backward are separate runs")
+    if scale and (args.sweep or args.sweep_backward or args.no_backward):
+        parser.error(
+            f"{SCALE_CASE} times forward+backward with the default settings: not with a sweep or --no-backward"
+        )
     if args.sweep:
         contenders = sweep_contenders()
     elif args.sweep_backward:
         contenders = sweep_backward_contenders()
     else:
         contenders = {n: CONTENDERS[n] for n in args.contenders.split(",")}
-    if device == "cpu" and "triton" in contenders:
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are first imported
     args.no_backward = args.no_backward or args.sweep  # the backward does not depend on forward settings
     info = machine(args, device)
     path = os.path.join(
@@ -503,14 +717,25 @@ def main(argv=None) -> int:
             f"H={H}, D=Dv={D}, {str(dtype)[6:]}, median of up to {args.rep} runs after {args.warmup} warmup; "
             f"outputs checked on all destinations against the float32 reference (tolerance {TOL[dtype]:g})"
         )
-        rows, wrong = run_cases(args, contenders, device, dtype, info, say)
-        goals = {} if args.sweep or args.sweep_backward else targets(rows, info["peak_gb_s"])
+        rows, wrong = run_cases(args, cases, contenders, device, dtype, info, say, time.time())
+        record = None
+        if scale:
+            new, record, bad = run_scale(args, contenders, device, dtype, info, say)
+            rows, wrong = rows + new, wrong + bad
+        goals = {} if args.sweep or args.sweep_backward else targets(rows, record)
         say("\ntargets: " + "; ".join(f"{k}: {_fmt(v, '.2f').strip()}" for k, v in goals.items()))
         say(f"wrong: {', '.join(wrong) or 'none'}")
         config = dict(vars(args), out="OUT", dtype=str(dtype), H=H, D=D, tol=TOL[dtype])  # no machine path
         with open(path + ".json", "w") as f:
             json.dump(
-                dict(machine=info, config=config, results=[asdict(r) for r in rows], targets=goals, wrong=wrong),
+                dict(
+                    machine=info,
+                    config=config,
+                    results=[asdict(r) for r in rows],
+                    targets=goals,
+                    scale=record,
+                    wrong=wrong,
+                ),
                 f,
                 indent=1,
             )

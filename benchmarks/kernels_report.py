@@ -65,24 +65,40 @@ def summary_table(results: List[KernelResult]) -> str:
     return "\n".join(lines)
 
 
-RATIOS = {  # targets: name -> (numerator, denominator, target as "<= x" / ">= x" or None)
-    "auto/sdpa": ("auto", "sdpa", "<= 1.1"),
+RATIOS = {  # targets (issue 31): name -> (numerator, denominator, target as "<= x" / ">= x" or None)
+    "auto/sdpa": ("auto", "sdpa", "<= 1.15"),
     "raw/Graph": ("auto (raw)", "auto", "<= 1.5"),
     "compiled/eager": ("auto (compiled)", "auto", None),
-    "pyg/auto": ("pyg", "auto", ">= 15"),
+    "pyg/auto": ("pyg", "auto", ">= 30"),
     # --baseline: this tree's eager time over the baseline's, in the same rounds
     **{f"{n}/baseline": (n, f"{n} [baseline]", "<= 1.05") for n in BASELINE_CONTENDERS},
 }
+CSR_FWD_BWD = "<= 2.5"  # "csr fwd+bwd/fwd": csr's forward+backward time over its forward time
 THREAD_GAIN = ("auto", ">= 1")  # "1 thread/this": the contender's time at 1 thread over its time here
+LIMIT_TARGETS = {"window-65536": ">= 0.25"}  # "auto limit share" (forward): limit time / auto's time
 
 
 def ratio_table(results: List[KernelResult]) -> Tuple[str, List[dict]]:
     """Target ratios per thread setting, input scale and family: auto/sdpa, raw/Graph and pyg/auto
-    per pass, csr backward/forward (the backward alone: fwd+bwd minus fwd, over fwd), and at more
-    than one thread `auto`'s time at 1 thread over its time here. Returns the text and the records
-    {"threads", "input_scale", "family", "ratio", "values"} (values: [fwd, fwd+bwd], one value for
-    csr bwd/fwd)."""
-    ms = {(*group_of(r), r.family, r.contender, r.mode): r.ms for r in results if r.ms}
+    per pass, csr fwd+bwd/fwd, `auto`'s forward share of the physical limit, and at
+    more than one thread `auto`'s time at 1 thread over its time here. Returns the text and the
+    records {"threads", "input_scale", "family", "ratio", "values"} (values: [fwd, fwd+bwd], one
+    value for csr fwd+bwd/fwd and the limit share). results: KernelResult objects or their stored dicts."""
+    get = (lambda r, k: r[k]) if results and isinstance(results[0], dict) else getattr  # type: ignore[misc]
+
+    def group(r) -> Tuple[str, float]:
+        return setting_label(get(r, "threads"), get(r, "omp_wait_policy")), get(r, "input_scale")
+
+    ms = {
+        (*group(r), get(r, "family"), get(r, "contender"), get(r, "mode")): get(r, "ms")
+        for r in results
+        if get(r, "ms")
+    }
+    share = {
+        (*group(r), get(r, "family"), get(r, "mode")): get(r, "limit_fraction")
+        for r in results
+        if get(r, "contender") == "auto" and get(r, "ms") and get(r, "limit_fraction")
+    }
     out: List[dict] = []
     lines = ["threads    scale family               ratio                fwd  fwd+bwd  target"]
 
@@ -91,21 +107,24 @@ def ratio_table(results: List[KernelResult]) -> Tuple[str, List[dict]]:
         cells = "  ".join("      -" if x is None else f"{x:7.2f}" for x in vals)
         lines.append(f"{group[0]:10s} {group[1]:5g} {fam:20s} {name:18s} {cells}" + (f"  {target}" if target else ""))
 
-    for group in dict.fromkeys(group_of(r) for r in results):
-        for fam in dict.fromkeys(r.family for r in results):
-            at = lambda c, m, g=group, f=fam: ms.get((*g, f, c, m))  # noqa: E731
+    for grp in dict.fromkeys(group(r) for r in results):
+        for fam in dict.fromkeys(get(r, "family") for r in results):
+            at = lambda c, m, g=grp, f=fam: ms.get((*g, f, c, m))  # noqa: E731
             for name, (num, den, target) in RATIOS.items():
                 vals = [at(num, m) and at(den, m) and at(num, m) / at(den, m) for m in ("fwd", "fwd+bwd")]
                 if any(vals):
-                    add(group, fam, name, vals, target)
+                    add(grp, fam, name, vals, target)
             f, fb = at("csr", "fwd"), at("csr", "fwd+bwd")
             if f and fb:
-                add(group, fam, "csr bwd/fwd", [(fb - f) / f], "<= 2.5")
-            one, (c, target) = ("1", group[1]), THREAD_GAIN
-            if group[0] != "1":
+                add(grp, fam, "csr fwd+bwd/fwd", [fb / f], CSR_FWD_BWD)
+            fwd_share = share.get((*grp, fam, "fwd"))
+            if fwd_share:
+                add(grp, fam, "auto limit share", [fwd_share], LIMIT_TARGETS.get(fam))
+            one, (c, target) = ("1", grp[1]), THREAD_GAIN
+            if grp[0] != "1":
                 vals = [at(c, m, one) and at(c, m) and at(c, m, one) / at(c, m) for m in ("fwd", "fwd+bwd")]
                 if any(vals):
-                    add(group, fam, f"{c} 1 thread/this", vals, target)
+                    add(grp, fam, f"{c} 1 thread/this", vals, target)
     return "\n".join(lines), out
 
 

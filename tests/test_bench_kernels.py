@@ -13,6 +13,7 @@ from benchmarks import tables
 from benchmarks.bench_kernels import main
 from benchmarks.families import families, powerlaw_edges
 from benchmarks.harness import machine_tag
+from benchmarks.kernels_report import ratio_table
 from benchmarks.limits import limit_ms, must_move
 from benchmarks.threads import setting_env, setting_label, thread_settings
 from sparseattn import edge_attention, graphs
@@ -86,7 +87,10 @@ def test_quick_run_records_settings_scales_and_limits(quick_run):
     fi = config["family_info"]["powerlaw-5k"]
     assert fi["max_out_degree"] > fi["max_in_degree"] > 16 and fi["bytes"]["fwd+bwd"] > fi["bytes"]["fwd"]
     ratios = {(r["family"], r["input_scale"], r["ratio"]) for r in config["ratios"]}
-    assert ("complete-16x32", 2.0, "auto/sdpa") in ratios and ("powerlaw-5k", 0.5, "csr bwd/fwd") in ratios
+    assert ("complete-16x32", 2.0, "auto/sdpa") in ratios and ("powerlaw-5k", 0.5, "csr fwd+bwd/fwd") in ratios
+    assert ("powerlaw-5k", 2.0, "auto limit share") in ratios
+    # the pages recompute the records from the stored rows, with the same result
+    assert ratio_table(rows)[1] == config["ratios"]
     assert machine_tag(data["machine"]) in path.name
 
 
