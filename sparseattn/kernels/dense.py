@@ -29,7 +29,7 @@ Shapes: q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv), bias/dropout_mask (E
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -229,53 +229,50 @@ CLAMP_TILE_BYTES = 1 << 20
 
 
 class _Tile(NamedTuple):
-    batch: slice
-    heads: slice
+    batch: Union[int, slice]  # one batch element and a range of heads,
+    heads: Union[int, slice]  # or one head and a range of batch elements
     rows: slice  # query rows
     keys: slice  # keys 0 .. n (a causal row block sees no later key)
 
 
-def _clamp_tiles(shape: Tuple[int, int, int, int], elem: int, causal: bool) -> Tuple[List[_Tile], bool]:
-    """Tiles covering the (B, H, lq, lk) scores, and whether tiles span several batch elements
-    (small blocks: then the inputs are made (B, H, L, D)-contiguous, so that a tile's heads and
-    batch elements are one batch of matrices). Otherwise a tile is one batch element's heads (or
-    some of them), read in place in any layout. Causal buckets split their query rows in blocks
-    (up to 128 rows), each seeing the keys up to its last row."""
+def _clamp_tiles(shape: Tuple[int, int, int, int], elem: int, causal: bool) -> List[_Tile]:
+    """Tiles covering the (B, H, lq, lk) scores, each at most CLAMP_TILE_BYTES of them (or one
+    (batch, head) pair): some heads of one batch element, or, when all of a batch element's heads
+    fit in a quarter of a tile (small blocks), one head of several batch elements. Either is a 3-D strided
+    view of q, k, v in any layout, so nothing is copied. Causal buckets split their query rows in
+    blocks (up to 128 rows), each seeing the keys up to its last row."""
     b, h, lq, lk = shape
     row_block = lq if not causal or lq < 64 else min(128, lq // 2)
-    multi = h * lq * lk * elem * 8 <= CLAMP_TILE_BYTES
     tiles = []
     for r0 in range(0, lq, row_block):
         rows = slice(r0, min(lq, r0 + row_block))
         keys = slice(0, min(lk, rows.stop) if causal else lk)
         pairs = max(1, CLAMP_TILE_BYTES // ((rows.stop - r0) * keys.stop * elem))  # (batch, head) pairs per tile
-        if multi:
-            step = max(1, pairs // h)
-            tiles += [_Tile(slice(i, min(b, i + step)), slice(0, h), rows, keys) for i in range(0, b, step)]
+        if pairs >= 4 * h:  # small blocks: one head, several batch elements
+            tiles += [_Tile(slice(i, min(b, i + pairs)), j, rows, keys) for j in range(h) for i in range(0, b, pairs)]
         else:
             step = min(h, pairs)
             heads = [slice(j, min(h, j + step)) for j in range(0, h, step)]
-            tiles += [_Tile(slice(i, i + 1), hs, rows, keys) for i in range(b) for hs in heads]
-    return tiles, multi
+            tiles += [_Tile(i, hs, rows, keys) for i in range(b) for hs in heads]
+    return tiles
 
 
 def _mats(x: Tensor, t: _Tile, part: slice) -> Tensor:
-    """The tile's (pairs, part rows, D) matrices of x: (B, H, L, D), a view (for a tile of several
-    batch elements x must be (B, H, L, D)-contiguous)."""
-    return x[t.batch, t.heads, part].flatten(0, 1)
+    """The tile's (pairs, part rows, D) matrices of x: (B, H, L, D), a strided view."""
+    return x[t.batch, t.heads, part]
 
 
 def _tile_weights(qb: Tensor, kb: Tensor, off_edges: Optional[Tensor], t: _Tile, scale, clamp, need_outside: bool):
     """w = exp(clamp(scale * q k^T)), 0 off the edges, for one tile: (pairs, rows, keys); with
-    need_outside also where the score left [lo, hi] (there the gradient is 0; NaN counts as outside)."""
+    need_outside also where the score left [lo, hi] (there the gradient is 0; NaN counts as outside).
+    off_edges: (B, lq, lk) bool or None."""
     q, k = _mats(qb, t, t.rows), _mats(kb, t, t.keys)
     s = torch.baddbmm(q.new_empty(()), q, k.transpose(1, 2), beta=0.0, alpha=scale)
     c = torch.clamp(s, clamp[0], clamp[1])
     outside = torch.ne(c, s) if need_outside else None
     w = c.exp_()
-    if off_edges is not None:  # (tile batch, 1, rows, keys), broadcast over the heads
-        off = off_edges[t.batch, :, t.rows, t.keys]
-        w.view(off.shape[0], -1, *w.shape[1:]).masked_fill_(off, 0.0)
+    if off_edges is not None:  # (rows, keys) shared by the heads, or (batch elements, rows, keys)
+        w.masked_fill_(off_edges[t.batch, t.rows, t.keys], 0.0)
     return w, outside
 
 
@@ -293,11 +290,9 @@ def _clamp_forward(qb, kb, vb, mask, scale, clamp, causal):
     any strides with unit last stride. Returns out (B, H, lq, Dv) and z (B, H, lq, 1) = sum of the
     weights (1 for a row without edges)."""
     b, h, lq, lk = qb.shape[0], qb.shape[1], qb.shape[2], kb.shape[2]
-    tiles, multi = _clamp_tiles((b, h, lq, lk), qb.element_size(), causal)
+    tiles = _clamp_tiles((b, h, lq, lk), qb.element_size(), causal)
     out, z = _rows_layout(qb, lq, vb.shape[-1]), qb.new_empty(b, h, lq, 1)
-    if multi:
-        qb, kb, vb, out = (x.contiguous() for x in (qb, kb, vb, out))
-    off_edges = None if mask is None else ~mask
+    off_edges = None if mask is None else ~mask[:, 0]
     for t in tiles:
         w, _ = _tile_weights(qb, kb, off_edges, t, scale, clamp, False)
         torch.sum(w, -1, keepdim=True, out=_mats(z, t, t.rows))
@@ -311,17 +306,15 @@ def _clamp_backward(grad_out, qb, kb, vb, mask, out, z, scale, clamp, causal):
     [lo <= score <= hi] (w = 0 off the edges), dq = scale ds k, dk = scale ds^T q, dv = w^T g.
     Shapes as in _clamp_forward; grad_out (B, H, lq, Dv)."""
     b, h, lq, lk = qb.shape[0], qb.shape[1], qb.shape[2], kb.shape[2]
-    tiles, multi = _clamp_tiles((b, h, lq, lk), qb.element_size(), causal)
+    tiles = _clamp_tiles((b, h, lq, lk), qb.element_size(), causal)
     g = grad_out / z
     accumulate = any(t.rows.start > 0 for t in tiles)  # causal row blocks share keys: dk and dv add up
     dq = _rows_layout(qb, lq, qb.shape[-1])
     dk, dv = (_rows_layout(x, lk, x.shape[-1]) for x in (kb, vb))
-    if multi:
-        qb, kb, vb, g, dq, dk, dv = (x.contiguous() for x in (qb, kb, vb, g, dq, dk, dv))
     if accumulate:
         dk.zero_(), dv.zero_()
     delta = torch.linalg.vecdot(g, out).unsqueeze(-1)  # (B, H, lq, 1)
-    off_edges = None if mask is None else ~mask
+    off_edges = None if mask is None else ~mask[:, 0]
     for t in tiles:
         w, outside = _tile_weights(qb, kb, off_edges, t, scale, clamp, True)
         gt, qt, kt = _mats(g, t, t.rows), _mats(qb, t, t.rows), _mats(kb, t, t.keys)
