@@ -88,6 +88,22 @@ KNOWN: Dict[str, Known] = {
         "Inputs N(0, 1), where the clamp binds. Load 0.7 at the start; from the third family on a"
         " one-thread training run shared the machine (load 2-3).",
     ),
+    "bench_kernels_amd-epyc-1t-cpu_blocks": Known(
+        "2026-11-24 12:39 UTC",
+        "ce32283",
+        "python -m benchmarks.bench_kernels --threads 1 --input-scale 1 --families complete-64x32,complete-32x128,"
+        "complete-8x512,causal-32x128,bipartite-32x40x40,varlen-5..50-4096,complete-2x2048 --tag blocks",
+        "The block families again after the dense clamp tiles stopped copying q, k and v (the main run above"
+        " is of 462f43d); inputs N(0, 1); a one-thread training run shared the machine (load 2).",
+    ),
+    "bench_kernels_amd-epyc-1-2t-cpu_threads": Known(
+        "2026-11-24 12:59 UTC",
+        "ce32283",
+        "python -m benchmarks.bench_kernels --threads 1,2 --omp-wait-policy default,passive --input-scale 1"
+        " --families window-8192,window-65536,random-50k --contenders csr,auto --tag threads",
+        "One and two threads, OpenMP's default wait policy and PASSIVE, on the sparse families; the 1-thread"
+        " process started while an evaluation finished (load 1.2), the others ran on a quiet machine.",
+    ),
     "bench_kernels_amd-epyc-1t-cpu_thp-off": Known(
         "2026-11-23 02:12 UTC", "76912fc", THP_CMD + " --tag thp-off", "Three large graphs in the default environment."
     ),
@@ -120,7 +136,7 @@ KNOWN: Dict[str, Known] = {
         " (the eager column): the more reliable Multi30k figure.",
     ),
     "bench_train_amd-epyc-1-2t-cpu": Known(
-        "2026-11-23 04:30 UTC", "a0c6cab", "python -m benchmarks.bench_train --data-dir data/multi30k --threads 1 2"
+        "2026-11-24 13:05 UTC", "ce32283", "python -m benchmarks.bench_train --data-dir data/multi30k --threads 1 2"
     ),
     f"bench_train_{H100}": Known(
         "2026-11-23 03:39 UTC",
@@ -722,6 +738,8 @@ def page_kernels(runs: List[Run]) -> Tuple[str, Dict[str, str]]:
         for run in group:
             if run.variant and run not in (off, on):
                 parts += [f"### Variant `{run.variant}`", kernels_main(run)]
+                line = kernels_headline(run)
+                lines.append(f"`{run.variant}`: {line}" if line else "")
         heads[machine] = "; ".join(x for x in lines if x)
     return join(parts), heads
 
