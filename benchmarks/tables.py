@@ -114,7 +114,7 @@ KNOWN: Dict[str, Known] = {
         "The same three graphs with `THP_MEM_ALLOC_ENABLE=1`, run right after.",
     ),
     "bench_dgl_amd-epyc-1t-cpu": Known(
-        "2026-11-23 04:27 UTC", "a0c6cab", "python -m benchmarks.bench_dgl --dgl-python DGL_VENV/bin/python"
+        "2026-11-24 13:10 UTC", "85ab2ff", "python -m benchmarks.bench_dgl --dgl-python DGL_VENV/bin/python"
     ),
     "bench_layers_amd-epyc-1t-cpu": Known("2026-11-24 07:56 UTC", "4638296", "python -m benchmarks.bench_layers"),
     "bench_compile_amd-epyc-1t-cpu": Known("2026-11-24 05:10 UTC", "ae37849", "python -m benchmarks.bench_compile"),
