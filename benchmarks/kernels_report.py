@@ -83,21 +83,12 @@ def ratio_table(results: List[KernelResult]) -> Tuple[str, List[dict]]:
     per pass, csr fwd+bwd/fwd, `auto`'s forward share of the physical limit, and at
     more than one thread `auto`'s time at 1 thread over its time here. Returns the text and the
     records {"threads", "input_scale", "family", "ratio", "values"} (values: [fwd, fwd+bwd], one
-    value for csr fwd+bwd/fwd and the limit share). results: KernelResult objects or their stored dicts."""
-    get = (lambda r, k: r[k]) if results and isinstance(results[0], dict) else getattr  # type: ignore[misc]
-
-    def group(r) -> Tuple[str, float]:
-        return setting_label(get(r, "threads"), get(r, "omp_wait_policy")), get(r, "input_scale")
-
-    ms = {
-        (*group(r), get(r, "family"), get(r, "contender"), get(r, "mode")): get(r, "ms")
-        for r in results
-        if get(r, "ms")
-    }
+    value for csr fwd+bwd/fwd and the limit share)."""
+    ms = {(*group_of(r), r.family, r.contender, r.mode): r.ms for r in results if r.ms}
     share = {
-        (*group(r), get(r, "family"), get(r, "mode")): get(r, "limit_fraction")
+        (*group_of(r), r.family, r.mode): r.limit_fraction
         for r in results
-        if get(r, "contender") == "auto" and get(r, "ms") and get(r, "limit_fraction")
+        if r.contender == "auto" and r.ms and r.limit_fraction
     }
     out: List[dict] = []
     lines = ["threads    scale family               ratio                fwd  fwd+bwd  target"]
@@ -107,8 +98,8 @@ def ratio_table(results: List[KernelResult]) -> Tuple[str, List[dict]]:
         cells = "  ".join("      -" if x is None else f"{x:7.2f}" for x in vals)
         lines.append(f"{group[0]:10s} {group[1]:5g} {fam:20s} {name:18s} {cells}" + (f"  {target}" if target else ""))
 
-    for grp in dict.fromkeys(group(r) for r in results):
-        for fam in dict.fromkeys(get(r, "family") for r in results):
+    for grp in dict.fromkeys(group_of(r) for r in results):
+        for fam in dict.fromkeys(r.family for r in results):
             at = lambda c, m, g=grp, f=fam: ms.get((*g, f, c, m))  # noqa: E731
             for name, (num, den, target) in RATIOS.items():
                 vals = [at(num, m) and at(den, m) and at(num, m) / at(den, m) for m in ("fwd", "fwd+bwd")]

@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .kernels_report import ratio_table
+from .kernels_report import CSR_FWD_BWD, LIMIT_TARGETS, RATIOS, THREAD_GAIN, KernelResult, ratio_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -413,16 +413,26 @@ def median_range(values: Sequence[float]) -> str:
 # ---- kernels ------------------------------------------------------------------------------------
 
 KERNEL_ORDER = ("csr", "dense", "auto", "auto (raw)", "auto (compiled)", "sdpa", "sdpa-masked", "dense bmm", "pyg")
-KERNEL_TARGETS = (  # the ratio names of kernels_report.ratio_table, the column head, the target (issue 31)
-    ("auto/sdpa", "clamp-mode `auto` / `sdpa`", ("<=", 1.15)),
-    ("raw/Graph", "`auto (raw)` / `auto`", ("<=", 1.5)),
-    ("csr fwd+bwd/fwd", "`csr` fwd+bwd / fwd", ("<=", 2.5)),
-    ("pyg/auto", "`pyg` / `auto`", (">=", 30.0)),
+
+
+def _bound(text: Optional[str]) -> Optional[Tuple[str, float]]:
+    """A kernels_report target, "<= 1.15" -> ("<=", 1.15); None stays None."""
+    if text is None:
+        return None
+    op, value = text.split()
+    return op, float(value)
+
+
+KERNEL_TARGETS = (  # the ratio names of kernels_report.ratio_table, the column head, its target there
+    ("auto/sdpa", "clamp-mode `auto` / `sdpa`", _bound(RATIOS["auto/sdpa"][2])),
+    ("raw/Graph", "`auto (raw)` / `auto`", _bound(RATIOS["raw/Graph"][2])),
+    ("csr fwd+bwd/fwd", "`csr` fwd+bwd / fwd", _bound(CSR_FWD_BWD)),
+    ("pyg/auto", "`pyg` / `auto`", _bound(RATIOS["pyg/auto"][2])),
     ("compiled/eager", "`auto (compiled)` / `auto`", None),
-    ("auto limit share", "`auto` fwd, share of the limit (≥ 25% on window-65536)", None),
-    ("auto 1 thread/this", "`auto` at 1 thread / here", (">=", 1.0)),
+    ("auto limit share", "`auto` fwd, share of the limit (≥ 25% on window-65536)", None),  # per family: below
+    ("auto 1 thread/this", "`auto` at 1 thread / here", _bound(THREAD_GAIN[1])),
 )
-LIMIT_TARGETS = {"window-65536": (">=", 0.25)}  # per family, on "auto limit share"
+SHARE_TARGETS = {family: _bound(target) for family, target in LIMIT_TARGETS.items()}  # on "auto limit share"
 
 
 def _misses(value: Optional[float], target: Optional[Tuple[str, float]]) -> bool:
@@ -473,7 +483,7 @@ def _ratio_lines(run: Run) -> List[Tuple[List[str], Dict[str, List[Optional[floa
             ([f"`{f}`"], {k[len(f) + 1 :]: v for k, v in ratios.items() if k.startswith(f + " ")}) for f in families
         ]
     by_line: Dict[Tuple[str, Tuple[str, ...]], Dict[str, List[Optional[float]]]] = {}
-    for rec in ratio_table(run.results)[1]:  # from the rows: every run under today's definitions
+    for rec in ratio_table([KernelResult(**r) for r in run.results])[1]:  # today's definitions, from the rows
         line = (rec["family"], (rec["threads"], f"{rec['input_scale']:g}"))
         by_line.setdefault(line, {})[rec["ratio"]] = rec["values"]
     return [([f"`{f}`", *gr], by_line[f, gr]) for f, gr in _lines(run) if (f, gr) in by_line]
@@ -489,12 +499,12 @@ def kernel_ratios(run: Run) -> Tuple[str, int, int]:
         for key, _, target in present:
             cells = []
             if key == "auto limit share":
-                target = LIMIT_TARGETS.get(first[0].strip("`"))
+                target = SHARE_TARGETS.get(first[0].strip("`"))
             for v in ratios.get(key, []):
                 if v is not None and target is not None:
                     total += 1
                     met += not _misses(v, target)
-                text = DASH if v is None else f"{100 * v:.0f}%" if key == "auto limit share" else f_x(v)
+                text = f_pct(v) if key == "auto limit share" else f_x(v)
                 cells.append(f"**{text}**" if _misses(v, target) else text)
             row.append(" / ".join(cells) if cells else DASH)
         rows.append(row)

@@ -13,7 +13,7 @@ from benchmarks import tables
 from benchmarks.bench_kernels import main
 from benchmarks.families import families, powerlaw_edges
 from benchmarks.harness import machine_tag
-from benchmarks.kernels_report import ratio_table
+from benchmarks.kernels_report import KernelResult, ratio_table
 from benchmarks.limits import limit_ms, must_move
 from benchmarks.threads import setting_env, setting_label, thread_settings
 from sparseattn import edge_attention, graphs
@@ -90,7 +90,7 @@ def test_quick_run_records_settings_scales_and_limits(quick_run):
     assert ("complete-16x32", 2.0, "auto/sdpa") in ratios and ("powerlaw-5k", 0.5, "csr fwd+bwd/fwd") in ratios
     assert ("powerlaw-5k", 2.0, "auto limit share") in ratios
     # the pages recompute the records from the stored rows, with the same result
-    assert ratio_table(rows)[1] == config["ratios"]
+    assert ratio_table([KernelResult(**r) for r in rows])[1] == config["ratios"]
     assert machine_tag(data["machine"]) in path.name
 
 

@@ -312,7 +312,8 @@ def _clamp_backward(grad_out, qb, kb, vb, mask, out, z, scale, clamp, causal):
     dq = _rows_layout(qb, lq, qb.shape[-1])
     dk, dv = (_rows_layout(x, lk, x.shape[-1]) for x in (kb, vb))
     if accumulate:
-        dk.zero_(), dv.zero_()
+        dk.zero_()
+        dv.zero_()
     delta = torch.linalg.vecdot(g, out).unsqueeze(-1)  # (B, H, lq, 1)
     off_edges = None if mask is None else ~mask[:, 0]
     for t in tiles:
@@ -321,12 +322,14 @@ def _clamp_backward(grad_out, qb, kb, vb, mask, out, z, scale, clamp, causal):
         ds = torch.bmm(gt, _mats(vb, t, t.keys).transpose(1, 2)).sub_(_mats(delta, t, t.rows))
         ds.mul_(w).masked_fill_(outside, 0.0)
         # results into fresh tensors, then copied: in-place baddbmm_ on strided views goes matrix by matrix
-        for into, a, b in ((dv, w.transpose(1, 2), gt), (dq, ds, kt), (dk, ds.transpose(1, 2), qt)):
-            r = torch.bmm(a, b)
-            dst = _mats(into, t, t.rows if into is dq else t.keys)
-            dst.add_(r) if accumulate and into is not dq else dst.copy_(r)
-    dq.mul_(scale), dk.mul_(scale)
-    return dq, dk, dv
+        _mats(dq, t, t.rows).copy_(torch.bmm(ds, kt))
+        for into, r in ((dv, torch.bmm(w.transpose(1, 2), gt)), (dk, torch.bmm(ds.transpose(1, 2), qt))):
+            dst = _mats(into, t, t.keys)
+            if accumulate:
+                dst.add_(r)
+            else:
+                dst.copy_(r)
+    return dq.mul_(scale), dk.mul_(scale), dv
 
 
 class DenseClampAttention(torch.autograd.Function):
