@@ -841,8 +841,9 @@ memory goes. Targets: forward+backward at least 3x faster and at most 1/8 of PyG
 Edge terms on `csr` alone (H=8, D=64, exact softmax, unit-scale inputs, forward+backward),
 against the same call without them (target: at most 1.6x): per-head `edge_key` and `edge_value` of
 shape (E, H, D), and one shared (E, 1, D) row used as both. Per-head terms read two (E, H, D)
-inputs and write two (E, H, D) gradients; edge terms run in csr's interleaved layout, so on the
-window graph, whose call without them trains in the head-major layout, the ratio is larger."""
+inputs and write two (E, H, D) gradients; edge terms run in csr's interleaved layout, which the
+call without them also takes on these graphs (a kept Graph with locality; before 2026-11-24 that
+call trained head-major on the window graph)."""
 
 
 def layers_tables(run: Run) -> List[str]:

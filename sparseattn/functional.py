@@ -41,7 +41,7 @@ def as_graph(graph: GraphLike, num_src: int, num_dst: int) -> Graph:
                     "nodes up to its largest id)"
                 )
         return graph
-    return Graph._borrowing(graph, num_src=num_src, num_dst=num_dst)  # lives for this call: no copy
+    return Graph._borrowing(graph, num_src=num_src, num_dst=num_dst, one_call=True)  # lives for this call: no copy
 
 
 def edge_attention(

@@ -89,12 +89,16 @@ class Graph:
         self._validate_and_init(edge_index, num_src, num_dst, counts_given=True)
 
     @classmethod
-    def _borrowing(cls, edge_index: Tensor, num_src: Optional[int] = None, num_dst: Optional[int] = None) -> "Graph":
+    def _borrowing(
+        cls, edge_index: Tensor, num_src: Optional[int] = None, num_dst: Optional[int] = None, one_call: bool = False
+    ) -> "Graph":
         """A validated Graph over the caller's index without copying it (only made contiguous
-        int64), for a graph that lives for one call (`edge_attention` given a raw tensor) or for an
-        index the library has just built."""
+        int64), for a graph that lives for one call (`edge_attention` given a raw tensor: one_call,
+        so kernels skip indexes that pay off only when reused) or for an index the library has just
+        built."""
         g = cls.__new__(cls)
         g._validate_and_init(check_edge_index(edge_index).contiguous(), num_src, num_dst)
+        g._one_call = one_call
         return g
 
     def _validate_and_init(
@@ -146,6 +150,7 @@ class Graph:
         self._csc: Optional[CSR] = None
         self._ptr: Optional[Tensor] = None
         self._cache: dict = {}
+        self._one_call = False  # made by edge_attention for one call (see _borrowing)
 
     # ---- copies, pickles, torch.save ------------------------------------------
     def __getstate__(self) -> dict:

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from sparseattn import edge_attention, graphs
+from sparseattn.functional import as_graph
 from sparseattn.kernels.contract import AttentionInputs
 from sparseattn.kernels.csr import csr_attention
 from sparseattn.kernels.csr import head_major as head_major_module
@@ -38,29 +39,36 @@ def test_head_major_only_for_large_graphs_without_locality():
     assert not prefers_head_major(big, meta)
 
 
-def test_training_takes_head_major_from_a_size_on():
-    """With gradients wanted, head-major on graphs of at least HEAD_MAJOR_MIN_TRAINING_SLOTS (edge,
-    head) slots, local or not: its backward builds no (H * E) transposed index."""
+def test_training_on_a_one_call_graph_takes_head_major_from_a_size_on():
+    """With gradients wanted on a graph made for one call (a raw edge_index), head-major from
+    HEAD_MAJOR_MIN_TRAINING_SLOTS (edge, head) slots on, local or not: its backward builds no
+    (H * E) transposed index. A Graph the caller keeps trains in the layout the locality rule picks."""
     window, tiny = graphs.window(65_536, 8), graphs.window(256, 8)
     assert window.num_edges * 8 >= HEAD_MAJOR_MIN_TRAINING_SLOTS > tiny.num_edges * 8
-    assert prefers_head_major(window, _keys(65_536), training=True)
-    assert not prefers_head_major(window, _keys(65_536))  # inference keeps the interleaved layout
-    assert not prefers_head_major(tiny, _keys(256), training=True)
-    assert not prefers_head_major(window, _keys(65_536, heads=1), training=True)
-    assert not prefers_head_major(window, torch.empty(65_536, 8, 64, device="meta"), training=True)
+    one_call = as_graph(window.edge_index, 65_536, 65_536)
+    assert prefers_head_major(one_call, _keys(65_536), training=True)
+    assert not prefers_head_major(one_call, _keys(65_536))  # inference keeps the interleaved layout
+    assert not prefers_head_major(window, _keys(65_536), training=True)  # kept: its index is reused
+    assert not prefers_head_major(as_graph(tiny.edge_index, 256, 256), _keys(256), training=True)
+    assert not prefers_head_major(one_call, _keys(65_536, heads=1), training=True)
+    assert not prefers_head_major(one_call, torch.empty(65_536, 8, 64, device="meta"), training=True)
+    big = graphs.random(20_000, 20_000, 40_000, seed=0)
+    assert prefers_head_major(big, _keys(20_000), training=True)  # no locality: head-major either way
 
 
-def test_csr_layout_follows_whether_gradients_are_wanted(monkeypatch):
+def test_csr_layout_follows_whether_gradients_are_wanted_on_a_raw_edge_index(monkeypatch):
     calls = []
     forward = head_major_module.forward
     monkeypatch.setattr(head_major_module, "forward", lambda *a: calls.append(1) or forward(*a))
     g = graphs.window(4096, 8)
     q, k, v = (torch.randn(4096, 8, 16) for _ in range(3))
-    out = edge_attention(q, k, v, g, backend="csr")
+    out = edge_attention(q, k, v, g.edge_index, backend="csr")
     assert calls == []
     k.requires_grad_()
-    trained = edge_attention(q, k, v, g, backend="csr")
+    trained = edge_attention(q, k, v, g.edge_index, backend="csr")
     assert calls == [1] and torch.allclose(out, trained, atol=1e-6)
+    edge_attention(q, k, v, g, backend="csr")  # the Graph itself: interleaved, trained or not
+    assert calls == [1]
 
 
 def test_csr_takes_the_head_major_path_where_the_rule_says(monkeypatch):

@@ -16,8 +16,8 @@ memory is O(E * H + N * H * D). float32 and float64 (edge_attention runs half ty
 
 Two layouts compute it (`LAYOUTS`): "interleaved" (interleaved.py: all heads in one sparse call
 over a head-interleaved pattern of H * E slots) and "head-major" (head_major.py: one head at a time
-over the graph's own CSR, for graphs whose edges read sources from far apart, and for training
-from a size on). Eager code picks per graph (`prefers_head_major`); traced code (torch.compile,
+over the graph's own CSR, for graphs whose edges read sources from far apart, and for training on
+a raw edge_index from a size on). Eager code picks per graph (`prefers_head_major`); traced code (torch.compile,
 torch.export) decides with no look at the data and no guard on sizes: head-major when gradients
 are wanted (its index is E entries, built from the graph's CSR by plain tensor ops; the
 interleaved backward would build an H * E transposed index), interleaved otherwise (measured
@@ -104,8 +104,8 @@ def csr_attention(inputs: AttentionInputs, layout: Optional[str] = None) -> Tupl
 def prepare(graph: Graph, heads: int, head_dim: Optional[int] = None, dtype: torch.dtype = torch.float32) -> None:
     """Build and cache the index csr will read for this graph and head count: the layout eager code
     picks for keys (N_src, heads, head_dim) of dtype (both layouts when head_dim is None), with
-    every part a forward, a backward and returned weights read; head-major too where training
-    takes it (graphs of HEAD_MAJOR_MIN_TRAINING_SLOTS (edge, head) slots or more)."""
+    every part a forward, a backward and returned weights read; head-major too from
+    HEAD_MAJOR_MIN_TRAINING_SLOTS (edge, head) slots up, which traced code takes for training."""
     row_bytes = None if head_dim is None else heads * head_dim * torch.empty(0, dtype=dtype).element_size()
     head_major = None if row_bytes is None else head_major_rule(graph, heads, row_bytes)
     if graph.device.type != "cpu":  # prefers_head_major: the head-major layout serves CPU tensors only

@@ -7,14 +7,15 @@ after another: q[:, h], k[:, h], v[:, h] are copied into contiguous (N, D) buffe
 need contiguous inputs) and the sparse calls use the graph's own CSR, shared by the heads, so
 one call's reads span N_src * D values, 1/H of the data. Outputs are written into their (N, H, D)
 places directly. The index is E entries, not H * E, and per-edge values are (H, E) in
-destination-sorted order. The copies cost about one extra pass over the inputs, which pays off only
-when the reads would miss the cache, or when gradients are wanted: its backward builds no
-(H * E) transposed index, where the interleaved one builds three (for a graph made per call, from
-a raw edge_index, that building dominated). `prefers_head_major` decides. Measured on an AVX-512
-EPYC, fwd+bwd at 1 and 2 threads: head-major 10-30% faster on window graphs of 8K and 65K
-tokens and a 5K-node random graph, level at 2K tokens, slower only on tiny graphs (256 tokens,
-per-head call overhead); forward alone on a 65K-token window graph it is 30% slower, so inference
-keeps the interleaved layout on graphs with locality.
+destination-sorted order. The copies cost about one extra pass over the inputs (a strided copy
+per head and tensor: 8 of them moved 134 MB in ~21 ms on an AVX-512 EPYC), which pays off only
+when the reads would miss the cache, or when gradients are wanted on a graph used once: its
+backward builds no (H * E) transposed index, where the interleaved one builds three.
+`prefers_head_major` decides. Measured there on 2026-11-24 (1 thread, H=8, D=64, fwd+bwd, ms,
+interleaved / head-major), on a Graph the caller keeps: window graphs of 2K, 8K and 65K tokens
+14 / 20, 51 / 90, 692 / 797, variable-length blocks of 5-50 tokens 52 / 71, random 50K nodes
+1399 / 1310, power-law 50K 1151 / 949; on a raw edge_index (a graph per call, its index built
+each time): windows 18 / 19, 69 / 77, 817 / 847, variable-length blocks 82 / 59, random 1810 / 1182.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ _SAMPLE_EDGES = 4096  # edges the locality estimate reads (standard error ~0.005
 # Above this many bytes of sources read around each destination, interleaved reads miss the cache
 # (measured on a 32 MiB-L3 AMD EPYC: random graphs of 50K nodes gain, window and block graphs lose).
 HEAD_MAJOR_MIN_BYTES = 8 << 20
-# With gradients wanted, head-major from this many (edge, head) slots up (window graphs of 2K
-# tokens, E * H = 278K, were level; 256 tokens, 34K, twice as fast interleaved).
+# With gradients wanted on a graph made for one call, head-major from this many (edge, head) slots up
+# (window graphs of 2K tokens, E * H = 278K, were level; 256 tokens, 34K, twice as fast interleaved).
 HEAD_MAJOR_MIN_TRAINING_SLOTS = 1 << 18
 
 
@@ -51,13 +52,17 @@ def source_spread(graph: Graph) -> float:
 
 def prefers_head_major(graph: Graph, k: Tensor, training: bool = False) -> bool:
     """Whether the head-major layout should serve k: (N_src, H, D) on this graph: always when
-    `training` (gradients wanted) on graphs of at least HEAD_MAJOR_MIN_TRAINING_SLOTS (edge, head)
-    slots, else by `head_major_rule`. CPU tensors only (on CUDA the interleaved layout stays).
-    Inside a trace csr takes the head-major layout without asking (see __init__.py)."""
+    `training` (gradients wanted) on a graph made for this one call (edge_attention given a raw
+    edge_index) of at least HEAD_MAJOR_MIN_TRAINING_SLOTS (edge, head) slots, where building the
+    interleaved backward's transposed index would dominate; else, for a Graph that lives on and
+    keeps its index, by `head_major_rule` (the interleaved backward, with no per-head copies, is
+    1.2-1.8x faster on graphs with locality). CPU tensors only (on CUDA the interleaved layout
+    stays). Inside a trace csr takes the head-major layout without asking (see __init__.py)."""
     if k.device.type != "cpu":
         return False
     heads = k.shape[1]
-    if training and heads > 1 and graph.num_edges * heads >= HEAD_MAJOR_MIN_TRAINING_SLOTS:
+    one_call = graph._one_call
+    if training and one_call and heads > 1 and graph.num_edges * heads >= HEAD_MAJOR_MIN_TRAINING_SLOTS:
         return True
     return head_major_rule(graph, heads, heads * k.shape[2] * k.element_size())
 
