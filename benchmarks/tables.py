@@ -86,7 +86,8 @@ KNOWN: Dict[str, Known] = {
         "462f43d",
         "python -m benchmarks.bench_kernels --threads 1 --input-scale 1",
         "Inputs N(0, 1), where the clamp binds. Load 0.7 at the start; from the third family on a"
-        " one-thread training run shared the machine (load 2-3).",
+        " one-thread training run shared the machine (load 2-3). Later code has its own runs below: the block"
+        " families in `blocks`, the sparse ones in `sparse`.",
     ),
     "bench_kernels_amd-epyc-1t-cpu_blocks": Known(
         "2026-11-24 12:39 UTC",
@@ -96,13 +97,21 @@ KNOWN: Dict[str, Known] = {
         "The block families again after the dense clamp tiles stopped copying q, k and v (the main run above"
         " is of 462f43d); inputs N(0, 1); a one-thread training run shared the machine (load 2).",
     ),
+    "bench_kernels_amd-epyc-1t-cpu_sparse": Known(
+        "2026-11-24 14:05 UTC",
+        "5207a20",
+        "python -m benchmarks.bench_kernels --threads 1 --input-scale 1 --families window-8192,window-65536,"
+        "random-50k,powerlaw-50k,varlen-5..50-4096 --tag sparse",
+        "The families `auto` sends to csr again after csr trained a kept Graph with locality in its interleaved"
+        " layout (the main run above is of 462f43d); inputs N(0, 1); a quiet machine (load 0.9-1.0).",
+    ),
     "bench_kernels_amd-epyc-1-2t-cpu_threads": Known(
-        "2026-11-24 12:59 UTC",
-        "ce32283",
+        "2026-11-24 14:24 UTC",
+        "5207a20",
         "python -m benchmarks.bench_kernels --threads 1,2 --omp-wait-policy default,passive --input-scale 1"
         " --families window-8192,window-65536,random-50k --contenders csr,auto --tag threads",
-        "One and two threads, OpenMP's default wait policy and PASSIVE, on the sparse families; the 1-thread"
-        " process started while an evaluation finished (load 1.2), the others ran on a quiet machine.",
+        "One and two threads, OpenMP's default wait policy and PASSIVE, on the sparse families, right after the"
+        " `sparse` run; load 1.0 at 1 thread, 1.0-1.7 at 2 (the benchmark's own two threads).",
     ),
     "bench_kernels_amd-epyc-1t-cpu_thp-off": Known(
         "2026-11-23 02:12 UTC", "76912fc", THP_CMD + " --tag thp-off", "Three large graphs in the default environment."
@@ -114,7 +123,7 @@ KNOWN: Dict[str, Known] = {
         "The same three graphs with `THP_MEM_ALLOC_ENABLE=1`, run right after.",
     ),
     "bench_dgl_amd-epyc-1t-cpu": Known(
-        "2026-11-24 13:10 UTC", "85ab2ff", "python -m benchmarks.bench_dgl --dgl-python DGL_VENV/bin/python"
+        "2026-11-24 14:27 UTC", "5207a20", "python -m benchmarks.bench_dgl --dgl-python DGL_VENV/bin/python"
     ),
     "bench_layers_amd-epyc-1t-cpu": Known("2026-11-24 07:56 UTC", "4638296", "python -m benchmarks.bench_layers"),
     "bench_compile_amd-epyc-1t-cpu": Known("2026-11-24 05:10 UTC", "ae37849", "python -m benchmarks.bench_compile"),
@@ -136,7 +145,7 @@ KNOWN: Dict[str, Known] = {
         " (the eager column): the more reliable Multi30k figure.",
     ),
     "bench_train_amd-epyc-1-2t-cpu": Known(
-        "2026-11-24 13:05 UTC", "ce32283", "python -m benchmarks.bench_train --data-dir data/multi30k --threads 1 2"
+        "2026-11-24 14:31 UTC", "5207a20", "python -m benchmarks.bench_train --data-dir data/multi30k --threads 1 2"
     ),
     f"bench_train_{H100}": Known(
         "2026-11-23 03:39 UTC",
