@@ -82,36 +82,18 @@ KERNELS_CMD = "python -m benchmarks.bench_kernels --threads 1 --flex none --reps
 THP_CMD = KERNELS_CMD + " --families window-8192,window-65536,random-50k --contenders 'auto,auto (raw)'"
 KNOWN: Dict[str, Known] = {
     "bench_kernels_amd-epyc-1t-cpu": Known(
-        "2026-11-24 11:23 UTC",
-        "462f43d",
+        "2026-11-24 14:35 UTC",
+        "ca6d187",
         "python -m benchmarks.bench_kernels --threads 1 --input-scale 1",
-        "Inputs N(0, 1), where the clamp binds. Load 0.7 at the start; from the third family on a"
-        " one-thread training run shared the machine (load 2-3). Later code has its own runs below: the block"
-        " families in `blocks`, the sparse ones in `sparse`.",
-    ),
-    "bench_kernels_amd-epyc-1t-cpu_blocks": Known(
-        "2026-11-24 12:39 UTC",
-        "ce32283",
-        "python -m benchmarks.bench_kernels --threads 1 --input-scale 1 --families complete-64x32,complete-32x128,"
-        "complete-8x512,causal-32x128,bipartite-32x40x40,varlen-5..50-4096,complete-2x2048 --tag blocks",
-        "The block families again after the dense clamp tiles stopped copying q, k and v (the main run above"
-        " is of 462f43d); inputs N(0, 1); a one-thread training run shared the machine (load 2).",
-    ),
-    "bench_kernels_amd-epyc-1t-cpu_sparse": Known(
-        "2026-11-24 14:05 UTC",
-        "5207a20",
-        "python -m benchmarks.bench_kernels --threads 1 --input-scale 1 --families window-8192,window-65536,"
-        "random-50k,powerlaw-50k,varlen-5..50-4096 --tag sparse",
-        "The families `auto` sends to csr again after csr trained a kept Graph with locality in its interleaved"
-        " layout (the main run above is of 462f43d); inputs N(0, 1); a quiet machine (load 0.9-1.0).",
+        "Inputs N(0, 1), where the clamp binds. A quiet machine (load 0.7-1.0).",
     ),
     "bench_kernels_amd-epyc-1-2t-cpu_threads": Known(
         "2026-11-24 14:24 UTC",
         "5207a20",
         "python -m benchmarks.bench_kernels --threads 1,2 --omp-wait-policy default,passive --input-scale 1"
         " --families window-8192,window-65536,random-50k --contenders csr,auto --tag threads",
-        "One and two threads, OpenMP's default wait policy and PASSIVE, on the sparse families, right after the"
-        " `sparse` run; load 1.0 at 1 thread, 1.0-1.7 at 2 (the benchmark's own two threads).",
+        "One and two threads, OpenMP's default wait policy and PASSIVE, on the sparse families, of the same"
+        " kernels as the main run; load 1.0 at 1 thread, 1.0-1.7 at 2 (the benchmark's own two threads).",
     ),
     "bench_kernels_amd-epyc-1t-cpu_thp-off": Known(
         "2026-11-23 02:12 UTC", "76912fc", THP_CMD + " --tag thp-off", "Three large graphs in the default environment."
@@ -850,9 +832,10 @@ memory goes. Targets: forward+backward at least 3x faster and at most 1/8 of PyG
 Edge terms on `csr` alone (H=8, D=64, exact softmax, unit-scale inputs, forward+backward),
 against the same call without them (target: at most 1.6x): per-head `edge_key` and `edge_value` of
 shape (E, H, D), and one shared (E, 1, D) row used as both. Per-head terms read two (E, H, D)
-inputs and write two (E, H, D) gradients; edge terms run in csr's interleaved layout, which the
-call without them also takes on these graphs (a kept Graph with locality; before 2026-11-24 that
-call trained head-major on the window graph)."""
+inputs and write two (E, H, D) gradients; edge terms run in csr's interleaved layout, while the
+call without them trained in the head-major layout on both graphs when this run was measured
+(4638296). From 5207a20 on, a kept Graph with locality (the window graph) trains interleaved
+without them too."""
 
 
 def layers_tables(run: Run) -> List[str]:

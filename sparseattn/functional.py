@@ -73,6 +73,8 @@ def edge_attention(
         graph: (2, E) integer tensor (row 0 source, row 1 destination; N_src and N_dst are
             taken from k and q; a torch_geometric.EdgeIndex is taken as its plain tensor) or a
             `Graph` with matching node counts (a PyG Data/Batch: `graphs.from_pyg(data)` first).
+            A raw tensor builds the kernels' index on every call; a Graph builds it once and
+            keeps it, which also lets "csr" train in its faster layout on graphs with locality.
         scale: score scale, default 1/sqrt(D).
         clamp: (lo, hi) bounds on the scaled score (the DGL tutorial's scaled_exp), or None for
             exact softmax (max-subtracted; equal to dense masked softmax at any score magnitude).

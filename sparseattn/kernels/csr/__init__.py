@@ -17,10 +17,10 @@ memory is O(E * H + N * H * D). float32 and float64 (edge_attention runs half ty
 Two layouts compute it (`LAYOUTS`): "interleaved" (interleaved.py: all heads in one sparse call
 over a head-interleaved pattern of H * E slots) and "head-major" (head_major.py: one head at a time
 over the graph's own CSR, for graphs whose edges read sources from far apart, and for training on
-a raw edge_index from a size on). Eager code picks per graph (`prefers_head_major`); traced code (torch.compile,
-torch.export) decides with no look at the data and no guard on sizes: head-major when gradients
-are wanted (its index is E entries, built from the graph's CSR by plain tensor ops; the
-interleaved backward would build an H * E transposed index), interleaved otherwise (measured
+a raw edge_index from a size on). Eager code picks per graph (`prefers_head_major`); traced code
+(torch.compile, torch.export) decides with no look at the data and no guard on sizes: head-major
+when gradients are wanted (its index is E entries, built from the graph's CSR by plain tensor ops;
+the interleaved backward would build an H * E transposed index), interleaved otherwise (measured
 1.5-1.7x faster forward on window graphs of 8K and 65K tokens, level on a 50K-node random graph).
 Both run through the same custom ops (ops.py), whose index arguments index.py builds.
 
