@@ -107,7 +107,7 @@ KNOWN: Dict[str, Known] = {
     "bench_dgl_amd-epyc-1t-cpu": Known(
         "2026-11-24 14:27 UTC", "5207a20", "python -m benchmarks.bench_dgl --dgl-python DGL_VENV/bin/python"
     ),
-    "bench_layers_amd-epyc-1t-cpu": Known("2026-11-24 07:56 UTC", "4638296", "python -m benchmarks.bench_layers"),
+    "bench_layers_amd-epyc-1t-cpu": Known("2026-11-24 15:24 UTC", "4ebc45e", "python -m benchmarks.bench_layers"),
     "bench_compile_amd-epyc-1t-cpu": Known("2026-11-24 05:10 UTC", "ae37849", "python -m benchmarks.bench_compile"),
     "bench_distributed_amd-epyc-1t-cpu": Known(
         "2026-11-24 09:19 UTC", "2e57f8e", "python -m benchmarks.bench_distributed"
@@ -832,10 +832,9 @@ memory goes. Targets: forward+backward at least 3x faster and at most 1/8 of PyG
 Edge terms on `csr` alone (H=8, D=64, exact softmax, unit-scale inputs, forward+backward),
 against the same call without them (target: at most 1.6x): per-head `edge_key` and `edge_value` of
 shape (E, H, D), and one shared (E, 1, D) row used as both. Per-head terms read two (E, H, D)
-inputs and write two (E, H, D) gradients; edge terms run in csr's interleaved layout, while the
-call without them trained in the head-major layout on both graphs when this run was measured
-(4638296). From 5207a20 on, a kept Graph with locality (the window graph) trains interleaved
-without them too."""
+inputs and write two (E, H, D) gradients. Edge terms run in csr's interleaved layout; the call
+without them trains head-major on the random graph (no locality) and interleaved on the window
+graph."""
 
 
 def layers_tables(run: Run) -> List[str]:
