@@ -42,6 +42,17 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def head_major_calls(monkeypatch):
+    """A list that gets one entry per call of csr's head-major forward (the layout csr took)."""
+    from sparseattn.kernels.csr import head_major
+
+    calls: list = []
+    forward = head_major.forward
+    monkeypatch.setattr(head_major, "forward", lambda *a: calls.append(1) or forward(*a))
+    return calls
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -8,7 +8,6 @@ from sparseattn import edge_attention, graphs
 from sparseattn.functional import as_graph
 from sparseattn.kernels.contract import AttentionInputs
 from sparseattn.kernels.csr import csr_attention
-from sparseattn.kernels.csr import head_major as head_major_module
 from sparseattn.kernels.csr.head_major import (
     HEAD_MAJOR_MIN_BYTES,
     HEAD_MAJOR_MIN_TRAINING_SLOTS,
@@ -56,31 +55,25 @@ def test_training_on_a_one_call_graph_takes_head_major_from_a_size_on():
     assert prefers_head_major(big, _keys(20_000), training=True)  # no locality: head-major either way
 
 
-def test_csr_layout_follows_whether_gradients_are_wanted_on_a_raw_edge_index(monkeypatch):
-    calls = []
-    forward = head_major_module.forward
-    monkeypatch.setattr(head_major_module, "forward", lambda *a: calls.append(1) or forward(*a))
+def test_csr_layout_follows_whether_gradients_are_wanted_on_a_raw_edge_index(head_major_calls):
     g = graphs.window(4096, 8)
     q, k, v = (torch.randn(4096, 8, 16) for _ in range(3))
     out = edge_attention(q, k, v, g.edge_index, backend="csr")
-    assert calls == []
+    assert head_major_calls == []
     k.requires_grad_()
     trained = edge_attention(q, k, v, g.edge_index, backend="csr")
-    assert calls == [1] and torch.allclose(out, trained, atol=1e-6)
+    assert head_major_calls == [1] and torch.allclose(out, trained, atol=1e-6)
     edge_attention(q, k, v, g, backend="csr")  # the Graph itself: interleaved, trained or not
-    assert calls == [1]
+    assert head_major_calls == [1]
 
 
-def test_csr_takes_the_head_major_path_where_the_rule_says(monkeypatch):
-    calls = []
-    forward = head_major_module.forward
-    monkeypatch.setattr(head_major_module, "forward", lambda *a: calls.append(1) or forward(*a))
+def test_csr_takes_the_head_major_path_where_the_rule_says(head_major_calls):
     g = graphs.random(20_000, 20_000, 40_000, seed=0)
     q, k, v = (torch.randn(20_000, 8, 64) for _ in range(3))
     out = edge_attention(q, k, v, g, backend="csr")
-    assert calls == [1]
+    assert head_major_calls == [1]
     inter = csr_attention(AttentionInputs(q, k, v, g, 0.125, (-5.0, 5.0), None, None, False), layout="interleaved")[0]
-    assert calls == [1]
+    assert head_major_calls == [1]
     assert torch.allclose(out, inter, atol=1e-5)
 
 
