@@ -29,6 +29,7 @@ Shapes: q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv), bias/dropout_mask (E
 
 from __future__ import annotations
 
+import math
 from typing import List, NamedTuple, Optional, Tuple, Union
 
 import torch
@@ -85,6 +86,10 @@ class _Bucket:
     @property
     def mask(self) -> Optional[Tensor]:
         return self._lazy("mask", self._mask)
+
+    @property
+    def off_edges(self) -> "_OffEdges":
+        return self._lazy("off_edges", lambda: _off_edges(self))
 
     def _lazy(self, name: str, build):
         """build() once (not functools.cached_property: its lock is a context manager torch.compile
@@ -175,23 +180,35 @@ def plan(graph: Graph) -> Plan:
 
 def prepare(graph: Graph) -> None:
     """Build and cache, eagerly, everything the dense backend reads for this graph (its blocks, plan
-    and each bucket's edge positions, edge ids and mask); compiled code builds what it lacks inside
+    and each bucket's edge positions, edge ids, mask and off-edge biases); compiled code builds what it lacks inside
     the trace. Does nothing for a graph without blocks (the dense backend does not take it)."""
     if graph.blocks is None:
         return
     for bk in plan(graph).buckets:
-        bk.pos, bk.eids, bk.mask  # noqa: B018 (touching them builds them)
+        bk.pos, bk.eids, bk.mask, bk.off_edges  # noqa: B018 (touching them builds them)
 
 
-def _pad(x: Tensor, rows: Tensor, pos: Tensor, start: int, b: int, length: int) -> Tensor:
-    """Rows of x (N, H, D) -> (B, H, length, D), zeros in the padding."""
-    if start == 0 and b * length == x.shape[0]:
-        xb = x  # all rows in order: a view (a slice would cost a zero-filled copy in backward)
-    elif start >= 0:
-        xb = x[start : start + b * length]
+def _pad(x: Tensor, pos: Tensor, start: int, b: int, length: int, rows_of_x: Optional[Tensor]) -> Tensor:
+    """A bucket's rows of x (N, H, D) -> (B, H, length, D), zeros in the padding. rows_of_x: those
+    rows, gathered already (`_gather_once`), or None when they are all of x's rows in order."""
+    if rows_of_x is None:
+        xb = x  # a view (a slice would cost a zero-filled copy in backward)
+    elif start >= 0:  # contiguous and unpadded: the rows as they are
+        xb = rows_of_x
     else:
-        xb = x.new_zeros(b * length, *x.shape[1:]).index_put((pos,), x[rows])
+        xb = x.new_zeros(b * length, *x.shape[1:]).index_put((pos,), rows_of_x)
     return xb.view(b, length, *x.shape[1:]).transpose(1, 2)
+
+
+def _gather_once(x: Tensor, row_sets: List[Optional[Tensor]]) -> List[Optional[Tensor]]:
+    """x[rows] for each rows that is not None, from one gather split per bucket. The backward of a
+    gather or slice fills a zero tensor of x's size: once in all, not once per bucket (which made
+    zero fills and their sums a third of a batch of variable-length blocks' forward+backward)."""
+    wanted = [r for r in row_sets if r is not None]
+    if not wanted:
+        return [None] * len(row_sets)
+    parts = iter(torch.split(x[torch.cat(wanted)], [r.numel() for r in wanted]))
+    return [None if r is None else next(parts) for r in row_sets]
 
 
 def _scatter_edges(values: Tensor, bk: _Bucket) -> Tensor:
@@ -221,11 +238,41 @@ def _clamp_cannot_bind(qb: Tensor, kb: Tensor, scale: float, clamp: Tuple[float,
 
 
 # Clamp mode runs tile by tile: the scores of a few (batch, head) pairs and a block of query rows at
-# a time, so that no (B, H, lq, lk) tensor exists and each tile's clamp, exp and products stay in
+# a time, so that no (B, H, lq, lk) tensor exists and each tile's clamp, softmax and products stay in
 # cache. Tiles of 1 MiB measured fastest (0.25 and 4 MiB were 3-5% slower) on an AVX-512 EPYC, 1
-# thread, H=8, D=64, N(0, 1) inputs: forward 1.1-1.3x SDPA and forward+backward 1.1-1.3x on
-# complete and causal 32x128 and 8x512 blocks, where the whole-bucket matmuls took 1.9-2.0x and 1.4-1.6x.
+# thread, H=8, D=64, N(0, 1) inputs.
 CLAMP_TILE_BYTES = 1 << 20
+
+# Added to the clamped scores off the edges, so that softmax gives them weight exactly 0: clamped
+# scores lie in [lo, hi] with |lo|, |hi| <= 686 (_checks.max_clamp_bound), so an off-edge score sits
+# at least 2700 below every edge's, and exp(-2700) is 0 in float32 and float64.
+OFF_EDGE = -4096.0
+
+
+class _OffEdges(NamedTuple):
+    """Where a bucket's (B, H, lq, lk) scores hold no edge, in the forms the tiles add cheaply (on
+    this CPU, boolean masked_fill over a tile costs as much as its exp): `shape` (lq, lk), OFF_EDGE
+    where the block kind has no edge (the diagonal without self-loops, above it when causal), else 0,
+    or None for "full"; `keys` (B, 1, lk), OFF_EDGE at the padding keys of each block, or None when
+    unpadded; `rows` (B, 1, lq, 1) bool, False at rows without edges (padding, a causal block's first
+    row without self-loops), or None when every row has one."""
+
+    shape: Optional[Tensor]
+    keys: Optional[Tensor]
+    rows: Optional[Tensor]
+
+
+def _off_edges(bk: "_Bucket") -> _OffEdges:
+    i = torch.arange(bk.lq, device=bk.device)[:, None]
+    j = torch.arange(bk.lk, device=bk.device)
+    off = {"full_no_self": j == i, "causal": j > i, "causal_no_self": j >= i}.get(bk.kind)
+    shape = None if off is None else torch.zeros(bk.lq, bk.lk, device=bk.device).masked_fill_(off, OFF_EDGE)
+    keys = None
+    if bk.padded:
+        n_src = torch.tensor([b.n_src for b in bk.blocks], device=bk.device)
+        keys = torch.zeros(bk.b, 1, bk.lk, device=bk.device).masked_fill_(j >= n_src[:, None, None], OFF_EDGE)
+    rows = None if bk.mask is None else bk.mask.any(-1, keepdim=True)
+    return _OffEdges(shape, keys, None if rows is None or bool(rows.all()) else rows)
 
 
 class _Tile(NamedTuple):
@@ -262,18 +309,23 @@ def _mats(x: Tensor, t: _Tile, part: slice) -> Tensor:
     return x[t.batch, t.heads, part]
 
 
-def _tile_weights(qb: Tensor, kb: Tensor, off_edges: Optional[Tensor], t: _Tile, scale, clamp, need_outside: bool):
-    """w = exp(clamp(scale * q k^T)), 0 off the edges, for one tile: (pairs, rows, keys); with
-    need_outside also where the score left [lo, hi] (there the gradient is 0; NaN counts as outside).
-    off_edges: (B, lq, lk) bool or None."""
+def _tile_scores(qb: Tensor, kb: Tensor, t: _Tile, scale: float) -> Tensor:
+    """scale * q k^T of one tile: (pairs, rows, keys)."""
     q, k = _mats(qb, t, t.rows), _mats(kb, t, t.keys)
-    s = torch.baddbmm(q.new_empty(()), q, k.transpose(1, 2), beta=0.0, alpha=scale)
-    c = torch.clamp(s, clamp[0], clamp[1])
-    outside = torch.ne(c, s) if need_outside else None
-    w = c.exp_()
-    if off_edges is not None:  # (rows, keys) shared by the heads, or (batch elements, rows, keys)
-        w.masked_fill_(off_edges[t.batch, t.rows, t.keys], 0.0)
-    return w, outside
+    return torch.baddbmm(q.new_empty(()), q, k.transpose(1, 2), beta=0.0, alpha=scale)
+
+
+def _tile_probs(scores: Tensor, t: _Tile, off: _OffEdges, clamp, in_place: bool) -> Tensor:
+    """The tile's normalized weights p = w / sum(w) with w = exp(clamp(scores)), 0 off the edges:
+    softmax of the clamped scores plus the off-edge biases (softmax subtracts the row's largest
+    score, which changes no weight, and its vectorized exp ran faster here than torch.exp alone).
+    A row without edges gets finite weights that the caller discards."""
+    c = scores.clamp_(*clamp) if in_place else torch.clamp(scores, *clamp)
+    if off.shape is not None:
+        c.add_(off.shape[t.rows, t.keys])
+    if off.keys is not None:
+        c.add_(off.keys[t.batch, :, t.keys])  # (1, keys) or (batch elements, 1, keys)
+    return torch.softmax(c, -1)
 
 
 def _rows_layout(x: Tensor, rows: int, cols: int) -> Tensor:
@@ -285,45 +337,54 @@ def _rows_layout(x: Tensor, rows: int, cols: int) -> Tensor:
     return x.new_empty(b, h, rows, cols)
 
 
-def _clamp_forward(qb, kb, vb, mask, scale, clamp, causal):
-    """qb: (B, H, lq, D), kb: (B, H, lk, D), vb: (B, H, lk, Dv), mask (B, 1, lq, lk) bool or None;
-    any strides with unit last stride. Returns out (B, H, lq, Dv) and z (B, H, lq, 1) = sum of the
-    weights (1 for a row without edges)."""
-    b, h, lq, lk = qb.shape[0], qb.shape[1], qb.shape[2], kb.shape[2]
-    tiles = _clamp_tiles((b, h, lq, lk), qb.element_size(), causal)
-    out, z = _rows_layout(qb, lq, vb.shape[-1]), qb.new_empty(b, h, lq, 1)
-    off_edges = None if mask is None else ~mask[:, 0]
-    for t in tiles:
-        w, _ = _tile_weights(qb, kb, off_edges, t, scale, clamp, False)
-        torch.sum(w, -1, keepdim=True, out=_mats(z, t, t.rows))
-        _mats(out, t, t.rows).copy_(torch.bmm(w, _mats(vb, t, t.keys)))
-    z.masked_fill_(z == 0, 1.0)  # a row without edges: out = 0
-    return out.div_(z), z
+def _without_empty_rows(qb: Tensor, kind: str) -> Tensor:
+    """qb with zeros at the rows that have no edges yet hold a caller's query (row 0 of causal
+    blocks without self-loops; padding rows are zeros already), so a NaN there reaches no score."""
+    return qb.index_fill(2, torch.zeros(1, dtype=torch.long, device=qb.device), 0.0) if kind == "causal_no_self" else qb
 
 
-def _clamp_backward(grad_out, qb, kb, vb, mask, out, z, scale, clamp, causal):
-    """Tile by tile, with the weights recomputed: g = grad_out / z, ds = (g v^T - <g, out>) * w *
-    [lo <= score <= hi] (w = 0 off the edges), dq = scale ds k, dk = scale ds^T q, dv = w^T g.
-    Shapes as in _clamp_forward; grad_out (B, H, lq, Dv)."""
+def _clamp_forward(qb, kb, vb, off: _OffEdges, scale, clamp, causal):
+    """qb: (B, H, lq, D), kb: (B, H, lk, D), vb: (B, H, lk, Dv), any strides with unit last stride.
+    Returns out (B, H, lq, Dv), 0 at rows without edges."""
+    b, h, lq, lk = qb.shape[0], qb.shape[1], qb.shape[2], kb.shape[2]
+    out = _rows_layout(qb, lq, vb.shape[-1])
+    for t in _clamp_tiles((b, h, lq, lk), qb.element_size(), causal):
+        p = _tile_probs(_tile_scores(qb, kb, t, scale), t, off, clamp, True)
+        _mats(out, t, t.rows).copy_(torch.bmm(p, _mats(vb, t, t.keys)))
+    return out if off.rows is None else out.masked_fill_(~off.rows, 0.0)
+
+
+def _inclusive(clamp: Tuple[float, float], dtype: torch.dtype) -> Tuple[float, float]:
+    """Bounds just outside [lo, hi] in dtype: hardtanh_backward passes the gradient strictly
+    inside its bounds, torch.clamp's backward at lo and hi too."""
+    lo, hi, inf = (torch.tensor(x, dtype=dtype) for x in (clamp[0], clamp[1], math.inf))
+    return torch.nextafter(lo, -inf).item(), torch.nextafter(hi, inf).item()
+
+
+def _clamp_backward(grad_out, qb, kb, vb, off: _OffEdges, scale, clamp, causal):
+    """Tile by tile, with the weights recomputed: with p = w / sum(w) and dp = grad_out v^T,
+    ds = softmax's backward (p * (dp - sum(p * dp))) * [lo <= score <= hi], dq = scale ds k,
+    dk = scale ds^T q, dv = p^T grad_out. Shapes as in _clamp_forward; grad_out (B, H, lq, Dv)."""
     b, h, lq, lk = qb.shape[0], qb.shape[1], qb.shape[2], kb.shape[2]
     tiles = _clamp_tiles((b, h, lq, lk), qb.element_size(), causal)
-    g = grad_out / z
+    g = grad_out if off.rows is None else grad_out.masked_fill(~off.rows, 0.0)
     accumulate = any(t.rows.start > 0 for t in tiles)  # causal row blocks share keys: dk and dv add up
     dq = _rows_layout(qb, lq, qb.shape[-1])
     dk, dv = (_rows_layout(x, lk, x.shape[-1]) for x in (kb, vb))
     if accumulate:
         dk.zero_()
         dv.zero_()
-    delta = torch.linalg.vecdot(g, out).unsqueeze(-1)  # (B, H, lq, 1)
-    off_edges = None if mask is None else ~mask[:, 0]
+    lo, hi = _inclusive(clamp, qb.dtype)
     for t in tiles:
-        w, outside = _tile_weights(qb, kb, off_edges, t, scale, clamp, True)
+        scores = _tile_scores(qb, kb, t, scale)
+        p = _tile_probs(scores, t, off, clamp, False)
         gt, qt, kt = _mats(g, t, t.rows), _mats(qb, t, t.rows), _mats(kb, t, t.keys)
-        ds = torch.bmm(gt, _mats(vb, t, t.keys).transpose(1, 2)).sub_(_mats(delta, t, t.rows))
-        ds.mul_(w).masked_fill_(outside, 0.0)
+        dp = torch.bmm(gt, _mats(vb, t, t.keys).transpose(1, 2))
+        ds = torch.ops.aten._softmax_backward_data(dp, p, -1, p.dtype)  # one vectorized pass
+        ds = torch.ops.aten.hardtanh_backward(ds, scores, lo, hi)  # 0 where the clamp held the score
         # results into fresh tensors, then copied: in-place baddbmm_ on strided views goes matrix by matrix
         _mats(dq, t, t.rows).copy_(torch.bmm(ds, kt))
-        for into, r in ((dv, torch.bmm(w.transpose(1, 2), gt)), (dk, torch.bmm(ds.transpose(1, 2), qt))):
+        for into, r in ((dv, torch.bmm(p.transpose(1, 2), gt)), (dk, torch.bmm(ds.transpose(1, 2), qt))):
             dst = _mats(into, t, t.keys)
             if accumulate:
                 dst.add_(r)
@@ -334,31 +395,35 @@ def _clamp_backward(grad_out, qb, kb, vb, mask, out, z, scale, clamp, causal):
 
 class DenseClampAttention(torch.autograd.Function):
     """Clamp-mode attention on one padded bucket, without bias, dropout or returned weights:
-    out = (w @ v) / sum(w) with w = exp(clamp(scale q k^T)) masked. forward(qb, kb, vb, mask,
-    scale, clamp, causal): qb (B, H, lq, D), kb (B, H, lk, D), vb (B, H, lk, Dv), mask
-    (B, 1, lq, lk) bool or None, causal: the bucket's blocks are causal (rows see no later key);
-    returns (B, H, lq, Dv). Forward and backward run in tiles (CLAMP_TILE_BYTES), the backward
-    recomputing the weights: memory beyond inputs and outputs is O(B * H * lq) plus one tile. The
-    backward is softmax's, through the clamp (zero gradient where the score is outside [lo, hi])."""
+    out = (w @ v) / sum(w) with w = exp(clamp(scale q k^T)), 0 off the edges. forward(qb, kb, vb,
+    bk, scale, clamp): qb (B, H, lq, D), kb (B, H, lk, D), vb (B, H, lk, Dv), bk the _Bucket;
+    returns (B, H, lq, Dv), 0 at rows without edges. Forward and backward run in tiles
+    (CLAMP_TILE_BYTES), the backward recomputing the weights: memory beyond inputs and outputs is
+    O(B * H * lq) plus one tile. The backward is softmax's, through the clamp (zero gradient where
+    the score is outside [lo, hi])."""
 
     @staticmethod
-    def forward(ctx, qb, kb, vb, mask, scale: float, clamp, causal: bool = False):
-        out, z = _clamp_forward(qb, kb, vb, mask, scale, clamp, causal)
+    def forward(ctx, qb, kb, vb, bk: _Bucket, scale: float, clamp):
+        causal = bk.kind.startswith("causal")
+        qz = _without_empty_rows(qb, bk.kind)
+        out = _clamp_forward(qz, kb, vb, bk.off_edges, scale, clamp, causal)
         if any(ctx.needs_input_grad[:3]):
-            ctx.save_for_backward(qb, kb, vb, mask, out, z)
-        ctx.scale, ctx.clamp, ctx.causal = scale, clamp, causal
+            ctx.save_for_backward(qb, kb, vb)
+        ctx.bucket, ctx.scale, ctx.clamp, ctx.causal = bk, scale, clamp, causal
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        qb, kb, vb, mask, out, z = ctx.saved_tensors
+        qb, kb, vb = ctx.saved_tensors
+        bk = ctx.bucket
         if torch.is_grad_enabled():  # create_graph=True: recompute with differentiable ops
-            again = _clamp_forward_differentiable(qb, kb, vb, mask, ctx.scale, ctx.clamp)
+            again = _clamp_forward_differentiable(qb, kb, vb, bk.mask, ctx.scale, ctx.clamp)
             wanted = [t for t, need in zip((qb, kb, vb), ctx.needs_input_grad[:3]) if need]
             grads = iter(torch.autograd.grad(again, wanted, grad_out, create_graph=True))
-            return (*(next(grads) if need else None for need in ctx.needs_input_grad[:3]), None, None, None, None)
-        dq, dk, dv = _clamp_backward(grad_out, qb, kb, vb, mask, out, z, ctx.scale, ctx.clamp, ctx.causal)
-        return dq, dk, dv, None, None, None, None
+            return (*(next(grads) if need else None for need in ctx.needs_input_grad[:3]), None, None, None)
+        qz = _without_empty_rows(qb, bk.kind)
+        dq, dk, dv = _clamp_backward(grad_out, qz, kb, vb, bk.off_edges, ctx.scale, ctx.clamp, ctx.causal)
+        return dq, dk, dv, None, None, None
 
 
 def _clamp_forward_differentiable(qb, kb, vb, mask, scale, clamp):
@@ -405,23 +470,23 @@ def _plain_clamp_attention(qb, kb, vb, bk: _Bucket, scale, clamp, sdpa) -> Tenso
     if tracing():  # out-of-place ops, differentiated by autograd: under torch 2.11, compiled
         # code through DenseClampAttention gave zero gradients (H100 run, tests/kernels/test_compile.py)
         return _clamp_forward_differentiable(qb, kb, vb, bk.mask, scale, clamp)
-    causal = bk.kind.startswith("causal")
     if sdpa is None:
-        return DenseClampAttention.apply(qb, kb, vb, bk.mask, scale, clamp, causal)
+        return DenseClampAttention.apply(qb, kb, vb, bk, scale, clamp)
     exact = _clamp_cannot_bind(qb, kb, scale, clamp, bk.kind == "causal")  # (B, H, lq, 1)
     if bool(exact.all()):
         return sdpa()
-    out = DenseClampAttention.apply(qb, kb, vb, bk.mask, scale, clamp, causal)
+    out = DenseClampAttention.apply(qb, kb, vb, bk, scale, clamp)
     return torch.where(exact, sdpa().to(out.dtype), out) if bool(exact.any()) else out
 
 
-def _bucket_attention(q, k, v, bk: _Bucket, scale, clamp, bias, dropout_mask, return_weights):
-    """One bucket, q/k/v in the caller's dtype; bias/dropout_mask in the accumulation dtype.
-    Returns out (B * lq, H, Dv) in q's dtype and normalized weights (B, H, lq, lk) or None."""
+def _bucket_attention(q, k, v, bk: _Bucket, gathered, scale, clamp, bias, dropout_mask, return_weights):
+    """One bucket, q/k/v in the caller's dtype, `gathered` its rows of them or Nones (`_pad`);
+    bias/dropout_mask in the accumulation dtype. Returns out (B * lq, H, Dv) in q's dtype and
+    normalized weights (B, H, lq, lk) or None."""
     dtype, acc = q.dtype, accumulation_dtype(q.dtype)
-    qb = _pad(q, bk.qrows, bk.qpos, bk.q0, bk.b, bk.lq)  # (B, H, lq, D)
-    kb = _pad(k, bk.krows, bk.kpos, bk.k0, bk.b, bk.lk)  # (B, H, lk, D)
-    vb = _pad(v, bk.krows, bk.kpos, bk.k0, bk.b, bk.lk)  # (B, H, lk, Dv)
+    qb = _pad(q, bk.qpos, bk.q0, bk.b, bk.lq, gathered[0])  # (B, H, lq, D)
+    kb = _pad(k, bk.kpos, bk.k0, bk.b, bk.lk, gathered[1])  # (B, H, lk, D)
+    vb = _pad(v, bk.kpos, bk.k0, bk.b, bk.lk, gathered[2])  # (B, H, lk, Dv)
     plain = bias is None and dropout_mask is None and not return_weights
     sdpa_shape = not bk.padded and (bk.kind == "full" or bk.kind == "causal" and bk.lq == bk.lk)
     causal = bk.kind == "causal"
@@ -477,8 +542,11 @@ def dense_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     bias = None if bias is None else bias.to(acc)
     dropout_mask = None if dropout_mask is None else dropout_mask.to(acc)
     rows, outs, eids, ws = [], [], [], []
-    for bk in p.buckets:
-        out, w = _bucket_attention(q, k, v, bk, scale, clamp, bias, dropout_mask, return_weights)
+    qrows = [None if bk.q0 == 0 and bk.b * bk.lq == q.shape[0] else bk.qrows for bk in p.buckets]
+    krows = [None if bk.k0 == 0 and bk.b * bk.lk == k.shape[0] else bk.krows for bk in p.buckets]
+    gathered = zip(_gather_once(q, qrows), _gather_once(k, krows), _gather_once(v, krows))
+    for bk, rows_of in zip(p.buckets, gathered):
+        out, w = _bucket_attention(q, k, v, bk, rows_of, scale, clamp, bias, dropout_mask, return_weights)
         rows.append(bk.qrows)
         outs.append(out if bk.q0 >= 0 else out[bk.qpos])
         if return_weights:

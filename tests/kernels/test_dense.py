@@ -71,6 +71,35 @@ def test_variable_lengths_are_bucketed_with_bounded_waste():
     assert sum(bk.b for bk in p.buckets) == len(lengths)
 
 
+def test_buckets_gather_their_rows_of_each_input_once():
+    """However many buckets, q, k and v are each read by one gather (split per bucket): the
+    backward of every gather fills a zero tensor of the input's size, which per bucket made the
+    zero fills a third of the time of a variable-length batch. Outputs and gradients stay equal."""
+    g = graphs.from_blocks([("full", n, n) for n in (3, 9, 20, 21, 40, 7)] + [("causal", 5, 5), ("causal", 8, 8)])
+    assert len(plan(g).buckets) >= 4
+    q, k, v = (torch.randn(g.num_dst, 2, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = edge_attention(q, k, v, g, backend="dense")
+
+    def gathers_reading(leaf: torch.Tensor) -> int:
+        seen, stack, count = set(), [out.grad_fn], 0
+        while stack:
+            fn = stack.pop()
+            if fn is None or fn in seen:
+                continue
+            seen.add(fn)
+            nexts = [f for f, _ in fn.next_functions]
+            if type(fn).__name__.startswith("IndexBackward"):
+                count += any(getattr(f, "variable", None) is leaf for f in nexts)
+            stack.extend(nexts)
+        return count
+
+    assert [gathers_reading(x) for x in (q, k, v)] == [1, 1, 1]
+    ref = edge_attention(q, k, v, g, backend="reference")
+    assert torch.allclose(out, ref, atol=1e-12)
+    ga, gb = (torch.autograd.grad(o.sum(), (q, k, v)) for o in (out, ref))
+    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(ga, gb))
+
+
 def test_uniform_batch_is_one_unpadded_bucket():
     p = plan(graphs.batch([graphs.complete(8)] * 5))
     assert len(p.buckets) == 1 and p.waste == 0.0 and p.contiguous_out
@@ -140,6 +169,7 @@ def test_clamp_mode_paths_equal_dense_reference(kind, size, binds):
         [("causal", 80, 80)] * 2,  # causal row blocks of 40 rows, dk and dv added up over them
         [("causal", 9, 9), ("causal", 7, 7), ("causal", 5, 5)],  # padded: a mask per batch element
         [("full", 6, 4), ("full", 5, 4), ("full_no_self", 4, 4)],  # padded bipartite, and without self-loops
+        [("causal_no_self", 6, 6), ("causal_no_self", 4, 4)],  # padded, a first row without edges
     ],
 )
 def test_clamp_tiles_equal_reference(monkeypatch, spec, tile_bytes):
@@ -161,6 +191,72 @@ def test_clamp_tiles_equal_reference(monkeypatch, spec, tile_bytes):
     grad_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
     ga, gb = (torch.autograd.grad(o, (q, k, v), grad_out) for o in (out, ref))
     assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(ga, gb))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        [("full", 5, 5)] * 2,
+        [("full", 6, 4), ("full", 5, 3), ("full", 3, 4)],  # padded bipartite
+        [("full_no_self", 5, 5), ("full_no_self", 3, 3)],
+        [("causal", 6, 6)] * 2,
+        [("causal", 6, 6), ("causal", 2, 2)],
+        [("causal_no_self", 5, 5), ("causal_no_self", 3, 3)],
+    ],
+)
+def test_off_edge_biases_mark_exactly_the_masked_scores(spec):
+    """Clamp mode's tiles add `OFF_EDGE` where a bucket has no edge (a (lq, lk) term from the block
+    kind plus a (B, 1, lk) term at the padding keys) instead of a boolean fill: on every row with
+    an edge, the two terms are negative exactly where the bucket's mask is False; `rows` marks the
+    rows that have one."""
+    import sparseattn.kernels.dense as dense
+
+    for bk in plan(graphs.from_blocks(spec)).buckets:
+        off = bk.off_edges
+        bias = torch.zeros(bk.b, bk.lq, bk.lk)
+        for term in (off.shape, off.keys):
+            if term is not None:
+                bias = bias + term
+        mask = bk.mask[:, 0] if bk.mask is not None else torch.ones(bk.b, bk.lq, bk.lk, dtype=torch.bool)
+        has_edges = mask.any(-1)  # (B, lq)
+        assert torch.equal((bias < 0)[has_edges], ~mask[has_edges])
+        assert set(bias.unique().tolist()) <= {0.0, dense.OFF_EDGE}
+        if has_edges.all():
+            assert off.rows is None
+        else:
+            assert torch.equal(off.rows[:, 0, :, 0], has_edges)
+
+
+def test_nan_query_of_a_row_without_edges_reaches_nothing():
+    """Row 0 of a causal block without self-loops reads no key: NaN there must not leak into the
+    clamp-mode tiles (its scores would be NaN), so out and every gradient equal the reference."""
+    g = graphs.from_blocks([("causal_no_self", 5, 5)] * 2)
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(10, 2, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    q[0] = q[5] = float("nan")
+    q[1:5] *= 6  # the clamp binds on the other rows
+    for x in (q, k, v):
+        x.requires_grad_()
+    out = edge_attention(q, k, v, g, backend="dense")
+    ref = edge_attention(q, k, v, g, backend="reference")
+    assert torch.isfinite(out).all() and torch.allclose(out, ref, atol=1e-12)
+    grad_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    ga, gb = (torch.autograd.grad(o, (q, k, v), grad_out) for o in (out, ref))
+    assert all(torch.isfinite(a).all() and torch.allclose(a, b, atol=1e-10) for a, b in zip(ga, gb))
+
+
+def test_clamp_gradient_counts_scores_at_the_bounds():
+    """Scores exactly at lo or hi pass the gradient, as torch.clamp's backward does (the tiles use
+    hardtanh_backward, which is exclusive, with bounds one ulp outside). Both rows take the tiles:
+    the Cauchy-Schwarz bound (|q| max|k| = 2) cannot rule the clamp out."""
+    g = graphs.complete(2)
+    q = torch.tensor([[[1.0]], [[-1.0]]], dtype=torch.float64, requires_grad=True)
+    k = torch.tensor([[[1.0]], [[-2.0]]], dtype=torch.float64, requires_grad=True)  # scores: hi, -2; lo, 2
+    v = torch.tensor([[[1.0]], [[3.0]]], dtype=torch.float64)
+    out, ref = (edge_attention(q, k, v, g, scale=1.0, clamp=(-1.0, 1.0), backend=b) for b in ("dense", "reference"))
+    ga, gb = (torch.autograd.grad(o.sum(), (q, k)) for o in (out, ref))
+    assert (gb[0].abs() > 0.1).all()  # only the scores at the bounds carry q's gradient
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(ga, gb))
 
 
 def test_clamp_tiles_cover_each_score_once():
