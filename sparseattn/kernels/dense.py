@@ -180,8 +180,9 @@ def plan(graph: Graph) -> Plan:
 
 def prepare(graph: Graph) -> None:
     """Build and cache, eagerly, everything the dense backend reads for this graph (its blocks, plan
-    and each bucket's edge positions, edge ids, mask and off-edge biases); compiled code builds what it lacks inside
-    the trace. Does nothing for a graph without blocks (the dense backend does not take it)."""
+    and each bucket's edge positions, edge ids, mask and off-edge biases); compiled code builds what
+    it lacks inside the trace. Does nothing for a graph without blocks (the dense backend does not
+    take it)."""
     if graph.blocks is None:
         return
     for bk in plan(graph).buckets:
@@ -287,9 +288,13 @@ def _clamp_tiles(shape: Tuple[int, int, int, int], elem: int, causal: bool) -> L
     (batch, head) pair): some heads of one batch element, or, when all of a batch element's heads
     fit in a quarter of a tile (small blocks), one head of several batch elements. Either is a 3-D strided
     view of q, k, v in any layout, so nothing is copied. Causal buckets split their query rows in
-    blocks (up to 128 rows), each seeing the keys up to its last row."""
+    blocks (up to 128 rows), each seeing the keys up to its last row; other buckets split them
+    where one pair's scores would not fit in a tile (long blocks: 2048 keys, 128 rows)."""
     b, h, lq, lk = shape
-    row_block = lq if not causal or lq < 64 else min(128, lq // 2)
+    if causal:
+        row_block = lq if lq < 64 else min(128, lq // 2)
+    else:
+        row_block = min(lq, max(1, CLAMP_TILE_BYTES // (lk * elem)))
     tiles = []
     for r0 in range(0, lq, row_block):
         rows = slice(r0, min(lq, r0 + row_block))
@@ -309,23 +314,49 @@ def _mats(x: Tensor, t: _Tile, part: slice) -> Tensor:
     return x[t.batch, t.heads, part]
 
 
-def _tile_scores(qb: Tensor, kb: Tensor, t: _Tile, scale: float) -> Tensor:
-    """scale * q k^T of one tile: (pairs, rows, keys)."""
+class _Scratch:
+    """Buffers the tiles write into (out= ops), made once per call and each as large as the
+    largest tile needs: a fresh tensor per tile op made glibc return its pages and fault them in
+    again, which slowed the elementwise ops 4-5x on blocks of 2048 keys. `scores(i, t)` is buffer
+    i as tile t's (pairs, rows, keys); `result(shape)` the one buffer for (pairs, n, d) products."""
+
+    def __init__(self, like: Tensor, tiles: List[_Tile], d: int, count: int) -> None:
+        shapes = [self._shape(like, t) for t in tiles]
+        size = max(p * r * k for p, r, k in shapes)
+        self.buffers = [like.new_empty(size) for _ in range(count)]
+        self.results = like.new_empty(max(p * max(r, k) for p, r, k in shapes) * d)
+        self.like = like
+
+    @staticmethod
+    def _shape(like: Tensor, t: _Tile) -> Tuple[int, int, int]:
+        return _mats(like, t, t.rows).shape[0], t.rows.stop - t.rows.start, t.keys.stop - t.keys.start
+
+    def scores(self, i: int, t: _Tile) -> Tensor:
+        shape = self._shape(self.like, t)
+        return self.buffers[i][: shape[0] * shape[1] * shape[2]].view(shape)
+
+    def result(self, *shape: int) -> Tensor:
+        return self.results[: shape[0] * shape[1] * shape[2]].view(shape)
+
+
+def _tile_scores(qb: Tensor, kb: Tensor, t: _Tile, scale: float, into: Tensor) -> Tensor:
+    """scale * q k^T of one tile, written into `into`: (pairs, rows, keys)."""
     q, k = _mats(qb, t, t.rows), _mats(kb, t, t.keys)
-    return torch.baddbmm(q.new_empty(()), q, k.transpose(1, 2), beta=0.0, alpha=scale)
+    return torch.baddbmm(into, q, k.transpose(1, 2), beta=0.0, alpha=scale, out=into)
 
 
-def _tile_probs(scores: Tensor, t: _Tile, off: _OffEdges, clamp, in_place: bool) -> Tensor:
-    """The tile's normalized weights p = w / sum(w) with w = exp(clamp(scores)), 0 off the edges:
-    softmax of the clamped scores plus the off-edge biases (softmax subtracts the row's largest
-    score, which changes no weight, and its vectorized exp ran faster here than torch.exp alone).
-    A row without edges gets finite weights that the caller discards."""
-    c = scores.clamp_(*clamp) if in_place else torch.clamp(scores, *clamp)
+def _tile_probs(scores: Tensor, t: _Tile, off: _OffEdges, clamp, clamped: Tensor, into: Tensor) -> Tensor:
+    """The tile's normalized weights p = w / sum(w) with w = exp(clamp(scores)), 0 off the edges,
+    written into `into`: softmax of the clamped scores plus the off-edge biases (written into
+    `clamped`, which may be `scores`). Softmax subtracts the row's largest score, which changes no
+    weight, and its vectorized exp ran faster here than torch.exp alone. A row without edges gets
+    finite weights that the caller discards."""
+    c = torch.clamp(scores, *clamp, out=clamped)
     if off.shape is not None:
         c.add_(off.shape[t.rows, t.keys])
     if off.keys is not None:
         c.add_(off.keys[t.batch, :, t.keys])  # (1, keys) or (batch elements, 1, keys)
-    return torch.softmax(c, -1)
+    return torch.ops.aten._softmax.out(c, -1, False, out=into)
 
 
 def _rows_layout(x: Tensor, rows: int, cols: int) -> Tensor:
@@ -346,11 +377,15 @@ def _without_empty_rows(qb: Tensor, kind: str) -> Tensor:
 def _clamp_forward(qb, kb, vb, off: _OffEdges, scale, clamp, causal):
     """qb: (B, H, lq, D), kb: (B, H, lk, D), vb: (B, H, lk, Dv), any strides with unit last stride.
     Returns out (B, H, lq, Dv), 0 at rows without edges."""
-    b, h, lq, lk = qb.shape[0], qb.shape[1], qb.shape[2], kb.shape[2]
-    out = _rows_layout(qb, lq, vb.shape[-1])
-    for t in _clamp_tiles((b, h, lq, lk), qb.element_size(), causal):
-        p = _tile_probs(_tile_scores(qb, kb, t, scale), t, off, clamp, True)
-        _mats(out, t, t.rows).copy_(torch.bmm(p, _mats(vb, t, t.keys)))
+    b, h, lq, lk, dv = qb.shape[0], qb.shape[1], qb.shape[2], kb.shape[2], vb.shape[-1]
+    out = _rows_layout(qb, lq, dv)
+    tiles = _clamp_tiles((b, h, lq, lk), qb.element_size(), causal)
+    scratch = _Scratch(qb, tiles, dv, 2)
+    for t in tiles:
+        scores = _tile_scores(qb, kb, t, scale, scratch.scores(0, t))
+        p = _tile_probs(scores, t, off, clamp, scores, scratch.scores(1, t))
+        vt = _mats(vb, t, t.keys)
+        _mats(out, t, t.rows).copy_(torch.bmm(p, vt, out=scratch.result(p.shape[0], p.shape[1], dv)))
     return out if off.rows is None else out.masked_fill_(~off.rows, 0.0)
 
 
@@ -365,26 +400,29 @@ def _clamp_backward(grad_out, qb, kb, vb, off: _OffEdges, scale, clamp, causal):
     """Tile by tile, with the weights recomputed: with p = w / sum(w) and dp = grad_out v^T,
     ds = softmax's backward (p * (dp - sum(p * dp))) * [lo <= score <= hi], dq = scale ds k,
     dk = scale ds^T q, dv = p^T grad_out. Shapes as in _clamp_forward; grad_out (B, H, lq, Dv)."""
-    b, h, lq, lk = qb.shape[0], qb.shape[1], qb.shape[2], kb.shape[2]
+    b, h, lq, lk, d, dv_cols = qb.shape[0], qb.shape[1], qb.shape[2], kb.shape[2], qb.shape[-1], vb.shape[-1]
     tiles = _clamp_tiles((b, h, lq, lk), qb.element_size(), causal)
     g = grad_out if off.rows is None else grad_out.masked_fill(~off.rows, 0.0)
-    accumulate = any(t.rows.start > 0 for t in tiles)  # causal row blocks share keys: dk and dv add up
-    dq = _rows_layout(qb, lq, qb.shape[-1])
+    accumulate = any(t.rows.start > 0 for t in tiles)  # row blocks share keys: dk and dv add up
+    dq = _rows_layout(qb, lq, d)
     dk, dv = (_rows_layout(x, lk, x.shape[-1]) for x in (kb, vb))
     if accumulate:
         dk.zero_()
         dv.zero_()
     lo, hi = _inclusive(clamp, qb.dtype)
+    scratch = _Scratch(qb, tiles, max(d, dv_cols), 4)
     for t in tiles:
-        scores = _tile_scores(qb, kb, t, scale)
-        p = _tile_probs(scores, t, off, clamp, False)
-        gt, qt, kt = _mats(g, t, t.rows), _mats(qb, t, t.rows), _mats(kb, t, t.keys)
-        dp = torch.bmm(gt, _mats(vb, t, t.keys).transpose(1, 2))
-        ds = torch.ops.aten._softmax_backward_data(dp, p, -1, p.dtype)  # one vectorized pass
-        ds = torch.ops.aten.hardtanh_backward(ds, scores, lo, hi)  # 0 where the clamp held the score
-        # results into fresh tensors, then copied: in-place baddbmm_ on strided views goes matrix by matrix
-        _mats(dq, t, t.rows).copy_(torch.bmm(ds, kt))
-        for into, r in ((dv, torch.bmm(p.transpose(1, 2), gt)), (dk, torch.bmm(ds.transpose(1, 2), qt))):
+        scores, work, p, ds = (scratch.scores(i, t) for i in range(4))
+        _tile_scores(qb, kb, t, scale, scores)
+        _tile_probs(scores, t, off, clamp, work, p)
+        gt, qt, kt, vt = _mats(g, t, t.rows), _mats(qb, t, t.rows), _mats(kb, t, t.keys), _mats(vb, t, t.keys)
+        dp = torch.bmm(gt, vt.transpose(1, 2), out=work)
+        torch.ops.aten._softmax_backward_data.out(dp, p, -1, p.dtype, grad_input=ds)  # one vectorized pass
+        ds = torch.ops.aten.hardtanh_backward.grad_input(ds, scores, lo, hi, grad_input=work)  # 0 where clamped
+        pairs, rows, keys = scores.shape
+        _mats(dq, t, t.rows).copy_(torch.bmm(ds, kt, out=scratch.result(pairs, rows, d)))
+        for into, a, bm, cols in ((dv, p, gt, dv_cols), (dk, ds, qt, d)):
+            r = torch.bmm(a.transpose(1, 2), bm, out=scratch.result(pairs, keys, cols))
             dst = _mats(into, t, t.keys)
             if accumulate:
                 dst.add_(r)
