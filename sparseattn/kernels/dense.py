@@ -189,22 +189,24 @@ def prepare(graph: Graph) -> None:
         bk.pos, bk.eids, bk.mask, bk.off_edges  # noqa: B018 (touching them builds them)
 
 
-def _pad(x: Tensor, pos: Tensor, start: int, b: int, length: int, rows_of_x: Optional[Tensor]) -> Tensor:
-    """A bucket's rows of x (N, H, D) -> (B, H, length, D), zeros in the padding. rows_of_x: those
-    rows, gathered already (`_gather_once`), or None when they are all of x's rows in order."""
-    if rows_of_x is None:
-        xb = x  # a view (a slice would cost a zero-filled copy in backward)
+def _pad(x: Tensor, rows: Tensor, pos: Tensor, start: int, b: int, length: int, rows_of_x: Optional[Tensor]) -> Tensor:
+    """A bucket's rows of x (N, H, D) -> (B, H, length, D), zeros in the padding. rows_of_x: x[rows]
+    gathered already (`_gather_once`), or None to read them here."""
+    if start == 0 and b * length == x.shape[0]:
+        xb = x  # all rows in order: a view (a slice would cost a zero-filled copy in backward)
     elif start >= 0:  # contiguous and unpadded: the rows as they are
-        xb = rows_of_x
+        xb = x[start : start + b * length] if rows_of_x is None else rows_of_x
     else:
-        xb = x.new_zeros(b * length, *x.shape[1:]).index_put((pos,), rows_of_x)
+        xb = x.new_zeros(b * length, *x.shape[1:]).index_put((pos,), x[rows] if rows_of_x is None else rows_of_x)
     return xb.view(b, length, *x.shape[1:]).transpose(1, 2)
 
 
 def _gather_once(x: Tensor, row_sets: List[Optional[Tensor]]) -> List[Optional[Tensor]]:
-    """x[rows] for each rows that is not None, from one gather split per bucket. The backward of a
-    gather or slice fills a zero tensor of x's size: once in all, not once per bucket (which made
-    zero fills and their sums a third of a batch of variable-length blocks' forward+backward)."""
+    """x[rows] for each rows that is not None, from one gather split per bucket. For training: the
+    backward of a gather or slice fills a zero tensor of x's size, so once in all, not once per
+    bucket (which made zero fills and their sums a third of a batch of variable-length blocks'
+    forward+backward). Without autograd the buckets read their rows one at a time instead, so that
+    only one bucket's copy is alive at once."""
     wanted = [r for r in row_sets if r is not None]
     if not wanted:
         return [None] * len(row_sets)
@@ -522,9 +524,9 @@ def _bucket_attention(q, k, v, bk: _Bucket, gathered, scale, clamp, bias, dropou
     bias/dropout_mask in the accumulation dtype. Returns out (B * lq, H, Dv) in q's dtype and
     normalized weights (B, H, lq, lk) or None."""
     dtype, acc = q.dtype, accumulation_dtype(q.dtype)
-    qb = _pad(q, bk.qpos, bk.q0, bk.b, bk.lq, gathered[0])  # (B, H, lq, D)
-    kb = _pad(k, bk.kpos, bk.k0, bk.b, bk.lk, gathered[1])  # (B, H, lk, D)
-    vb = _pad(v, bk.kpos, bk.k0, bk.b, bk.lk, gathered[2])  # (B, H, lk, Dv)
+    qb = _pad(q, bk.qrows, bk.qpos, bk.q0, bk.b, bk.lq, gathered[0])  # (B, H, lq, D)
+    kb = _pad(k, bk.krows, bk.kpos, bk.k0, bk.b, bk.lk, gathered[1])  # (B, H, lk, D)
+    vb = _pad(v, bk.krows, bk.kpos, bk.k0, bk.b, bk.lk, gathered[2])  # (B, H, lk, Dv)
     plain = bias is None and dropout_mask is None and not return_weights
     sdpa_shape = not bk.padded and (bk.kind == "full" or bk.kind == "causal" and bk.lq == bk.lk)
     causal = bk.kind == "causal"
@@ -580,8 +582,9 @@ def dense_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     bias = None if bias is None else bias.to(acc)
     dropout_mask = None if dropout_mask is None else dropout_mask.to(acc)
     rows, outs, eids, ws = [], [], [], []
-    qrows = [None if bk.q0 == 0 and bk.b * bk.lq == q.shape[0] else bk.qrows for bk in p.buckets]
-    krows = [None if bk.k0 == 0 and bk.b * bk.lk == k.shape[0] else bk.krows for bk in p.buckets]
+    once = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    qrows = [None if not once or bk.q0 == 0 and bk.b * bk.lq == q.shape[0] else bk.qrows for bk in p.buckets]
+    krows = [None if not once or bk.k0 == 0 and bk.b * bk.lk == k.shape[0] else bk.krows for bk in p.buckets]
     gathered = zip(_gather_once(q, qrows), _gather_once(k, krows), _gather_once(v, krows))
     for bk, rows_of in zip(p.buckets, gathered):
         out, w = _bucket_attention(q, k, v, bk, rows_of, scale, clamp, bias, dropout_mask, return_weights)

@@ -259,6 +259,30 @@ def test_clamp_gradient_counts_scores_at_the_bounds():
     assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(ga, gb))
 
 
+def test_clamp_tiles_allocate_per_call_not_per_tile(monkeypatch, one_thread):
+    """The tiles write into buffers made once per call (out= ops): with 4 tiles or 64, forward and
+    backward allocate the same number of tensors. A fresh tensor per tile op made glibc refault
+    its pages, slowing the elementwise ops 4-5x on long blocks."""
+    from torch.profiler import profile
+
+    import sparseattn.kernels.dense as dense
+
+    g = graphs.from_blocks([("full", 64, 64)] * 4)
+    q, k, v = (torch.randn(256, 4, 8, requires_grad=True) for _ in range(3))
+    q.data *= 4  # the clamp may bind: the tiles run, not SDPA
+    grad = torch.randn(256, 4, 8)  # (an expanded gradient, as .sum() gives, would be copied per tile by bmm)
+
+    def allocations(tile_bytes: int) -> int:
+        monkeypatch.setattr(dense, "CLAMP_TILE_BYTES", tile_bytes)
+        assert len(dense._clamp_tiles((4, 4, 64, 64), 4, False)) == {4 * 64 * 64 * 4: 4, 64 * 64: 64}[tile_bytes]
+        edge_attention(q, k, v, g, backend="dense").backward(grad)  # builds the plan
+        with profile() as prof:
+            edge_attention(q, k, v, g, backend="dense").backward(grad)
+        return sum(e.name in ("aten::empty", "aten::empty_strided") for e in prof.events())
+
+    assert allocations(64 * 64) == allocations(4 * 64 * 64 * 4)
+
+
 def test_clamp_tiles_cover_each_score_once():
     """_clamp_tiles: every (batch, head, row, key) a row can see lies in exactly one tile, for
     full and causal buckets and tile budgets from one pair to the whole bucket."""
