@@ -89,6 +89,15 @@ KNOWN: Dict[str, Known] = {
         " `powerlaw-50k` ran, a test process of lower priority ran beside it (load up to 2.3), so those two"
         " rows may read a little slow.",
     ),
+    "bench_kernels_amd-epyc-1t-cpu_varlen": Known(
+        "2026-11-24 17:40 UTC",
+        "4a1db8f",
+        "python -m benchmarks.bench_kernels --threads 1 --input-scale 1 --families varlen-5..50-4096"
+        " --contenders csr,dense,auto --tag varlen",
+        "The variable-length batch after the main run, on the final code: `dense` without autograd reads one"
+        " bucket's rows at a time again (the main run's code gathered all of them at once in inference too)."
+        " Peak memory here comes from a process that ran three contenders, so compare it within this run only.",
+    ),
     "bench_kernels_amd-epyc-1-2t-cpu_threads": Known(
         "2026-11-24 14:24 UTC",
         "5207a20",
