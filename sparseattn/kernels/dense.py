@@ -192,13 +192,18 @@ def prepare(graph: Graph) -> None:
 def _pad(x: Tensor, rows: Tensor, pos: Tensor, start: int, b: int, length: int, rows_of_x: Optional[Tensor]) -> Tensor:
     """A bucket's rows of x (N, H, D) -> (B, H, length, D), zeros in the padding. rows_of_x: x[rows]
     gathered already (`_gather_once`), or None to read them here."""
-    if start == 0 and b * length == x.shape[0]:
+    if _all_rows(x, start, b, length):
         xb = x  # all rows in order: a view (a slice would cost a zero-filled copy in backward)
     elif start >= 0:  # contiguous and unpadded: the rows as they are
         xb = x[start : start + b * length] if rows_of_x is None else rows_of_x
     else:
         xb = x.new_zeros(b * length, *x.shape[1:]).index_put((pos,), x[rows] if rows_of_x is None else rows_of_x)
     return xb.view(b, length, *x.shape[1:]).transpose(1, 2)
+
+
+def _all_rows(x: Tensor, start: int, b: int, length: int) -> bool:
+    """Whether a bucket's b * length rows starting at `start` are all of x's rows, in order."""
+    return start == 0 and b * length == x.shape[0]
 
 
 def _gather_once(x: Tensor, row_sets: List[Optional[Tensor]]) -> List[Optional[Tensor]]:
@@ -448,20 +453,19 @@ class DenseClampAttention(torch.autograd.Function):
         qz = _without_empty_rows(qb, bk.kind)
         out = _clamp_forward(qz, kb, vb, bk.off_edges, scale, clamp, causal)
         if any(ctx.needs_input_grad[:3]):
-            ctx.save_for_backward(qb, kb, vb)
+            ctx.save_for_backward(qb, kb, vb, qz)  # qz is qb unless a row without edges was zeroed
         ctx.bucket, ctx.scale, ctx.clamp, ctx.causal = bk, scale, clamp, causal
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        qb, kb, vb = ctx.saved_tensors
+        qb, kb, vb, qz = ctx.saved_tensors
         bk = ctx.bucket
         if torch.is_grad_enabled():  # create_graph=True: recompute with differentiable ops
             again = _clamp_forward_differentiable(qb, kb, vb, bk.mask, ctx.scale, ctx.clamp)
             wanted = [t for t, need in zip((qb, kb, vb), ctx.needs_input_grad[:3]) if need]
             grads = iter(torch.autograd.grad(again, wanted, grad_out, create_graph=True))
             return (*(next(grads) if need else None for need in ctx.needs_input_grad[:3]), None, None, None)
-        qz = _without_empty_rows(qb, bk.kind)
         dq, dk, dv = _clamp_backward(grad_out, qz, kb, vb, bk.off_edges, ctx.scale, ctx.clamp, ctx.causal)
         return dq, dk, dv, None, None, None
 
@@ -583,8 +587,8 @@ def dense_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     dropout_mask = None if dropout_mask is None else dropout_mask.to(acc)
     rows, outs, eids, ws = [], [], [], []
     once = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
-    qrows = [None if not once or bk.q0 == 0 and bk.b * bk.lq == q.shape[0] else bk.qrows for bk in p.buckets]
-    krows = [None if not once or bk.k0 == 0 and bk.b * bk.lk == k.shape[0] else bk.krows for bk in p.buckets]
+    qrows = [bk.qrows if once and not _all_rows(q, bk.q0, bk.b, bk.lq) else None for bk in p.buckets]
+    krows = [bk.krows if once and not _all_rows(k, bk.k0, bk.b, bk.lk) else None for bk in p.buckets]
     gathered = zip(_gather_once(q, qrows), _gather_once(k, krows), _gather_once(v, krows))
     for bk, rows_of in zip(p.buckets, gathered):
         out, w = _bucket_attention(q, k, v, bk, rows_of, scale, clamp, bias, dropout_mask, return_weights)
