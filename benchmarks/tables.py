@@ -106,6 +106,15 @@ KNOWN: Dict[str, Known] = {
         "One and two threads, OpenMP's default wait policy and PASSIVE, on the sparse families, of the same"
         " kernels as the main run; load 1.0 at 1 thread, 1.0-1.7 at 2 (the benchmark's own two threads).",
     ),
+    "bench_kernels_amd-epyc-2t-cpu_pyg-2t": Known(
+        "2026-11-24 18:14 UTC",
+        "5aea0f1",
+        "python -m benchmarks.bench_kernels --threads 2 --input-scale 1"
+        " --families window-8192,random-50k,powerlaw-50k,varlen-5..50-4096 --contenders auto,pyg --tag pyg-2t",
+        "`auto` against torch_geometric at two threads, OpenMP's default wait policy and PASSIVE, on the"
+        " sparse families (window-65536's PyG forward+backward is over the time budget); load 1.2-2.0, the"
+        " benchmark's own two threads.",
+    ),
     "bench_kernels_amd-epyc-1t-cpu_thp-off": Known(
         "2026-11-23 02:12 UTC", "76912fc", THP_CMD + " --tag thp-off", "Three large graphs in the default environment."
     ),
@@ -117,6 +126,21 @@ KNOWN: Dict[str, Known] = {
     ),
     "bench_dgl_amd-epyc-1t-cpu": Known(
         "2026-11-24 17:28 UTC", "b6b42db", "python -m benchmarks.bench_dgl --dgl-python DGL_VENV/bin/python"
+    ),
+    "bench_dgl_amd-epyc-2t-cpu": Known(
+        "2026-11-24 18:06 UTC",
+        "5aea0f1",
+        "python -m benchmarks.bench_dgl --dgl-python DGL_VENV/bin/python --threads 2",
+        "Two threads on each side, OpenMP's default wait policy: both processes' idle threads spin on the"
+        " same two cores, which slows whichever side runs next; load 0.3-2.0.",
+    ),
+    "bench_dgl_amd-epyc-2t-cpu_passive": Known(
+        "2026-11-24 18:12 UTC",
+        "5aea0f1",
+        "OMP_WAIT_POLICY=PASSIVE python -m benchmarks.bench_dgl --dgl-python DGL_VENV/bin/python --threads 2"
+        " --families window-8192,random-50k,varlen-5..50-4096 --tag passive",
+        "Two threads with `OMP_WAIT_POLICY=PASSIVE` in both processes (the DGL runner inherits the"
+        " environment), on the sparse families; load 0.3-1.6.",
     ),
     "bench_layers_amd-epyc-1t-cpu": Known("2026-11-24 15:24 UTC", "4ebc45e", "python -m benchmarks.bench_layers"),
     "bench_compile_amd-epyc-1t-cpu": Known("2026-11-24 05:10 UTC", "ae37849", "python -m benchmarks.bench_compile"),
