@@ -289,6 +289,15 @@ class _Tile(NamedTuple):
     rows: slice  # query rows
     keys: slice  # keys 0 .. n (a causal row block sees no later key)
 
+    @property
+    def shape(self) -> Tuple[int, int, int]:
+        """(pairs, rows, keys) of the tile's scores."""
+
+        def span(s: Union[int, slice]) -> int:
+            return 1 if isinstance(s, int) else s.stop - s.start
+
+        return span(self.batch) * span(self.heads), span(self.rows), span(self.keys)
+
 
 def _clamp_tiles(shape: Tuple[int, int, int, int], elem: int, causal: bool) -> List[_Tile]:
     """Tiles covering the (B, H, lq, lk) scores, each at most CLAMP_TILE_BYTES of them (or one
@@ -328,19 +337,14 @@ class _Scratch:
     i as tile t's (pairs, rows, keys); `result(shape)` the one buffer for (pairs, n, d) products."""
 
     def __init__(self, like: Tensor, tiles: List[_Tile], d: int, count: int) -> None:
-        shapes = [self._shape(like, t) for t in tiles]
+        shapes = [t.shape for t in tiles]
         size = max(p * r * k for p, r, k in shapes)
         self.buffers = [like.new_empty(size) for _ in range(count)]
         self.results = like.new_empty(max(p * max(r, k) for p, r, k in shapes) * d)
-        self.like = like
-
-    @staticmethod
-    def _shape(like: Tensor, t: _Tile) -> Tuple[int, int, int]:
-        return _mats(like, t, t.rows).shape[0], t.rows.stop - t.rows.start, t.keys.stop - t.keys.start
 
     def scores(self, i: int, t: _Tile) -> Tensor:
-        shape = self._shape(self.like, t)
-        return self.buffers[i][: shape[0] * shape[1] * shape[2]].view(shape)
+        p, r, k = t.shape
+        return self.buffers[i][: p * r * k].view(p, r, k)
 
     def result(self, *shape: int) -> Tensor:
         return self.results[: shape[0] * shape[1] * shape[2]].view(shape)

@@ -285,7 +285,8 @@ def test_clamp_tiles_allocate_per_call_not_per_tile(monkeypatch, one_thread):
 
 def test_clamp_tiles_cover_each_score_once():
     """_clamp_tiles: every (batch, head, row, key) a row can see lies in exactly one tile, for
-    full and causal buckets and tile budgets from one pair to the whole bucket."""
+    full and causal buckets and tile budgets from one pair to the whole bucket; each tile's
+    `shape` (which sizes the scratch buffers) is that of its scores."""
     import sparseattn.kernels.dense as dense
 
     for causal in (False, True):
@@ -297,6 +298,7 @@ def test_clamp_tiles_cover_each_score_once():
                 dense.CLAMP_TILE_BYTES = saved
             count = torch.zeros(3, 4, 150, 150, dtype=torch.int32)
             for t in tiles:
+                assert count[t.batch, t.heads, t.rows, t.keys].shape == t.shape
                 count[t.batch, t.heads, t.rows, t.keys] += 1
             seen = torch.ones(150, 150, dtype=torch.bool).tril_() if causal else torch.ones(150, 150, dtype=torch.bool)
             assert (count[:, :, seen] == 1).all() and (count <= 1).all()
