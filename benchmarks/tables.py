@@ -106,6 +106,15 @@ KNOWN: Dict[str, Known] = {
         "One and two threads, OpenMP's default wait policy and PASSIVE, on the sparse families, of the same"
         " kernels as the main run; load 1.0 at 1 thread, 1.0-1.7 at 2 (the benchmark's own two threads).",
     ),
+    "bench_kernels_amd-epyc-1t-cpu_clamp": Known(
+        "2026-11-24 18:37 UTC",
+        "d253a9e",
+        "python -m benchmarks.bench_kernels --threads 1 --input-scale 1"
+        " --families complete-32x128,complete-8x512,causal-32x128 --contenders auto,sdpa --tag clamp",
+        "Clamp-mode `auto` against SDPA on the final code's dense tiles, N(0, 1) inputs, the families of the"
+        " 1.15x target; load 0.7-0.8. The main run's 1.12-1.19 and these 1.12-1.19 differ by run-to-run"
+        " spread of a few percent.",
+    ),
     "bench_kernels_amd-epyc-2t-cpu_pyg-2t": Known(
         "2026-11-24 18:14 UTC",
         "5aea0f1",
