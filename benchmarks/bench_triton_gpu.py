@@ -28,7 +28,8 @@ flex, compiled FlexAttention with a BlockMask built from the graph's CSR and a m
 each destination's source range (graphs where that range has holes are skipped); sdpa, on the
 (B, H, L, D) batch of a graph of equal complete blocks (exact mode; the kernel that ran is named).
 --sweep times instead the triton forward under each setting in SWEEP (layouts, tiles, warps, stages);
---sweep-backward times forward+backward under each backward setting in SWEEP_BACKWARD (edge tile, warps).
+--sweep-backward times forward+backward under each backward setting in SWEEP_BACKWARD (layouts, tiles,
+warps, stages).
 Correctness first: each contender's output on ALL destinations, computed while torch fills new memory
 with NaN (so rows a kernel never writes show up), must be within TOL of the reference backend run in
 float32 on the same inputs; a contender that is not is marked WRONG, not timed, and the exit status is 1.
@@ -88,7 +89,10 @@ PEAK_GBS = [
     ("A100-SXM4-80GB", 2039),
     ("A100", 1555),
 ]  # by the first substring of the device name that matches
-SWEEP_BACKWARD = dict(BLOCK_E=(4, 8, 16, 32), num_warps=(1, 2, 4))  # the two backward kernels' launch
+SWEEP_BACKWARD = {  # the two backward kernels' layouts and launch settings (backward_config)
+    "tile": dict(BLOCK_E=(4, 8, 16, 32), num_warps=(1, 2, 4), num_stages=(None,)),
+    "heads": dict(BLOCK_E=(2, 4, 8, 16), num_warps=(2, 4, 8), num_stages=(1, 2)),
+}
 SWEEP = {
     "tile": dict(BLOCK_E=(16, 32, 64), num_warps=(2, 4, 8), num_stages=(None,)),
     "lanes": dict(BLOCK_E=(8, 16, 32), num_warps=(2, 4), num_stages=(1, 2, 3)),
@@ -309,10 +313,13 @@ def sweep_contenders() -> dict:
 
 
 def sweep_backward_contenders() -> dict:
-    """The default triton backend, then every SWEEP_BACKWARD setting, named like "bwd E8 w1"."""
+    """The default triton backend, then every SWEEP_BACKWARD setting, named like "bwd heads E4 w4 s2"."""
     out = {"triton": make_backend("triton")}
-    for block_e, warps in itertools.product(*SWEEP_BACKWARD.values()):
-        out[f"bwd E{block_e} w{warps}"] = make_backend("triton", backward=dict(BLOCK_E=block_e, num_warps=warps))
+    for layout, axes in SWEEP_BACKWARD.items():
+        for values in itertools.product(*axes.values()):
+            cfg = dict(zip(axes, values))
+            name = f"bwd {layout} E{cfg['BLOCK_E']} w{cfg['num_warps']} s{cfg['num_stages']}"
+            out[name] = make_backend("triton", backward=dict(layout=layout, **cfg))
     return out
 
 

@@ -235,3 +235,23 @@ def test_powerlaw_graph_has_hubs():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
 def test_without_cuda_it_exits_cleanly(capsys, tmp_path):
     assert bench.main(["--out", str(tmp_path)]) == 0 and "no CUDA device" in capsys.readouterr().out
+
+
+def test_backward_sweep_covers_both_layouts_and_each_setting_reaches_the_kernels(monkeypatch):
+    """--sweep-backward's contenders: the default, then every SWEEP_BACKWARD setting of each backward
+    layout; a contender's settings reach the backward launch (read when its forward ran)."""
+    from sparseattn.kernels import triton_kernel as tk
+
+    contenders = bench.sweep_backward_contenders()
+    layouts = {name.split()[1] for name in contenders if name != "triton"}
+    assert set(bench.SWEEP_BACKWARD) == layouts == set(tk.BACKWARD_LAYOUTS)
+    sizes = [math.prod(len(v) for v in axes.values()) for axes in bench.SWEEP_BACKWARD.values()]
+    assert len(contenders) == 1 + sum(sizes)
+    launched = []
+    real = tk._triton_backward
+    monkeypatch.setattr(tk, "_triton_backward", lambda *a: launched.append(a[-1]) or real(*a))
+    g = graphs.window(12, radius=2)
+    q, k, v = (torch.randn(12, 3, 8, requires_grad=True) for _ in range(3))
+    contenders["bwd heads E2 w8 s1"](g, (-5.0, 5.0), q, k, v).fn().sum().backward()
+    assert (launched[0]["BLOCK_H"], launched[0]["BLOCK_E"], launched[0]["num_warps"]) == (4, 2, 8)
+    assert launched[0]["NUM_STAGES"] == 1

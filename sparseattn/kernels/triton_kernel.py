@@ -25,9 +25,11 @@ per edge into an (E, H) buffer in caller order. `_bwd_dkdv_kernel` walks the tra
 source): dscore, which it leaves in that buffer as dbias; with G_e = scale dscore_e q[t],
 dk[s] = sum_e G_e edge_scale[e], dv[s] = sum_e p_e m_e do[t], and per edge d edge_key[e] =
 G_e edge_scale[e], d edge_scale[e] = G_e (k[s] + edge_key[e]), d edge_value[e] = p_e m_e do[t] (a
-shared term's per-head rows are summed afterwards). No atomics, so every run gives bit-identical
-gradients. Under create_graph=True (double backward) backward recomputes through the reference
-instead (`reference.differentiable_grads`), whose gradients torch can differentiate again.
+shared term's per-head rows are summed afterwards). Each backward kernel runs one program per
+node and head, or per node for all heads (`BACKWARD_LAYOUTS`, `backward_config`). No atomics, so
+every run gives bit-identical gradients. Under create_graph=True (double backward) backward
+recomputes through the reference instead (`reference.differentiable_grads`), whose gradients torch
+can differentiate again.
 
 The launches are two custom ops, `sparseattn::triton_attention_fwd`/`_bwd`, with an autograd rule:
 eager, compiled and exported code call the same ops, and a compiled graph holds them whole. Runs on
@@ -314,8 +316,10 @@ def _bwd_dq_kernel(
     DV,
     SCALARS,
     BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
     CLAMP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
@@ -325,59 +329,66 @@ def _bwd_dq_kernel(
     HAS_EDGE_SCALE: tl.constexpr,
     ACC: tl.constexpr,
 ):
-    """One pass: with g = clamp indicator and key_e = (k[s] + edge_key[e]) * edge_scale[e],
-    dq = scale (sum g p dp key - delta sum g p key), delta = sum p dp."""
+    """One pass per destination t and group of BLOCK_H heads (`BACKWARD_LAYOUTS`): with g = clamp
+    indicator and key_e = (k[s] + edge_key[e]) * edge_scale[e], dq = scale (sum g p dp key - delta
+    sum g p key), delta = sum p dp; p dp per edge and head into PDP."""
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
+    heads = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BLOCK_H,)
+    in_h = heads < H
     sc, lo, hi = tl.load(SCALARS), tl.load(SCALARS + 1), tl.load(SCALARS + 2)  # in ACC
     offs_e, offs_d, offs_dv = tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     start, end = tl.load(PTR + t), tl.load(PTR + t + 1)
-    q = tl.load(Q + t * sq_n + h * sq_h + offs_d, mask=offs_d < D, other=0.0).to(ACC)
-    do = tl.load(DO + t * sdo_n + h * sdo_h + offs_dv, mask=offs_dv < DV, other=0.0).to(ACC)
-    lse = tl.load(LSE + t * H + h)
-    delta = tl.zeros([], ACC)
-    gpdp_k = tl.zeros([BLOCK_D], ACC)
-    gp_k = tl.zeros([BLOCK_D], ACC)
-    for e0 in range(start, end, BLOCK_E):
+    q = tl.load(
+        Q + t * sq_n + heads[:, None] * sq_h + offs_d[None, :], mask=in_h[:, None] & (offs_d[None, :] < D), other=0.0
+    ).to(ACC)  # (BLOCK_H, BLOCK_D)
+    do = tl.load(
+        DO + t * sdo_n + heads[:, None] * sdo_h + offs_dv[None, :],
+        mask=in_h[:, None] & (offs_dv[None, :] < DV),
+        other=0.0,
+    ).to(ACC)  # (BLOCK_H, BLOCK_DV)
+    lse = tl.load(LSE + t * H + heads, mask=in_h, other=0.0)
+    delta = tl.zeros([BLOCK_H], ACC)
+    gpdp_k = tl.zeros([BLOCK_H, BLOCK_D], ACC)
+    gp_k = tl.zeros([BLOCK_H, BLOCK_D], ACC)
+    for e0 in tl.range(start, end, BLOCK_E, num_stages=NUM_STAGES):
         e = e0 + offs_e
         live = e < end
+        live_h = live[:, None] & in_h[None, :]  # (BLOCK_E, BLOCK_H)
         src = tl.load(IDX + e, mask=live, other=0)
         pos = tl.load(PERM + e, mask=live, other=0)
-        kt = tl.load(
-            K + src[:, None] * sk_n + h * sk_h + offs_d[None, :], mask=live[:, None] & (offs_d[None, :] < D), other=0.0
-        ).to(ACC)
-        if HAS_EDGE_KEY:
-            kt += _rows(EK, pos, h, offs_d, sek_e, sek_h, live, D).to(ACC)
-        if HAS_EDGE_SCALE:
-            kt *= _rows(ES, pos, h, offs_d, ses_e, ses_h, live, D).to(ACC)
-        s = tl.sum(kt * q[None, :], 1) * sc
+        kt = _gather(K, src, heads, offs_d, sk_n, sk_h, live_h, D).to(ACC)  # (BLOCK_E, BLOCK_H, BLOCK_D)
+        if HAS_EDGE_KEY or HAS_EDGE_SCALE:
+            kt = _edge_keys(
+                kt, EK, ES, pos, heads, offs_d, sek_e, sek_h, ses_e, ses_h, live_h, D, HAS_EDGE_KEY, HAS_EDGE_SCALE
+            )
+        s = tl.sum(kt * q[None, :, :], 2) * sc  # (BLOCK_E, BLOCK_H)
         if HAS_BIAS:
-            s += tl.load(BIAS + pos * sb_e + h * sb_h, mask=live, other=0.0).to(ACC)
-        p = tl.where(live, tl.exp(_logit(s, lo, hi, CLAMP) - lse), 0.0)
-        vt = tl.load(
-            V + src[:, None] * sv_n + h * sv_h + offs_dv[None, :],
-            mask=live[:, None] & (offs_dv[None, :] < DV),
-            other=0.0,
-        ).to(ACC)
+            s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
+        p = tl.where(live_h, tl.exp(_logit(s, lo, hi, CLAMP) - lse[None, :]), 0.0)
+        vt = _gather(V, src, heads, offs_dv, sv_n, sv_h, live_h, DV).to(ACC)  # (BLOCK_E, BLOCK_H, BLOCK_DV)
         if HAS_EDGE_VALUE:
-            vt += _rows(EV, pos, h, offs_dv, sev_e, sev_h, live, DV).to(ACC)
-        dp = tl.sum(vt * do[None, :], 1)  # <do[t], v[s] + edge_value[e]>
+            vt += _gather(EV, pos, heads, offs_dv, sev_e, sev_h, live_h, DV).to(ACC)
+        dp = tl.sum(vt * do[None, :, :], 2)  # <do[t], v[s] + edge_value[e]>
         if HAS_MASK:
-            dp *= tl.load(MASK + pos * sm_e + h * sm_h, mask=live, other=0.0).to(ACC)
+            dp *= tl.load(MASK + pos[:, None] * sm_e + heads[None, :] * sm_h, mask=live_h, other=0.0).to(ACC)
         if HAS_DW:
-            dp += tl.load(DW + pos * sw_e + h * sw_h, mask=live, other=0.0).to(ACC)
+            dp += tl.load(DW + pos[:, None] * sw_e + heads[None, :] * sw_h, mask=live_h, other=0.0).to(ACC)
         pdp = p * dp
         delta += tl.sum(pdp, 0)
         if CLAMP:  # torch.clamp's gradient passes where lo <= s <= hi
             inside = (s >= lo) & (s <= hi)
-            gp_k += tl.sum(tl.where(inside, p, 0.0)[:, None] * kt, 0)
-            gpdp_k += tl.sum(tl.where(inside, pdp, 0.0)[:, None] * kt, 0)
+            gp_k += tl.sum(tl.where(inside, p, 0.0)[:, :, None] * kt, 0)
+            gpdp_k += tl.sum(tl.where(inside, pdp, 0.0)[:, :, None] * kt, 0)
         else:
-            gp_k += tl.sum(p[:, None] * kt, 0)
-            gpdp_k += tl.sum(pdp[:, None] * kt, 0)
-        tl.store(PDP + pos * H + h, pdp, mask=live)
-    tl.store(DELTA + t * H + h, delta)
-    tl.store(DQ + t * sq_n + h * sq_h + offs_d, ((gpdp_k - delta * gp_k) * sc).to(DQ.dtype.element_ty), mask=offs_d < D)
+            gp_k += tl.sum(p[:, :, None] * kt, 0)
+            gpdp_k += tl.sum(pdp[:, :, None] * kt, 0)
+        tl.store(PDP + pos[:, None] * H + heads[None, :], pdp, mask=live_h)
+    tl.store(DELTA + t * H + heads, delta, mask=in_h)
+    tl.store(
+        DQ + t * sq_n + heads[:, None] * sq_h + offs_d[None, :],
+        ((gpdp_k - delta[:, None] * gp_k) * sc).to(DQ.dtype.element_ty),
+        mask=in_h[:, None] & (offs_d[None, :] < D),
+    )
 
 
 @triton.jit
@@ -424,8 +435,10 @@ def _bwd_dkdv_kernel(
     DV,
     SCALARS,
     BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
     CLAMP: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
@@ -437,78 +450,80 @@ def _bwd_dkdv_kernel(
     GRAD_EDGE_SCALE: tl.constexpr,
     ACC: tl.constexpr,
 ):
-    """DS holds p dp from `_bwd_dq_kernel` and leaves holding dscore = g (p dp - p delta): overwritten in
-    place, so a triton.autotune of this kernel needs restore_value=["DS"]. DEK, DEV, DES: the edge
-    terms' gradients, (E, H, D / Dv) contiguous in caller order, written where their GRAD_ flag is set."""
+    """One pass per source u and group of BLOCK_H heads. DS holds p dp from `_bwd_dq_kernel` and
+    leaves holding dscore = g (p dp - p delta): overwritten in place, so a triton.autotune of this
+    kernel needs restore_value=["DS"]. DEK, DEV, DES: the edge terms' gradients, (E, H, D / Dv)
+    contiguous in caller order, written where their GRAD_ flag is set."""
     u = tl.program_id(0).to(tl.int64)  # a source node; PTR/IDX/PERM are the transposed CSR
-    h = tl.program_id(1).to(tl.int64)
+    heads = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BLOCK_H,)
+    in_h = heads < H
     sc, lo, hi = tl.load(SCALARS), tl.load(SCALARS + 1), tl.load(SCALARS + 2)  # in ACC
     offs_e, offs_d, offs_dv = tl.arange(0, BLOCK_E), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
     start, end = tl.load(PTR + u), tl.load(PTR + u + 1)
-    k = tl.load(K + u * sk_n + h * sk_h + offs_d, mask=offs_d < D, other=0.0).to(ACC)
-    dk = tl.zeros([BLOCK_D], ACC)
-    dv = tl.zeros([BLOCK_DV], ACC)
-    for e0 in range(start, end, BLOCK_E):
+    k = tl.load(
+        K + u * sk_n + heads[:, None] * sk_h + offs_d[None, :], mask=in_h[:, None] & (offs_d[None, :] < D), other=0.0
+    ).to(ACC)  # (BLOCK_H, BLOCK_D)
+    dk = tl.zeros([BLOCK_H, BLOCK_D], ACC)
+    dv = tl.zeros([BLOCK_H, BLOCK_DV], ACC)
+    for e0 in tl.range(start, end, BLOCK_E, num_stages=NUM_STAGES):
         e = e0 + offs_e
         live = e < end
+        live_h = live[:, None] & in_h[None, :]  # (BLOCK_E, BLOCK_H)
+        live_d = live_h[:, :, None] & (offs_d < D)[None, None, :]
         dst = tl.load(IDX + e, mask=live, other=0)
         pos = tl.load(PERM + e, mask=live, other=0)
-        qt = tl.load(
-            Q + dst[:, None] * sq_n + h * sq_h + offs_d[None, :], mask=live[:, None] & (offs_d[None, :] < D), other=0.0
-        ).to(ACC)  # (BLOCK_E, BLOCK_D)
-        if HAS_EDGE_KEY or HAS_EDGE_SCALE:
-            if HAS_EDGE_KEY:  # key: k[s] + edge_key[e], (BLOCK_E, BLOCK_D)
-                key = k[None, :] + _rows(EK, pos, h, offs_d, sek_e, sek_h, live, D).to(ACC)
-            else:
-                key = k[None, :]
-            if HAS_EDGE_SCALE:
-                es = _rows(ES, pos, h, offs_d, ses_e, ses_h, live, D).to(ACC)
-                s = tl.sum(qt * key * es, 1) * sc
-            else:
-                s = tl.sum(qt * key, 1) * sc
+        slot = pos[:, None] * H + heads[None, :]  # (edge, head) in caller order, (BLOCK_E, BLOCK_H)
+        qt = _gather(Q, dst, heads, offs_d, sq_n, sq_h, live_h, D).to(ACC)  # (BLOCK_E, BLOCK_H, BLOCK_D)
+        key = k[None, :, :]  # k[s] + edge_key[e], broadcast over the edges without edge keys
+        if HAS_EDGE_KEY:
+            key = key + _gather(EK, pos, heads, offs_d, sek_e, sek_h, live_h, D).to(ACC)
+        if HAS_EDGE_SCALE:
+            es = _gather(ES, pos, heads, offs_d, ses_e, ses_h, live_h, D).to(ACC)
+            s = tl.sum(qt * key * es, 2) * sc
         else:
-            s = tl.sum(qt * k[None, :], 1) * sc
+            s = tl.sum(qt * key, 2) * sc  # (BLOCK_E, BLOCK_H)
         if HAS_BIAS:
-            s += tl.load(BIAS + pos * sb_e + h * sb_h, mask=live, other=0.0).to(ACC)
-        lse = tl.load(LSE + dst * H + h, mask=live, other=0.0)
-        p = tl.where(live, tl.exp(_logit(s, lo, hi, CLAMP) - lse), 0.0)
-        ds = tl.load(DS + pos * H + h, mask=live, other=0.0) - p * tl.load(DELTA + dst * H + h, mask=live, other=0.0)
+            s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
+        lse = tl.load(LSE + dst[:, None] * H + heads[None, :], mask=live_h, other=0.0)
+        p = tl.where(live_h, tl.exp(_logit(s, lo, hi, CLAMP) - lse), 0.0)
+        delta = tl.load(DELTA + dst[:, None] * H + heads[None, :], mask=live_h, other=0.0)
+        ds = tl.load(DS + slot, mask=live_h, other=0.0) - p * delta
         if CLAMP:
             ds = tl.where((s >= lo) & (s <= hi), ds, 0.0)
-        tl.store(DS + pos * H + h, ds, mask=live)
-        g = ds[:, None] * qt  # (BLOCK_E, BLOCK_D): the score's gradient per key channel, / scale
+        tl.store(DS + slot, ds, mask=live_h)
+        g = ds[:, :, None] * qt  # (BLOCK_E, BLOCK_H, BLOCK_D): the score's gradient per key channel, / scale
         if HAS_EDGE_SCALE:
             if GRAD_EDGE_SCALE:
                 tl.store(
-                    DES + (pos * H + h)[:, None] * D + offs_d[None, :],
+                    DES + slot[:, :, None] * D + offs_d[None, None, :],
                     (g * key * sc).to(DES.dtype.element_ty),
-                    mask=live[:, None] & (offs_d[None, :] < D),
+                    mask=live_d,
                 )
             g *= es
         if GRAD_EDGE_KEY:
-            tl.store(
-                DEK + (pos * H + h)[:, None] * D + offs_d[None, :],
-                (g * sc).to(DEK.dtype.element_ty),
-                mask=live[:, None] & (offs_d[None, :] < D),
-            )
+            tl.store(DEK + slot[:, :, None] * D + offs_d[None, None, :], (g * sc).to(DEK.dtype.element_ty), mask=live_d)
         dk += tl.sum(g, 0)
         if HAS_MASK:
-            p *= tl.load(MASK + pos * sm_e + h * sm_h, mask=live, other=0.0).to(ACC)
-        dot = tl.load(
-            DO + dst[:, None] * sdo_n + h * sdo_h + offs_dv[None, :],
-            mask=live[:, None] & (offs_dv[None, :] < DV),
-            other=0.0,
-        ).to(ACC)  # (BLOCK_E, BLOCK_DV)
-        pdo = p[:, None] * dot
+            p *= tl.load(MASK + pos[:, None] * sm_e + heads[None, :] * sm_h, mask=live_h, other=0.0).to(ACC)
+        dot = _gather(DO, dst, heads, offs_dv, sdo_n, sdo_h, live_h, DV).to(ACC)  # (BLOCK_E, BLOCK_H, BLOCK_DV)
+        pdo = p[:, :, None] * dot
         if GRAD_EDGE_VALUE:
             tl.store(
-                DEV + (pos * H + h)[:, None] * DV + offs_dv[None, :],
+                DEV + slot[:, :, None] * DV + offs_dv[None, None, :],
                 pdo.to(DEV.dtype.element_ty),
-                mask=live[:, None] & (offs_dv[None, :] < DV),
+                mask=live_h[:, :, None] & (offs_dv < DV)[None, None, :],
             )
         dv += tl.sum(pdo, 0)
-    tl.store(DK + u * sk_n + h * sk_h + offs_d, (dk * sc).to(DK.dtype.element_ty), mask=offs_d < D)
-    tl.store(DV_OUT + u * sv_n + h * sv_h + offs_dv, dv.to(DV_OUT.dtype.element_ty), mask=offs_dv < DV)
+    tl.store(
+        DK + u * sk_n + heads[:, None] * sk_h + offs_d[None, :],
+        (dk * sc).to(DK.dtype.element_ty),
+        mask=in_h[:, None] & (offs_d[None, :] < D),
+    )
+    tl.store(
+        DV_OUT + u * sv_n + heads[:, None] * sv_h + offs_dv[None, :],
+        dv.to(DV_OUT.dtype.element_ty),
+        mask=in_h[:, None] & (offs_dv[None, :] < DV),
+    )
 
 
 def _dims(d: int, dv: int) -> Tuple[int, int]:
@@ -526,13 +541,24 @@ def _tiles(d: int, dv: int, mean_degree: float) -> dict:
 
 
 def _bwd_tiles(d: int, dv: int) -> dict:
-    """Tile sizes of the two backward kernels: 8 edges per tile and one warp per 512 elements of a
-    gathered tile (1 to 4). Measured on an H100 (bf16, H=8, D=64; benchmarks/results/): 8 edges with
-    1 warp took fwd+bwd from 85 to 65 ms on a 1M-node random graph, 31 to 11 ms on window r=8, and
-    15 to 7 ms on complete 512-token blocks against `_tiles`' 16-64 edges with 2-4 warps."""
+    """Tile sizes of the backward kernels' tile layout: 8 edges per tile and one warp per 512
+    elements of a gathered tile (1 to 4). Measured on an H100 (bf16, H=8, D=64; benchmarks/results/):
+    8 edges with 1 warp took fwd+bwd from 85 to 65 ms on a 1M-node random graph, 31 to 11 ms on
+    window r=8, and 15 to 7 ms on complete 512-token blocks against `_tiles`' 16-64 edges with 2-4
+    warps."""
     block_d, block_dv = _dims(d, dv)
     warps = max(1, min(4, 8 * max(block_d, block_dv) // 512))
     return dict(BLOCK_E=8, BLOCK_D=block_d, BLOCK_DV=block_dv, num_warps=warps)
+
+
+def _heads_tiles(d: int, dv: int, heads: int) -> dict:
+    """BLOCK_H (all heads, padded to a power of two) and BLOCK_E of a layout with all heads in one
+    program: an edge tile of BLOCK_E * BLOCK_H * max(BLOCK_D, BLOCK_DV) near 2048 elements, BLOCK_E
+    from 1 to 16."""
+    block_d, block_dv = _dims(d, dv)
+    block_h = triton.next_power_of_2(max(heads, 1))
+    per_edge = block_h * max(block_d, block_dv)
+    return dict(BLOCK_H=block_h, BLOCK_E=min(16, 1 << max(0, (2048 // per_edge).bit_length() - 1)))
 
 
 # Forward layouts, measured against each other on an H100 (`_config` picks; benchmarks/results/):
@@ -574,18 +600,57 @@ def forward_config(**settings):
         yield
 
 
+# Backward layouts (`_bwd_config` picks; `backward_config(layout=...)` forces):
+#   tile:  one program per (node, head) in each kernel, 8-edge tiles (`_bwd_tiles`), the loop not
+#          explicitly pipelined: measured on an H100, the default.
+#   heads: one program per node for all heads, as the forward's heads layout: (BLOCK_E, H, D) tiles
+#          read whole H * D rows of the gathered nodes and the index once instead of H times, loop
+#          pipelined with num_stages. Exact in Triton's interpreter; not yet timed on a GPU
+#          (bench_triton_gpu --sweep-backward compares the two).
+BACKWARD_LAYOUTS = ("tile", "heads")
+DEFAULT_BACKWARD_LAYOUT = "tile"
 _bwd_overrides: dict = {}  # set by backward_config()
 
 
 @contextlib.contextmanager
 def backward_config(**settings):
     """Calls whose forward runs inside the block launch their backward kernels with these settings
-    (BLOCK_E, num_warps) instead of `_bwd_tiles`' choice, whenever that backward runs: how
-    benchmarks sweep them."""
-    if set(settings) - {"BLOCK_E", "num_warps"}:
-        raise ValueError(f"bad backward settings {settings}; the keys are BLOCK_E and num_warps")
+    (layout, BLOCK_E, num_warps, num_stages) instead of `_bwd_config`'s choice, whenever that
+    backward runs: how benchmarks sweep them and tests cover them."""
+    unknown = set(settings) - {"layout", "BLOCK_E", "num_warps", "num_stages"}
+    if unknown or settings.get("layout", DEFAULT_BACKWARD_LAYOUT) not in BACKWARD_LAYOUTS:
+        raise ValueError(f"bad backward settings {settings}; layouts are {list(BACKWARD_LAYOUTS)}")
     with _overriding(_bwd_overrides, settings):
         yield
+
+
+def _bwd_config(d: int, dv: int, heads: int) -> dict:
+    """Launch settings of the two backward kernels, with `backward_config`'s overrides: BLOCK_H,
+    BLOCK_E, BLOCK_D, BLOCK_DV, NUM_STAGES (None: no explicit pipelining) and num_warps. tile:
+    `_bwd_tiles`; heads: `_heads_tiles`, 4 warps, 2 stages."""
+    layout = _bwd_overrides.get("layout", DEFAULT_BACKWARD_LAYOUT)
+    cfg = _bwd_tiles(d, dv)
+    if layout == "heads":
+        cfg.update(_heads_tiles(d, dv, heads), NUM_STAGES=2, num_warps=4)
+    else:
+        cfg.update(BLOCK_H=1, NUM_STAGES=None)
+    cfg.update({("NUM_STAGES" if k == "num_stages" else k): v for k, v in _bwd_overrides.items() if k != "layout"})
+    return cfg
+
+
+_LAUNCH = ("BLOCK_H", "BLOCK_E", "NUM_STAGES", "num_warps")  # the settings the backward op carries
+
+
+def _launch_ints(cfg: dict) -> List[int]:
+    """The backward's settings that do not follow from the dims, as the op's int list (0 for NUM_STAGES=None)."""
+    return [cfg[k] or 0 for k in _LAUNCH]
+
+
+def _launch_settings(launch: List[int]) -> dict:
+    """`_launch_ints`' inverse."""
+    cfg: dict = dict(zip(_LAUNCH, launch))
+    cfg["NUM_STAGES"] = cfg["NUM_STAGES"] or None
+    return cfg
 
 
 def _config(d: int, dv: int, heads: int, mean_degree: float) -> dict:
@@ -604,11 +669,10 @@ def _config(d: int, dv: int, heads: int, mean_degree: float) -> dict:
         layout = "tile"
     flags = dict(LAYOUTS[layout])
     if flags.pop("all_heads"):
-        block_h = all_heads
-        cfg.update(BLOCK_E=min(16, 1 << max(0, (2048 // per_edge).bit_length() - 1)), num_warps=4)
+        cfg.update(_heads_tiles(d, dv, heads), num_warps=4)
     else:
-        block_h = 1
-    cfg.update(BLOCK_H=block_h, NUM_STAGES=None if layout == "tile" else 2, **flags)
+        cfg.update(BLOCK_H=1)
+    cfg.update(NUM_STAGES=None if layout == "tile" else 2, **flags)
     cfg.update({("NUM_STAGES" if k == "num_stages" else k): v for k, v in _overrides.items() if k != "layout"})
     return cfg
 
@@ -731,7 +795,7 @@ def _triton_backward(
     if d_weights is given); dscore is (E, H) in caller order and the accumulation dtype: it is
     dbias. The edge terms' gradients are shaped as the terms, None where absent or where
     needs_terms (3 bools) says no. csr, csc: the destination- and source-sorted (ptr, idx, perm);
-    tiles: both kernels' launch settings (`_bwd_tiles`, with `backward_config`'s overrides)."""
+    tiles: both kernels' launch settings (`_bwd_config`)."""
     (n_dst, h), n_src, num_edges = q.shape[:2], k.shape[0], csr[1].shape[0]
     acc = accumulation_dtype(q.dtype)
     bias_t, mask_t, dims, flags = _shared_args(q, v, scale, clamp, bias, dropout_mask)
@@ -741,7 +805,8 @@ def _triton_backward(
     ds = torch.empty(num_edges, h, dtype=acc, device=q.device)  # p dp, then dscore; caller order
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     d_terms, shared = zip(*(_term_grad(t, need, h, acc) for t, need in zip(terms, needs_terms)))
-    _bwd_dq_kernel[(n_dst, h)](
+    heads_grid = triton.cdiv(h, tiles["BLOCK_H"])
+    _bwd_dq_kernel[(n_dst, heads_grid)](
         q,
         k,
         v,
@@ -769,7 +834,7 @@ def _triton_backward(
         **term_flags,
         **tiles,
     )
-    _bwd_dkdv_kernel[(n_src, h)](
+    _bwd_dkdv_kernel[(n_src, heads_grid)](
         q,
         k,
         bias_t,
@@ -871,15 +936,14 @@ def triton_attention_bwd(
     d_weights: Optional[Tensor],
     scale: float,
     clamp: Optional[List[float]],
-    block_e: int,
-    num_warps: int,
+    launch: List[int],
     needs_terms: List[bool],
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The two backward kernels as an op: dq, dk, dv, dscore ((E, H), the accumulation dtype: the
     gradient of bias) and the gradients of edge_key, edge_value, edge_scale (shaped as they are;
-    empty where a term is absent or needs_terms says no), launched with block_e edges per tile and
-    num_warps warps."""
-    tiles = dict(_bwd_tiles(q.shape[2], v.shape[2]), BLOCK_E=block_e, num_warps=num_warps)
+    empty where a term is absent or needs_terms says no), launched with the settings `launch` holds:
+    `_launch_ints` of `_bwd_config` as it was when the forward ran."""
+    tiles = dict(zip(("BLOCK_D", "BLOCK_DV"), _dims(q.shape[2], v.shape[2])), **_launch_settings(launch))
     terms = (edge_key, edge_value, edge_scale)
     with _on(q.device):
         *grads, dek, dev, des = _triton_backward(
@@ -921,8 +985,7 @@ def _setup(ctx, inputs, output):
     ctx.save_for_backward(*(named[n] for n in _SAVED), output[1])
     ctx.scale, ctx.clamp, ctx.eps = named["scale"], named["clamp"], named["eps"]
     q, v = named["q"], named["v"]
-    tiles = {**_bwd_tiles(q.shape[2], v.shape[2]), **_bwd_overrides}  # as set when the forward ran
-    ctx.block_e, ctx.num_warps = tiles["BLOCK_E"], tiles["num_warps"]
+    ctx.launch = _launch_ints(_bwd_config(q.shape[2], v.shape[2], q.shape[1]))  # as set when the forward ran
 
 
 def _backward(ctx, d_out, _d_lse, d_weights):
@@ -941,7 +1004,7 @@ def _backward(ctx, d_out, _d_lse, d_weights):
     needs_terms = [want and t is not None for want, t in zip(wanted[4:], terms)]
     dq, dk, dv, ds, *d_terms = triton_attention_bwd(
         q, k, v, ptr, idx, perm, cptr, cidx, cperm, bias, mask, *terms, lse, d_out.contiguous(), d_weights,
-        ctx.scale, ctx.clamp, ctx.block_e, ctx.num_warps, needs_terms,
+        ctx.scale, ctx.clamp, ctx.launch, needs_terms,
     )  # fmt: skip
     dbias = ds.to(bias.dtype) if bias is not None and wanted[3] else None
     d_terms = [d if need else None for d, need in zip(d_terms, needs_terms)]

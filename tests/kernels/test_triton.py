@@ -98,8 +98,10 @@ def gold(base, ei, grad_out, use_bias=True, scale=None, clamp=(-5.0, 5.0)):
 
 @pytest.fixture(params=list(tk.LAYOUTS))
 def layout(request):
-    """Runs a test once per forward layout (the backward is shared)."""
-    with tk.forward_config(layout=request.param):
+    """Runs a test once per forward layout; the heads forward with the heads backward layout, the
+    others with the tile backward (the backward reads only the forward's lse, whichever layout made it)."""
+    bwd = "heads" if request.param == "heads" else "tile"
+    with tk.forward_config(layout=request.param), tk.backward_config(layout=bwd):
         yield request.param
 
 
@@ -149,14 +151,32 @@ def test_forward_layouts_across_edge_tiles(layout, dtype, clamp):
     assert_matches_references(out, grads, base, ei, dtype, grad_out, clamp)
 
 
-@pytest.mark.parametrize("block_e, num_warps", [(2, 1), (16, 2)])
-def test_backward_tiles_set_at_forward_time(block_e, num_warps):
+@pytest.mark.parametrize("clamp", [(-1.0, 0.5), None], ids=["clamp-narrow", "exact"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_heads_backward_matches_references(dtype, clamp):
+    """The heads backward layout (all heads in one program, pipelined edge loop) with 2-edge tiles:
+    duplicates, isolated nodes, bias, D=59 and Dv=7 (padded), H=3 (padded to 4 heads)."""
+    ei, n_src, n_dst = awkward_graph(num_edges=80)
+    base = inputs(n_src, n_dst, 3, 59, 7)
+    grad_out = torch.randn(n_dst, 3, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    with tk.backward_config(layout="heads", BLOCK_E=2):
+        out, grads = run("triton", base, ei, dtype, grad_out, clamp=clamp)
+    assert (grads[0][-2:] == 0).all()  # isolated destinations: zero gradient
+    assert_matches_references(out, grads, base, ei, dtype, grad_out, clamp)
+
+
+@pytest.mark.parametrize(
+    "bwd_layout, block_e, num_warps, num_stages", [("tile", 2, 1, None), ("tile", 16, 2, 2), ("heads", 2, 4, 3)]
+)
+def test_backward_tiles_set_at_forward_time(bwd_layout, block_e, num_warps, num_stages):
     """backward_config's settings, in force when the forward ran, drive its backward kernels even
-    though backward runs outside the block: gradients still equal the references'."""
+    though backward runs outside the block: gradients still equal the references' (H=3: the heads
+    layout pads to 4 heads; several edge tiles per node)."""
     ei, n_src, n_dst = awkward_graph(num_edges=80)
     base = inputs(n_src, n_dst, 3, 5, 4)
     grad_out = torch.randn(n_dst, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    with tk.backward_config(BLOCK_E=block_e, num_warps=num_warps):
+    settings = dict(layout=bwd_layout, BLOCK_E=block_e, num_warps=num_warps, num_stages=num_stages)
+    with tk.backward_config(**settings):
         q, k, v, table = (t.to(DEVICE).clone().requires_grad_() for t in base)
         ei_d = ei.to(DEVICE)
         out = edge_attention(q, k, v, ei_d, bias=table[ei_d[1], ei_d[0]], backend="triton")
@@ -168,12 +188,15 @@ def test_backward_tiles_set_at_forward_time(block_e, num_warps):
         grads = torch.autograd.grad(out, (q, k, v, table), grad_out.to(DEVICE))
     finally:
         tk._triton_backward = real
-    assert launched[0]["BLOCK_E"] == block_e and launched[0]["num_warps"] == num_warps
+    tiles = launched[0]
+    assert (tiles["BLOCK_E"], tiles["num_warps"], tiles["NUM_STAGES"]) == (block_e, num_warps, num_stages)
+    assert tiles["BLOCK_H"] == (4 if bwd_layout == "heads" else 1)
     grads = [g.cpu() for g in grads]
     assert_matches_references(out.detach().cpu(), grads, base, ei, torch.float64, grad_out, (-5.0, 5.0))
-    with pytest.raises(ValueError, match="bad backward settings"):
-        with tk.backward_config(BLOCK_H=2):
-            pass
+    for bad in (dict(BLOCK_H=2), dict(layout="lanes")):
+        with pytest.raises(ValueError, match="bad backward settings"):
+            with tk.backward_config(**bad):
+                pass
 
 
 def test_forward_config_presets_and_overrides():
@@ -473,10 +496,12 @@ _COMPILE = textwrap.dedent("""
                 cfg = tk._config(d, d, 8, 16.0)
             num_warps = cfg.pop("num_warps")
             build(tk._fwd_kernel, dict(RETURN_WEIGHTS=True, HAS_EPS=clamp, **flags, **terms, **cfg), num_warps)
-        cfg = tk._bwd_tiles(d, d)
-        num_warps = cfg.pop("num_warps")
-        build(tk._bwd_dq_kernel, dict(HAS_DW=True, **flags, **terms, **cfg), num_warps)
-        build(tk._bwd_dkdv_kernel, dict(**flags, **terms, **grads, **cfg), num_warps)
+        for layout in tk.BACKWARD_LAYOUTS:
+            with tk.backward_config(layout=layout):
+                cfg = tk._bwd_config(d, d, 8)
+            num_warps = cfg.pop("num_warps")
+            build(tk._bwd_dq_kernel, dict(HAS_DW=True, **flags, **terms, **cfg), num_warps)
+            build(tk._bwd_dkdv_kernel, dict(**flags, **terms, **grads, **cfg), num_warps)
     print("compiled")
 """)
 

@@ -109,14 +109,29 @@ def test_terms_shared_by_the_heads(mode):
     assert all(got[f"d{n}"].shape[1] == 1 for n in shared)
 
 
+@pytest.mark.parametrize("bwd_layout", tk.BACKWARD_LAYOUTS)
 @pytest.mark.parametrize("layout", list(tk.LAYOUTS))
-def test_forward_layouts_across_edge_tiles(layout):
-    """Each forward layout with 2-edge tiles in the forward and the backward, so every destination and
-    source spans several tiles; H=3 (the heads layout pads to 4 heads); a large eps (0.5)."""
+def test_forward_layouts_across_edge_tiles(layout, bwd_layout):
+    """Each forward and backward layout with 2-edge tiles in the forward and the backward, so every
+    destination and source spans several tiles; H=3 (the heads layouts pad to 4 heads); a large eps
+    (0.5)."""
     ei, x = _case(seed=3, heads=3, d=6, dv=4)
-    with tk.forward_config(layout=layout, BLOCK_E=2), tk.backward_config(BLOCK_E=2):
+    with tk.forward_config(layout=layout, BLOCK_E=2), tk.backward_config(layout=bwd_layout, BLOCK_E=2):
         got = _run("triton", ei, x, TERMS, eps=0.5)
     _assert_matches(got, _run("reference", ei, x, TERMS, eps=0.5), torch.float64)
+
+
+@pytest.mark.parametrize("mode", ["clamp-eps", "exact"])
+def test_shared_terms_in_the_heads_backward(mode):
+    """The heads backward reads (E, 1, .) terms with head stride 0 for all heads of a program and
+    writes each head's gradient row, summed afterwards."""
+    clamp, eps = MODES[mode]
+    ei, x = _case(seed=6, heads=3)
+    for name in TERMS:
+        x[name] = x[name][:, :1].contiguous()
+    with tk.backward_config(layout="heads", BLOCK_E=4):
+        got = _run("triton", ei, x, TERMS, clamp=clamp, eps=eps)
+    _assert_matches(got, _run("reference", ei, x, TERMS, clamp=clamp, eps=eps), torch.float64)
 
 
 def test_terms_without_gradient():
@@ -213,5 +228,8 @@ def test_opcheck_of_both_ops_with_edge_terms():
     d_out, d_w = (torch.randn(*shape, dtype=torch.float64, device=DEVICE) for shape in ((5, 2, 3), (ei.shape[1], 2)))
     plain = [t.detach() for t in (x["q"], x["k"], x["v"])]
     bwd = (*plain, *index, x["bias"].detach(), None, *(t.detach() for t in terms), lse, d_out, d_w, 0.5, [-2.0, 2.0])
-    for needs in ([True, True, True], [False, True, False]):  # an unwanted gradient comes back empty
-        torch.library.opcheck(tk.triton_attention_bwd, (*bwd, 8, 1, needs), test_utils=checks[:2])
+    for layout in tk.BACKWARD_LAYOUTS:
+        with tk.backward_config(layout=layout):
+            launch = tk._launch_ints(tk._bwd_config(4, 3, 2))
+        for needs in ([True, True, True], [False, True, False]):  # an unwanted gradient comes back empty
+            torch.library.opcheck(tk.triton_attention_bwd, (*bwd, launch, needs), test_utils=checks[:2])
