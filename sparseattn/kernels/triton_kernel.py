@@ -91,13 +91,6 @@ def _gather(P, rows, heads, offs, s_n, s_h, live_h, width):
 
 
 @triton.jit
-def _rows(P, rows, h, offs, s_n, s_h, live, width):
-    """P[rows, h, :width] as a (BLOCK_E, BLOCK_X) tile, 0 where live (BLOCK_E,) is False."""
-    mask = live[:, None] & (offs < width)[None, :]
-    return tl.load(P + rows[:, None] * s_n + h * s_h + offs[None, :], mask=mask, other=0.0)
-
-
-@triton.jit
 def _edge_keys(
     kt,
     EK,
