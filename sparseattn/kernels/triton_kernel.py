@@ -582,6 +582,13 @@ def _overriding(overrides: dict, settings: dict):
         overrides.update(saved)
 
 
+def _overridden(cfg: dict, overrides: dict) -> dict:
+    """cfg with a *_config block's settings in force (its num_stages is the kernels' NUM_STAGES;
+    its layout was read already)."""
+    cfg.update({("NUM_STAGES" if k == "num_stages" else k): v for k, v in overrides.items() if k != "layout"})
+    return cfg
+
+
 @contextlib.contextmanager
 def forward_config(**settings):
     """Inside the block, forward launches use these settings (layout, BLOCK_E, num_warps, num_stages)
@@ -627,8 +634,7 @@ def _bwd_config(d: int, dv: int, heads: int) -> dict:
         cfg.update(_heads_tiles(d, dv, heads), NUM_STAGES=2, num_warps=4)
     else:
         cfg.update(BLOCK_H=1, NUM_STAGES=None)
-    cfg.update({("NUM_STAGES" if k == "num_stages" else k): v for k, v in _bwd_overrides.items() if k != "layout"})
-    return cfg
+    return _overridden(cfg, _bwd_overrides)
 
 
 _LAUNCH = ("BLOCK_H", "BLOCK_E", "NUM_STAGES", "num_warps")  # the settings the backward op carries
@@ -666,8 +672,7 @@ def _config(d: int, dv: int, heads: int, mean_degree: float) -> dict:
     else:
         cfg.update(BLOCK_H=1)
     cfg.update(NUM_STAGES=None if layout == "tile" else 2, **flags)
-    cfg.update({("NUM_STAGES" if k == "num_stages" else k): v for k, v in _overrides.items() if k != "layout"})
-    return cfg
+    return _overridden(cfg, _overrides)
 
 
 def _contiguous(index: Tuple[Tensor, ...]) -> Tuple[Tensor, ...]:
