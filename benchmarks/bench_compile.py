@@ -23,10 +23,7 @@ eager/compiled per case and pass against the 1.15x target (`--replot FILE.json` 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
@@ -36,9 +33,8 @@ from torch import Tensor, nn
 
 from sparseattn import EdgeAttention, Graph, edge_attention, graphs
 
-from .harness import Result, machine_header, machine_info, machine_tag, time_interleaved, write_json
-
-RESULTS = os.path.join(os.path.dirname(__file__), "results")
+from .harness import RESULTS, Output, Result, machine_header, machine_info, machine_tag, time_interleaved, write_bars
+from .pages import preview
 
 
 class GraphLayer(nn.Module):
@@ -213,35 +209,11 @@ def dynamic_sizes(args, log: Callable[[str], None]) -> dict:
 def plot_ratios(path: str, title: str, cases: Dict[str, dict], target: float = 1.15) -> bool:
     """eager/compiled per case, bars for fwd and fwd+bwd, with 1.0 (no gain) and the issue's
     target marked. False if matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    names = list(cases)
-    fig, ax = plt.subplots(figsize=(9, 0.55 * len(names) + 1.8))
-    for j, (mode, color) in enumerate((("fwd", "tab:blue"), ("fwd+bwd", "tab:orange"))):
-        ratios = [cases[n][f"ratio_{mode}"] for n in names]
-        ys = [i + (j - 0.5) * 0.38 for i in range(len(names))]
-        ax.barh(ys, ratios, height=0.36, color=color, label=mode)
-        for y, r in zip(ys, ratios):
-            ax.annotate(f"{r:.2f}x", (r, y), xytext=(3, 0), textcoords="offset points", va="center", fontsize=7)
-    ax.axvline(1.0, color="black", lw=1)
-    ax.axvline(target, color="tab:red", lw=1, ls="--", label=f"target {target}x")
-    ax.set_yticks(range(len(names)), names, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("eager time / compiled time (> 1: compiled is faster)")
-    ax.set_xlim(0, max(target, *(cases[n][f"ratio_{m}"] for n in names for m in ("fwd", "fwd+bwd"))) * 1.15)
-    ax.legend(fontsize=8, loc="lower right")
-    ax.grid(True, axis="x", alpha=0.3)
-    fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    ratios = {name: {m: c[f"ratio_{m}"] for m in ("fwd", "fwd+bwd")} for name, c in cases.items()}
+    lines = [(1.0, "no gain"), (target, f"target {target}x")]
+    return write_bars(
+        path, title, {"eager / compiled (> 1: compiled is faster)": ratios}, "eager / compiled", lines=lines
+    )
 
 
 def main(argv=None) -> None:
@@ -254,46 +226,25 @@ def main(argv=None) -> None:
     ap.add_argument("--no-dynamic", action="store_true", help="skip the ten-sizes dynamic=True run")
     ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--tag", default="")
-    ap.add_argument("--replot", default="", help="only redraw the PNG beside this results JSON")
     args = ap.parse_args(argv)
-    if args.replot:
-        with open(args.replot) as f:
-            saved = json.load(f)
-        plot_ratios(args.replot[: -len(".json")] + ".png", machine_header(saved["machine"]), saved["config"]["cases"])
-        return
     torch.set_num_threads(args.threads)
     names = [c for c in args.cases.split(",") if c] or list(CASES)
     unknown = [c for c in names if c not in CASES]
     if unknown:
         raise SystemExit(f"unknown cases {unknown}; choose from {list(CASES)}")
     info = machine_info()
-    lines: List[str] = []
-
-    def log(s: str) -> None:
-        print(s, flush=True)
-        lines.append(s)
-
-    log("$ python -m benchmarks.bench_compile " + " ".join(sys.argv[1:] if argv is None else argv))
-    log(machine_header(info))
-    log("compiled: torch.compile(model, fullgraph=True), inductor; median of interleaved rounds; times in ms")
+    out = Output(
+        "benchmarks.bench_compile", argv, args.out, f"bench_compile_{machine_tag(info)}{'_' * bool(args.tag)}{args.tag}"
+    )
+    out.log(machine_header(info))
+    out.log("compiled: torch.compile(model, fullgraph=True), inductor; median of interleaved rounds; times in ms")
     results: List[Result] = []
-    per_case: Dict[str, object] = {name: run_case(CASES[name], args, results, log) for name in names}
-    dynamic: Optional[dict] = None if args.no_dynamic else dynamic_sizes(args, log)
-    log("\ncase                              pass      eager/compiled   compile s   breaks")
-    for name in names:
-        c = per_case[name]
-        for mode in ("fwd", "fwd+bwd"):
-            log(
-                f"{name:33s} {mode:8s} {c[f'ratio_{mode}']:10.2f}x {c[f'compile_s_{mode}']:11.1f} "  # type: ignore[index]
-                f"{c['breaks']:8d}"  # type: ignore[index]
-            )
-    stem = f"bench_compile_{machine_tag(info)}{'_' + args.tag if args.tag else ''}"
-    config = dict(cases=per_case, dynamic=dynamic, reps=args.reps, threads=args.threads)
-    write_json(os.path.join(args.out, stem + ".json"), info, config, results)
-    drawn = plot_ratios(os.path.join(args.out, stem + ".png"), machine_header(info), per_case)  # type: ignore[arg-type]
-    with open(os.path.join(args.out, stem + ".log"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print(f"\nwrote {os.path.join(args.out, stem)}.json, .log" + (" and .png" if drawn else ""))
+    per_case: Dict[str, dict] = {name: run_case(CASES[name], args, results, out.log) for name in names}
+    dynamic: Optional[dict] = None if args.no_dynamic else dynamic_sizes(args, out.log)
+    out.save(info, dict(cases=per_case, dynamic=dynamic, reps=args.reps, threads=args.threads), results)
+    plot_ratios(out.path + ".png", machine_header(info), per_case)
+    out.log(preview(out.path + ".json"))
+    out.close()
 
 
 if __name__ == "__main__":

@@ -50,7 +50,9 @@ import torch
 from sparseattn import edge_attention, graphs
 from sparseattn.kernels import choose_auto
 
-from .harness import Result, machine_header, machine_info, machine_tag, peak_extra_mib, write_json, write_png
+from .families import families
+from .harness import RESULTS, Output, Result, machine_header, machine_info, machine_tag, peak_extra_mib, write_png
+from .pages import preview
 
 DEFAULT_FAMILIES = "window-8192,random-50k,complete-64x32,causal-32x128,bipartite-32x40x40,varlen-5..50-4096"
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dgl_runner.py")
@@ -115,9 +117,7 @@ def start_dgl(python: str, threads: int, workdir: str):
 
 
 def main(argv=None) -> None:
-    from .bench_kernels import families
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--dgl-python", default=os.environ.get("DGL_PYTHON", ""), help="Python of the DGL environment")
     ap.add_argument("--families", default=DEFAULT_FAMILIES, help="comma-separated bench_kernels family names, or all")
     ap.add_argument("--quick", action="store_true", help="bench_kernels' small graphs (a smoke test)")
@@ -125,7 +125,7 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=3, help="calls per sample (1 when a call takes over 0.3 s)")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--tag", default="")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -144,33 +144,27 @@ def main(argv=None) -> None:
     # DGL's and torch's versions are in the JSON (machine.dgl), not in the name; a run without DGL says so
     variant = "-".join(([args.tag] if args.tag else []) + ([] if runner else ["nodgl"]))
     stem = f"bench_dgl{'_quick' if args.quick else ''}_{machine_tag(info)}{'_' + variant if variant else ''}"
-    lines: List[str] = []
-
-    def log(s: str) -> None:
-        print(s, flush=True)
-        lines.append(s)
-
-    log(machine_header(info))
-    if dgl_note:
-        log(f"DGL: {dgl_note}")
-    else:
-        d = dgl_info
-        log(f"DGL: dgl {d['dgl']} on torch {d['torch']}, numpy {d['numpy']}, {d['threads']} thread(s), own process")
-    log(f"H={HEADS}, D={DIM}, float32; median over {args.rounds} interleaved rounds of the median of {args.reps} calls")
+    out = Output("benchmarks.bench_dgl", argv, args.out, stem)
+    out.log(machine_header(info))
+    d = dgl_info
+    dgl = dgl_note or f"dgl {d['dgl']} on torch {d['torch']}, numpy {d['numpy']}, {d['threads']} thread(s), own process"
+    out.log(f"DGL: {dgl}")
+    out.log(
+        f"H={HEADS}, D={DIM}, float32; median over {args.rounds} interleaved rounds of the median of {args.reps} calls"
+    )
     results: List[Result] = []
     config = {**vars(args), "dgl_python": "DGL_PYTHON" if args.dgl_python else "", "out": "OUT"}  # no machine paths
     try:
         for name in names:
-            run_family(name, fams[name], args, runner, dgl_note, workdir, results, log)
-            write_json(os.path.join(args.out, stem + ".json"), info, config, results)
+            run_family(name, fams[name], args, runner, dgl_note, workdir, results, out.log)
+            out.save(info, config, results)
     finally:
         if runner is not None:
             runner.close()
-    log("\n" + table(results, info))
-    drawn = write_png(os.path.join(args.out, stem + ".png"), title(info), results)
-    with open(os.path.join(args.out, stem + ".log"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print(f"\nwrote {os.path.join(args.out, stem)}.json, .log" + (" and .png" if drawn else ""))
+    theirs = f"dgl {d['dgl']} on torch {d['torch']}" if isinstance(d, dict) else d
+    write_png(out.path + ".png", machine_header(info) + f"\n{theirs}; ms, median of interleaved rounds", results)
+    out.log("\n" + preview(out.path + ".json"))
+    out.close()
 
 
 def run_family(name, fam, args, runner, dgl_note, workdir, results, log) -> None:
@@ -188,18 +182,8 @@ def run_family(name, fam, args, runner, dgl_note, workdir, results, log) -> None
     dgl_errs: Dict[str, float] = {}
     if runner is not None:
         path = os.path.join(workdir, f"{name}.npz")
-        np.savez(
-            path,
-            src=g.src.numpy(),
-            dst=g.dst.numpy(),
-            num_src=g.num_src,
-            num_dst=g.num_dst,
-            q=q.numpy(),
-            k=k.numpy(),
-            v=v.numpy(),
-            ref=ref.numpy(),
-            gout=gout.numpy(),
-        )
+        arrays = dict(src=g.src, dst=g.dst, q=q, k=k, v=v, ref=ref, gout=gout)
+        np.savez(path, num_src=g.num_src, num_dst=g.num_dst, **{key: t.numpy() for key, t in arrays.items()})
         try:
             dgl_errs = runner.ask(cmd="load", family=name, path=path)["max_err"]
         except Exception as exc:
@@ -229,9 +213,8 @@ def run_family(name, fam, args, runner, dgl_note, workdir, results, log) -> None
                         return out
 
                     with torch.no_grad():
-                        r.max_err_vs_reference = (
-                            (edge_attention(q, k, v, g, backend="auto", **kw) - ref).abs().max().item()
-                        )
+                        out = edge_attention(q, k, v, g, backend="auto", **kw)
+                    r.max_err_vs_reference = (out - ref).abs().max().item()
                     r.note = f"-> {choose_auto(q, g)}"
                     if not r.max_err_vs_reference <= TOL:
                         raise AssertionError(f"max |err| {r.max_err_vs_reference:.3g}")
@@ -249,10 +232,8 @@ def run_family(name, fam, args, runner, dgl_note, workdir, results, log) -> None
                     if not r.max_err_vs_reference <= TOL:
                         raise AssertionError(f"max |err| {r.max_err_vs_reference:.3g}")
                     r.peak_extra_mib = runner.ask(cmd="mem", contender=c, mode=mode)["peak_extra_mib"]
-                    first = runner.ask(cmd="time", contender=c, mode=mode, reps=1, warmup=args.warmup - 1)["times_ms"][
-                        0
-                    ]
-                    reps = args.reps if first < 300 else 1
+                    first = runner.ask(cmd="time", contender=c, mode=mode, reps=1, warmup=args.warmup - 1)
+                    reps = args.reps if first["times_ms"][0] < 300 else 1
                     calls[c] = lambda c=c, reps=reps, mode=mode: statistics.median(
                         runner.ask(cmd="time", contender=c, mode=mode, reps=reps)["times_ms"]
                     )
@@ -281,44 +262,12 @@ def run_family(name, fam, args, runner, dgl_note, workdir, results, log) -> None
             log(f"  {mode:8s} {c:12s} {ms:>9s} ms  peak +{mem} MiB  err {err}  {r.note}{x}")
 
 
-def title(info: dict) -> str:
-    d = info["dgl"]
-    theirs = f"dgl {d['dgl']} on torch {d['torch']}" if isinstance(d, dict) else d
-    return machine_header(info) + f"\n{theirs}; ms, median of interleaved rounds"
-
-
 def _timed(fn) -> float:
     import time
 
     t = time.perf_counter()
     fn()
     return (time.perf_counter() - t) * 1e3
-
-
-def table(results: List[Result], info: dict) -> str:
-    out = [
-        "family              E        pass     auto exact  dgl fused  DGL/auto | auto clamp  dgl builtin  DGL/auto"
-        "  load"
-    ]
-    fams = list(dict.fromkeys((r.family, r.edges, r.mode) for r in results))
-    for fam, e, mode in fams:
-        row = {r.contender: r for r in results if (r.family, r.mode) == (fam, mode)}
-
-        def ms(c: str, row=row) -> str:
-            r = row.get(c)
-            return "-" if r is None or r.ms is None else f"{r.ms:.1f}"
-
-        def ratio(a: str, b: str, row=row) -> str:
-            ra, rb = row.get(a), row.get(b)
-            return "-" if not (ra and rb and ra.ms and rb.ms) else f"{rb.ms / ra.ms:.2f}x"
-
-        load = row["auto exact"].note.rsplit("load ", 1)[-1]
-        out.append(
-            f"{fam:19s} {e:<8d} {mode:8s} {ms('auto exact'):>10s} {ms('dgl fused'):>10s} "
-            f"{ratio('auto exact', 'dgl fused'):>9s} | {ms('auto clamp'):>10s} {ms('dgl builtin'):>12s} "
-            f"{ratio('auto clamp', 'dgl builtin'):>9s}  {load}"
-        )
-    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -46,13 +46,22 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from .harness import _LIBC, _reset_cpu_peak, _status_kib, machine_header, machine_info, machine_tag
+from .harness import (
+    _LIBC,
+    RESULTS,
+    ROOT,
+    Output,
+    _reset_cpu_peak,
+    _status_kib,
+    machine_header,
+    machine_info,
+    machine_tag,
+    write_bars,
+)
+from .pages import preview
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
 EXAMPLE = os.path.join(ROOT, "examples", "distributed_node_classification.py")
 SEED, WIDTH, HEADS, LR = 0, 32, 4, 0.003
-PEAK_TARGET, SHARE_TARGET = 0.35, 0.25
 
 
 @dataclass(frozen=True)
@@ -191,29 +200,7 @@ def launch(cfg: Config, args: argparse.Namespace, data_dir: str, log: Callable[[
     return rows
 
 
-def table(results: List[RankResult], log: Callable[[str], None]) -> None:
-    log(
-        f"{'config':<22} {'rank':>4} {'nodes':>8} {'edges':>9} {'halo':>7} {'sent':>7} {'setup_s':>7} "
-        f"{'setupPk':>7} {'trainPk':>7} {'step_s':>7} {'exch_s':>7} {'wait_s':>6} {'exch%':>6} {'wait%':>6} "
-        f"{'rows_in':>8} {'MiB_in':>7} {'MiB_out':>7} {'loss1':>9}"
-    )
-    for r in results:
-        if r.note:
-            log(f"{r.config:<22} {r.rank:>4} failed: {r.note}")
-            continue
-        log(
-            f"{r.config:<22} {r.rank:>4} {r.nodes:>8} {r.edges:>9} {r.halo:>7} {r.sent:>7} {r.setup_s:>7.1f} "
-            f"{r.setup_peak_mib:>7.0f} {r.train_peak_mib:>7.0f} {r.step_s:>7.2f} {r.exchange_s:>7.3f} {r.wait_s:>6.2f} "
-            f"{100 * r.exchange_share:>5.1f}% {100 * r.wait_share:>5.1f}% {r.rows_in:>8.0f} "
-            f"{r.bytes_in / 2**20:>7.1f} {r.bytes_out / 2**20:>7.1f} {r.losses[0] if r.losses else float('nan'):>9.6f}"
-        )
-    log(
-        "setupPk / trainPk: peak resident MiB during setup / during the steps (peak reset after setup); step_s, "
-        "exch_s, wait_s, rows_in, MiB_in/out: per step (forward + backward), median of the timed steps"
-    )
-
-
-def ratios(results: List[RankResult], log: Callable[[str], None]) -> Dict[str, Dict[str, Optional[float]]]:
+def ratios(results: List[RankResult]) -> Dict[str, Dict[str, Optional[float]]]:
     """Per distributed configuration: max-rank train peak / one-process train peak, the largest
     exchange and wait shares, and the step-1 loss's largest difference from the one process."""
     summary: Dict[str, Dict[str, Optional[float]]] = {}
@@ -223,77 +210,15 @@ def ratios(results: List[RankResult], log: Callable[[str], None]) -> Dict[str, D
         if rows[0].partition == "whole" or not whole or any(r.note for r in rows):
             continue
         ref = whole[0]
-        peak = max(r.train_peak_mib for r in rows) / ref.train_peak_mib if ref.train_peak_mib else None
-        share = max(r.exchange_share for r in rows)
-        loss_err = max(abs(r.losses[0] - ref.losses[0]) for r in rows) if ref.losses else None
         summary[name] = {
-            "peak_ratio": peak,
+            "peak_ratio": max(r.train_peak_mib for r in rows) / ref.train_peak_mib if ref.train_peak_mib else None,
             "setup_peak_ratio": max(r.setup_peak_mib for r in rows) / ref.setup_peak_mib,
-            "exchange_share": share,
+            "exchange_share": max(r.exchange_share for r in rows),
             "wait_share": max(r.wait_share for r in rows),
             "step_ratio": max(r.step_s for r in rows) / ref.step_s,
-            "step1_loss_diff": loss_err,
+            "step1_loss_diff": max(abs(r.losses[0] - ref.losses[0]) for r in rows) if ref.losses else None,
         }
-        target = f" (target <= {SHARE_TARGET:.0%})" if rows[0].family == "window" else ""
-        log(
-            f"{name}: max-rank train peak / one process = {peak:.3f} (target <= {PEAK_TARGET}); setup peak ratio "
-            f"{summary[name]['setup_peak_ratio']:.3f}; exchange share max {share:.1%}{target}, wait share max "
-            f"{summary[name]['wait_share']:.1%}; slowest step / one process {summary[name]['step_ratio']:.2f}; "
-            f"step-1 loss vs one process: max |diff| {loss_err:.1e}"
-        )
     return summary
-
-
-def write_png(path: str, title: str, results: List[RankResult]) -> bool:
-    """Left: each rank's train peak (setup peak hatched) beside the one process's. Right: each rank's
-    median step split into compute (the rest of the step), exchange transfer and wait."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    rows = [r for r in results if not r.note]
-    labels = [f"{r.config}\nr{r.rank}" if r.world > 1 else r.config for r in rows]
-    x = list(range(len(rows)))
-    colors = {"window": "tab:blue", "knn": "tab:green"}
-    fig, (mem, split) = plt.subplots(1, 2, figsize=(16, 6))
-    mem.bar(
-        x,
-        [r.setup_peak_mib / 1024 for r in rows],
-        color="none",
-        edgecolor="grey",
-        hatch="//",
-        label="setup peak",
-        zorder=3,
-    )
-    mem.bar(x, [r.train_peak_mib / 1024 for r in rows], color=[colors[r.family] for r in rows], alpha=0.7, width=0.6)
-    for fam, color in colors.items():
-        whole = [r for r in rows if r.family == fam and r.partition == "whole"]
-        if whole:
-            mem.axhline(whole[0].train_peak_mib / 1024, color=color, ls="--", lw=1, label=f"{fam}: one process")
-            mem.axhline(PEAK_TARGET * whole[0].train_peak_mib / 1024, color=color, ls=":", lw=1, label=f"{fam}: target")
-    mem.set_ylabel("GiB (VmHWM)")
-    mem.set_title("peak resident memory per rank (training; hatched: setup)")
-    mem.legend(fontsize=7)
-    compute = [max(r.step_s - r.exchange_s - r.wait_s, 0.0) for r in rows]
-    split.bar(x, compute, label="compute (rest of the step)", color="tab:grey")
-    split.bar(x, [r.exchange_s for r in rows], bottom=compute, label="exchange (all_to_all)", color="tab:red")
-    bottom = [c + r.exchange_s for c, r in zip(compute, rows)]
-    split.bar(x, [r.wait_s for r in rows], bottom=bottom, label="wait (barrier)", color="tab:orange")
-    split.set_ylabel("s per step (median)")
-    split.set_title("step time split (4 ranks share 2 cores: no speed claim)")
-    split.legend(fontsize=7)
-    for ax in (mem, split):
-        ax.set_xticks(x)
-        ax.set_xticklabels(labels, fontsize=6, rotation=90)
-        ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -322,19 +247,18 @@ def main(argv: Optional[List[str]] = None) -> None:
         args.nodes, args.knn_nodes, args.steps = 20_000, 20_000, 2
     info = machine_info()
     info["load_average_1_5_15"] = list(os.getloadavg())
-    stem = os.path.join(args.out, f"bench_distributed_{machine_tag(info)}" + (f"_{args.tag}" if args.tag else ""))
-    lines: List[str] = [
-        machine_header(info),
+    out = Output(
+        "benchmarks.bench_distributed",
+        argv,
+        args.out,
+        f"bench_distributed_{machine_tag(info)}" + "_" * bool(args.tag) + args.tag,
+    )
+    out.log(machine_header(info))
+    out.log(
         f"window: {args.nodes} nodes, radius {args.radius} | knn: {args.knn_nodes} points, k={args.k} | width "
         f"{WIDTH}, {HEADS} heads, 2 layers, float32 | {args.world} processes vs 1 | 1 warm-up + {args.steps} "
-        f"timed steps | {args.threads} thread(s) per process, gloo",
-    ]
-    print(*lines, sep="\n", flush=True)
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-        lines.append(line)
-
+        f"timed steps | {args.threads} thread(s) per process, gloo"
+    )
     families = args.families.split(",")
     results: List[RankResult] = []
     data_dir = tempfile.mkdtemp(prefix="bench_distributed_")
@@ -345,28 +269,31 @@ def main(argv: Optional[List[str]] = None) -> None:
             if cfg.family == "knn" and not os.path.exists(os.path.join(data_dir, "whole")):
                 start = time.perf_counter()
                 edges = knn_edges(args.knn_nodes, args.k, SEED)
-                log(f"knn: {edges.shape[1]} edges built in {time.perf_counter() - start:.1f} s (cKDTree)")
-                write_knn_parts(edges, args.knn_nodes, args.world, data_dir, log)
+                out.log(f"knn: {edges.shape[1]} edges built in {time.perf_counter() - start:.1f} s (cKDTree)")
+                write_knn_parts(edges, args.knn_nodes, args.world, data_dir, out.log)
                 del edges
-            results += launch(cfg, args, data_dir, log)
+            results += launch(cfg, args, data_dir, out.log)
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
-    table(results, log)
-    summary = ratios(results, log)
     info["load_average_1_5_15_end"] = list(os.getloadavg())
-    log(f"load average (1, 5, 15 min): start {info['load_average_1_5_15']}, end {info['load_average_1_5_15_end']}")
-    os.makedirs(args.out, exist_ok=True)
-    with open(stem + ".json", "w") as f:
-        config = {k: v for k, v in vars(args).items() if k not in ("worker", "data_dir", "out_dir", "out")}
-        json.dump(
-            {"machine": info, "config": config, "summary": summary, "results": [asdict(r) for r in results]},
-            f,
-            indent=1,
-        )
-    write_png(stem + ".png", machine_header(info), results)
-    with open(stem + ".log", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print(f"wrote {stem}.{{json,png,log}}", file=sys.stderr)
+    config = {k: v for k, v in vars(args).items() if k not in ("worker", "data_dir", "out_dir", "out")}
+    out.save(info, config, results, summary=ratios(results))
+    ok = [r for r in results if not r.note]
+    panels: Dict[str, Dict[str, Dict[str, float]]] = {
+        "peak resident GiB per rank (VmHWM)": {},
+        "s per step (median)": {},
+    }
+    for r in ok:
+        label = f"{r.config} r{r.rank}"
+        panels["peak resident GiB per rank (VmHWM)"][label] = {
+            "setup": r.setup_peak_mib / 1024,
+            "train": r.train_peak_mib / 1024,
+        }
+        parts = {"compute": max(r.step_s - r.exchange_s - r.wait_s, 0.0), "exchange": r.exchange_s, "wait": r.wait_s}
+        panels["s per step (median)"][label] = parts
+    write_bars(out.path + ".png", machine_header(info), panels, "GiB / s")
+    out.log(preview(out.path + ".json"))
+    out.close()
 
 
 # ---- the worker: one rank of one configuration ---------------------------------------------------
@@ -380,23 +307,19 @@ def worker(args: argparse.Namespace) -> None:
     world = ex.init_distributed()
     rank = dist.get_rank() if world > 1 else 0
     start = time.perf_counter()
+    num_nodes = args.nodes if family == "window" else args.knn_nodes
+    folder = os.path.join(args.data_dir, partition)
     if family == "window":
         ranges = ex.contiguous_ranges(args.nodes, world)
         edges = ex.window_in_edges(ranges[rank], ranges[rank + 1], args.nodes, args.radius)
         built = ex.build(edges, world, SEED, ranges=ranges)
-        num_nodes = args.nodes
+    elif partition == "whole":
+        edges = torch.load(os.path.join(folder, "edges.pt"))
+        built = ex.build(edges, world, SEED, ranges=[0, num_nodes])
     else:
-        folder = os.path.join(args.data_dir, partition)
-        if partition == "whole":
-            edges = torch.load(os.path.join(folder, "edges.pt"))
-            num_nodes = args.knn_nodes
-            built = ex.build(edges, world, SEED, ranges=[0, num_nodes])
-        else:
-            edges = torch.load(os.path.join(folder, f"rank{rank}.pt"))
-            ownership = torch.load(os.path.join(folder, "ownership.pt"))
-            how = {"ranges": ownership} if partition == "contiguous" else {"owner": ownership}
-            num_nodes = args.knn_nodes
-            built = ex.build(edges, world, SEED, **how)
+        edges = torch.load(os.path.join(folder, f"rank{rank}.pt"))
+        ownership = torch.load(os.path.join(folder, "ownership.pt"))
+        built = ex.build(edges, world, SEED, **{"ranges" if partition == "contiguous" else "owner": ownership})
     del edges
     model = ex.make_model(world, SEED, WIDTH, HEADS)
     setup_s = time.perf_counter() - start
@@ -408,36 +331,17 @@ def worker(args: argparse.Namespace) -> None:
     records = ex.train(model, built.data, built.graph, num_nodes, 1 + args.steps, LR, log=False)
     train_peak = _status_kib("VmHWM") or 0
     med = ex.summary(records)
-    shard = built.shard
-    result = RankResult(
-        args.worker,
-        family,
-        partition,
-        world,
-        rank,
-        nodes=int(built.data["y"].numel()),
-        edges=built.edges,
-        halo=shard.halo_size if shard is not None else 0,
-        sent=shard.num_sent if shard is not None else 0,
-        setup_s=setup_s,
-        setup_peak_mib=setup_peak / 1024,
-        rss_after_setup_mib=rss / 1024,
-        train_peak_mib=train_peak / 1024,
-        step_s=med["s"],
-        exchange_s=med["seconds"],
-        wait_s=med["wait_seconds"],
-        exchange_share=med["exchange_share"],
-        wait_share=med["wait_share"],
-        rows_in=med["rows_received"],
-        rows_out=med["rows_sent"],
-        bytes_in=med["bytes_received"],
-        bytes_out=med["bytes_sent"],
-        step_times_s=[r["s"] for r in records],
-        losses=[r["loss"] for r in records],
-        load_average=os.getloadavg()[0],
-    )
+    r = RankResult(args.worker, family, partition, world, rank, nodes=int(built.data["y"].numel()), edges=built.edges)
+    r.halo, r.sent = (built.shard.halo_size, built.shard.num_sent) if built.shard is not None else (0, 0)
+    r.setup_s, r.setup_peak_mib, r.rss_after_setup_mib = setup_s, setup_peak / 1024, rss / 1024
+    r.train_peak_mib, r.load_average = train_peak / 1024, os.getloadavg()[0]
+    r.step_s, r.exchange_s, r.wait_s = med["s"], med["seconds"], med["wait_seconds"]
+    r.exchange_share, r.wait_share = med["exchange_share"], med["wait_share"]
+    r.rows_in, r.rows_out = med["rows_received"], med["rows_sent"]
+    r.bytes_in, r.bytes_out = med["bytes_received"], med["bytes_sent"]
+    r.step_times_s, r.losses = [x["s"] for x in records], [x["loss"] for x in records]
     with open(os.path.join(args.out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(asdict(result), f)
+        json.dump(asdict(r), f)
     if world > 1:
         dist.destroy_process_group()
 

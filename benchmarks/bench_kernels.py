@@ -8,47 +8,23 @@ at each thread setting and input scale, with each time's distance to the machine
     python -m benchmarks.bench_kernels --quick --threads 1 --reps 1 --contenders csr,auto  # seconds
     python -m benchmarks.bench_kernels --families window-8192,causal-32x128 --flex all
 
-Contenders: every registered backend and "auto"; "auto (raw)" (the same call on the graph's
-(2, E) edge_index tensor, so the structure is validated and built inside every call);
-"auto (compiled)" (torch.compile(fullgraph=True) of the call, on COMPILE_FAMILIES); "sdpa" (plain
-F.scaled_dot_product_attention on uniform batches: exact softmax, is_causal); "sdpa-masked"
-(padded batch + boolean mask, as a user would write it with F.scaled_dot_product_attention);
-"dense bmm" (block families: padded bmm + clamp-exp computed directly, no graph: the floor a
-dense-block kernel can reach);
-"pyg" (torch_geometric itself: TransformerConv's gather -> utils.softmax -> utils.scatter; listed as
-skipped when it is not installed); FlexAttention (compiled, block mask) on the families in
-FLEX_FAMILIES. DGL runs in its own environment: benchmarks/bench_dgl.py. Families
-(benchmarks/families.py): windows, uniform random, power-law (hub sources, heavy-tailed in-degree)
-and batches of dense blocks.
-
-Inputs: q, k, v ~ N(0, s^2) for each --input-scale s, so scores <k, q> / sqrt(D) have standard
-deviation s^2. At s = 0.5 (the default, N(0, 0.25)) no score reaches the clamp and clamp-mode and
-exact-softmax contenders compute the same numbers; at s = 1 (N(0, 1), a trained model's range) the
-clamp binds on a few scores and dense blocks can no longer prove it cannot. Every output is checked
-before it is timed: clamp-mode contenders against the reference, the exact-softmax peers (EXACT)
-against the reference with clamp=None (or, where the reference would not fit the memory budget,
-against "csr"). A contender whose estimated memory exceeds --budget-gib, or that fails, gets a null
-time and the reason.
-
-Threads: each --threads count (with each --omp-wait-policy where it has more than one thread) runs
-in a fresh process of its own, started with OMP_NUM_THREADS and OMP_WAIT_POLICY set (OpenMP reads
-them once, at start; "default" leaves OMP_WAIT_POLICY unset), which also calls
-torch.set_num_threads; the JSON names each setting's OpenMP environment and torch's parallel_info.
-
-Physical limit (benchmarks/limits.py): each process measures its copy bandwidth and GEMM rate at
-its start and end (the higher of each is used); per family, bytes = 4 * (Q + K + V + O) + I
-forward and 4 * (3Q + 3K + 3V + 3O + 2S) + 2I forward+backward (float32 element counts
-Q = N_dst*H*D, K = N_src*H*D, V = N_src*H*Dv, O = N_dst*H*Dv, S = N_dst*H; I = 8 * (E + N_dst + 1)
-int64 CSR index bytes, 0 for dense blocks), flops = 2*E*H*(D + Dv) forward and 3x that
-forward+backward; limit_ms = max(bytes / copy bandwidth, flops / GEMM rate), and each row's limit
-fraction is limit_ms / its median ms (GB/s and GFLOP/s columns: those bytes and flops over its time).
+Contenders (benchmarks/contenders.py, peers.py): every registered backend and "auto"; "auto (raw)", the
+same call on the (2, E) edge_index; "auto (compiled)"; "sdpa", "sdpa-masked", "dense bmm" (block
+families: the floor a dense-block kernel can reach), "pyg" (torch_geometric), FlexAttention on
+FLEX_FAMILIES; with --baseline, another checkout's csr, auto and auto (raw). Every output is checked
+before it is timed (the exact-softmax peers, EXACT, against clamp=None); a contender whose estimated
+memory exceeds --budget-gib, or that fails, gets a null time and the reason. Each --threads count
+(with each --omp-wait-policy) runs in a fresh process started with that OpenMP environment
+(benchmarks/threads.py), which measures its copy bandwidth and GEMM rate for the physical limit
+(benchmarks/limits.py). What each of these means, and the inputs: docs/benchmarks/kernels.md
+(benchmarks/templates/kernels.md).
 
 JSON (config["format"] = 2): each row also holds threads, omp_wait_policy, input_scale, limit_ms,
 limit_fraction, gflop_per_s and the load average when it was timed; config holds input_scales,
 settings (per thread setting: its environment, parallel_info, rates, load), family_info (sizes,
 degrees, bytes and flops per pass) and ratios, a list of {threads, input_scale, family, ratio,
 values}. Earlier files (no "format") hold one setting, s = 0.5, and ratios as {"<family> <ratio>":
-values}; benchmarks/tables.py renders both.
+values}; benchmarks/pages renders the format-2 runs (and the THP pair of format 1).
 """
 
 from __future__ import annotations
@@ -80,14 +56,16 @@ from .harness import (
     median,
     openmp_settings,
     peak_extra_mib,
+    provenance,
     time_interleaved,
     write_json,
     write_png,
 )
-from .kernels_report import DEFAULT_SCALE, KernelResult, plotted, print_row, ratio_table, summary_table
+from .kernels_report import DEFAULT_SCALE, KernelResult, plotted, print_row, ratio_table
 from .limits import limit_ms, measure_rates, must_move
+from .pages import preview
 from .peers import DIM, HEADS
-from .threads import POLICIES, ROOT, describe, run_setting, setting_label, thread_settings
+from .threads import POLICIES, describe, run_setting, setting_label, thread_settings
 
 __all__ = ["Family", "families", "main"]  # bench_dgl takes its families from here
 GiB = 2**30
@@ -359,6 +337,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         return run_worker(args, fams, args.worker)
 
     settings = thread_settings(args.thread_counts, args.policies)
+    prov = provenance("benchmarks.bench_kernels", argv)
     info = machine_info()
     counts = sorted({t for t, _ in settings})
     info["threads"] = counts[0] if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
@@ -371,6 +350,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         flush=True,
     )
     stem = f"bench_kernels{'_quick' if args.quick else ''}_{machine_tag(info)}{'_' + args.tag if args.tag else ''}"
+    path = os.path.join(args.out, stem)
     config = {
         "format": 2,  # rows carry threads, omp_wait_policy, input_scale and the limit; settings, ratio records
         "heads": HEADS,
@@ -388,7 +368,6 @@ def main(argv: Optional[List[str]] = None) -> None:
         "settings": [],
         "family_info": FAMILY_INFO,
         "baseline": args.baseline_label or None,
-        "commit": _commit_of(ROOT),
     }
     results: List[KernelResult] = []
     with tempfile.TemporaryDirectory(prefix="bench_kernels_") as tmp:
@@ -402,13 +381,12 @@ def main(argv: Optional[List[str]] = None) -> None:
             config["settings"].append(data["setting"])
             FAMILY_INFO.update(data.get("family_info", {}))
             results += [KernelResult(**r) for r in data.get("results", [])]
-            write_json(os.path.join(args.out, stem + ".json"), info, config, results)  # partial results survive
-    print("\n" + summary_table(results))
-    table, config["ratios"] = ratio_table(results)
-    write_json(os.path.join(args.out, stem + ".json"), info, config, results)
-    print(f"\n{table}\nload average at the end: {os.getloadavg()[0]:.1f}")
-    drawn = write_png(os.path.join(args.out, stem + ".png"), machine_header(info), plotted(results))
-    print(f"\nwrote {os.path.join(args.out, stem)}.json" + (" and .png" if drawn else " (no matplotlib: no PNG)"))
+            write_json(path + ".json", prov, info, config, results)  # partial results survive
+    config["ratios"] = ratio_table(results)
+    write_json(path + ".json", prov, info, config, results)
+    drawn = write_png(path + ".png", machine_header(info), plotted(results))
+    print("\n" + preview(path + ".json"))
+    print(f"\nwrote {path}.json" + (" and .png" if drawn else " (no matplotlib: no PNG)"))
 
 
 if __name__ == "__main__":

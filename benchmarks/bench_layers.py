@@ -25,7 +25,6 @@ Writes bench_layers_<machine>.{json,png,log} under --out (benchmarks/results).
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from typing import Callable, Dict, List
@@ -36,6 +35,9 @@ from sparseattn import edge_attention, graphs
 from sparseattn.nn import TransformerConv
 
 from .harness import (
+    RESULTS,
+    ROOT,
+    Output,
     Result,
     machine_header,
     machine_info,
@@ -43,11 +45,10 @@ from .harness import (
     median,
     peak_extra_mib,
     time_interleaved,
-    write_json,
     write_png,
 )
+from .pages import preview
 
-RESULTS = os.path.join(os.path.dirname(__file__), "results")
 HEADS, CHANNELS, EDGE_DIM = 8, 64, 16
 
 
@@ -105,7 +106,7 @@ def _cold_cases(name: str, nodes: int, threads: int, device: str, log: Callable[
     for label in COLD:
         cmd = [sys.executable, "-m", "benchmarks.bench_layers", "--cold", label, "--cold-graph", name]
         cmd += ["--nodes", str(nodes), "--threads", str(threads), "--device", device]
-        run = subprocess.run(cmd, capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+        run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         r = Result(name, 0, label, "fwd+bwd cold")
         try:
             ms, r.edges = (float(x) for x in run.stdout.strip().splitlines()[-1].split())
@@ -213,46 +214,19 @@ def main(argv=None) -> None:
         _cold_child(args.cold, args.cold_graph, args.nodes, args.device)
         return
     info = machine_info(args.device)
-    stem = os.path.join(args.out, f"bench_layers_{machine_tag(info)}")
-    os.makedirs(args.out, exist_ok=True)
-    lines: List[str] = [machine_header(info), f"nodes {args.nodes}, H={HEADS}, C={CHANNELS}, edge_dim={EDGE_DIM}"]
-
-    def log(line: str) -> None:
-        print(line, flush=True)
-        lines.append(line)
-
-    print(lines[0], lines[1], sep="\n", flush=True)
+    out = Output("benchmarks.bench_layers", argv, args.out, f"bench_layers_{machine_tag(info)}")
+    out.log(machine_header(info))
+    out.log(f"nodes {args.nodes}, H={HEADS}, C={CHANNELS}, edge_dim={EDGE_DIM}")
     results: List[Result] = []
     for name, g in _graphs(args.nodes, args.device).items():
         if not args.skip_layers:
-            results += _layer_cases(name, g, args.device, log)
-            results += _cold_cases(name, args.nodes, args.threads, args.device, log)
+            results += _layer_cases(name, g, args.device, out.log)
+            results += _cold_cases(name, args.nodes, args.threads, args.device, out.log)
         results += _edge_term_cases(name, g, args.device)
-        _table([r for r in results if r.family == name], log)
-    write_json(stem + ".json", info, vars(args), results)
-    write_png(stem + ".png", machine_header(info), [r for r in results if "csr" not in r.contender])
-    with open(stem + ".log", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print(f"wrote {stem}.{{json,png,log}}", file=sys.stderr)
-
-
-def _table(rows: List[Result], log: Callable[[str], None]) -> None:
-    log(f"{'graph':<14} {'contender':<62} {'pass':<12} {'ms':>9} {'peak MiB':>9}  ratio")
-    pyg = {r.mode: r for r in rows if r.contender.startswith("PyG")}
-    for r in rows:
-        ms = "-" if r.ms is None else f"{r.ms:9.1f}"
-        mib = "-" if r.peak_extra_mib is None else f"{r.peak_extra_mib:9.0f}"
-        ratio = ""
-        if r.contender.startswith("sparseattn"):
-            peer = pyg.get(r.mode)
-            if peer is not None and peer.ms and r.ms:
-                mem = ""
-                if peer.peak_extra_mib and r.peak_extra_mib:
-                    mem = f", memory 1/{peer.peak_extra_mib / r.peak_extra_mib:.1f} of PyG's"
-                ratio = f"{peer.ms / r.ms:.2f}x faster than PyG{mem}"
-        elif r.speedup_vs_reference is not None and r.contender != "csr, no edge term":
-            ratio = f"{1 / r.speedup_vs_reference:.2f}x the call without edge terms"
-        log(f"{r.family:<14} {r.contender:<62} {r.mode:<12} {ms:>9} {mib:>9}  {ratio}{r.note}")
+    out.save(info, dict(vars(args), out="OUT"), results)
+    write_png(out.path + ".png", machine_header(info), [r for r in results if "csr" not in r.contender])
+    out.log(preview(out.path + ".json"))
+    out.close()
 
 
 if __name__ == "__main__":

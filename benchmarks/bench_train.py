@@ -37,11 +37,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import statistics
-import sys
 import tempfile
 import time
 import warnings
@@ -52,9 +50,9 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from .harness import env_note, machine_info, machine_tag, peak_extra_mib
+from .harness import RESULTS, Output, machine_header, machine_info, machine_tag, peak_extra_mib, write_bars
+from .pages import preview
 
-RESULTS = os.path.join(os.path.dirname(__file__), "results")
 SDPA_OPS = ("flash_attention", "efficient_attention", "cudnn_attention", "attention_math", "_fused_sdp", "sdpa")
 
 
@@ -376,63 +374,8 @@ def run_task(name: str, args, log: Callable[[str], None]) -> List[dict]:
     return rows
 
 
-def summary(rows: List[dict]) -> str:
-    lines = ["task      threads  contender        target tok/s  ratio*  peak extra MiB  SDPA kernel              load"]
-    for r in rows:
-        ratio = f"{r['ratio_median_of_rounds']:.2f}x" if "ratio_median_of_rounds" in r else ""
-        kernels = [k for k in r["sdpa_kernels"] if k.startswith("aten::_scaled") and not k.endswith("backward")]
-        sdpa = ",".join(k.replace("aten::_scaled_dot_product_", "") for k in kernels) or "-"
-        mem = "-" if r["peak_extra_mib"] is None else f"{r['peak_extra_mib']:.0f}"
-        lines.append(
-            f"{r['task']:9s} {r['threads']:7d}  {r['contender']:15s} {r['tokens_per_s']:12.0f}  {ratio:6s} "
-            f"{mem:>14s}  {sdpa:24s} {r['load_average']:.1f}"
-        )
-    lines.append("* graph / nn.Transformer tokens/s: median of the per-round ratios")
-    return "\n".join(lines)
-
-
-def write_png(path: str, title: str, rows: List[dict]) -> bool:
-    """One panel per task: target tokens/s per thread count, one bar per contender."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    tasks = list(dict.fromkeys(r["task"] for r in rows))
-    contenders = list(dict.fromkeys(r["contender"] for r in rows))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4.5), squeeze=False)
-    width = 0.8 / len(contenders)
-    for ax, task in zip(axes[0], tasks):
-        threads = list(dict.fromkeys(r["threads"] for r in rows if r["task"] == task))
-        for j, c in enumerate(contenders):
-            vals = [
-                next((r["tokens_per_s"] for r in rows if (r["task"], r["threads"], r["contender"]) == (task, t, c)), 0)
-                for t in threads
-            ]
-            bars = ax.bar([i + j * width for i in range(len(threads))], vals, width, label=c)
-            ax.bar_label(bars, fmt="%.0f", fontsize=7)
-        ax.set_xticks([i + width * (len(contenders) - 1) / 2 for i in range(len(threads))])
-        labels = []
-        for t in threads:
-            ratios = [r for r in rows if (r["task"], r["threads"]) == (task, t) and "ratio_median_of_rounds" in r]
-            x = ", ".join(f"{r['ratio_median_of_rounds']:.2f}x" for r in ratios)
-            labels.append(f"{t} thread{'s' if t > 1 else ''}\ngraph / nn.Transformer {x}")
-        ax.set_xticklabels(labels, fontsize=8)
-        ax.set_title(task)
-        ax.set_ylabel("target tokens / s (median; fwd + bwd + Adam)")
-        ax.legend(fontsize=8)
-        ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--data-dir", default="", help="Multi30k-format folder (train/val/test_2016_flickr.{en,de})")
     ap.add_argument("--run", default="", help="folder holding (or receiving) the BPE tokenizer.json (default: temp)")
     ap.add_argument("--backends", nargs="+", default=["auto"], help="edge-attention backends of the graph model")
@@ -446,52 +389,28 @@ def main(argv=None) -> None:
     ap.add_argument("--compile", action="store_true", help="also time each graph model with its layers torch.compile'd")
     ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--tag", default="", help="suffix for the result file names")
-    ap.add_argument("--replot", default="", help="only redraw the PNG beside this results JSON")
     args = ap.parse_args(argv)
-    if args.replot:
-        with open(args.replot) as f:
-            data = json.load(f)
-        write_png(args.replot[: -len(".json")] + ".png", data["config"]["header"], data["results"])
-        return
     if not args.data_dir and "multi30k" in args.tasks:
         ap.error("--data-dir is required for the multi30k task")
-    if not args.run:
-        args.run = tempfile.mkdtemp(prefix="bench_train_")
+    args.run = args.run or tempfile.mkdtemp(prefix="bench_train_")
     info = machine_info(args.device)
     info["threads"] = "-".join(map(str, args.threads))
-    gpu = info["gpu"] if args.device.startswith("cuda") else ""
-    stem = f"bench_train_{machine_tag(info)}" + (f"_{args.tag}" if args.tag else "")  # versions are in the JSON
-    os.makedirs(args.out, exist_ok=True)
-    log_lines: List[str] = []
-
-    def log(s: str) -> None:
-        print(s, flush=True)
-        log_lines.append(s)
-
-    import sparseattn
-
-    shown = {"--data-dir": os.path.basename(os.path.normpath(args.data_dir)), "--run": "RUN", "--out": "OUT"}
-    cli = sys.argv[1:] if argv is None else list(argv)
-    cli = [shown.get(a, b) if a in shown else b for a, b in zip([""] + cli, cli)]  # no machine paths in outputs
-    header = (
-        f"sparseattn {sparseattn.__version__} | torch {torch.__version__} | {info['cpu']} "
-        f"({info['cpu_capability']}) | threads {info['threads']} | "
-        + (f"{info['gpu']} | " if gpu else "")
-        + f"{info['date']} | "
-        f"load at start {os.getloadavg()[0]:.1f} | {' '.join(cli)}" + env_note(info)
-    )
-    config = {**vars(args), "data_dir": shown["--data-dir"], "run": "RUN", "out": "OUT", "header": header}
-    log(header)
+    stem = f"bench_train_{machine_tag(info)}" + "_" * bool(args.tag) + args.tag  # versions are in the JSON
+    out = Output("benchmarks.bench_train", argv, args.out, stem)
+    header = machine_header(info) + f" | {out.provenance['command']}"
+    config = {**vars(args), "data_dir": os.path.basename(os.path.normpath(args.data_dir)), "run": "RUN", "out": "OUT"}
+    out.log(header)
     rows: List[dict] = []
     for name in args.tasks:
-        rows += run_task(name, args, log)
-        with open(os.path.join(args.out, stem + ".json"), "w") as f:
-            json.dump({"machine": info, "config": config, "results": rows}, f, indent=1)
-    log("\n" + summary(rows))
-    drawn = write_png(os.path.join(args.out, stem + ".png"), header, rows)
-    with open(os.path.join(args.out, stem + ".log"), "w") as f:
-        f.write("\n".join(log_lines) + "\n")
-    print(f"\nwrote {os.path.join(args.out, stem)}.json, .log" + (" and .png" if drawn else " (no matplotlib: no PNG)"))
+        rows += run_task(name, args, out.log)
+        out.save(info, dict(config, header=header), rows)
+    panels: Dict[str, Dict[str, Dict[str, float]]] = {}
+    for r in rows:
+        label = f"{r['threads']} thread{'s' * (r['threads'] > 1)}"
+        panels.setdefault(r["task"], {}).setdefault(label, {})[r["contender"]] = r["tokens_per_s"]
+    write_bars(out.path + ".png", header, panels, "target tokens / s (median; fwd + bwd + Adam)")
+    out.log("\n" + preview(out.path + ".json"))
+    out.close()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,13 @@
 """Benchmark plumbing shared by the benchmark scripts: one warmup + synchronized timing loop for
-every contender, peak-memory measurement, a machine header, and JSON/PNG writers.
+every contender, peak-memory measurement, the machine and provenance every result records, and
+the JSON, PNG and log writers.
+
+Provenance: every JSON a benchmark saves starts with `commit` (`git rev-parse HEAD`, or
+$SPARSEATTN_COMMIT where the tree has no .git, as on a lent GPU machine), `dirty` (tracked files
+outside benchmarks/results/ differ from that commit) and `command` (the command line that
+reproduces it, timing-relevant environment settings first), taken when the run starts; its
+`machine` holds the CPU, GPU, versions, thread settings (torch threads, the OMP_*/MKL_*
+environment) and the load average at the start and the end.
 
 Peak memory: on CUDA, `torch.cuda.max_memory_allocated` over one call minus the memory allocated
 before it. On CPU, the process's peak resident set (VmHWM in /proc/self/status, reset by writing
@@ -19,17 +27,25 @@ would charge every contender page faults on each large tensor (a 16 MiB copy: ~1
 from __future__ import annotations
 
 import datetime
+import functools
 import gc
+import importlib.metadata
 import json
 import os
 import platform
 import re
-import statistics
+import shlex
+import subprocess
+import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
-from typing import Callable, List, Optional
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from statistics import median as median  # re-exported for the scripts
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 
 def _sync(device: str) -> None:
@@ -37,39 +53,16 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_ms(
-    fn: Callable[[], object], device: str = "cpu", warmup: int = 3, reps: int = 10, budget_s: float = 20.0
-) -> List[float]:
-    """Run fn `warmup` times, then up to `reps` synchronized timed runs (fewer when one run is slow,
-    so a contender spends about `budget_s` at most). Returns the per-run times in ms."""
-    t0 = time.perf_counter()
-    for i in range(warmup):
-        fn()
-        _sync(device)
-        if i == 0 and time.perf_counter() - t0 > budget_s / 4:
-            break  # a slow contender: one warmup is enough
-    times: List[float] = []
-    start = time.perf_counter()
-    while len(times) < reps:
-        _sync(device)
-        t = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append((time.perf_counter() - t) * 1e3)
-        if len(times) >= 3 and time.perf_counter() - start > budget_s:
-            break
-    return times
-
-
 def time_interleaved(
     fns: List[Callable[[], object]], device: str = "cpu", warmup: int = 3, reps: int = 10, budget_s: float = 20.0
-) -> List[object]:
-    """time_ms for several contenders at once, in rounds (one timed run of each per round), so that
-    load changes on a shared machine hit every contender alike; every other round runs them in
-    reverse order, so that none always follows the same neighbour (one that frees large blocks
-    leaves the next to fault its pages in again). Returns per contender its list of times in ms, or
-    the exception it raised."""
-    times: List[object] = [[] for _ in fns]
+) -> List[Any]:
+    """Run each fn `warmup` times (once when the first run takes over budget_s / 4), then up to
+    `reps` synchronized timed runs of each in rounds (one run of each per round, fewer rounds for a
+    contender that has spent `budget_s`), so that load changes on a shared machine hit every
+    contender alike; every other round runs them in reverse order, so that none always follows the
+    same neighbour (one that frees large blocks leaves the next to fault its pages in again).
+    Returns per contender its list of times in ms, or the exception it raised."""
+    times: List[Any] = [[] for _ in fns]
     for i, fn in enumerate(fns):
         try:
             t0 = time.perf_counter()
@@ -99,6 +92,14 @@ def time_interleaved(
                 spent[i] += times[i][-1] / 1e3
             except Exception as exc:  # noqa: BLE001
                 times[i] = exc
+    return times
+
+
+def time_ms(fn: Callable[[], object], device: str = "cpu", warmup: int = 3, reps: int = 10, budget_s: float = 20.0):
+    """`time_interleaved` of one contender: its times in ms; what it raised is raised."""
+    (times,) = time_interleaved([fn], device, warmup, reps, budget_s)
+    if isinstance(times, Exception):
+        raise times
     return times
 
 
@@ -171,6 +172,9 @@ def peak_extra_mib(fn: Callable[[], object], device: str = "cpu") -> Optional[fl
         _malloc_for(measuring_memory=False)
 
 
+# ---- what a result records ----------------------------------------------------------------------
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -182,25 +186,44 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _version(package: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _load() -> Optional[float]:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
 def machine_info(device: str = "cpu") -> dict:
+    """The machine a run measures on: CPU (and its vector ISA), GPU, versions, thread settings,
+    timing-relevant environment, date and load average."""
     import sparseattn
 
-    gpu = torch.cuda.get_device_name(0) if device.startswith("cuda") else "no GPU"
-    return {
+    cuda = device.startswith("cuda")
+    info = {
         "sparseattn": sparseattn.__version__,
         "torch": torch.__version__,
         "cpu": cpu_model(),
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the vector ISA torch's CPU kernels use
         "env": {k: os.environ[k] for k in _ENV_NOTED if k in os.environ},
-        "gpu": gpu,
+        "gpu": torch.cuda.get_device_name(0) if cuda else "no GPU",
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "load_average": _load(),
+        "torch_threads": torch.get_num_threads(),
+        "thread_env": openmp_settings()["env"],
     }
+    info.update(
+        {name: _version(name) for name in ("triton", "torch_geometric")}, cuda=torch.version.cuda if cuda else None
+    )
+    return info
 
 
-# settings that change CPU timings, named in every result they were set for
+# settings that change CPU timings, named in every result they were set for and in its command
 _ENV_NOTED = (
     "THP_MEM_ALLOC_ENABLE",
     "ATEN_CPU_CAPABILITY",
@@ -208,7 +231,7 @@ _ENV_NOTED = (
     "OMP_NUM_THREADS",
     "OMP_WAIT_POLICY",
 )
-_OPENMP_ENV = ("OMP_", "GOMP_", "KMP_", "MKL_NUM_THREADS")  # what OpenMP and MKL read at start
+_OPENMP_ENV = ("OMP_", "GOMP_", "KMP_", "MKL_")  # what OpenMP and MKL read at start
 
 
 def openmp_settings() -> dict:
@@ -218,7 +241,8 @@ def openmp_settings() -> dict:
     out: "env" holds it)."""
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(_OPENMP_ENV)}
     summary = {}
-    for line in torch.__config__.parallel_info().splitlines():
+    text = torch.__config__.parallel_info()
+    for line in text.splitlines():
         line = line.strip()
         if line.startswith("Environment variables"):
             break
@@ -227,10 +251,61 @@ def openmp_settings() -> dict:
         elif " : " in line:
             key, value = line.split(" : ", 1)
             summary[key.strip()] = value.strip()
-    backend = re.search(r"ATen parallel backend: (.*)", torch.__config__.parallel_info())
+    backend = re.search(r"ATen parallel backend: (.*)", text)
     if backend:
         summary["backend"] = backend.group(1).strip()
     return {"env": env, "parallel_info": summary}
+
+
+@functools.lru_cache(maxsize=None)
+def git_state() -> tuple:
+    """(commit, dirty) of the checkout, once per process (so at the run's start): dirty when
+    tracked files outside benchmarks/results/ differ from the commit; (None, None) outside a
+    checkout, unless $SPARSEATTN_COMMIT names the commit."""
+
+    def git(*args: str) -> Optional[str]:
+        try:
+            out = subprocess.run(["git", "-C", ROOT, *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return os.environ.get("SPARSEATTN_COMMIT"), None
+    changes = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
+    return commit, None if changes is None else bool(changes)
+
+
+def _shown(arg: str) -> str:
+    """A command-line argument as a result records it: paths in the repository relative to it, the
+    home folder as ~ (no machine path beyond that)."""
+    flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+    if os.path.isabs(value):
+        absolute = os.path.normpath(value)
+        if absolute == ROOT or absolute.startswith(ROOT + os.sep):
+            value = os.path.relpath(absolute, ROOT)
+        elif absolute.startswith(os.path.expanduser("~") + os.sep):
+            value = "~" + absolute[len(os.path.expanduser("~")) :]
+    return flag + eq + value
+
+
+def command(module: str, argv: Optional[Sequence[str]] = None) -> str:
+    """The command line of this run: the timing-relevant environment settings that are set, then
+    `python -m <module>`, or `python <path>` where the script was run as a file, and argv
+    (sys.argv[1:] by default)."""
+    argv = sys.argv[1:] if argv is None else argv
+    main = sys.modules.get("__main__")
+    path = module.replace(".", "/") + ".py"
+    as_file = getattr(main, "__spec__", None) is None and getattr(main, "__file__", "").endswith(path)
+    env = [f"{k}={os.environ[k]}" for k in _ENV_NOTED if k in os.environ]
+    return shlex.join([*env, "python", *([path] if as_file else ["-m", module]), *map(_shown, argv)])
+
+
+def provenance(module: str, argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """{"commit", "dirty", "command"}: what reproduces a run of `module` with `argv`."""
+    commit, dirty = git_state()
+    return {"commit": commit, "dirty": dirty, "command": command(module, argv)}
 
 
 def env_note(info: dict) -> str:
@@ -272,20 +347,77 @@ class Result:
     note: str = ""
 
 
-def write_json(path: str, info: dict, config: dict, results: List[Result]) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+def write_json(path: str, provenance: dict, info: dict, config: dict, results: Sequence[Any], **extra: Any) -> None:
+    """{commit, dirty, command, machine, config, results, **extra}; results are dataclasses or dicts.
+    The machine's load average at the end is taken now."""
+    info = dict(info, load_average_end=_load())
+    rows = [asdict(r) if is_dataclass(r) else r for r in results]
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
-        json.dump({"machine": info, "config": config, "results": [asdict(r) for r in results]}, f, indent=1)
+        json.dump({**provenance, "machine": info, "config": config, "results": rows, **extra}, f, indent=1)
 
 
-def write_png(path: str, title: str, results: List[Result]) -> bool:
-    """Time vs edges, one line per contender, one panel per pass. False if matplotlib is missing."""
+class Output:
+    """A run's files, `<out>/<stem>.{json,png,log}`. `log` prints a line and appends it to the .log
+    (written as it goes, so a run cut short keeps its log; its first lines name the command and
+    commit); `save` writes the JSON with the provenance taken when the Output was made, at the
+    run's start."""
+
+    def __init__(self, module: str, argv: Optional[Sequence[str]], out: str, stem: str) -> None:
+        os.makedirs(out, exist_ok=True)
+        self.path = os.path.join(out, stem)
+        self.provenance = provenance(module, argv)
+        self._log: Optional[Any] = None
+
+    def log(self, line: str = "") -> None:
+        print(line, flush=True)
+        if self._log is None:
+            self._log = open(self.path + ".log", "w")
+            commit, dirty = self.provenance["commit"], self.provenance["dirty"]
+            self._log.write(f"$ {self.provenance['command']}\n# commit {commit}{' (dirty)' * bool(dirty)}\n")
+        self._log.write(line + "\n")
+        self._log.flush()
+
+    def save(self, info: dict, config: dict, results: Sequence[Any], **extra: Any) -> None:
+        write_json(self.path + ".json", self.provenance, info, config, results, **extra)
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+        print(
+            f"wrote {self.path}.json"
+            + (", .log" if self._log else "")
+            + (" and .png" * os.path.exists(self.path + ".png"))
+        )
+
+
+# ---- plots --------------------------------------------------------------------------------------
+
+
+def _pyplot():
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def _save(fig, plt, path: str, title: str) -> bool:
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_png(path: str, title: str, results: List[Result]) -> bool:
+    """Time vs edges, one line per contender, one panel per pass. False if matplotlib is missing."""
+    plt = _pyplot()
+    if plt is None:
         return False
     modes = sorted({r.mode for r in results}, key=lambda m: m != "fwd")
     names = list(dict.fromkeys(r.contender for r in results if r.ms is not None))
@@ -298,27 +430,40 @@ def write_png(path: str, title: str, results: List[Result]) -> bool:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name, alpha=0.8, color=colors[name])
         for e, fam in sorted({(r.edges, r.family) for r in rows}):
             ax.annotate(fam, (e, 1.0), fontsize=6, rotation=90, alpha=0.5, xycoords=("data", "axes fraction"), va="top")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("edges E")
-        ax.set_ylabel("ms (median)")
-        ax.set_title(f"{mode}")
+        ax.set(xscale="log", yscale="log", xlabel="edges E", ylabel="ms (median)", title=mode)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(fig, plt, path, title)
 
 
-def median(xs: List[float]) -> float:
-    return statistics.median(xs)
+def write_bars(
+    path: str, title: str, panels: Dict[str, Dict[str, Dict[str, float]]], ylabel: str, log: bool = False, lines=()
+) -> bool:
+    """One bar chart per panel ({panel: {group: {series: value}}}): per group one bar per series,
+    a series in the same color on every panel; `lines`: (value, label) reference lines. False if
+    matplotlib is missing."""
+    plt = _pyplot()
+    if plt is None or not panels:
+        return False
+    names = list(dict.fromkeys(s for groups in panels.values() for g in groups.values() for s in g))
+    colors = {n: plt.get_cmap("tab20")(i % 20) for i, n in enumerate(names)}
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), squeeze=False)
+    width = 0.8 / max(1, len(names))
+    for ax, (panel, groups) in zip(axes[0], panels.items()):
+        for i, name in enumerate(names):
+            xs = [j + i * width for j, g in enumerate(groups.values()) if name in g]
+            ax.bar(xs, [g[name] for g in groups.values() if name in g], width, label=name, color=colors[name])
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))], list(groups), rotation=30, fontsize=7)
+        for value, label in lines:
+            ax.axhline(value, color="black", lw=1, ls="--", alpha=0.6, label=label)
+        ax.set(yscale="log" if log else "linear", ylabel=ylabel, title=panel)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0][0].legend(fontsize=6, ncol=1 + len(names) // 12)
+    return _save(fig, plt, path, title)
 
 
 def replot(json_path: str) -> None:
-    """Redraw the PNG beside a results JSON: python -m benchmarks.harness results/<file>.json"""
+    """Redraw the PNG beside a results JSON of Result rows: python -m benchmarks.harness results/<file>.json"""
     with open(json_path) as f:
         data = json.load(f)
     names = {f.name for f in fields(Result)}  # a benchmark's rows may carry fields of their own
@@ -327,6 +472,4 @@ def replot(json_path: str) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
     replot(sys.argv[1])

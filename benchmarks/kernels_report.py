@@ -1,6 +1,6 @@
 """What bench_kernels prints and stores besides its rows: the row type (a Result with its thread
-setting, input scale and physical limit), the summary table, the target ratios per setting, and the
-lines of its plot."""
+setting, input scale and physical limit), each row's progress line, the target ratios per setting
+(the kernels page renders them), and the lines of its plot."""
 
 from __future__ import annotations
 
@@ -47,24 +47,6 @@ def print_row(r: KernelResult) -> None:
     )
 
 
-def summary_table(results: List[KernelResult]) -> str:
-    lines = [
-        "family               threads    scale pass     contender        ms         x vs ref   peak extra MiB"
-        "  limit ms  % of limit  max|err|"
-    ]
-    for r in results:
-        if r.ms is None:
-            continue
-        sp = "-" if r.speedup_vs_reference is None else f"{r.speedup_vs_reference:.1f}x"
-        pk = "-" if r.peak_extra_mib is None else f"{r.peak_extra_mib:.0f}"
-        lines.append(
-            f"{r.family:20s} {group_of(r)[0]:10s} {r.input_scale:5g} {r.mode:8s} {r.contender:15s} {r.ms:10.2f} "
-            f"{sp:>10s} {pk:>15s}  {_fmt(r.limit_ms, '8.2f')} {_fmt(100 * (r.limit_fraction or 0), '10.1f')}  "
-            f"{r.max_err_vs_reference:.1e}"
-        )
-    return "\n".join(lines)
-
-
 RATIOS = {  # targets (issue 31): name -> (numerator, denominator, target as "<= x" / ">= x" or None)
     "auto/sdpa": ("auto", "sdpa", "<= 1.15"),
     "raw/Graph": ("auto (raw)", "auto", "<= 1.5"),
@@ -78,12 +60,12 @@ THREAD_GAIN = ("auto", ">= 1")  # "1 thread/this": the contender's time at 1 thr
 LIMIT_TARGETS = {"window-65536": ">= 0.25"}  # "auto limit share" (forward): limit time / auto's time
 
 
-def ratio_table(results: List[KernelResult]) -> Tuple[str, List[dict]]:
+def ratio_table(results: List[KernelResult]) -> List[dict]:
     """Target ratios per thread setting, input scale and family: auto/sdpa, raw/Graph and pyg/auto
-    per pass, csr fwd+bwd/fwd, `auto`'s forward share of the physical limit, and at
-    more than one thread `auto`'s time at 1 thread over its time here. Returns the text and the
-    records {"threads", "input_scale", "family", "ratio", "values"} (values: [fwd, fwd+bwd], one
-    value for csr fwd+bwd/fwd and the limit share)."""
+    per pass, csr fwd+bwd/fwd, `auto`'s forward share of the physical limit, and at more than one
+    thread `auto`'s time at 1 thread over its time here, as records {"threads", "input_scale",
+    "family", "ratio", "values"} (values: [fwd, fwd+bwd], one value for csr fwd+bwd/fwd and the
+    limit share); the targets are RATIOS', CSR_FWD_BWD, LIMIT_TARGETS and THREAD_GAIN."""
     ms = {(*group_of(r), r.family, r.contender, r.mode): r.ms for r in results if r.ms}
     share = {
         (*group_of(r), r.family, r.mode): r.limit_fraction
@@ -91,32 +73,29 @@ def ratio_table(results: List[KernelResult]) -> Tuple[str, List[dict]]:
         if r.contender == "auto" and r.ms and r.limit_fraction
     }
     out: List[dict] = []
-    lines = ["threads    scale family               ratio                fwd  fwd+bwd  target"]
 
-    def add(group, fam, name, vals, target):
+    def add(group, fam, name, vals):
         out.append({"threads": group[0], "input_scale": group[1], "family": fam, "ratio": name, "values": vals})
-        cells = "  ".join("      -" if x is None else f"{x:7.2f}" for x in vals)
-        lines.append(f"{group[0]:10s} {group[1]:5g} {fam:20s} {name:18s} {cells}" + (f"  {target}" if target else ""))
 
     for grp in dict.fromkeys(group_of(r) for r in results):
         for fam in dict.fromkeys(r.family for r in results):
             at = lambda c, m, g=grp, f=fam: ms.get((*g, f, c, m))  # noqa: E731
-            for name, (num, den, target) in RATIOS.items():
+            for name, (num, den, _) in RATIOS.items():
                 vals = [at(num, m) and at(den, m) and at(num, m) / at(den, m) for m in ("fwd", "fwd+bwd")]
                 if any(vals):
-                    add(grp, fam, name, vals, target)
+                    add(grp, fam, name, vals)
             f, fb = at("csr", "fwd"), at("csr", "fwd+bwd")
             if f and fb:
-                add(grp, fam, "csr fwd+bwd/fwd", [fb / f], CSR_FWD_BWD)
+                add(grp, fam, "csr fwd+bwd/fwd", [fb / f])
             fwd_share = share.get((*grp, fam, "fwd"))
             if fwd_share:
-                add(grp, fam, "auto limit share", [fwd_share], LIMIT_TARGETS.get(fam))
-            one, (c, target) = ("1", grp[1]), THREAD_GAIN
+                add(grp, fam, "auto limit share", [fwd_share])
+            one, c = ("1", grp[1]), THREAD_GAIN[0]
             if grp[0] != "1":
                 vals = [at(c, m, one) and at(c, m) and at(c, m, one) / at(c, m) for m in ("fwd", "fwd+bwd")]
                 if any(vals):
-                    add(grp, fam, f"{c} 1 thread/this", vals, target)
-    return "\n".join(lines), out
+                    add(grp, fam, f"{c} 1 thread/this", vals)
+    return out
 
 
 def plotted(results: List[KernelResult]) -> List[Result]:

@@ -1,8 +1,14 @@
-"""The benchmark harness names what changes CPU timings: the vector ISA and the settings that matter."""
+"""The benchmark harness names what changes CPU timings (the vector ISA and the settings that
+matter) and what reproduces a result (commit, command, thread settings) in every file it writes."""
+
+import json
+import os
+import subprocess
 
 import pytest
 import torch
 
+from benchmarks import harness
 from benchmarks.harness import machine_header, machine_info, openmp_settings, time_interleaved
 
 
@@ -54,12 +60,46 @@ def test_compile_plot_draws_the_ratios(tmp_path):
     assert (tmp_path / "c.png").stat().st_size > 1000
 
 
-def test_op_overhead_probe_writes_its_log(tmp_path):
-    from benchmarks.probe_op_overhead import main
+def test_every_json_records_commit_command_and_thread_settings(tmp_path, monkeypatch):
+    """write_json puts the run's provenance first (taken at its start: commit, dirty, command with
+    the timing-relevant environment, repository paths relative) and the thread settings and the
+    load at the end into the machine record."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setenv("MKL_DYNAMIC", "FALSE")
+    argv = ["--out", os.path.join(harness.ROOT, "benchmarks", "results"), "--contenders", "auto,auto (raw)"]
+    prov = harness.provenance("benchmarks.bench_kernels", argv)
+    assert prov["command"] == (
+        "OMP_NUM_THREADS=3 python -m benchmarks.bench_kernels --out benchmarks/results --contenders 'auto,auto (raw)'"
+    )
+    head = subprocess.run(["git", "-C", harness.ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:
+        assert prov["commit"] == head.stdout.strip() and isinstance(prov["dirty"], bool)
+    info = harness.machine_info()
+    assert info["torch_threads"] == torch.get_num_threads() and info["thread_env"]["MKL_DYNAMIC"] == "FALSE"
+    harness.write_json(
+        str(tmp_path / "r.json"), prov, info, {"reps": 1}, [harness.Result("f", 1, "auto", "fwd", ms=1.0)]
+    )
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert list(data)[:5] == ["commit", "dirty", "command", "machine", "config"]
+    assert data["results"][0]["ms"] == 1.0 and data["machine"]["load_average_end"] is not None
 
-    main(["--reps", "1", "--nodes", "16", "--out", str(tmp_path)])
-    (log,) = tmp_path.glob("probe_op_overhead_*.log")
-    lines = log.read_text().splitlines()
-    assert lines[0] == "$ python -m benchmarks.probe_op_overhead --reps 1 --nodes 16 --out " + str(tmp_path)
-    timed = [line.split() for line in lines if line.strip().startswith(("fwd ", "fwd+bwd "))]
-    assert [t[0] for t in timed] == ["fwd", "fwd+bwd"] and all(float(t[-2]) > 0 for t in timed)
+
+def test_output_logs_its_command_and_commit_first(tmp_path, capsys):
+    out = harness.Output("benchmarks.bench_layers", ["--nodes", "16"], str(tmp_path), "bench_layers_x")
+    out.log("a line")
+    out.save({"date": "now"}, {}, [])
+    out.close()
+    lines = (tmp_path / "bench_layers_x.log").read_text().splitlines()
+    assert lines[0] == "$ python -m benchmarks.bench_layers --nodes 16" and lines[1].startswith("# commit ")
+    assert lines[2] == "a line" and "a line" in capsys.readouterr().out
+    assert json.loads((tmp_path / "bench_layers_x.json").read_text())["command"] == lines[0][2:]
+
+
+def test_without_a_checkout_the_commit_comes_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setattr(harness, "ROOT", str(tmp_path))  # no .git here
+    monkeypatch.setenv("SPARSEATTN_COMMIT", "0" * 40)
+    harness.git_state.cache_clear()
+    try:
+        assert harness.git_state() == ("0" * 40, None)
+    finally:
+        harness.git_state.cache_clear()

@@ -1,0 +1,154 @@
+"""The benchmark pages, rendered from the stored results: python -m benchmarks.pages [--check]
+
+Reads every `benchmarks/results/<bench>_<machine>[_<variant>].json` and writes
+`docs/benchmarks/<page>.md`, one page per benchmark, and `docs/benchmarks/index.md`, one line per
+benchmark and machine with its headline figure; each run's PNG is copied to
+`docs/benchmarks/img/`, so the documentation site serves it. The prose is in markdown templates,
+`benchmarks/templates/<page>.md` (its first line the page's title), with placeholders the renderer
+fills: `{{ runs }}` (a section per machine: each run's header, tables and plot, made by this
+package's page modules from the JSON), `{{ headlines }}` (index.md) and `{{ log:<stem> }}` (a kept
+probe log, `benchmarks/results/<stem>.log`, quoted as it is); `snippet(name)` gives a page module
+the text of `templates/<name>.md`. Every number on the pages comes from the JSON files, and so do
+each run's commit, command and remarks (`commit`, `dirty`, `command`, `commit_note`, `about`).
+
+    python -m benchmarks.pages            # write the pages and images
+    python -m benchmarks.pages --check    # exit 1 if the committed pages or images differ
+
+File names: `<bench>_<machine>[_<variant>].{json,png,log}`, where <machine> is the harness's
+`machine_tag` (CPU model, threads, GPU or "cpu"), <variant> a run with other settings than the
+default (`--tag`), and `probe_<name>_<machine>[_<variant>].log` for probe logs (no JSON).
+`tests/test_bench_pages.py` checks that the committed pages equal what this package renders, that
+every stored result is on a page, and that every file follows the convention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from typing import Callable, Dict, List, Optional, Tuple
+
+from ..harness import RESULTS, ROOT
+from .common import BENCHES, RESULTS_REL, Run, join, load_runs, machine_desc, parse_name
+from .gpu_dist import page_distributed, page_triton_gpu
+from .kernels import page_dgl, page_kernels
+from .models import page_compile, page_layers, page_train
+
+__all__ = ["RESULTS", "RESULTS_REL", "existing", "generate", "load_runs", "main", "parse_name", "preview"]
+DOCS = os.path.join(ROOT, "docs", "benchmarks")
+TEMPLATES = os.path.join(ROOT, "benchmarks", "templates")
+Page = Callable[[List[Run], Callable[[str], str]], Tuple[List[str], Dict[str, str]]]
+PAGES: Dict[str, Page] = {  # in the index's order
+    "kernels": page_kernels,
+    "layers": page_layers,
+    "train": page_train,
+    "compile": page_compile,
+    "dgl": page_dgl,
+    "triton_gpu": page_triton_gpu,
+    "distributed": page_distributed,
+}
+PLACEHOLDER = re.compile(r"\{\{ *([a-z_]+)(?::([^ }]+))? *\}\}")
+
+
+def snippet(name: str) -> str:
+    """The text of `templates/<name>.md`."""
+    with open(os.path.join(TEMPLATES, name + ".md")) as f:
+        return f.read().strip("\n")
+
+
+def title(page: str) -> str:
+    return snippet(page).splitlines()[0].lstrip("# ")
+
+
+def fill(text: str, values: Dict[str, str], results: str) -> str:
+    """The template with each `{{ name }}` replaced by values[name] and each `{{ log:<stem> }}` by
+    the quoted log `<results>/<stem>.log` (or a line saying it is not stored); an unknown
+    placeholder is an error."""
+
+    def one(m: re.Match) -> str:
+        name, arg = m.group(1), m.group(2)
+        if name == "log" and arg:
+            if not os.path.exists(os.path.join(results, arg + ".log")):
+                return f"`{RESULTS_REL}/{arg}.log`: not stored."
+            with open(os.path.join(results, arg + ".log")) as f:
+                return f"`{RESULTS_REL}/{arg}.log`:\n\n```text\n{f.read().rstrip()}\n```"
+        if name not in values or arg:
+            raise KeyError(f"template placeholder {m.group(0)} has no value (known: {sorted(values)}, log:<stem>)")
+        return values[name].strip("\n")
+
+    return join([PLACEHOLDER.sub(one, text)])
+
+
+def index_page(heads: Dict[str, Dict[str, str]], runs: List[Run], results: str) -> str:
+    items = []
+    for page in PAGES:
+        for machine, line in heads.get(page, {}).items():
+            run = next(r for r in runs if r.page == page and r.machine == machine)
+            date = run.info["date"].split(" ")[0]
+            items.append(f"- [{title(page)}]({page}.md), {machine_desc(run.info)}, {date}: {line or 'see the page'}")
+        if not heads.get(page):
+            items.append(f"- [{title(page)}]({page}.md): no stored run yet")
+    return fill(snippet("index"), {"headlines": "\n".join(items)}, results)
+
+
+def generate(results: str = RESULTS) -> Tuple[Dict[str, bytes], List[str]]:
+    """{path relative to docs/benchmarks: content} for every page and image, and the stems of the
+    JSON files the pages use."""
+    runs = load_runs(results)
+    out: Dict[str, bytes] = {}
+    heads: Dict[str, Dict[str, str]] = {}
+    for page, render in PAGES.items():
+        parts, heads[page] = render([r for r in runs if r.page == page], snippet)
+        out[f"{page}.md"] = fill(snippet(page), {"runs": join(parts)}, results).encode()
+    out["index.md"] = index_page(heads, runs, results).encode()
+    for run in runs:
+        if run.png:
+            with open(os.path.join(results, run.stem + ".png"), "rb") as f:
+                out[f"img/{run.stem}.png"] = f.read()
+    return out, [r.stem for r in runs]
+
+
+def preview(path: str) -> str:
+    """The page's section for one results JSON, `<out>/bench_<bench>_....json` (a run just written):
+    what a benchmark prints at its end, the tables its page will show."""
+    stem = os.path.basename(path)[: -len(".json")]
+    bench = next(b for b in BENCHES if stem.startswith(f"bench_{b}_"))
+    with open(path) as f:
+        run = Run(stem, bench, "", "", json.load(f), png=False, log=False)
+    return join(PAGES[run.page]([run], snippet)[0])
+
+
+def existing(docs: str = DOCS) -> Dict[str, bytes]:
+    """What is in docs/benchmarks now: its pages and images."""
+    found: Dict[str, bytes] = {}
+    for sub in ("", "img"):
+        folder = os.path.join(docs, sub)
+        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+            path = os.path.join(folder, name)
+            if os.path.isfile(path) and (name.endswith(".md") or sub == "img"):
+                with open(path, "rb") as f:
+                    found[os.path.join(sub, name) if sub else name] = f.read()
+    return found
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="only compare: exit 1 if a page or image differs")
+    args = ap.parse_args(argv)
+    pages, _ = generate()
+    have = existing()
+    stale = sorted(set(have) - set(pages))
+    changed = sorted(p for p in pages if have.get(p) != pages[p])
+    if args.check:
+        for p in changed + stale:
+            print(f"docs/benchmarks/{p}: {'differs from' if p in pages else 'not made by'} the renderer")
+        return 1 if changed or stale else 0
+    os.makedirs(os.path.join(DOCS, "img"), exist_ok=True)
+    for p in changed:
+        with open(os.path.join(DOCS, p), "wb") as f:
+            f.write(pages[p])
+    for p in stale:
+        os.remove(os.path.join(DOCS, p))
+    print(f"docs/benchmarks: {len(changed)} written, {len(stale)} removed, {len(pages) - len(changed)} unchanged")
+    return 0

@@ -1,0 +1,230 @@
+"""What every page is made of: the stored runs (`load_runs`), number formats, markdown tables and
+each run's header (its about text, command, machine, versions, date, commit, load, files)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from ..harness import RESULTS
+
+RESULTS_REL = "benchmarks/results"
+BENCHES = ("kernels", "layers", "train", "compile", "dgl", "triton_gpu", "distributed")
+MACHINE_RE = r"[a-z0-9]+(?:-[a-z0-9]+)*-\d+(?:-\d+)?t-[a-z0-9]+(?:-[a-z0-9]+)*"
+NAME_RE = re.compile(
+    rf"^(?P<bench>bench_(?:{'|'.join(BENCHES)})|probe_[a-z0-9]+(?:_[a-z0-9]+)*?)_(?P<machine>{MACHINE_RE})"
+    r"(?:_(?P<variant>[a-z0-9]+(?:-[a-z0-9]+)*))?\.(?P<ext>json|png|log)$"
+)
+DASH = "–"
+
+
+def parse_name(filename: str) -> Optional[Dict[str, str]]:
+    """bench, machine, variant ("" for the default run) and ext of a results file, or None."""
+    m = NAME_RE.match(filename)
+    if m is None:
+        return None
+    return {"bench": m["bench"], "machine": m["machine"], "variant": m["variant"] or "", "ext": m["ext"]}
+
+
+@dataclass
+class Run:
+    """A stored run: `<bench>_<machine>[_<variant>].json`, and whether a .png and .log lie beside it."""
+
+    stem: str
+    bench: str  # "kernels", "train", ...
+    machine: str
+    variant: str
+    data: Dict[str, Any]
+    png: bool
+    log: bool
+
+    @property
+    def info(self) -> Dict[str, Any]:
+        return self.data["machine"]
+
+    @property
+    def results(self) -> List[Dict[str, Any]]:
+        return self.data.get("results", [])
+
+    @property
+    def config(self) -> Dict[str, Any]:
+        return self.data.get("config", {})
+
+    @property
+    def page(self) -> str:
+        return "compile" if self.bench == "train" and self.config.get("compile") else self.bench
+
+
+def load_runs(results: str = RESULTS) -> List[Run]:
+    names = set(os.listdir(results))
+    runs = []
+    for name in sorted(names):
+        parsed = parse_name(name)
+        if parsed is None or parsed["ext"] != "json" or not parsed["bench"].startswith("bench_"):
+            continue
+        stem = name[: -len(".json")]
+        with open(os.path.join(results, name)) as f:
+            data = json.load(f)
+        bench = parsed["bench"][len("bench_") :]
+        runs.append(
+            Run(stem, bench, parsed["machine"], parsed["variant"], data, stem + ".png" in names, stem + ".log" in names)
+        )
+    return runs
+
+
+# ---- formatting ---------------------------------------------------------------------------------
+
+
+def f_ms(x: Optional[float]) -> str:
+    """Milliseconds to about three significant digits."""
+    if x is None:
+        return DASH
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}" if x >= 1 else f"{x:.3f}"
+
+
+def f_x(r: Optional[float]) -> str:
+    if r is None:
+        return DASH
+    return f"{r:.0f}x" if r >= 100 else f"{r:.1f}x" if r >= 10 else f"{r:.2f}x"
+
+
+def f_int(x: Optional[float]) -> str:
+    return DASH if x is None else f"{x:,.0f}"
+
+
+def f_pct(x: Optional[float]) -> str:
+    return DASH if x is None else f"{100 * x:.1f}%"
+
+
+def table(head: Sequence[str], rows: Iterable[Sequence[str]], right: Iterable[int] = ()) -> str:
+    """A markdown table; columns in `right` are right-aligned (numbers)."""
+    right = set(right)
+    lines = ["| " + " | ".join(head) + " |"]
+    lines.append("| " + " | ".join("---:" if i in right else "---" for i in range(len(head))) + " |")
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def skipped(note: str) -> str:
+    """A short cell for a contender that has no time, from its note."""
+    n = note.lower()
+    pick = n.rsplit(" ", 2)[-2] if "auto picks" in n else ""
+    cells = (
+        ("out of memory" in n, "out of memory"),
+        (n.startswith("not applicable") or "not a batch of equal complete blocks" in n, "n/a"),
+        ("needs ~" in n and "budget" in n, "over budget"),
+        ("auto picks" in n, "= " + pick),
+        ("not one contiguous range" in n, "cannot express"),
+        ("exact softmax only" in n, "exact only"),
+        ("not installed" in n or "no module" in n, "not installed"),
+        (n.startswith(("failed", "error")), "failed"),
+    )
+    return next((cell for hit, cell in cells if hit), "skipped")
+
+
+def machine_desc(info: Dict[str, Any]) -> str:
+    cpu = info["cpu"] + (f" ({info['cpu_capability']})" if info.get("cpu_capability") else "")
+    threads = str(info["threads"])
+    threads = threads.replace("-", " and ") + (" thread" if threads == "1" else " threads")
+    return f"{cpu}, {threads}, {info.get('gpu', 'no GPU')}"
+
+
+def versions(info: Dict[str, Any]) -> str:
+    out = [f"sparseattn {info['sparseattn']}", f"torch {info['torch']}"]
+    if info.get("cuda"):
+        out.append(f"CUDA {info['cuda']}")
+    out += [f"{name} {info[name]}" for name in ("triton", "torch_geometric") if info.get(name)]
+    dgl = info.get("dgl")
+    if isinstance(dgl, dict):
+        out.append(f"DGL {dgl['dgl']} on torch {dgl['torch']} (own process)")
+    return ", ".join(out + [f"Python {info['python']}"])
+
+
+def f_load(run: Run) -> str:
+    """The load averages the run recorded: at start and end, per row, and in bench_dgl's notes."""
+    values = [run.info.get("load_average"), run.info.get("load_average_end")]
+    values += [r.get("load_average") for r in run.results if isinstance(r, dict)]
+    values += [float(m.group(1)) for r in run.results if (m := re.search(r"load (\d+\.\d+)", str(r.get("note", ""))))]
+    values = [float(v) for v in values if isinstance(v, (int, float))]
+    if not values:
+        return "load not recorded"
+    lo, hi = f"{min(values):.1f}", f"{max(values):.1f}"
+    return f"load average {lo}" if lo == hi else f"load average {lo}-{hi}"
+
+
+def header(run: Run) -> str:
+    """The run's about text (if any) and a list: command, machine, versions, measured, environment, files."""
+    data, info = run.data, run.info
+    if data.get("commit"):
+        code = f"commit {data['commit'][:7]}" + (" with uncommitted changes" if data.get("dirty") else "")
+        code += f" {data['commit_note']}" if data.get("commit_note") else ""
+    else:
+        code = "commit not recorded"
+    files = [f"`{RESULTS_REL}/{run.stem}.json`"] + [f"`.{e}`" for e, has in (("log", run.log), ("png", run.png)) if has]
+    items = [
+        f"Command: `{data.get('command', 'not recorded')}`",
+        f"Machine: {machine_desc(info)}",
+        f"Versions: {versions(info)}",
+        f"Measured: {info['date']}, {code}, {f_load(run)}",
+    ]
+    if info.get("env"):
+        items.append("Environment: " + ", ".join(f"`{k}={v}`" for k, v in info["env"].items()))
+    items.append("Files: " + ", ".join(files))
+    about = (data["about"] + "\n\n") if data.get("about") else ""
+    return about + "\n".join(f"- {item}" for item in items)
+
+
+def plot(run: Run) -> str:
+    return f"![{run.stem}](img/{run.stem}.png)" if run.png else ""
+
+
+def by_key(rows: Iterable[Dict[str, Any]], *keys: str) -> Dict[Tuple[Any, ...], Dict[str, Any]]:
+    return {tuple(r[k] for k in keys): r for r in rows}
+
+
+def ordered(values: Iterable[Any], first: Sequence[Any] = ()) -> List[Any]:
+    """The distinct values in order of appearance, those in `first` first."""
+    seen = list(dict.fromkeys(values))
+    return [v for v in first if v in seen] + [v for v in seen if v not in first]
+
+
+def median_range(values: Sequence[float]) -> str:
+    if not values:
+        return DASH
+    return f"{f_x(statistics.median(values))} ({f_x(min(values))[:-1]}-{f_x(max(values))})"
+
+
+def span(values: Sequence[float]) -> str:
+    """'1.2-3.4x': the range of some ratios."""
+    return f"{f_x(min(values))[:-1]}-{f_x(max(values))}"
+
+
+def by_machine(runs: List[Run]) -> List[Tuple[str, List[Run]]]:
+    """Runs grouped by machine tag, each group's default run first, then its variants by name."""
+    groups: Dict[str, List[Run]] = {}
+    for run in sorted(runs, key=lambda r: (r.machine, r.bench != r.page, r.variant != "", r.variant)):
+        groups.setdefault(run.machine, []).append(run)
+    return sorted(groups.items())
+
+
+def join(parts: Iterable[str]) -> str:
+    return "\n\n".join(p.strip("\n") for p in parts if p) + "\n"
+
+
+def sections(runs: List[Run], body, headline, title=lambda variant: f"### Variant `{variant}`"):
+    """The usual page: per machine a section, its runs one after another (a variant under
+    `title(variant)`), each its header, `body(run)` (a list of parts) and plot; per machine
+    `headline(its runs)`. Returns the parts and the headlines by machine."""
+    parts, heads = [], {}
+    for machine, group in by_machine(runs):
+        parts.append(f"## {machine_desc(group[0].info)}")
+        for run in group:
+            if run.variant:
+                parts.append(title(run.variant))
+            parts += [header(run), *body(run), plot(run)]
+        heads[machine] = headline(group)
+    return parts, heads

@@ -1,0 +1,162 @@
+"""The Triton-on-a-GPU page (bench_triton_gpu: per clamp mode a table, memory, targets; the sweeps
+as one table each) and the several-processes page (bench_distributed)."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+from .common import DASH, RESULTS_REL, Run, by_key, f_int, f_ms, f_pct, f_x, ordered, sections, skipped, table
+
+TRITON_ORDER = ("triton", "auto", "csr", "pyg", "flex", "sdpa")
+
+
+def triton_tables(run: Run) -> List[str]:
+    cells = by_key(run.results, "family", "mode", "contender")
+    families = ordered(r["family"] for r in run.results)
+    contenders = ordered((r["contender"] for r in run.results), TRITON_ORDER)
+    kinds = ordered(r["mode"].split(" ", 1)[1] for r in run.results if " " in r["mode"])
+    peak = run.info.get("peak_gb_s")
+    out = []
+    for kind in kinds:
+        rows = []
+        for fam in families:
+            row = [f"`{fam}`", f_int(next(r["edges"] for r in run.results if r["family"] == fam))]
+            for c in contenders:
+                vals = []
+                for mode in ("fwd", "fwd+bwd"):
+                    r = cells.get((fam, f"{mode} {kind}", c))
+                    vals.append(DASH if r is None else f_ms(r["ms"]) if r["ms"] is not None else skipped(r["note"]))
+                row.append(vals[0] if vals[1] in (DASH, vals[0]) else " / ".join(vals))
+            t = cells.get((fam, f"fwd {kind}", "triton"))
+            gbs = t.get("gb_per_s") if t else None
+            rows.append(row + [f"{gbs:,.0f} ({100 * gbs / peak:.0f}%)" if gbs and peak else DASH])
+        head = ["graph", "edges"] + [f"`{c}`" for c in contenders] + ["`triton` fwd GB/s (of peak)"]
+        out.append(f"**{kind}**, ms fwd / fwd+bwd (median):\n\n" + table(head, rows, right=range(1, len(head))))
+    mem_rows = []
+    for fam in families:
+        row = [f"`{fam}`"]
+        for c in contenders:
+            mibs = [cells.get((fam, f"{m} {kinds[0]}", c), {}).get("peak_extra_mib") for m in ("fwd", "fwd+bwd")]
+            row.append(DASH if mibs == [None, None] else " / ".join(f_int(v) for v in mibs))
+        mem_rows.append(row)
+    out.append(
+        f"Peak extra GPU memory, MiB fwd / fwd+bwd ({kinds[0]}):\n\n"
+        + table(["graph"] + [f"`{c}`" for c in contenders], mem_rows, right=range(1, len(contenders) + 1))
+    )
+    rows = []
+    for name, value in (run.data.get("targets") or {}).items():
+        what, _, bound = name.partition(" (")
+        bound = bound.rstrip(")").replace(">=", "≥").replace("<=", "≤")
+        if value is None:
+            shown = DASH
+        elif "GB/s" in what:
+            shown = f"{value:.2f}"
+        else:  # a time ("... ms") or a ratio of two
+            shown = f"{f_ms(value)} ms" if what.endswith(" ms") else f_x(value)
+        rows.append([what, bound, shown])
+    if rows:
+        head = ["ratio", "target", "measured"]
+        out.append(f"Targets ({DASH}: a contender of the ratio did not run):\n\n" + table(head, rows, right=(2,)))
+    wrong = run.data.get("wrong") or []
+    out.append(
+        "Every contender's output matched the reference." if not wrong else f"Outputs off the reference: {wrong}."
+    )
+    return out
+
+
+def sweep_table(run: Run) -> str:
+    cells = by_key(run.results, "family", "mode", "contender")
+    families = ordered(r["family"] for r in run.results)
+    mode = ordered(r["mode"] for r in run.results)[-1]  # the backward sweep times fwd+bwd
+    contenders = ordered(r["contender"] for r in run.results if r["mode"] == mode)
+    times = {f: [cells.get((f, mode, c), {}).get("ms") for c in contenders] for f in families}
+    best = {f: min((ms for ms in times[f] if ms), default=None) for f in families}
+    rows = []
+    for i, c in enumerate(contenders):
+        ms = [times[f][i] for f in families]
+        rows.append(
+            [f"`{c}`"] + [f"**{f_ms(t)}**" if t is not None and t == best[f] else f_ms(t) for f, t in zip(families, ms)]
+        )
+    head = ["setting"] + [f"`{f}`" for f in families]
+    return f"{mode}, ms (median); bold: the fastest per graph:\n\n" + table(head, rows, right=range(1, len(head)))
+
+
+def triton_headline(group: List[Run]) -> str:
+    run = next((r for r in group if not r.variant), None)
+    if run is None:
+        return ""
+    cells = by_key(run.results, "family", "mode", "contender")
+    fam = ordered(r["family"] for r in run.results)[0]
+    t, c = cells.get((fam, "fwd clamp", "triton")), cells.get((fam, "fwd+bwd clamp", "triton"))
+    csr = cells.get((fam, "fwd+bwd clamp", "csr"))
+    peak = run.info.get("peak_gb_s")
+    if not (t and c and csr and t["ms"] and c["ms"] and csr["ms"]):
+        return ""
+    share = f" at {100 * t['gb_per_s'] / peak:.0f}% of peak memory bandwidth" if t.get("gb_per_s") and peak else ""
+    return (
+        f"`{fam}` graph, {t['edges'] / 1e6:.1f}M edges, clamp mode: `triton` forward {f_ms(t['ms'])} ms{share},"
+        f" forward+backward {f_x(csr['ms'] / c['ms'])} faster than `csr`"
+    )
+
+
+def page_triton_gpu(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
+    def body(run: Run) -> List[str]:
+        return [sweep_table(run)] if run.variant.startswith("sweep") else triton_tables(run)
+
+    def title(variant: str) -> str:
+        return f"### `--{variant}`" if variant.startswith("sweep") else f"### Variant `{variant}`"
+
+    return sections(runs, body, triton_headline, title)
+
+
+# ---- distributed --------------------------------------------------------------------------------
+
+
+def distributed_tables(run: Run) -> List[str]:
+    rows, per = run.results, []
+    for name in ordered(r.get("config", "?") for r in rows):
+        group = [r for r in rows if r.get("config") == name]
+        failed = [r for r in group if r.get("note")]
+        if failed:
+            per.append([f"`{name}`", str(len(group))] + ["failed: " + failed[0]["note"]] + [""] * 7)
+            continue
+        keys = ("nodes", "edges", "halo", "bytes_in", "train_peak_mib", "step_s", "exchange_share", "wait_share")
+        top = {k: max(r.get(k, 0) for r in group) for k in keys}
+        per.append(
+            [f"`{name}`", str(len(group))]
+            + [f_int(top[k]) for k in ("nodes", "edges", "halo")]
+            + [f"{top['bytes_in'] / 2**20:,.1f}", f_int(top["train_peak_mib"]), f"{top['step_s']:.2f}"]
+            + [f_pct(top["exchange_share"]), f_pct(top["wait_share"])]
+        )
+    head = ["configuration", "ranks", "nodes", "in-edges", "halo rows", "MiB in", "train peak MiB", "step s"]
+    out = [
+        "Per configuration, the largest value over its ranks; MiB in: halo rows received per step (forward and"
+        " backward), step: median of the timed steps:\n\n" + table(head + ["exchange", "wait"], per, right=range(1, 10))
+    ]
+    summary = run.data.get("summary") or {}
+    if summary:
+        srows = [
+            [f"`{name}`", f_x(s.get("peak_ratio")), f_x(s.get("setup_peak_ratio")), f_pct(s.get("exchange_share"))]
+            + [f_pct(s.get("wait_share")), f_x(s.get("step_ratio"))]
+            + [DASH if s.get("step1_loss_diff") is None else f"{s['step1_loss_diff']:.1e}"]
+            for name, s in summary.items()
+        ]
+        head = ["configuration", "train peak / one process", "setup peak / one process", "exchange share"]
+        head += ["wait share", "slowest step / one process", "step-1 loss difference"]
+        out.append("Against one process on the whole graph (largest rank):\n\n" + table(head, srows, right=range(1, 7)))
+    return out
+
+
+def distributed_headline(group: List[Run]) -> str:
+    summary = group[0].data.get("summary") or {}
+    parts = [f"`{name}` {f_x(s['peak_ratio'])}" for name, s in summary.items() if s.get("peak_ratio")]
+    return "largest rank's peak memory against one process: " + ", ".join(parts) if parts else ""
+
+
+def page_distributed(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
+    if not runs:
+        return [
+            "No stored run yet. `python -m benchmarks.bench_distributed` writes"
+            f" `{RESULTS_REL}/bench_distributed_<machine>.json`; `python -m benchmarks.pages` then fills this page."
+        ], {}
+    return sections(runs, distributed_tables, distributed_headline)

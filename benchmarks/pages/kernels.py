@@ -1,0 +1,302 @@
+"""The kernels page (bench_kernels: a section per run, with its settings, times, physical limit,
+memory and target ratios; the THP pair side by side) and the DGL page (bench_dgl)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..kernels_report import CSR_FWD_BWD, LIMIT_TARGETS, RATIOS, THREAD_GAIN, KernelResult, ratio_table
+from .common import (
+    DASH,
+    Run,
+    by_key,
+    by_machine,
+    f_int,
+    f_ms,
+    f_pct,
+    f_x,
+    header,
+    machine_desc,
+    ordered,
+    plot,
+    sections,
+    skipped,
+    span,
+    table,
+)
+
+KERNEL_ORDER = ("csr", "dense", "auto", "auto (raw)", "auto (compiled)", "sdpa", "sdpa-masked", "dense bmm", "pyg")
+Bound = Optional[Tuple[str, float]]
+
+
+def _bound(text: Optional[str]) -> Bound:
+    """A kernels_report target, "<= 1.15" -> ("<=", 1.15); None stays None."""
+    return None if text is None else (text.split()[0], float(text.split()[1]))
+
+
+KERNEL_TARGETS = (  # the ratio names of kernels_report.ratio_table, the column head, its target there
+    ("auto/sdpa", "clamp-mode `auto` / `sdpa`", _bound(RATIOS["auto/sdpa"][2])),
+    ("raw/Graph", "`auto (raw)` / `auto`", _bound(RATIOS["raw/Graph"][2])),
+    ("csr fwd+bwd/fwd", "`csr` fwd+bwd / fwd", _bound(CSR_FWD_BWD)),
+    ("pyg/auto", "`pyg` / `auto`", _bound(RATIOS["pyg/auto"][2])),
+    ("compiled/eager", "`auto (compiled)` / `auto`", None),
+    ("auto limit share", "`auto` fwd, share of the limit (≥ 25% on window-65536)", None),  # per family: below
+    ("auto 1 thread/this", "`auto` at 1 thread / here", _bound(THREAD_GAIN[1])),
+)
+SHARE_TARGETS = {family: _bound(target) for family, target in LIMIT_TARGETS.items()}  # on "auto limit share"
+GROUP_HEAD = ["threads", "input σ"]  # each table line: a family at a thread setting and input scale
+MOVED = (("bytes", 1e6, 0), ("flops", 1e9, 2))  # must_move's bytes in MB and flops in GFLOP, with decimals
+
+
+def _misses(value: Optional[float], target: Bound) -> bool:
+    if value is None or target is None:
+        return False
+    return value > target[1] if target[0] == "<=" else value < target[1]
+
+
+def _group(row: Dict[str, Any]) -> Tuple[str, str]:
+    """The thread setting ('2 passive') and input scale a row was measured at."""
+    policy = row.get("omp_wait_policy", "default")
+    return str(row.get("threads")) + ("" if policy == "default" else f" {policy}"), f"{row.get('input_scale'):g}"
+
+
+def _lines(run: Run) -> List[Tuple[str, Tuple[str, str]]]:
+    """(family, group) per table line, families in run order, then groups in run order."""
+    groups = ordered(_group(r) for r in run.results)
+    have = {(r["family"], _group(r)) for r in run.results}
+    return [(f, gr) for f in ordered(r["family"] for r in run.results) for gr in groups if (f, gr) in have]
+
+
+def _cells(run: Run) -> Dict[Tuple[str, ...], Dict[str, Any]]:
+    """Rows by (family, mode, contender, threads, input scale)."""
+    return {(r["family"], r["mode"], r["contender"], *_group(r)): r for r in run.results}
+
+
+def _ratio_lines(run: Run) -> List[Tuple[List[str], Dict[str, List[Optional[float]]]]]:
+    """Each table line's first cells and its ratios by name, by today's definitions from the rows."""
+    by_line: Dict[Tuple[str, Tuple[str, str]], Dict[str, List[Optional[float]]]] = {}
+    for rec in ratio_table([KernelResult(**r) for r in run.results]):
+        by_line.setdefault((rec["family"], (rec["threads"], f"{rec['input_scale']:g}")), {})[rec["ratio"]] = rec[
+            "values"
+        ]
+    return [([f"`{f}`", *gr], by_line[f, gr]) for f, gr in _lines(run) if (f, gr) in by_line]
+
+
+def kernel_ratios(run: Run) -> Tuple[str, int, int]:
+    """The target-ratio table, and how many of its ratios meet their target, of how many."""
+    lines = _ratio_lines(run)
+    present = [(k, head, t) for k, head, t in KERNEL_TARGETS if any(k in ratios for _, ratios in lines)]
+    rows, met, total = [], 0, 0
+    for first, ratios in lines:
+        row = list(first)
+        for key, _, target in present:
+            cells = []
+            if key == "auto limit share":
+                target = SHARE_TARGETS.get(first[0].strip("`"))
+            for v in ratios.get(key, []):
+                if v is not None and target is not None:
+                    total += 1
+                    met += not _misses(v, target)
+                text = f_pct(v) if key == "auto limit share" else f_x(v)
+                cells.append(f"**{text}**" if _misses(v, target) else text)
+            row.append(" / ".join(cells) if cells else DASH)
+        rows.append(row)
+    bounds = [f" ({t[0].replace('<=', '≤').replace('>=', '≥')} {t[1]:g})" if t else "" for _, _, t in present]
+    head = ["family", *GROUP_HEAD] + [h + b for (_, h, _), b in zip(present, bounds)]
+    return table(head, rows, right=range(1 + len(GROUP_HEAD), len(head))), met, total
+
+
+def family_table(run: Run) -> str:
+    rows = []
+    for fam in ordered(r["family"] for r in run.results):
+        fi = run.config["family_info"].get(fam, {})
+        waste = fi.get("dense_waste")
+        row = [f"`{fam}`", f_int(fi.get("num_dst")), f_int(fi.get("edges")), f"`{fi.get('auto', '?')}`"]
+        row += [DASH if waste is None else f"{100 * waste:.0f}%"]
+        row += [f"{f_int(fi.get('max_in_degree'))} / {f_int(fi.get('max_out_degree'))}"]
+        for k, d, p in MOVED:
+            vals = [fi.get(k, {}).get(m) for m in ("fwd", "fwd+bwd")]
+            row.append(" / ".join(DASH if v is None else f"{v / d:,.{p}f}" for v in vals))
+        rows.append(row)
+    head = ["family", "nodes", "edges", "`auto` picks", "dense padding", "max in / out degree"]
+    return table(head + ["MB moved, fwd / fwd+bwd", "GFLOP, fwd / fwd+bwd"], rows, right=(1, 2, 4, 5, 6, 7))
+
+
+def settings_table(run: Run) -> str:
+    """Each thread setting's OpenMP environment and measured rates."""
+    rows = []
+    for s in run.config.get("settings", []):
+        load = "-".join(dict.fromkeys(f"{s[k]:.1f}" for k in ("load_average_start", "load_average_end") if k in s))
+        rows.append(
+            [
+                s.get("label", "?"),
+                " ".join(f"`{k}={v}`" for k, v in s.get("env", {}).items()) or DASH,
+                str(s.get("torch_threads", DASH)),
+                DASH if s.get("copy_gb_per_s") is None else f"{s['copy_gb_per_s']:.1f}",
+                DASH if s.get("gemm_gflop_per_s") is None else f"{s['gemm_gflop_per_s']:.0f}",
+                load or DASH,
+                s.get("error", ""),
+            ]
+        )
+    head = ["threads", "environment", "torch threads", "copy GB/s", "GEMM GFLOP/s", "load", "note"]
+    return (
+        "Thread settings, each run in a process of its own started with this environment; the rates, measured"
+        " in that process at its start and end (the higher is used), set each row's physical limit:\n\n"
+        + table(head, rows, right=(2, 3, 4, 5))
+    )
+
+
+def limit_table(run: Run, contenders: List[str]) -> str:
+    """The physical limit per family and setting, and the share of it each contender reached."""
+    cells, modes = _cells(run), ordered(r["mode"] for r in run.results)
+    limits = {(r["family"], r["mode"], *_group(r)): r.get("limit_ms") for r in run.results}
+    cons = [c for c in contenders if any(k[2] == c and v.get("limit_fraction") for k, v in cells.items())]
+    rows = []
+    for fam, gr in _lines(run):
+        row = [f"`{fam}`", *gr, " / ".join(f_ms(limits.get((fam, m, *gr))) for m in modes)]
+        for c in cons:
+            vals = [cells.get((fam, m, c, *gr), {}).get("limit_fraction") for m in modes]
+            row.append(DASH if all(v is None for v in vals) else " / ".join(f_pct(v) for v in vals))
+        rows.append(row)
+    head = ["family", *GROUP_HEAD, "limit ms"] + cons
+    return (
+        f"Physical limit, ms ({' / '.join(modes)}): the larger of the bytes that must move at the copy bandwidth"
+        " and the flops that must run at the GEMM rate (`benchmarks/limits.py`), and the share of it each"
+        " contender reached (limit / its time):\n\n" + table(head, rows, right=range(3, len(head)))
+    )
+
+
+def kernel_sections(run: Run) -> List[str]:
+    contenders = ordered((r["contender"] for r in run.results), KERNEL_ORDER)
+    cells, lines, modes = _cells(run), _lines(run), ordered(r["mode"] for r in run.results)
+    out = [family_table(run)] if run.config.get("family_info") else []
+    out.append(settings_table(run))
+    for mode in modes:
+        cons = [c for c in contenders if any(k[1] == mode and k[2] == c for k in cells)]
+        rows = []
+        for fam, gr in lines:
+            row = [f"`{fam}`", *gr]
+            for c in cons:
+                r = cells.get((fam, mode, c, *gr))
+                row.append(DASH if r is None else f_ms(r["ms"]) if r["ms"] is not None else skipped(r["note"]))
+            rows.append(row)
+        right = range(1 + len(GROUP_HEAD), 1 + len(GROUP_HEAD) + len(cons))
+        out.append(f"**{mode}**, ms (median):\n\n" + table(["family", *GROUP_HEAD] + cons, rows, right=right))
+    out.append(limit_table(run, contenders))
+    if all(r.get("peak_extra_mib") is None for r in run.results):
+        return out
+    mem_cons = [c for c in contenders if any(k[2] == c and cells[k]["peak_extra_mib"] is not None for k in cells)]
+    rows = []
+    for fam, gr in lines:
+        row = [f"`{fam}`", *gr]
+        for c in mem_cons:
+            vals = [cells.get((fam, m, c, *gr), {}).get("peak_extra_mib") for m in modes]
+            row.append(DASH if all(v is None for v in vals) else " / ".join(f_int(v) for v in vals))
+        rows.append(row)
+    right = range(1 + len(GROUP_HEAD), 1 + len(GROUP_HEAD) + len(mem_cons))
+    head = ["family", *GROUP_HEAD] + mem_cons
+    return out + [f"Peak extra memory, MiB ({' / '.join(modes)}):\n\n" + table(head, rows, right=right)]
+
+
+def kernels_main(run: Run, legend: str) -> List[str]:
+    parts = [header(run)] + kernel_sections(run)
+    if run.config.get("ratios"):
+        ratios, met, total = kernel_ratios(run)
+        parts.append(
+            "The ratios the CPU targets are about, fwd / fwd+bwd (`csr` fwd+bwd / fwd: its forward+backward time"
+            " over its forward time; `auto`'s share of the limit: the family's physical limit over its forward"
+            f" time); bold: outside the target. {met} of {total} meet their target.\n\n" + ratios
+        )
+    return parts + [legend, plot(run)]
+
+
+def kernels_headline(run: Run) -> str:
+    pyg = [v[-1] for _, r in _ratio_lines(run) for k, v in r.items() if k == "pyg/auto" and v and v[-1] is not None]
+    out = [f"`auto` {span(pyg)} faster than torch_geometric forward+backward"] if pyg else []
+    if run.config.get("ratios"):
+        _, met, total = kernel_ratios(run)
+        out.append(f"{met} of {total} target ratios met")
+    return ", ".join(out)
+
+
+def thp_table(off: Run, on: Run) -> str:
+    a, b = by_key(off.results, "family", "mode", "contender"), by_key(on.results, "family", "mode", "contender")
+    rows = []
+    for fam in ordered(r["family"] for r in off.results):
+        for c in ordered(r["contender"] for r in off.results):
+            row = [f"`{fam}`", f"`{c}`"]
+            for mode in ("fwd", "fwd+bwd"):
+                x, y = a.get((fam, mode, c), {}).get("ms"), b.get((fam, mode, c), {}).get("ms")
+                row += [f_ms(x), f_ms(y), f_x(x / y) if x and y else DASH]
+            rows.append(row)
+    head = ["family", "contender", "fwd without", "fwd with", "gain", "fwd+bwd without", "fwd+bwd with", "gain"]
+    return "ms (median); gain = without / with:\n\n" + table(head, rows, right=range(2, 8))
+
+
+def thp_headline(off: Run, on: Run) -> str:
+    a, b = by_key(off.results, "family", "mode", "contender"), by_key(on.results, "family", "mode", "contender")
+    gains = [(a[k]["ms"] / b[k]["ms"], k) for k in a if k in b and a[k]["ms"] and b[k]["ms"] and k[2] == "auto"]
+    if not gains:
+        return ""
+    _, key = max(gains)
+    return f"`THP_MEM_ALLOC_ENABLE=1`: `auto` {key[1]} on `{key[0]}` {f_ms(a[key]['ms'])} -> {f_ms(b[key]['ms'])} ms"
+
+
+def page_kernels(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
+    parts, heads = [], {}
+    for machine, group in by_machine(runs):
+        parts.append(f"## {machine_desc(group[0].info)}")
+        off = next((r for r in group if r.variant == "thp-off"), None)
+        on = next((r for r in group if r.variant == "thp-on"), None)
+        lines = []
+        for run in [r for r in group if not r.variant]:
+            parts += kernels_main(run, snippet("kernels_legend"))
+            lines.append(kernels_headline(run))
+        if off is not None and on is not None:
+            parts += ["### `THP_MEM_ALLOC_ENABLE=1`", snippet("kernels_thp"), header(off), header(on)]
+            parts += [thp_table(off, on), plot(off), plot(on)]
+            lines.append(thp_headline(off, on))
+        for run in group:
+            if run.variant and run not in (off, on):
+                parts += [f"### Variant `{run.variant}`"] + kernels_main(run, snippet("kernels_legend"))
+                line = kernels_headline(run)
+                lines.append(f"`{run.variant}`: {line}" if line else "")
+        heads[machine] = "; ".join(x for x in lines if x)
+    return parts, heads
+
+
+# ---- DGL ----------------------------------------------------------------------------------------
+
+
+def dgl_table(run: Run) -> List[str]:
+    cells = by_key(run.results, "family", "mode", "contender")
+    rows = []
+    for fam in ordered(r["family"] for r in run.results):
+        for mode in ordered(r["mode"] for r in run.results):
+            ours_e, theirs_e = cells.get((fam, mode, "auto exact")), cells.get((fam, mode, "dgl fused"))
+            ours_c, theirs_c = cells.get((fam, mode, "auto clamp")), cells.get((fam, mode, "dgl builtin"))
+            row = [f"`{fam}`", f_int((ours_e or ours_c or {}).get("edges")), mode]
+            for ours, theirs in ((ours_e, theirs_e), (ours_c, theirs_c)):
+                a = ours["ms"] if ours else None
+                b = theirs["ms"] if theirs else None
+                row += [f_ms(a), f_ms(b) if theirs is None or b is not None else skipped(theirs["note"])]
+                row.append(f_x(b / a) if a and b else DASH)
+            rows.append(row)
+    head = ["family", "edges", "pass", "`auto exact`", "DGL fused", "DGL / auto", "`auto clamp`", "DGL tutorial"]
+    return ["ms (median of rounds):\n\n" + table(head + ["DGL / auto"], rows, right=(1, 3, 4, 5, 6, 7, 8))]
+
+
+def dgl_headline(group: List[Run]) -> str:
+    cells = by_key(group[0].results, "family", "mode", "contender")
+    ratios = [
+        cells[(f, m, "dgl fused")]["ms"] / r["ms"]
+        for (f, m, c), r in cells.items()
+        if c == "auto exact" and m == "fwd+bwd" and r["ms"] and cells.get((f, m, "dgl fused"), {}).get("ms")
+    ]
+    if not ratios:
+        return "DGL not measured"
+    return f"`auto` {span(ratios)} faster than DGL fused forward+backward ({len(ratios)} families)"
+
+
+def page_dgl(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
+    return sections(runs, dgl_table, dgl_headline)

@@ -1,0 +1,233 @@
+"""The pages of the benchmarks above the kernels: layers (bench_layers), the training step
+(bench_train) and compiled against eager (bench_compile, and bench_train --compile)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Dict, List, Tuple
+
+from .common import (
+    DASH,
+    Run,
+    by_key,
+    by_machine,
+    f_int,
+    f_ms,
+    f_pct,
+    f_x,
+    header,
+    machine_desc,
+    median_range,
+    ordered,
+    plot,
+    sections,
+    span,
+    table,
+)
+
+OURS, THEIRS = "sparseattn.nn.TransformerConv", "PyG TransformerConv"
+TERMS = ("csr, edge_key + edge_value (E,H,D)", "csr, one shared (E,1,D) row as both")
+
+
+def layers_tables(run: Run) -> List[str]:
+    rows = run.results
+    cells = by_key(rows, "family", "contender", "mode")
+    warm, cold, terms = [], [], []
+    for fam in ordered(r["family"] for r in rows):
+        for mode in ("fwd", "fwd+bwd"):
+            a, b = cells.get((fam, OURS, mode)), cells.get((fam, THEIRS, mode))
+            if a is not None and b is not None:
+                warm.append(
+                    [f"`{fam}`", f_int(a["edges"]), mode, f_ms(a["ms"]), f_int(a["peak_extra_mib"]), f_ms(b["ms"])]
+                    + [f_int(b["peak_extra_mib"]), f_x(b["ms"] / a["ms"])]
+                    + [f"1/{b['peak_extra_mib'] / a['peak_extra_mib']:.1f}"]
+                )
+        pyg_cold = cells.get((fam, THEIRS + ", raw int64 edge_index", "fwd+bwd cold"))
+        for r in rows:
+            if r["family"] == fam and r["mode"] == "fwd+bwd cold" and r["contender"].startswith(OURS):
+                how = r["contender"][len(OURS) + 2 :].replace(" edge_index", "")
+                theirs = pyg_cold["ms"] if pyg_cold else None
+                cold.append([f"`{fam}`", how, f_ms(r["ms"]), f_ms(theirs), f_x(theirs / r["ms"]) if theirs else DASH])
+        base = cells.get((fam, "csr, no edge term", "fwd+bwd"))
+        if base is not None:
+            row = [f"`{fam}`", f_ms(base["ms"]), f_int(base["peak_extra_mib"])]
+            for name in TERMS:
+                t = cells.get((fam, name, "fwd+bwd"))
+                row += (
+                    [DASH] * 3 if t is None else [f_ms(t["ms"]), f_int(t["peak_extra_mib"]), f_x(t["ms"] / base["ms"])]
+                )
+            terms.append(row)
+    errs = [r["max_err_vs_reference"] for r in rows if r["contender"] == OURS and r.get("max_err_vs_reference")]
+    out = []
+    if warm:
+        head = ["graph", "edges", "pass", "sparseattn ms", "MiB", "PyG ms", "MiB", "speed", "peak memory"]
+        note = f" Outputs equal PyG's within {max(errs):.1e}." if errs else ""
+        out.append(
+            f"Warm calls, ms (median) and peak extra MiB; speed = PyG time / sparseattn time.{note}\n\n"
+            + table(head, warm, right=(1, 3, 4, 5, 6, 7, 8))
+        )
+    if cold:
+        head = ["graph", "sparseattn edge_index", "sparseattn ms", "PyG ms (raw int64)", "speed"]
+        out.append("Cold: first forward+backward in a fresh process, ms:\n\n" + table(head, cold, right=(2, 3, 4)))
+    if terms:
+        head = ["graph", "no edge term, ms", "MiB", "(E, H, D) terms, ms", "MiB", "x", "shared (E, 1, D), ms"]
+        out.append(
+            "Edge terms on `csr`, forward+backward; x = time over the call without edge terms:\n\n"
+            + table(head + ["MiB", "x"], terms, right=range(1, 9))
+        )
+    return out
+
+
+def layers_headline(group: List[Run]) -> str:
+    cells = by_key(group[0].results, "family", "contender", "mode")
+    out = []
+    for fam in ordered(r["family"] for r in group[0].results):
+        a, b = cells.get((fam, OURS, "fwd+bwd")), cells.get((fam, THEIRS, "fwd+bwd"))
+        if a and b and a["ms"] and b["ms"]:
+            mem = b["peak_extra_mib"] / a["peak_extra_mib"]
+            out.append(f"{f_x(b['ms'] / a['ms'])} faster at 1/{mem:.1f} of the peak memory on `{fam}`")
+    return "TransformerConv forward+backward against PyG's: " + ", ".join(out[:2]) if out else ""
+
+
+def page_layers(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
+    return sections(runs, layers_tables, layers_headline)
+
+
+# ---- training step ------------------------------------------------------------------------------
+
+
+def _sdpa(row: Dict[str, Any]) -> str:
+    """The fused SDPA kernel nn.Transformer's forward ran, from its profile."""
+    prefix = "aten::_scaled_dot_product_"
+    kernels = [k[len(prefix) :] for k in row.get("sdpa_kernels", []) if k.startswith(prefix) and "backward" not in k]
+    return ", ".join(kernels) or DASH
+
+
+def train_table(run: Run) -> List[str]:
+    rows, out = run.results, []
+    for task in ordered(r["task"] for r in rows):
+        for threads in ordered(r["threads"] for r in rows if r["task"] == task):
+            group = [r for r in rows if r["task"] == task and r["threads"] == threads]
+            ref = next((r for r in group if r["contender"] == "nn.Transformer"), None)
+            for r in group:
+                if r is not ref:
+                    out.append(
+                        [task, str(threads), f_pct(ref.get("padding")) if ref else DASH]
+                        + [f"`{r['contender'].replace('graph ', '')}`", f_int(r["tokens_per_s"])]
+                        + [f_int(ref["tokens_per_s"]) if ref else DASH, median_range(r.get("ratio_per_round") or [])]
+                        + [f"{f_int(r['peak_extra_mib'])} / {f_int(ref['peak_extra_mib']) if ref else DASH}"]
+                        + [_sdpa(ref) if ref else DASH]
+                    )
+    head = ["task", "threads", "padding", "graph model", "graph tok/s", "nn.Transformer tok/s"]
+    head += ["graph / nn.Transformer", "peak extra MiB, graph / nn", "SDPA"]
+    err = max((r.get("same_function_max_err") or 0.0 for r in rows), default=0.0)
+    note = f" nn.Transformer's log-probabilities matched the graph model's to {err:.1e}." if err else ""
+    return [f"Target tokens per second;{note}\n\n" + table(head, out, right=(1, 2, 4, 5))]
+
+
+def train_headline(group: List[Run]) -> str:
+    out = []
+    for run in group:
+        ratios = {
+            (r["task"], r["threads"], r["contender"]): statistics.median(r["ratio_per_round"])
+            for r in run.results
+            if r.get("ratio_per_round")
+        }
+        if not run.variant:
+            per_task: Dict[str, List[str]] = {}
+            for (task, threads, _), v in ratios.items():
+                per_task.setdefault(task, []).append(f"{f_x(v)} at {threads} thread{'s' * (str(threads) != '1')}")
+            listed = "; ".join(f"{t} {', '.join(v)}" for t, v in per_task.items())
+            out.append("graph model / nn.Transformer tokens/s: " + listed)
+        else:
+            listed = ", ".join(f"{c.replace('graph ', '')} {f_x(v)}" for (_, _, c), v in ratios.items())
+            out.append(f"`{run.variant}`: " + listed)
+    return "; ".join(out)
+
+
+def page_train(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
+    return sections(runs, train_table, train_headline)
+
+
+# ---- compile ------------------------------------------------------------------------------------
+
+
+def compile_table(run: Run) -> List[str]:
+    cells = by_key(run.results, "family", "mode", "contender")
+    rows = []
+    for name, case in run.config.get("cases", {}).items():
+        row = [f"`{name}`", f"{f_int(case.get('nodes'))} / {f_int(case.get('edges'))}"]
+        for mode in ("fwd", "fwd+bwd"):
+            eager = cells.get((name, mode, "eager"), {}).get("ms")
+            compiled = cells.get((name, mode, "compiled"), {}).get("ms")
+            row.append(f"{f_x(case.get('ratio_' + mode))} ({f_ms(eager)} / {f_ms(compiled)} ms)")
+        row.append(" / ".join(f"{case.get('compile_s_' + m, 0):.1f}" for m in ("fwd", "fwd+bwd")))
+        rows.append(row + [str(case.get("breaks", DASH))])
+    head = ["case", "nodes / edges", "fwd, eager / compiled", "fwd+bwd, eager / compiled"]
+    head += ["compilation s, fwd / fwd+bwd", "graph breaks"]
+    out = f"Median of {run.config.get('reps', '?')} interleaved rounds:\n\n" + table(head, rows, right=(4, 5))
+    dyn = run.config.get("dynamic")
+    if dyn:
+        sizes = dyn.get("sizes", [])
+        out += (
+            f"\n\nUnder `dynamic=True`, {len(sizes)} window graphs of {sizes[0][0]:,}-{sizes[-1][0]:,} nodes made"
+            f" {dyn['compiled_entries']} compiled entries (first pass {dyn['first_pass_s']} s, compilation"
+            f" included); forward+backward of all of them: eager {f_ms(dyn['eager_ms'])} ms, compiled"
+            f" {f_ms(dyn['compiled_ms'])} ms ({f_x(dyn['ratio'])}). Inductor's C++ code guards on N <= 4096 for"
+            " float sums over the nodes (the bias gradients) and compiles again above it; sparseattn adds no"
+            " guard of its own."
+        )
+    return [out]
+
+
+def compile_train_table(runs: List[Run]) -> str:
+    rows = []
+    for run in runs:
+        for task in ordered(r["task"] for r in run.results):
+            group = {r["contender"]: r for r in run.results if r["task"] == task}
+            eager, compiled = group.get("graph auto"), group.get("graph auto (compiled)")
+            if eager is not None and compiled is not None:
+                per_round = compiled.get("compiled_speedup_per_round", [])
+                rows.append(
+                    [f"`{run.variant}`", task, str(len(per_round)), f_int(eager["tokens_per_s"])]
+                    + [f_int(compiled["tokens_per_s"]), median_range(per_round)]
+                    + [f"{f_int(compiled['peak_extra_mib'])} / {f_int(eager['peak_extra_mib'])}"]
+                )
+    head = ["run", "task", "rounds", "eager tok/s", "compiled tok/s", "compiled / eager"]
+    return table(head + ["peak extra MiB, compiled / eager"], rows, right=(2, 3, 4))
+
+
+def compile_headline(group: List[Run]) -> str:
+    out = []
+    for run in group:
+        ratios = [c[f"ratio_{m}"] for c in run.config.get("cases", {}).values() for m in ("fwd", "fwd+bwd")]
+        if run.bench == "compile" and ratios:
+            out.append(f"eager / compiled {span(ratios)} ({len(run.config['cases'])} cases, fwd and fwd+bwd)")
+    steps = [
+        f"{r['task']} {f_x(statistics.median(r['compiled_speedup_per_round']))}"
+        f" ({len(r['compiled_speedup_per_round'])} rounds)"
+        for run in group
+        if run.bench == "train"
+        for r in run.results
+        if r.get("compiled_speedup_per_round")
+    ]
+    if steps:
+        out.append("training step compiled / eager: " + ", ".join(steps))
+    return "; ".join(out)
+
+
+def page_compile(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
+    parts, heads = [], {}
+    for machine, group in by_machine(runs):
+        parts.append(f"## {machine_desc(group[0].info)}")
+        for run in [r for r in group if r.bench == "compile"]:
+            if run.variant:
+                parts.append(f"### Variant `{run.variant}`")
+            parts += [header(run)] + compile_table(run) + [plot(run)]
+        trains = [r for r in group if r.bench == "train"]
+        if trains:
+            parts += ["### Training step", snippet("compile_train"), compile_train_table(trains)]
+            for run in trains:
+                parts += [f"#### Run `{run.variant}`", header(run), plot(run)]
+        heads[machine] = compile_headline(group)
+    return parts, heads
