@@ -7,34 +7,30 @@
     python benchmarks/bench_triton_gpu.py --sweep-backward --cases random,window8 --modes clamp --out $OUT
     python benchmarks/bench_triton_gpu.py --smoke --contenders csr,reference,pyg --out /tmp/b  # tiny, CPU
 
-Cases (CASES; H=8, D=Dv=64, bfloat16 on a GPU, float32 in --smoke), each with clamp=(-5, 5) and exact:
+Cases (CASES; H=8, D=Dv=64, bfloat16 on a GPU, float32 in --smoke), each with clamp=(-5, 5) and exact,
+drawn on the device with the builders bench_kernels' families use (benchmarks/families.py):
     random        N=2^20 nodes, E=16N uniform edges (in-degree ~ Poisson(16)): the roofline case
-    powerlaw      N=2^20, E=16N, destination of rank r drawn with probability ~ r^(-2/3): hubs of ~5e4 edges
-    window8       L=2^16 tokens, |i - j| <= 8 (in-degree 17; L=2^18 before issue 30, which compares both windows
-                  with FlexAttention at L=65536);   window64: L=2^16, |i - j| <= 64
+    powerlaw      N=2^20, 16N draws of uniform sources and of destinations of rank r with probability
+                  ~ r^(-2/3), repeated pairs kept once (`powerlaw_edges`): hubs of ~5e4 edges
+    window8       L=2^16 tokens, |i - j| <= 8 (in-degree 17);   window64: L=2^16, |i - j| <= 64
     complete512   16 complete graphs of 512 tokens;   complete2048: 4 of 2048 tokens (in-degree 2048)
-    random-2^28   (SCALE_CASE, only with --scale or when --cases names it; not subject to --budget) N=2^24 nodes,
-                  E=16N=2^28 uniform edges, H=2, D=64 (H*D = 128), clamp mode only, the triton backend only
-                  (the other contenders get a "skipped" row); timed with at most 1 warmup. Its record also
-                  holds the peak CUDA memory of one fwd+bwd step (torch.cuda.max_memory_allocated after
-                  reset_peak_memory_stats, with the inputs, grad_out, the graph and its cached CSR and CSC
-                  live) against the least such a step must hold, `step_minimum_bytes`: q, k, v, out,
-                  grad_out, dq, dk, dv and one int64 edge index, (4 N_dst + 4 N_src) H D size + 16 E. Its
-                  output is checked destination range by destination range (no full float32 copy).
-                  In --smoke: N=16 on CPU, where the peak is None.
-Contenders (CONTENDERS): the backends triton, csr, reference and auto; pyg, what PyG's TransformerConv
-computes (gather, torch_geometric.utils.softmax over destinations, scatter-add; skipped without PyG);
-flex, compiled FlexAttention with a BlockMask built from the graph's CSR and a mask_mod that looks up
-each destination's source range (graphs where that range has holes are skipped); sdpa, on the
-(B, H, L, D) batch of a graph of equal complete blocks (exact mode; the kernel that ran is named).
---sweep times instead the triton forward under each setting in SWEEP (layouts, tiles, warps, stages);
---sweep-backward times forward+backward under each backward setting in SWEEP_BACKWARD (layouts, tiles,
-warps, stages).
+    random-2^28   (SCALE_CASE, only with --scale or when --cases names it; not subject to --budget) N=2^24
+                  nodes, E=2^28 uniform edges, H=2, D=64, clamp mode, triton only (the other contenders get
+                  a "skipped" row), at most 1 warmup. Its record holds the peak CUDA memory of one fwd+bwd
+                  step (inputs, grad_out, the graph and its cached CSR and CSC live) against the least such
+                  a step must hold, `step_minimum_bytes`; its output is checked destination range by
+                  destination range (no full float32 copy). In --smoke: N=16 on CPU, where the peak is None.
+Contenders (CONTENDERS): the backends triton, csr, reference and auto; pyg and sdpa (benchmarks/peers.py:
+TransformerConv's gather, softmax and scatter; SDPA on the (B, H, L, D) batch of equal complete blocks,
+exact mode); flex, compiled FlexAttention with a BlockMask built from the graph's CSR and a mask_mod that
+looks up each destination's source range (graphs where that range has holes are skipped). --sweep times
+the triton forward under each setting in SWEEP, --sweep-backward forward+backward under each backward
+setting in SWEEP_BACKWARD (layouts, tiles, warps, stages).
 Correctness first: each contender's output on ALL destinations, computed while torch fills new memory
 with NaN (so rows a kernel never writes show up), must be within TOL of the reference backend run in
 float32 on the same inputs; a contender that is not is marked WRONG, not timed, and the exit status is 1.
-Timing: inputs require grad (as in training), median of --rep runs after --warmup; "fwd" is the
-forward alone, "fwd+bwd" forward and backward, and the backward's time is fwd+bwd ms - fwd ms.
+Timing: inputs require grad (as in training), median of --rep runs after --warmup (harness.time_ms);
+"fwd" is the forward alone, "fwd+bwd" forward and backward, the backward's time fwd+bwd ms - fwd ms.
 Bytes moved (`moved_bytes`; D = Dv, element size s, N_dst destinations, N_src sources, E edges):
     forward   q and out rows once per destination, k and v rows and the int64 source index once per edge:
               (N_dst + E) H 2D s + 8 E
@@ -47,11 +43,9 @@ Each rate is GB/s and a fraction of the device's peak HBM bandwidth (--peak-gbs,
 device name); the header also gives the measured device copy rate. That is a bandwidth only where each
 source row is read from memory once per edge (the random graphs); elsewhere the cache serves shared rows.
 --budget (default 420 s) skips the cases that would start after it, so that `--scale` stays under ~9 minutes.
-Writes bench_triton_gpu_<machine>[_sweep|_sweep-backward][_smoke].{json,png,log} into --out. JSON: machine,
-config, results (Row: harness.Result with fwd_bytes and fwd_peak_fraction on "fwd" rows, whose gb_per_s is the
-forward's; bwd_bytes, bwd_ms, bwd_gb_per_s and bwd_peak_fraction on "fwd+bwd" rows, whose gb_per_s is None;
-peak_total_mib: the allocator's peak during the pass, everything live included), targets (issue 30's, by
-name with the bound; None where a side is missing), scale (SCALE_CASE's record or None) and wrong.
+Writes bench_triton_gpu_<machine>[_sweep|_sweep-backward][_smoke].{json,png,log} into --out (the harness's
+JSON: provenance, machine, config, results (Row), targets (issue 30's, by name with the bound; None where a
+side is missing), scale (SCALE_CASE's record or None) and wrong).
 """
 
 from __future__ import annotations
@@ -61,34 +55,28 @@ import contextlib
 import functools
 import gc
 import itertools
-import json
 import os
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 from benchmarks import harness  # noqa: E402
+from benchmarks.families import powerlaw_edges, random_edges  # noqa: E402
+from benchmarks.peers import make_pyg, make_sdpa_exact, sdpa_kernel_name  # noqa: E402
 from sparseattn import Graph, edge_attention, graphs  # noqa: E402
 
 H, D = 8, 64
 SCALE = D**-0.5
 CLAMPS = {"clamp": (-5.0, 5.0), "exact": None}
 TOL = {torch.bfloat16: 4e-2, torch.float16: 1e-2, torch.float32: 1e-4}  # |out - ref| <= TOL (1 + |ref|)
-PEAK_GBS = [
-    ("H200", 4800),
-    ("H100 NVL", 3900),
-    ("H100 PCIe", 2000),
-    ("H100", 3350),  # datasheet HBM GB/s,
-    ("A100-SXM4-80GB", 2039),
-    ("A100", 1555),
-]  # by the first substring of the device name that matches
+PEAK_GBS = [("H200", 4800), ("H100 NVL", 3900), ("H100 PCIe", 2000), ("H100", 3350), ("A100-SXM4-80GB", 2039)]
+PEAK_GBS += [("A100", 1555)]  # datasheet HBM GB/s, by the first substring of the device name that matches
 SWEEP_BACKWARD = {  # the two backward kernels' layouts and launch settings (backward_config)
     "tile": dict(BLOCK_E=(4, 8, 16, 32), num_warps=(1, 2, 4), num_stages=(None,)),
     "heads": dict(BLOCK_E=(2, 4, 8, 16), num_warps=(2, 4, 8), num_stages=(1, 2)),
@@ -100,34 +88,14 @@ SWEEP = {
 }
 
 
-def powerlaw(n: int, num_edges: int, device) -> Graph:
-    """Uniform sources; the destination of rank r (ranks: a random order of the nodes) drawn with
-    probability ~ r^(-2/3) (inverse CDF, on the device), so in-degrees follow a power law with hubs."""
-    gen = torch.Generator(device=device).manual_seed(0)
-    weight = torch.arange(1, n + 1, dtype=torch.float64, device=device) ** (-2 / 3)
-    u = torch.rand(num_edges, generator=gen, dtype=torch.float64, device=device)
-    rank = torch.searchsorted(weight.cumsum(0) / weight.sum(), u).clamp_(max=n - 1)
-    dst = torch.randperm(n, generator=gen, device=device)[rank]
-    src = torch.randint(0, n, (num_edges,), generator=gen, device=device)
-    return Graph(torch.stack([src, dst]), n, n)
-
-
 def complete(size, device) -> Graph:
     """size = (B, L): B complete graphs of L tokens."""
     return graphs.from_blocks([("full", size[1], size[1])] * size[0], device=device)
 
 
-def random_graph(n: int, num_edges: int, device) -> Graph:
-    """graphs.random's kind of graph (uniform edges with replacement, listed by destination), drawn and
-    sorted on the device: one (E,) key dst * n + src, so that 2^28 edges need no host sort."""
-    gen = torch.Generator(device=device).manual_seed(0)
-    key = torch.randint(0, n * n, (num_edges,), generator=gen, device=device).sort().values
-    return Graph(torch.stack([key % n, key // n]), n, n)
-
-
 CASES = {  # name: (graph builder (size, device) -> Graph, size on a GPU, size in --smoke)
     "random": (lambda n, dev: graphs.random(n, n, 16 * n, device=dev), 2**20, 64),
-    "powerlaw": (lambda n, dev: powerlaw(n, 16 * n, dev), 2**20, 64),
+    "powerlaw": (lambda n, dev: Graph(powerlaw_edges(n, 16, 0.0, 2 / 3, device=dev), n, n), 2**20, 64),
     "window8": (lambda n, dev: graphs.window(n, 8, device=dev), 2**16, 64),
     "window64": (lambda n, dev: graphs.window(n, 64, device=dev), 2**16, 160),
     "complete512": (complete, (16, 512), (2, 32)),
@@ -206,20 +174,22 @@ def make_backend(name, backward=None, **settings):
     return make
 
 
-def make_pyg(g, clamp, q, k, v):
+def pyg(g, clamp, q, k, v):
     try:
-        import torch_geometric
-        from torch_geometric.utils import scatter, softmax
+        fn, _, label = make_pyg(g, q, k, v, clamp)
     except ImportError as e:
         raise Skip(f"torch_geometric is not importable ({e})") from None
-    src, dst, n = g.src, g.dst, g.num_dst
+    return Run(fn, label)
 
-    def fn():  # TransformerConv.message, then aggr="add"
-        alpha = (q[dst] * k[src]).sum(-1) * SCALE  # (E, H)
-        alpha = softmax(alpha if clamp is None else alpha.clamp(*clamp), dst, num_nodes=n)
-        return scatter(v[src] * alpha[..., None], dst, dim=0, dim_size=n, reduce="sum")  # (N_dst, H, Dv)
 
-    return Run(fn, f"torch_geometric {torch_geometric.__version__}")
+def sdpa(g, clamp, q, k, v):
+    if clamp is not None:
+        raise Skip("SDPA computes the exact softmax only")
+    try:
+        fn = make_sdpa_exact(g, q, k, v)
+    except ValueError as e:
+        raise Skip(str(e)) from None
+    return Run(fn, "SDPA kernel: " + sdpa_kernel_name(fn))
 
 
 def graph_block_mask(g: Graph, block: int = 128):
@@ -271,55 +241,27 @@ def make_flex(g, clamp, q, k, v):
     return Run(fn, detail, poison=False, backward=q.is_cuda)
 
 
-def make_sdpa(g, clamp, q, k, v):
-    if clamp is not None:
-        raise Skip("SDPA computes the exact softmax only")
-    blocks, n = g.blocks or (), g.num_dst
-    length = n // max(1, len(blocks))  # builders list blocks in order, so equal blocks tile the node range
-    if {(b.kind, b.n_src, b.n_dst) for b in blocks} != {("full", length, length)}:
-        raise Skip("the graph is not a batch of equal complete blocks")
-
-    def fn():  # (B L, H, D) -> (B, H, L, D) and back
-        qb, kb, vb = (x.view(len(blocks), length, x.shape[1], -1).transpose(1, 2) for x in (q, k, v))
-        return F.scaled_dot_product_attention(qb, kb, vb, scale=SCALE).transpose(1, 2).reshape(n, q.shape[1], -1)
-
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fn()
-    ops = " ".join(e.key for e in prof.key_averages())  # aten::_scaled_dot_product_flash_attention, ...
-    ran = [kind for kind in ("flash", "efficient", "cudnn") if f"_{kind}_attention" in ops]
-    return Run(fn, "SDPA kernel: " + (ran[0] if ran else "math" if "attention_math" in ops else "unknown"))
-
-
 CONTENDERS = {
     "triton": make_backend("triton"),
     "csr": make_backend("csr"),
     "reference": make_backend("reference"),
     "auto": make_backend("auto"),
-    "pyg": make_pyg,
+    "pyg": pyg,
     "flex": make_flex,
-    "sdpa": make_sdpa,
+    "sdpa": sdpa,
 }
 
 
-def sweep_contenders() -> dict:
-    """The default triton forward, then every SWEEP setting, named like "lanes E16 w2 s3"."""
+def sweep_contenders(backward: bool) -> dict:
+    """The default triton backend, then every SWEEP setting (forward), named like "lanes E16 w2 s3",
+    or every SWEEP_BACKWARD setting, named like "bwd heads E4 w4 s2"."""
     out = {"triton": make_backend("triton")}
-    for layout, axes in SWEEP.items():
+    for layout, axes in (SWEEP_BACKWARD if backward else SWEEP).items():
         for values in itertools.product(*axes.values()):
             cfg = dict(zip(axes, values))
-            name = f"{layout} E{cfg['BLOCK_E']} w{cfg['num_warps']} s{cfg['num_stages']}"
-            out[name] = make_backend("triton", layout=layout, **cfg)
-    return out
-
-
-def sweep_backward_contenders() -> dict:
-    """The default triton backend, then every SWEEP_BACKWARD setting, named like "bwd heads E4 w4 s2"."""
-    out = {"triton": make_backend("triton")}
-    for layout, axes in SWEEP_BACKWARD.items():
-        for values in itertools.product(*axes.values()):
-            cfg = dict(zip(axes, values))
-            name = f"bwd {layout} E{cfg['BLOCK_E']} w{cfg['num_warps']} s{cfg['num_stages']}"
-            out[name] = make_backend("triton", backward=dict(layout=layout, **cfg))
+            name = "bwd " * backward + f"{layout} E{cfg['BLOCK_E']} w{cfg['num_warps']} s{cfg['num_stages']}"
+            settings = {"backward": dict(layout=layout, **cfg)} if backward else dict(layout=layout, **cfg)
+            out[name] = make_backend("triton", **settings)
     return out
 
 
@@ -352,11 +294,8 @@ def reference_chunks(q, k, v, g: Graph, clamp, chunk_edges: int = 2**20):
         dst = torch.repeat_interleave(torch.arange(b - a, device=q.device), ptr[a + 1 : b + 1] - ptr[a:b])
         sub = Graph(torch.stack([local, dst]), len(src), b - a)
         k32, v32 = k.detach()[src].float(), v.detach()[src].float()  # (S, H, D), (S, H, Dv)
-        yield (
-            a,
-            b,
-            edge_attention(q[a:b].detach().float(), k32, v32, sub, scale=SCALE, clamp=clamp, backend="reference"),
-        )
+        q32 = q[a:b].detach().float()
+        yield a, b, edge_attention(q32, k32, v32, sub, scale=SCALE, clamp=clamp, backend="reference")
         a = b
 
 
@@ -469,25 +408,19 @@ def peak_mib(fn, device) -> Tuple[Optional[float], Optional[float]]:
 
 
 def machine(args, device) -> dict:
-    """harness.machine_info plus triton and PyG versions, CUDA, peak and measured copy bandwidth, a header."""
+    """harness.machine_info (versions of triton, PyG and CUDA included), the device's peak and
+    measured copy bandwidth, and a header."""
     info = harness.machine_info(device)
-    for module in ("triton", "torch_geometric"):
-        try:
-            info[module] = __import__(module).__version__
-        except ImportError:
-            info[module] = None
     info["peak_gb_s"], info["copy_gb_s"], extra = args.peak_gbs, None, ""
     if device == "cuda":
         name = torch.cuda.get_device_name()
-        info["cuda"] = torch.version.cuda
         info["peak_gb_s"] = info["peak_gb_s"] or next((gbs for key, gbs in PEAK_GBS if key in name), None)
         x = torch.empty(2**29, dtype=torch.int16, device=device)  # 1 GiB, copied: read + write
         y = torch.empty_like(x)
         info["copy_gb_s"] = 2 * x.nbytes / harness.median(harness.time_ms(lambda: y.copy_(x), device, 3, 20)) / 1e6
         extra = f" | CUDA {info['cuda']}, peak HBM {info['peak_gb_s']} GB/s, copy {info['copy_gb_s']:.0f} GB/s"
-    info["header"] = (
-        harness.machine_header(info) + extra + f" | triton {info['triton']} | torch_geometric {info['torch_geometric']}"
-    )
+    versions = f" | triton {info['triton']} | torch_geometric {info['torch_geometric']}"
+    info["header"] = harness.machine_header(info) + extra + versions
     return info
 
 
@@ -522,6 +455,11 @@ TABLE_HEAD = (
     f"{'contender':20}{'fwd ms':>9}{'fwd+bwd ms':>12}{'fwd GB/s':>10}{'% peak':>8}{'bwd GB/s':>10}{'% peak':>8}"
     f"{'peak MiB':>10}{'max|err|':>10}  note"
 )
+
+
+def _fmt(x, spec):
+    width = int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
+    return format(x, spec) if x is not None else "-".rjust(width)
 
 
 def table_line(name: str, rows: List[Row]) -> str:
@@ -578,7 +516,7 @@ def run_scale(args, contenders, device, dtype, info, say) -> Tuple[List[Row], di
     at most 1 warmup; the other contenders get a "skipped" row. Returns the rows, the scale record
     (`scale_record`) and the wrong list."""
     n = SCALE_NODES[1] if args.smoke else SCALE_NODES[0]
-    g = random_graph(n, SCALE_DEGREE * n, device)
+    g = Graph(random_edges(n, SCALE_DEGREE * n, device=device), n, n)
     g.csr(), g.csc()  # cached before the step, as in training
     inputs = make_inputs(g, SCALE_HEADS, dtype, device)
     say(f"\n{SCALE_CASE} clamp: N_dst={n}, E={g.num_edges}, H={SCALE_HEADS}, D={D}: triton only, peak memory")
@@ -609,12 +547,9 @@ def scale_record(g: Graph, inputs: Sequence[torch.Tensor], step: Optional[Row]) 
     minimum = step_minimum_bytes(g.num_dst, g.num_src, g.num_edges, q.shape[1], q.shape[2], q.element_size())
     total = step.peak_total_mib if step else None
     peak = None if total is None else round(total * 2**20)
+    sizes = dict(case=SCALE_CASE, nodes=g.num_dst, edges=g.num_edges, heads=q.shape[1], dim=q.shape[2])
     return dict(
-        case=SCALE_CASE,
-        nodes=g.num_dst,
-        edges=g.num_edges,
-        heads=q.shape[1],
-        dim=q.shape[2],
+        sizes,
         dtype=str(q.dtype),
         fwd_bwd_ms=step.ms if step else None,
         peak_bytes=peak,
@@ -625,46 +560,14 @@ def scale_record(g: Graph, inputs: Sequence[torch.Tensor], step: Optional[Row]) 
     )
 
 
-def write_png(path, title, rows):
-    """One panel per pass and mode: bars of median ms per case, one color per contender (log scale)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    rows = [r for r in rows if r.ms is not None]
-    modes, names = sorted({r.mode for r in rows}), list(dict.fromkeys(r.contender for r in rows))
-    cases = list(dict.fromkeys(r.family for r in rows))
-    fig, axes = plt.subplots(1, max(1, len(modes)), figsize=(5 * max(1, len(modes)), 4.5), squeeze=False)
-    width = 0.8 / max(1, len(names))
-    for ax, mode in zip(axes[0], modes):
-        for i, name in enumerate(names):
-            ms = {r.family: r.ms for r in rows if r.mode == mode and r.contender == name}
-            xs = [j + i * width for j, c in enumerate(cases) if c in ms]
-            ax.bar(xs, [ms[c] for c in cases if c in ms], width, label=name, color=plt.get_cmap("tab20")(i % 20))
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))], cases, rotation=30, fontsize=7)
-        ax.set_yscale("log")
-        ax.set_ylabel("ms (median)")
-        ax.set_title(mode)
-    axes[0][0].legend(fontsize=6, ncol=1 + len(names) // 12)
-    fig.suptitle(title, fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--out", default=harness.RESULTS)
     parser.add_argument("--cases", default=",".join(CASES), help=", ".join([*CASES, SCALE_CASE]))
     parser.add_argument("--modes", default=",".join(CLAMPS), help=", ".join(CLAMPS))
     parser.add_argument("--contenders", default="triton,csr,auto,pyg,flex,sdpa", help=", ".join(CONTENDERS))
     parser.add_argument("--sweep", action="store_true", help="time the triton forward under each SWEEP setting")
-    parser.add_argument(
-        "--sweep-backward", action="store_true", help="time triton fwd+bwd under each SWEEP_BACKWARD setting"
-    )
+    parser.add_argument("--sweep-backward", action="store_true", help="triton fwd+bwd under each SWEEP_BACKWARD one")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes in float32 on CPU")
     parser.add_argument("--scale", action="store_true", help=f"also run {SCALE_CASE} (triton, clamp, peak memory)")
     parser.add_argument("--no-backward", action="store_true", help="time the forward only")
@@ -674,86 +577,61 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=420.0, help="seconds; later cases are skipped")
     parser.add_argument("--peak-gbs", type=float, default=None, help="peak HBM GB/s (default: PEAK_GBS by name)")
     args = parser.parse_args(argv)
-    unknown = [
-        x
-        for x in args.cases.split(",") + args.modes.split(",") + args.contenders.split(",")
-        if x not in {**CASES, SCALE_CASE: None, **CLAMPS, **CONTENDERS}
-    ]
+    names = args.cases.split(",") + args.modes.split(",") + args.contenders.split(",")
+    unknown = [x for x in names if x not in {**CASES, SCALE_CASE: None, **CLAMPS, **CONTENDERS}]
     if unknown:
         parser.error(f"unknown {unknown}")
+    if args.sweep and args.sweep_backward:
+        parser.error("--sweep and --sweep-backward are separate runs")
+    args.scale = args.scale or SCALE_CASE in args.cases.split(",")
+    if args.scale and (args.sweep or args.sweep_backward or args.no_backward):
+        parser.error(
+            f"{SCALE_CASE} times forward+backward with the default settings: not with a sweep or --no-backward"
+        )
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     cases = [c for c in args.cases.split(",") if c != SCALE_CASE]
-    scale = args.scale or SCALE_CASE in args.cases.split(",")
     device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
     if device == "cpu":  # triton on CPU runs interpreted; read when triton (PyG imports it) and the kernels load
         os.environ.setdefault("TRITON_INTERPRET", "1")
     if device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: the GPU benchmark needs one (--smoke runs tiny sizes on CPU); nothing to do")
         return 0
-    if args.sweep and args.sweep_backward:
-        parser.error("--sweep and --sweep-backward are separate runs")
-    if scale and (args.sweep or args.sweep_backward or args.no_backward):
-        parser.error(
-            f"{SCALE_CASE} times forward+backward with the default settings: not with a sweep or --no-backward"
-        )
-    if args.sweep:
-        contenders = sweep_contenders()
-    elif args.sweep_backward:
-        contenders = sweep_backward_contenders()
+    if args.sweep or args.sweep_backward:
+        contenders = sweep_contenders(backward=args.sweep_backward)
     else:
         contenders = {n: CONTENDERS[n] for n in args.contenders.split(",")}
     args.no_backward = args.no_backward or args.sweep  # the backward does not depend on forward settings
     info = machine(args, device)
-    path = os.path.join(
-        args.out,
-        "bench_triton_gpu_"
-        + harness.machine_tag(info)
-        + "_sweep" * args.sweep
-        + "_sweep-backward" * args.sweep_backward
-        + "_smoke" * args.smoke,
+    variant = "_sweep" * args.sweep + "_sweep-backward" * args.sweep_backward + "_smoke" * args.smoke
+    out = harness.Output(
+        "benchmarks.bench_triton_gpu", argv, args.out, f"bench_triton_gpu_{harness.machine_tag(info)}{variant}"
     )
-    os.makedirs(args.out, exist_ok=True)
-    with open(path + ".log", "w") as log:
-
-        def say(line=""):
-            print(line, flush=True)
-            log.write(line + "\n")
-            log.flush()
-
-        say(info["header"])
-        say(
-            f"H={H}, D=Dv={D}, {str(dtype)[6:]}, median of up to {args.rep} runs after {args.warmup} warmup; "
-            f"outputs checked on all destinations against the float32 reference (tolerance {TOL[dtype]:g})"
-        )
-        rows, wrong = run_cases(args, cases, contenders, device, dtype, info, say, time.time())
-        record = None
-        if scale:
-            new, record, bad = run_scale(args, contenders, device, dtype, info, say)
-            rows, wrong = rows + new, wrong + bad
-        goals = {} if args.sweep or args.sweep_backward else targets(rows, record)
-        say("\ntargets: " + "; ".join(f"{k}: {_fmt(v, '.2f').strip()}" for k, v in goals.items()))
-        say(f"wrong: {', '.join(wrong) or 'none'}")
-        config = dict(vars(args), out="OUT", dtype=str(dtype), H=H, D=D, tol=TOL[dtype])  # no machine path
-        with open(path + ".json", "w") as f:
-            json.dump(
-                dict(
-                    machine=info,
-                    config=config,
-                    results=[asdict(r) for r in rows],
-                    targets=goals,
-                    scale=record,
-                    wrong=wrong,
-                ),
-                f,
-                indent=1,
-            )
-        write_png(path + ".png", info["header"], rows)
-        print(f"wrote {path}.json, .png and .log")  # on stdout only: the log names no machine path
+    out.log(info["header"])
+    out.log(
+        f"H={H}, D=Dv={D}, {str(dtype)[6:]}, median of up to {args.rep} runs after {args.warmup} warmup; "
+        f"outputs checked on all destinations against the float32 reference (tolerance {TOL[dtype]:g})"
+    )
+    rows, wrong = run_cases(args, cases, contenders, device, dtype, info, out.log, time.time())
+    record = None
+    if args.scale:
+        new, record, bad = run_scale(args, contenders, device, dtype, info, out.log)
+        rows, wrong = rows + new, wrong + bad
+    goals = {} if args.sweep or args.sweep_backward else targets(rows, record)
+    out.log("\ntargets: " + "; ".join(f"{k}: {_fmt(v, '.2f').strip()}" for k, v in goals.items()))
+    out.log(f"wrong: {', '.join(wrong) or 'none'}")
+    config = dict(vars(args), out="OUT", dtype=str(dtype), H=H, D=D, tol=TOL[dtype])  # no machine path
+    out.save(info, config, rows, targets=goals, scale=record, wrong=wrong)
+    panels: Dict[str, Dict[str, Dict[str, float]]] = {}
+    for r in rows:
+        if r.ms is not None:
+            panels.setdefault(r.mode, {}).setdefault(r.family, {})[r.contender] = r.ms
+    harness.write_bars(out.path + ".png", info["header"], panels, "ms (median)", log=True)
+    out.close()
     return 1 if wrong else 0
-
-
-def _fmt(x, spec):
-    width = int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
-    return format(x, spec) if x is not None else "-".rjust(width)
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ def make_call(
     if spec == "sdpa":
         call, est = make_sdpa(fam, g, *leaves)
     elif spec == "sdpa-exact":
-        call = make_sdpa_exact(fam, g, *leaves)
+        call = make_sdpa_exact(g, *leaves)
         info["sdpa_kernel"] = sdpa_kernel_name(call)
         r.note += f"; {info['sdpa_kernel']}"
     elif spec == "compiled":  # on the graph the eager contenders used (its structure cached)

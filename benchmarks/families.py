@@ -1,6 +1,7 @@
 """The graph families bench_kernels (and bench_dgl) time: windows, uniform random, power-law, and
 batches of dense blocks (complete, causal, bipartite, variable length). Each is built from a
-`graphs` module (this sparseattn's, or a baseline checkout's with `bench_kernels --baseline`)."""
+`graphs` module (this sparseattn's, or a baseline checkout's with `bench_kernels --baseline`).
+bench_triton_gpu draws its larger graphs of the same kinds with the builders here, on the GPU."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ class Family:
     lengths: Optional[List[Tuple[int, int]]] = None
 
 
-def powerlaw_edges(n: int, degree: int, a_src: float = 0.8, a_dst: float = 0.5, seed: int = 0) -> torch.Tensor:
+def powerlaw_edges(
+    n: int, degree: int, a_src: float = 0.8, a_dst: float = 0.5, seed: int = 0, device=None
+) -> torch.Tensor:
     """(2, E) edges among n nodes, E <= n * degree, destination-major, no duplicates: n * degree
     draws of a source with probability ~ 1 / rank**a_src (a few hubs feed many destinations; rank 1
     is the biggest hub) and of a destination with probability ~ 1 / rank**a_dst (heavy-tailed
@@ -34,12 +37,21 @@ def powerlaw_edges(n: int, degree: int, a_src: float = 0.8, a_dst: float = 0.5, 
     Rank exponent a gives a degree distribution P(deg = x) ~ x**-(1 + 1/a): 0.8 and 0.5 give
     exponents 2.25 and 3, within the range 2-3 usually reported for real networks. At n=50,000
     and degree 16: about 784,000 edges, the largest hub feeding ~15,000 destinations, the largest
-    in-degree ~1,400."""
-    gen = torch.Generator().manual_seed(seed)
-    ranks = torch.arange(1, n + 1, dtype=torch.float64)
+    in-degree ~1,400. Drawn on `device` (its generator: another device, another graph)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    ranks = torch.arange(1, n + 1, dtype=torch.float64, device=device)
     draws = [torch.multinomial(ranks.pow(-a), n * degree, replacement=True, generator=gen) for a in (a_src, a_dst)]
-    src, dst = (torch.randperm(n, generator=gen)[r] for r in draws)
+    src, dst = (torch.randperm(n, generator=gen, device=device)[r] for r in draws)
     key = torch.unique(dst * n + src)  # sorted: destination-major, sources ascending
+    return torch.stack([key % n, key // n])
+
+
+def random_edges(n: int, num_edges: int, seed: int = 0, device=None) -> torch.Tensor:
+    """(2, E) uniform edges among n nodes (with replacement), destination-major: `graphs.random`'s
+    kind of graph, drawn and sorted on `device` as one (E,) key dst * n + src, so that 2^28 edges
+    need no host sort."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    key = torch.randint(0, n * n, (num_edges,), generator=gen, device=device).sort().values
     return torch.stack([key % n, key // n])
 
 

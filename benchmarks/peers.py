@@ -54,17 +54,19 @@ def make_sdpa(fam, g: graphs.Graph, q, k, v):
     return fn, mask.numel() * HEADS * 4 * 5
 
 
-def make_sdpa_exact(fam, g: graphs.Graph, q, k, v):
-    """Unmasked F.scaled_dot_product_attention on reshaped views (is_causal for causal blocks):
-    exact softmax, the fused kernel clamp-mode "auto" is measured against. Uniform batches only."""
-    b = len(fam.lengths)
-    if any(x != fam.lengths[0] or x[0] != x[1] for x in fam.lengths):
-        raise ValueError("plain SDPA needs a uniform batch of square blocks")
+def make_sdpa_exact(g: graphs.Graph, q, k, v):
+    """Unmasked F.scaled_dot_product_attention on (B, H, L, D) views of a graph of B equal square
+    blocks (is_causal for causal ones): exact softmax, the fused kernel clamp-mode "auto" is
+    measured against. ValueError for any other graph."""
+    kinds = {(b.kind, b.n_src, b.n_dst) for b in g.blocks or ()}
+    kind, length, n_dst = next(iter(kinds)) if len(kinds) == 1 else ("", 0, -1)
+    if kind not in ("full", "causal") or length != n_dst or length * len(g.blocks or ()) != g.num_dst:
+        raise ValueError("the graph is not a batch of equal complete blocks (nor of equal causal ones)")
 
     def fn():
-        qb, kb, vb = (x.view(b, -1, HEADS, x.shape[2]).transpose(1, 2) for x in (q, k, v))  # (B, H, L, D)
-        o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=fam.kind == "causal")
-        return o.transpose(1, 2).reshape(-1, HEADS, o.shape[-1])
+        qb, kb, vb = (x.view(-1, length, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))  # (B, H, L, D)
+        o = F.scaled_dot_product_attention(qb, kb, vb, scale=q.shape[-1] ** -0.5, is_causal=kind == "causal")
+        return o.transpose(1, 2).reshape(g.num_dst, q.shape[1], -1)
 
     return fn
 
@@ -122,11 +124,11 @@ def pyg_label() -> str:
     return "torch_geometric " + ".".join(torch_geometric.__version__.split(".")[:2])
 
 
-def make_pyg(g: graphs.Graph, q, k, v):
+def make_pyg(g: graphs.Graph, q, k, v, clamp=None):
     """torch_geometric's TransformerConv message passing on (N, H, D) q/k/v: gather k[src] and
-    q[dst], alpha = <q_i, k_j> / sqrt(D), `torch_geometric.utils.softmax` over each destination's
-    in-edges, messages v[src] * alpha, `torch_geometric.utils.scatter(reduce="sum")` into the
-    destinations. Exact softmax (max-subtracted), so it matches the reference with clamp=None and,
+    q[dst], alpha = <q_i, k_j> / sqrt(D) (clamped to `clamp`, if given), `torch_geometric.utils.softmax`
+    over each destination's in-edges, messages v[src] * alpha, `torch_geometric.utils.scatter(reduce="sum")`
+    into the destinations. Exact softmax (max-subtracted), so it matches the reference with clamp=None and,
     on inputs whose scores stay inside the clamp, the clamp-mode kernels too.
     Returns (fn, bytes estimate, label); ImportError when torch_geometric is not installed."""
     from torch_geometric.utils import scatter, softmax
@@ -136,7 +138,7 @@ def make_pyg(g: graphs.Graph, q, k, v):
 
     def fn():
         alpha = (q.index_select(0, dst) * k.index_select(0, src)).sum(-1) * scale  # (E, H)
-        alpha = softmax(alpha, index=dst, num_nodes=g.num_dst)
+        alpha = softmax(alpha if clamp is None else alpha.clamp(*clamp), index=dst, num_nodes=g.num_dst)
         msg = v.index_select(0, src) * alpha.unsqueeze(-1)  # (E, H, Dv)
         return scatter(msg, dst, dim=0, dim_size=g.num_dst, reduce="sum")
 

@@ -15,7 +15,8 @@ if not torch.cuda.is_available():  # as tests/kernels/conftest.py: before anythi
     os.environ["TRITON_INTERPRET"] = "1"
 
 from benchmarks import bench_triton_gpu as bench
-from sparseattn import edge_attention, graphs
+from benchmarks.families import random_edges
+from sparseattn import Graph, edge_attention, graphs
 
 
 def forgets_the_last_destination(g, clamp, q, k, v):
@@ -55,6 +56,8 @@ def test_smoke_run_writes_results_and_flags_a_wrong_contender(tmp_path, monkeypa
     assert {p.suffix for p in tmp_path.iterdir()} == {".json", ".png", ".log"}
     data = json.loads(next(tmp_path.glob("*.json")).read_text())
     assert data["machine"]["torch"] == torch.__version__ and data["config"]["dtype"] == "torch.float32"
+    assert data["command"].startswith("python -m benchmarks.bench_triton_gpu --smoke --out ")
+    assert "commit" in data and data["machine"]["torch_threads"] == torch.get_num_threads()
     rows = {(r["family"], r["mode"], r["contender"]): r for r in data["results"]}
     has_pyg = importlib.util.find_spec("torch_geometric") is not None  # PyG is not a test dependency
     for case in cases:
@@ -183,8 +186,8 @@ def test_targets_from_rows():
     assert len(bench.targets([])) == 15 and all(v is None for v in bench.targets([]).values())
 
 
-def test_chunked_check_finds_bad_rows_and_random_graph_is_sorted():
-    g = bench.random_graph(50, 400, "cpu")
+def test_chunked_check_finds_bad_rows_and_the_device_random_graph_is_sorted():
+    g = Graph(random_edges(50, 400), 50, 50)
     assert g.num_edges == 400 and g.is_sorted_by_dst and bool((g.dst.diff() >= 0).all())
     q, k, v = (torch.randn(50, 2, bench.D) for _ in range(3))
     clamp = bench.CLAMPS["clamp"]
@@ -226,10 +229,13 @@ def test_flex_contender_with_the_graph_mask_matches_the_reference():
         assert not run.backward and (run.fn() - ref).abs().max() < 1e-5, mode
 
 
-def test_powerlaw_graph_has_hubs():
-    g = bench.powerlaw(4096, 16 * 4096, "cpu")
-    deg = g.in_degree()
-    assert g.num_edges == 16 * 4096 and deg.max() > 50 * 16 and deg.min() < 16 / 2  # mean in-degree 16
+def test_powerlaw_case_has_hub_destinations_and_uniform_sources():
+    """The power-law case is families.powerlaw_edges with uniform sources and hub destinations."""
+    build, _, _ = bench.CASES["powerlaw"]
+    g = build(4096, "cpu")
+    deg, out_deg = g.in_degree(), torch.bincount(g.src, minlength=4096)
+    assert 0.9 * 16 * 4096 < g.num_edges <= 16 * 4096  # repeated pairs kept once
+    assert deg.max() > 50 * 16 and deg.min() < 16 / 2 and out_deg.max() < 3 * 16  # mean degrees about 16
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
@@ -242,7 +248,7 @@ def test_backward_sweep_covers_both_layouts_and_each_setting_reaches_the_kernels
     layout; a contender's settings reach the backward launch (read when its forward ran)."""
     from sparseattn.kernels import triton_kernel as tk
 
-    contenders = bench.sweep_backward_contenders()
+    contenders = bench.sweep_contenders(backward=True)
     layouts = {name.split()[1] for name in contenders if name != "triton"}
     assert set(bench.SWEEP_BACKWARD) == layouts == set(tk.BACKWARD_LAYOUTS)
     sizes = [math.prod(len(v) for v in axes.values()) for axes in bench.SWEEP_BACKWARD.values()]
