@@ -7,7 +7,8 @@ import torch
 
 from sparseattn import edge_attention, graphs
 from sparseattn.kernels.contract import AttentionInputs
-from sparseattn.kernels.dense import MAX_WASTE, _clamp_cannot_bind, dense_attention, plan
+from sparseattn.kernels.dense import MAX_WASTE, dense_attention, plan
+from sparseattn.kernels.dense.dispatch import _clamp_cannot_bind
 
 from ..tolerances import assert_within_reference_error
 
@@ -173,13 +174,13 @@ def test_clamp_mode_paths_equal_dense_reference(kind, size, binds):
     ],
 )
 def test_clamp_tiles_equal_reference(monkeypatch, spec, tile_bytes):
-    """Clamp mode on dense blocks runs tile by tile (dense.CLAMP_TILE_BYTES): with tiles of one
+    """Clamp mode on dense blocks runs tile by tile (dense_tiles.CLAMP_TILE_BYTES): with tiles of one
     (batch, head) pair, some heads of one batch element, or one head of several batch elements, and
     causal row blocks, values and gradients equal the reference; the scores (3x the usual) make the
     clamp bind."""
-    import sparseattn.kernels.dense as dense
+    import sparseattn.kernels.dense.tiles as dense_tiles
 
-    monkeypatch.setattr(dense, "CLAMP_TILE_BYTES", tile_bytes)
+    monkeypatch.setattr(dense_tiles, "CLAMP_TILE_BYTES", tile_bytes)
     g = graphs.from_blocks(spec)
     gen = torch.Generator().manual_seed(5)
     q = (3 * torch.randn(g.num_dst, 3, 4, generator=gen, dtype=torch.float64)).requires_grad_()
@@ -209,7 +210,7 @@ def test_off_edge_biases_mark_exactly_the_masked_scores(spec):
     kind plus a (B, 1, lk) term at the padding keys) instead of a boolean fill: on every row with
     an edge, the two terms are negative exactly where the bucket's mask is False; `rows` marks the
     rows that have one."""
-    import sparseattn.kernels.dense as dense
+    from sparseattn.kernels.dense.plan import OFF_EDGE
 
     for bk in plan(graphs.from_blocks(spec)).buckets:
         off = bk.off_edges
@@ -220,7 +221,7 @@ def test_off_edge_biases_mark_exactly_the_masked_scores(spec):
         mask = bk.mask[:, 0] if bk.mask is not None else torch.ones(bk.b, bk.lq, bk.lk, dtype=torch.bool)
         has_edges = mask.any(-1)  # (B, lq)
         assert torch.equal((bias < 0)[has_edges], ~mask[has_edges])
-        assert set(bias.unique().tolist()) <= {0.0, dense.OFF_EDGE}
+        assert set(bias.unique().tolist()) <= {0.0, OFF_EDGE}
         if has_edges.all():
             assert off.rows is None
         else:
@@ -265,7 +266,7 @@ def test_clamp_tiles_allocate_per_call_not_per_tile(monkeypatch, one_thread):
     its pages, slowing the elementwise ops 4-5x on long blocks."""
     from torch.profiler import profile
 
-    import sparseattn.kernels.dense as dense
+    import sparseattn.kernels.dense.tiles as dense_tiles
 
     g = graphs.from_blocks([("full", 64, 64)] * 4)
     q, k, v = (torch.randn(256, 4, 8, requires_grad=True) for _ in range(3))
@@ -273,8 +274,8 @@ def test_clamp_tiles_allocate_per_call_not_per_tile(monkeypatch, one_thread):
     grad = torch.randn(256, 4, 8)  # (an expanded gradient, as .sum() gives, would be copied per tile by bmm)
 
     def allocations(tile_bytes: int) -> int:
-        monkeypatch.setattr(dense, "CLAMP_TILE_BYTES", tile_bytes)
-        assert len(dense._clamp_tiles((4, 4, 64, 64), 4, False)) == {4 * 64 * 64 * 4: 4, 64 * 64: 64}[tile_bytes]
+        monkeypatch.setattr(dense_tiles, "CLAMP_TILE_BYTES", tile_bytes)
+        assert len(dense_tiles._clamp_tiles((4, 4, 64, 64), 4, False)) == {4 * 64 * 64 * 4: 4, 64 * 64: 64}[tile_bytes]
         edge_attention(q, k, v, g, backend="dense").backward(grad)  # builds the plan
         with profile() as prof:
             edge_attention(q, k, v, g, backend="dense").backward(grad)
@@ -287,15 +288,15 @@ def test_clamp_tiles_cover_each_score_once():
     """_clamp_tiles: every (batch, head, row, key) a row can see lies in exactly one tile, for
     full and causal buckets and tile budgets from one pair to the whole bucket; each tile's
     `shape` (which sizes the scratch buffers) is that of its scores."""
-    import sparseattn.kernels.dense as dense
+    import sparseattn.kernels.dense.tiles as dense_tiles
 
     for causal in (False, True):
         for budget in (16, 1 << 12, 1 << 16, 1 << 30):
-            dense.CLAMP_TILE_BYTES, saved = budget, dense.CLAMP_TILE_BYTES
+            dense_tiles.CLAMP_TILE_BYTES, saved = budget, dense_tiles.CLAMP_TILE_BYTES
             try:
-                tiles = dense._clamp_tiles((3, 4, 150, 150), 4, causal)
+                tiles = dense_tiles._clamp_tiles((3, 4, 150, 150), 4, causal)
             finally:
-                dense.CLAMP_TILE_BYTES = saved
+                dense_tiles.CLAMP_TILE_BYTES = saved
             count = torch.zeros(3, 4, 150, 150, dtype=torch.int32)
             for t in tiles:
                 assert count[t.batch, t.heads, t.rows, t.keys].shape == t.shape
@@ -391,7 +392,7 @@ def test_cuda_buckets_take_fused_kernels_in_the_input_dtype(monkeypatch, dtype, 
 
 
 def test_fused_clamp_kernel_only_where_tensor_cores_take_the_dtype():
-    from sparseattn.kernels.dense import _tensor_cores_take
+    from sparseattn.kernels.dense.dispatch import _tensor_cores_take
 
     assert _tensor_cores_take(torch.bfloat16, (9, 0)) and _tensor_cores_take(torch.bfloat16, (8, 0))
     assert not _tensor_cores_take(torch.bfloat16, (7, 5))  # Turing: no bfloat16 tensor cores
