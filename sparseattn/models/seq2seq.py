@@ -11,14 +11,17 @@ Decoding (decoding.py) drives any `Seq2SeqModel` through
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, NamedTuple, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from .. import EdgeAttention, Graph, KeyValue, KVCache, graphs
 from .batch import GraphBatch
-from .blocks import Embeddings, PositionalEncoding, source_target_embeddings, xavier_init_
+from .blocks import DecoderLayer, Embeddings, EncoderLayer, PositionalEncoding, source_target_embeddings, xavier_init_
+
+NewEncoderLayer = Callable[[], EncoderLayer]  # a new layer of the model's widths
+NewDecoderLayer = Callable[[], DecoderLayer]
 
 
 class Seq2SeqOutput(NamedTuple):
@@ -71,19 +74,25 @@ class DecodeState:
 
 
 class Seq2SeqModel(nn.Module):
-    """Base of the encoder-decoder models: source/target embeddings (optionally shared), sinusoidal
-    positions, dropout, final LayerNorms, generator (optionally tied to the target embedding).
-    Subclasses build their layers between `super().__init__` and `finish_init`, and implement
-    encode, forward, decode_next and `decoder_cross_attentions` (for start_decoding)."""
+    """Base of the encoder-decoder models, and their one constructor: source/target embeddings
+    (optionally shared), sinusoidal positions, dropout, the layer stacks (`build_stacks`, each
+    model's own), final LayerNorms, generator (optionally tied to the target embedding), then Xavier
+    init of every matrix. Subclasses implement build_stacks, encode, forward, decode_next and
+    `decoder_cross_attentions` (for start_decoding)."""
 
     def __init__(
         self,
         src_vocab_size: int,
         tgt_vocab_size: int,
+        *,
         d_model: int,
         num_heads: int,
+        d_ff: int,
         dropout: float,
         share_embeddings: bool,
+        tie_generator: bool,
+        clamp: Optional[Tuple[float, float]],
+        backend: str,
         max_len: int,
     ) -> None:
         super().__init__()
@@ -95,14 +104,20 @@ class Seq2SeqModel(nn.Module):
         )
         self.pos_enc = PositionalEncoding(d_model, max_len)
         self.dropout = nn.Dropout(dropout)
-
-    def finish_init(self, tgt_vocab_size: int, tie_generator: bool) -> None:
-        """Final norms and generator, then Xavier init of every matrix."""
-        self.enc_norm, self.dec_norm = nn.LayerNorm(self.d_model), nn.LayerNorm(self.d_model)
-        self.generator = nn.Linear(self.d_model, tgt_vocab_size)
+        self.build_stacks(
+            lambda: EncoderLayer(d_model, num_heads, d_ff, dropout, clamp=clamp, backend=backend),
+            lambda: DecoderLayer(d_model, num_heads, d_ff, dropout, clamp=clamp, backend=backend),
+        )
+        self.enc_norm, self.dec_norm = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.generator = nn.Linear(d_model, tgt_vocab_size)
         if tie_generator:
             self.generator.weight = self.tgt_embed.lut.weight
         xavier_init_(self)
+
+    def build_stacks(self, new_encoder_layer: NewEncoderLayer, new_decoder_layer: NewDecoderLayer) -> None:
+        """Register the encoder and decoder layers (and whatever else the model adds between the
+        embeddings and the final norms), made by calling the two factories."""
+        raise NotImplementedError
 
     def encode(self, batch: GraphBatch) -> Tensor:
         """Source tokens (N_enc,) along batch.enc_graph -> memory (N_enc, d_model)."""

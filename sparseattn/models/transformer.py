@@ -15,7 +15,7 @@ reads the keys and values of the earlier steps from a `KVCache`.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -23,8 +23,7 @@ from torch.nn import functional as F
 
 from .. import EdgeAttention, KVCache
 from .batch import GraphBatch
-from .blocks import DecoderLayer, EncoderLayer
-from .seq2seq import DecodeState, Seq2SeqModel, Seq2SeqOutput
+from .seq2seq import DecodeState, NewDecoderLayer, NewEncoderLayer, Seq2SeqModel, Seq2SeqOutput
 
 
 class GraphTransformer(Seq2SeqModel):
@@ -56,15 +55,24 @@ class GraphTransformer(Seq2SeqModel):
         backend: str = "auto",
         max_len: int = 1024,
     ) -> None:
-        super().__init__(src_vocab_size, tgt_vocab_size, d_model, num_heads, dropout, share_embeddings, max_len)
-        attn_kw: Dict[str, Any] = dict(clamp=clamp, backend=backend)
-        self.encoder = nn.ModuleList(
-            EncoderLayer(d_model, num_heads, d_ff, dropout, **attn_kw) for _ in range(num_layers)
+        self.num_layers = num_layers
+        super().__init__(
+            src_vocab_size,
+            tgt_vocab_size,
+            d_model=d_model,
+            num_heads=num_heads,
+            d_ff=d_ff,
+            dropout=dropout,
+            share_embeddings=share_embeddings,
+            tie_generator=tie_generator,
+            clamp=clamp,
+            backend=backend,
+            max_len=max_len,
         )
-        self.decoder = nn.ModuleList(
-            DecoderLayer(d_model, num_heads, d_ff, dropout, **attn_kw) for _ in range(num_layers)
-        )
-        self.finish_init(tgt_vocab_size, tie_generator)
+
+    def build_stacks(self, new_encoder_layer: NewEncoderLayer, new_decoder_layer: NewDecoderLayer) -> None:
+        self.encoder = nn.ModuleList(new_encoder_layer() for _ in range(self.num_layers))
+        self.decoder = nn.ModuleList(new_decoder_layer() for _ in range(self.num_layers))
 
     def encode(self, batch: GraphBatch) -> Tensor:
         """The encoder stack over batch.enc_graph: source tokens (N_enc,) -> memory (N_enc, d_model)."""

@@ -22,7 +22,7 @@ Shapes as in `GraphTransformer`; forward(batch).stats holds "act_steps_enc" (N_e
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -30,8 +30,8 @@ from torch.nn import functional as F
 
 from .. import EdgeAttention, Graph, KeyValue, NodeKV, graphs
 from .batch import GraphBatch
-from .blocks import DecoderLayer, EncoderLayer, PositionalEncoding
-from .seq2seq import DecodeState, Seq2SeqModel, Seq2SeqOutput, cross_graph_for_hyps
+from .blocks import PositionalEncoding
+from .seq2seq import DecodeState, NewDecoderLayer, NewEncoderLayer, Seq2SeqModel, Seq2SeqOutput, cross_graph_for_hyps
 
 
 class HaltingUnit(nn.Module):
@@ -74,17 +74,28 @@ class UniversalTransformer(Seq2SeqModel):
         backend: str = "auto",
         max_len: int = 1024,
     ) -> None:
-        super().__init__(src_vocab_size, tgt_vocab_size, d_model, num_heads, dropout, share_embeddings, max_len)
-        attn_kw: Dict[str, Any] = dict(clamp=clamp, backend=backend)
         self.max_steps, self.threshold, self.act_loss_weight = max_steps, threshold, act_loss_weight
-        self.time_enc = PositionalEncoding(d_model, max_steps)
-        self.enc_layer = EncoderLayer(d_model, num_heads, d_ff, dropout, **attn_kw)
-        self.dec_layer = DecoderLayer(d_model, num_heads, d_ff, dropout, **attn_kw)
-        self.halt_enc, self.halt_dec = HaltingUnit(d_model), HaltingUnit(d_model)
-        self.finish_init(tgt_vocab_size, tie_generator)
+        super().__init__(
+            src_vocab_size,
+            tgt_vocab_size,
+            d_model=d_model,
+            num_heads=num_heads,
+            d_ff=d_ff,
+            dropout=dropout,
+            share_embeddings=share_embeddings,
+            tie_generator=tie_generator,
+            clamp=clamp,
+            backend=backend,
+            max_len=max_len,
+        )
         self.halt_enc.reset_bias()
         self.halt_dec.reset_bias()
         self.trace: Optional[list] = None  # set to [] to record per-step ACT tensors (tests)
+
+    def build_stacks(self, new_encoder_layer: NewEncoderLayer, new_decoder_layer: NewDecoderLayer) -> None:
+        self.time_enc = PositionalEncoding(self.d_model, self.max_steps)
+        self.enc_layer, self.dec_layer = new_encoder_layer(), new_decoder_layer()
+        self.halt_enc, self.halt_dec = HaltingUnit(self.d_model), HaltingUnit(self.d_model)
 
     # ---- ACT ----------------------------------------------------------------------------------
     def _act(

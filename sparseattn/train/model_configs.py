@@ -209,11 +209,6 @@ register_model("tagger", TaggerConfig)
 register_model("bilstm", BiLSTMConfig)
 
 
-def build_model(cfg, info: Dict[str, Any]) -> nn.Module:
-    """The model `cfg` names, for a task that reports `info`."""
-    return cfg.model_cfg.build(info)
-
-
 def lr_dim(cfg) -> int:
     """The d of the Noam schedule: --lr_dim, else the model's d_model."""
     return cfg.run.lr_dim or cfg.model_cfg.d_model
