@@ -11,7 +11,7 @@ the reference. So a backend sees E >= 1 and H, D, Dv >= 1 in one of its dtypes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -51,6 +51,27 @@ class AttentionInputs(NamedTuple):
     def has_edge_terms(self) -> bool:
         """Whether any edge term or a normalizer eps is present (what `Backend.edge_terms` gates)."""
         return self.edge_key is not None or self.edge_value is not None or self.edge_scale is not None or self.eps != 0
+
+    def op_args(self, **overrides: Any) -> Dict[str, Any]:
+        """The attention arguments of a backend's forward op (`op_spec.ATTENTION_ARGS`) by name, as
+        this call gives them (clamp as a list, the dropout mask as "mask"), with `overrides` applied."""
+        args: Dict[str, Any] = dict(
+            q=self.q,
+            k=self.k,
+            v=self.v,
+            edge_index=self.graph.edge_index,
+            bias=self.bias,
+            mask=self.dropout_mask,
+            edge_key=self.edge_key,
+            edge_value=self.edge_value,
+            edge_scale=self.edge_scale,
+            eps=float(self.eps),
+            scale=self.scale,
+            clamp=None if self.clamp is None else list(self.clamp),
+            return_weights=self.return_weights,
+        )
+        args.update(overrides)
+        return args
 
 
 # returns out (N_dst, H, Dv) in q's dtype and, when inputs.return_weights, the weights (E, H), else None

@@ -75,15 +75,30 @@ def test_gradcheck_through_the_ops(clamp, use_mask):
     assert torch.autograd.gradcheck(f, (q, k, v, bias), eps=1e-6, atol=1e-7)
 
 
+_INDEX_NAMES = ("crow", "col", "offsets", "row", "ccrow", "ccol", "to_csc", "from_caller", "to_caller")
+
+
 def _op_index(g, layout):
-    """The forward op's nine index arguments for g with 2 heads in `layout`, as csr_attention builds them."""
+    """The forward op's index arguments by name for g with 2 heads in `layout`, as csr_attention builds them."""
     from sparseattn.kernels.csr.index import head_major_index
 
     if layout == "head-major":
         hm = head_major_index(g)
-        return (hm.crow, hm.col, hm.offsets, hm.row, hm.ccrow, hm.ccol, hm.to_csc, hm.from_caller, hm.to_caller)
-    ix = interleaved_index(g, 2)
-    return (ix.crow, ix.col, ix.offsets, ix.row, *ix.transposed(), ix.from_caller, ix.to_caller)
+        index = (hm.crow, hm.col, hm.offsets, hm.row, hm.ccrow, hm.ccol, hm.to_csc, hm.from_caller, hm.to_caller)
+    else:
+        ix = interleaved_index(g, 2)
+        index = (ix.crow, ix.col, ix.offsets, ix.row, *ix.transposed(), ix.from_caller, ix.to_caller)
+    return dict(zip(_INDEX_NAMES, index), head_major_layout=layout == "head-major")
+
+
+def _op_args(g, q, k, v, bias, mask, clamp, layout):
+    """The forward op's arguments in its order, bound by name (`CSR_OP.forward.bind`)."""
+    from sparseattn.kernels.csr.ops import CSR_OP
+
+    return CSR_OP.forward.bind(
+        q=q, k=k, v=v, edge_index=g.edge_index, bias=bias, mask=mask, eps=0.0, scale=0.7, clamp=clamp,
+        return_weights=True, **_op_index(g, layout),
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("clamp", [[-0.5, 0.5], None])
@@ -92,28 +107,45 @@ def test_opcheck_of_the_forward_op(clamp, layout):
     from sparseattn.kernels.csr.ops import csr_attention_fwd
 
     g, q, k, v, bias, mask = _gradcheck_inputs(clamp)
-    index = _op_index(g, layout)
-    args = (q, k, v, g.edge_index, *index, bias, mask, None, None, None, 0.0, 0.7, clamp, True, layout == "head-major")
+    args = _op_args(g, q, k, v, bias, mask, clamp, layout)
     torch.library.opcheck(
         csr_attention_fwd, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
     )
 
 
 @pytest.mark.parametrize("clamp", [[-0.5, 0.5], None])
-def test_eager_entry_runs_the_registered_rule(clamp, layout):
-    """Eager code enters the forward op through an autograd.Function (op_autograd.with_autograd);
-    traced code through the op's registered rule. Both run the same op, setup and backward: equal
-    outputs, returned weights, first and second derivatives."""
-    from sparseattn.kernels.csr.ops import csr_attention_fwd, csr_attention_op
+def test_opcheck_of_the_backward_op(clamp, layout):
+    """The backward op, whose schema and fake follow from the forward's description
+    (attention_op.backward_spec): schema and fake-tensor shapes against the real kernel."""
+    from sparseattn.kernels.csr.ops import CSR_OP, csr_attention_bwd
 
     g, q, k, v, bias, mask = _gradcheck_inputs(clamp)
-    index = _op_index(g, layout)
+    fwd_args = _op_args(g, q, k, v, bias, mask, clamp, layout)
+    with torch.no_grad():
+        out, weights, w, score, z = CSR_OP.forward_op(*fwd_args)
+    named = dict(zip(CSR_OP.forward.names, fwd_args))
+    given = {n: named[n] for n in CSR_OP.backward.names if n in named}
+    args = CSR_OP.backward.bind(
+        **given, grad_out=torch.randn_like(out), grad_weights=torch.randn_like(weights), w=w, score=score, z=z,
+        needs=[True, True, True, True, False, False, False],
+    )  # fmt: skip
+    grads = csr_attention_bwd(*args)
+    assert [t.shape for t in grads[:4]] == [q.shape, k.shape, v.shape, bias.shape]
+    torch.library.opcheck(csr_attention_bwd, args, test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("clamp", [[-0.5, 0.5], None])
+def test_eager_entry_runs_the_registered_rule(clamp, layout):
+    """Eager code enters the forward op through an autograd.Function (op_spec.autograd_entry);
+    traced code through the op's registered rule. Both run the same op, setup and backward: equal
+    outputs, returned weights, first and second derivatives."""
+    from sparseattn.kernels.csr.ops import CSR_OP, csr_attention_fwd
+
+    g, q, k, v, bias, mask = _gradcheck_inputs(clamp)
+    args = _op_args(g, q, k, v, bias, mask, clamp, layout)
     results = []
-    for fn in (csr_attention_op, csr_attention_fwd):
-        no_terms = (None, None, None, 0.0)  # edge_key, edge_value, edge_scale, eps
-        out, weights, *_ = fn(
-            q, k, v, g.edge_index, *index, bias, mask, *no_terms, 0.7, clamp, True, layout == "head-major"
-        )
+    for fn in (CSR_OP.call, csr_attention_fwd):
+        out, weights, *_ = fn(*args)
         assert out.grad_fn is not None
         loss = (out * out).sum() + (weights * weights).sum()
         grads = torch.autograd.grad(loss, (q, k, v, bias), create_graph=True)

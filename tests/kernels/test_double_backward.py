@@ -5,7 +5,7 @@ reference backend and the independent dense reference. The triton backend's test
 import pytest
 import torch
 
-import sparseattn.kernels.csr.ops as csr_ops
+import sparseattn.kernels.reference as reference
 from sparseattn import Graph, edge_attention, graphs
 from sparseattn.kernels import backends_for, choose_auto
 from sparseattn.kernels.contract import AttentionInputs
@@ -119,7 +119,7 @@ def test_first_order_backward_keeps_the_fast_path(backend, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("the reference backward ran without create_graph")
 
-    monkeypatch.setattr(csr_ops, "differentiable_grads", fail)
+    monkeypatch.setattr(reference, "differentiable_grads", fail)
     g = small_graph(backend)
     q, k, v, table = inputs(g)
     out, w = edge_attention(q, k, v, g, bias=table[g.dst, g.src], backend=backend, return_weights=True)

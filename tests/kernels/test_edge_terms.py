@@ -245,14 +245,18 @@ def test_compiled_edge_terms_equal_eager():
 
 def test_opcheck_of_the_forward_op_with_edge_terms():
     from sparseattn.kernels.csr.index import interleaved_index
-    from sparseattn.kernels.csr.ops import csr_attention_fwd
+    from sparseattn.kernels.csr.ops import CSR_OP, csr_attention_fwd
 
     ei, x = _case(torch.float64, n_dst=5, n_src=4, num_edges=10)
     g = Graph(ei, 4, 5)
     ix = interleaved_index(g, 2)
     index = (ix.crow, ix.col, ix.offsets, ix.row, *ix.transposed(), ix.from_caller, ix.to_caller)
-    terms = (x["edge_key"], x["edge_value"], x["edge_scale"])
-    args = (x["q"], x["k"], x["v"], ei, *index, x["bias"], None, *terms, 1e-3, 0.7, [-0.5, 0.5], True, False)
+    names = ("crow", "col", "offsets", "row", "ccrow", "ccol", "to_csc", "from_caller", "to_caller")
+    terms = {n: x[n] for n in ("edge_key", "edge_value", "edge_scale")}
+    args = CSR_OP.forward.bind(
+        q=x["q"], k=x["k"], v=x["v"], edge_index=ei, bias=x["bias"], **terms, eps=1e-3, scale=0.7,
+        clamp=[-0.5, 0.5], return_weights=True, **dict(zip(names, index)), head_major_layout=False,
+    )  # fmt: skip
     torch.library.opcheck(
         csr_attention_fwd, args, test_utils=("test_schema", "test_faketensor", "test_autograd_registration")
     )

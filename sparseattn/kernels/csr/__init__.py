@@ -41,7 +41,7 @@ from ...graphs import Graph
 from ..contract import AttentionInputs
 from .head_major import HEAD_MAJOR_MIN_TRAINING_SLOTS, head_major_rule, prefers_head_major, source_spread
 from .index import head_major_index, interleaved_index
-from .ops import csr_attention_op
+from .ops import CSR_OP
 
 LAYOUTS = (None, "interleaved", "head-major")
 
@@ -83,21 +83,11 @@ def csr_attention(inputs: AttentionInputs, layout: Optional[str] = None) -> Tupl
         to_caller = ix.to_caller if return_weights or bias_grad or has_terms else None
         index = (ix.crow, ix.col, ix.offsets, row, *transposed, from_caller, to_caller)
         q, k, v = (t.contiguous() for t in (q, k, v))
-    out, weights, *_ = csr_attention_op(
-        q,
-        k,
-        v,
-        graph.edge_index,
-        *index,
-        bias,
-        mask,
-        *terms,
-        inputs.eps,
-        scale,
-        None if clamp is None else list(clamp),
-        return_weights,
-        head_major_layout,
+    index_names = ("crow", "col", "offsets", "row", "ccrow", "ccol", "to_csc", "from_caller", "to_caller")
+    args = CSR_OP.forward.bind(
+        **inputs.op_args(q=q, k=k, v=v), **dict(zip(index_names, index)), head_major_layout=head_major_layout
     )
+    out, weights, *_ = CSR_OP.call(*args)
     return out, weights if return_weights else None
 
 
