@@ -7,10 +7,12 @@ can fix the call without reading the source.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
+
+from ._tracing import tracing
 
 _INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
@@ -75,6 +77,51 @@ def check_edge_index(edge_index: object, name: str = "edge_index") -> Tensor:
             f"{name} must have shape (2, E) (row 0 = source, row 1 = destination), got shape {tuple(edge_index.shape)}"
         )
     return edge_index.long()
+
+
+def check_size(size: int, expected: int, message: Callable[[], str], requirement: str) -> None:
+    """Raise ValueError(message()) unless size == expected: a count or a tensor's length.
+
+    Inside a torch.compile or torch.export trace either may be symbolic. One the trace has an
+    example value for (a tensor's length) is compared as in eager code: the trace keeps a guard on
+    the outcome, and a mismatch raises this ValueError while tracing (which dynamo quotes when
+    fullgraph=True), not torch._check's "Expected cond to be True". One that depends on tensor
+    values (unbacked) cannot be compared while tracing: the trace keeps a run-time check instead,
+    whose message is `requirement`, without sizes (torch.compile takes only a constant message).
+    """
+    if not tracing():
+        if size != expected:
+            raise ValueError(message())
+        return
+    from torch.fx.experimental import symbolic_shapes  # loaded by every trace, not by `import torch`
+
+    # False where the trace cannot tell (unbacked); before torch 2.7 traces compare only backed sizes
+    guard_or_false: Callable[[object], bool] = getattr(symbolic_shapes, "guard_or_false", bool)
+    if guard_or_false(size != expected):
+        raise ValueError(message())
+    torch._check(size == expected, lambda: requirement)
+
+
+def check_edge_attr(edge_attr: object, num_edges: Optional[int], width: int, width_name: str) -> Tensor:
+    """Check a layer's edge features: a floating-point (E, width) tensor, one row per edge
+    (num_edges; None when the edge index is malformed, which edge_attention reports) and `width`
+    columns, the layer's `width_name` (such as edge_dim). Nothing broadcasts: a (E, 1) column
+    or a 1-D (E,) tensor is refused like any other shape."""
+    _check_floating(edge_attr, "edge_attr", f"(E, {width_name})")
+    assert isinstance(edge_attr, Tensor)
+
+    def message() -> str:  # int(): sizes may be symbolic in a trace, where only this error path runs
+        e = "E" if num_edges is None else int(num_edges)
+        return (
+            f"edge_attr must have shape (E, {width_name}) = ({e}, {width}), one row per edge, "
+            f"got {tuple(int(n) for n in edge_attr.shape)}"
+        )
+
+    if edge_attr.dim() != 2 or edge_attr.shape[1] != width:
+        raise ValueError(message())
+    if num_edges is not None:
+        check_size(edge_attr.shape[0], num_edges, message, f"edge_attr must have one row per edge (E, {width_name})")
+    return edge_attr
 
 
 def check_node_count(name: str, n: object) -> int:

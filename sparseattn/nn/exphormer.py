@@ -6,9 +6,10 @@ from typing import Optional, Union
 
 from torch import Tensor, nn
 
+from .._checks import check_edge_attr
 from ..functional import edge_attention
 from ..graphs import Graph
-from ._common import check_backend
+from ._common import check_backend, edge_count
 
 EPS = 1e-6  # Exphormer's normalizer term: h = wV / (Z + 1e-6)
 
@@ -71,6 +72,8 @@ class ExphormerAttention(nn.Module):
 
     def forward(self, x: Tensor, edge_index: Union[Tensor, Graph], edge_attr: Optional[Tensor] = None) -> Tensor:
         """x: (N, in_dim), edge_index: (2, E) or Graph, edge_attr: (E, dim_edge) or None -> (N, out_dim)."""
+        if edge_attr is not None:
+            edge_attr = check_edge_attr(edge_attr, edge_count(edge_index), self.E.in_features, "dim_edge")
         h, d = self.num_heads, self.out_dim
         q = self.Q(x).view(-1, h, d)  # (N, H, d)
         k = self.K(x).view(-1, h, d)

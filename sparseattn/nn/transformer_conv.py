@@ -8,9 +8,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from .._checks import check_edge_attr
 from ..functional import edge_attention
 from ..graphs import Graph
-from ._common import check_backend, check_dropout
+from ._common import check_backend, check_dropout, edge_count
 
 PairTensor = Tuple[Tensor, Tensor]
 
@@ -129,7 +130,9 @@ class TransformerConv(nn.Module):
             raise ValueError("edge_attr was given but the layer was built with edge_dim=None")
         if self.lin_edge is not None and edge_attr is None:
             raise ValueError(f"edge_attr (E, {self.edge_dim}) is required: the layer was built with edge_dim")
-        if self.lin_edge is not None and edge_attr is not None and c + edge_attr.shape[-1] < h * c:
+        if self.lin_edge is not None and edge_attr is not None:
+            edge_attr = check_edge_attr(edge_attr, edge_count(edge_index), self.lin_edge.in_features, "edge_dim")
+        if self.lin_edge is not None and edge_attr is not None and c + self.lin_edge.in_features < h * c:
             lins = (self.lin_query, self.lin_key, self.lin_value)
             result = _attend_through_edge_weight(
                 h, *lins, x_src, x_dst, edge_index, edge_attr, self.lin_edge.weight, kwargs

@@ -2,6 +2,7 @@
 (gather, multiply, clamp, exp, index_add, wV / (Z + 1e-6)): values and gradients."""
 
 import math
+import re
 from typing import Optional, Tuple
 
 import pytest
@@ -80,3 +81,15 @@ def test_parameters_follow_the_original():
     assert layer.out_dim == OUT_DIM // HEADS
     with pytest.raises(ValueError, match="divisible"):
         ExphormerAttention(IN_DIM, 7, HEADS, use_bias=True)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["edge_index", "Graph"])
+@pytest.mark.parametrize("shape", [(13, 1), (13, DIM_EDGE + 1), (12, DIM_EDGE), (13,)])
+def test_edge_attr_of_another_shape_is_refused_naming_it(shape, graph):
+    """edge_attr must be (E, dim_edge); other shapes failed in a matmul or in edge_attention's
+    check of edge_scale, neither naming edge_attr."""
+    layer = ExphormerAttention(IN_DIM, OUT_DIM, HEADS, use_bias=True, dim_edge=DIM_EDGE)
+    x = torch.randn(N, IN_DIM)
+    expected = f"edge_attr must have shape (E, dim_edge) = (13, {DIM_EDGE}), one row per edge, got {shape}"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        layer(x, sparseattn.Graph(EDGE_INDEX, N, N) if graph else EDGE_INDEX, torch.randn(shape))

@@ -2,6 +2,7 @@
 dict, equal outputs, attention weights and gradients (inputs, edge features, every parameter)."""
 
 import itertools
+import re
 from typing import Dict, Optional
 
 import pytest
@@ -171,12 +172,37 @@ def test_errors_name_the_argument():
         conv(x, EDGE_INDEX[:, :3] % 5)
     with pytest.raises(ValueError, match="edge_dim=None"):
         TransformerConv(4, 2)(x, EDGE_INDEX[:, :3] % 5, torch.randn(3, 3))
+    with pytest.raises(TypeError, match="edge_attr must be a floating-point tensor"):
+        conv(x, EDGE_INDEX[:, :3] % 5, torch.ones(3, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="in_channels"):
         TransformerConv(-1, 2)
     with pytest.raises(ValueError, match="dropout"):
         TransformerConv(4, 2, dropout=1.0)
     with pytest.raises(ValueError, match="backend"):
         TransformerConv(4, 2, backend="nope")
+
+
+E = EDGE_INDEX.shape[1]
+WRONG_EDGE_ATTR = {"width 1": (E, 1), "wrong width": (E, EDGE_DIM + 1), "wrong rows": (E - 1, EDGE_DIM), "1-D": (E,)}
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["edge_index", "Graph"])
+@pytest.mark.parametrize("heads", [1, 3])  # per-head edge path; C + edge_dim < H * C: the shared-row path
+@pytest.mark.parametrize("shape", list(WRONG_EDGE_ATTR))
+def test_edge_attr_of_another_shape_is_refused_naming_it(shape, heads, graph):
+    """edge_attr must be (E, edge_dim), as PyG's layer requires: a (E, 1) column broadcast over every
+    channel with heads > 1, and other shapes failed in a matmul or in edge_attention's check of
+    edge_key, neither naming edge_attr."""
+    theirs, ours = make_pair(torch.float64, False, heads=heads, edge_dim=EDGE_DIM)
+    x = torch.randn(N_SRC, N_SRC - 1, dtype=torch.float64)
+    edge_attr = torch.randn(WRONG_EDGE_ATTR[shape], dtype=torch.float64)
+    with pytest.raises(Exception):  # noqa: B017 (PyG fails in its own ops, with their errors)
+        theirs(x, EDGE_INDEX, edge_attr)
+    expected = (
+        f"edge_attr must have shape (E, edge_dim) = ({E}, {EDGE_DIM}), one row per edge, got {tuple(edge_attr.shape)}"
+    )
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        ours(x, sparseattn.Graph(EDGE_INDEX, N_SRC, N_SRC) if graph else EDGE_INDEX, edge_attr)
 
 
 @pytest.mark.parametrize("layout", ["transposed", "strided", "int32", "transposed-int32"])
