@@ -7,7 +7,7 @@ from typing import List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._checks import check_graph_tensor
+from .._checks import check_edge_index, check_graph_tensor, edge_index_sizes
 from ..graphs import Graph
 from .shard import Shard, local_part
 
@@ -19,6 +19,8 @@ def partition(
     num_parts: int,
     method: str = "contiguous",
     node_weights: Optional[Tensor] = None,
+    *,
+    num_nodes: Union[int, Tuple[int, int], None] = None,
 ) -> List[Shard]:
     """Split `graph` by destination into `num_parts` shards, one per rank (`shards[rank]`).
 
@@ -28,9 +30,10 @@ def partition(
     shards (METIS runs with a fixed seed).
 
     Args:
-        graph: a `Graph` or (2, E) edge index. When num_src == num_dst the sources and destinations
-            are one node set (self-attention): node i's q, k and v rows live on the same rank.
-            Otherwise (bipartite, e.g. cross attention) sources and destinations are split separately.
+        graph: a `Graph` or (2, E) edge index (with `num_nodes`). When num_src == num_dst the sources
+            and destinations are one node set (self-attention): node i's q, k and v rows live on the
+            same rank. Otherwise (bipartite, e.g. cross attention) sources and destinations are split
+            separately.
         num_parts: number of shards (the world size); parts may be empty when it exceeds the nodes.
         method: "contiguous": ranges of consecutive node ids (what windows, sequences and batches of
             graphs want; needs nothing); "metis": a min-cut partition of the symmetrized graph by
@@ -38,12 +41,16 @@ def partition(
         node_weights: (N,) non-negative weights to balance; default in-degree + 1 (the attention work
             of a destination: its edges, plus its row). For a bipartite graph's sources the default
             is out-degree + 1.
+        num_nodes: the node count of a raw edge index: an int (self-attention), or (num_src, num_dst).
+            Required for a raw index (a torch_geometric.EdgeIndex may carry it as its sparse size):
+            counting from the largest ids would leave trailing nodes without edges owned by no rank
+            and split a self-attention graph whose last node sends no edge as bipartite. A `Graph`
+            carries its counts; num_nodes, if given with one, must equal them.
 
     Returns:
         A list of `num_parts` `Shard`s.
     """
-    if not isinstance(graph, Graph):
-        graph = Graph(check_graph_tensor(graph))
+    graph = _as_graph(graph, num_nodes)
     if isinstance(num_parts, bool) or not isinstance(num_parts, int) or num_parts < 1:
         raise ValueError(f"num_parts must be an int >= 1, got {num_parts!r}")
     if method not in METHODS:
@@ -66,6 +73,37 @@ def partition(
         out_degree = torch.bincount(src, minlength=graph.num_src)
         src_owner = contiguous_parts(_weights(None, graph.num_src, out_degree), num_parts)
     return shards_from_owners(graph, dst_owner, src_owner, num_parts)
+
+
+def _as_graph(graph: Union[Graph, Tensor], num_nodes: Union[int, Tuple[int, int], None]) -> Graph:
+    """`graph` as a Graph with the node counts of `num_nodes` (int or (num_src, num_dst))."""
+    counts = None
+    if num_nodes is not None:
+        pair = num_nodes if isinstance(num_nodes, tuple) else (num_nodes, num_nodes)
+        if len(pair) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in pair):
+            raise ValueError(f"num_nodes must be an int >= 0 or a pair (num_src, num_dst) of them, got {num_nodes!r}")
+        counts = (pair[0], pair[1])
+    if isinstance(graph, Graph):
+        if counts is not None and counts != (graph.num_src, graph.num_dst):
+            raise ValueError(
+                f"num_nodes={num_nodes!r} but the Graph has num_src={graph.num_src}, num_dst={graph.num_dst}: "
+                "a Graph carries its node counts (leave num_nodes out)"
+            )
+        return graph
+    if counts is None:
+        num_src, num_dst = edge_index_sizes(graph)  # a torch_geometric.EdgeIndex's sparse size, where set
+        if num_src is None or num_dst is None:
+            raise ValueError(
+                "partition of a raw edge_index needs num_nodes= (an int, or (num_src, num_dst) for a bipartite "
+                "graph) or a sparseattn.Graph: the largest ids miss trailing nodes without edges"
+            )
+        counts = (num_src, num_dst)
+    edge_index = check_edge_index(check_graph_tensor(graph))
+    for row, name, n in ((0, "source", counts[0]), (1, "destination", counts[1])):
+        top = int(edge_index[row].max()) if edge_index.shape[1] else -1
+        if top >= n:
+            raise IndexError(f"edge_index[{row}] holds {name} id {top}, out of range for num_nodes={num_nodes!r}")
+    return Graph(edge_index, num_src=counts[0], num_dst=counts[1])
 
 
 def _weights(node_weights: Optional[Tensor], n: int, degree: Tensor) -> Tensor:

@@ -129,10 +129,59 @@ def test_metis_refuses_a_bipartite_graph():
         partition(graphs.bipartite(3, 4), 2, method="metis")
 
 
-def test_a_raw_edge_index_is_accepted():
+def test_a_raw_edge_index_is_accepted_with_its_node_count():
     g = graphs.window(10, 1)
-    a, b = partition(g.edge_index, 2), partition(g, 2)
+    a, b = partition(g.edge_index, 2, num_nodes=10), partition(g, 2)
     assert all(torch.equal(x.graph.edge_index, y.graph.edge_index) for x, y in zip(a, b))
+    c = partition(g.edge_index, 2, num_nodes=(10, 10))
+    assert all(torch.equal(x.nodes, y.nodes) and not x.is_bipartite for x, y in zip(c, b))
+
+
+def test_a_raw_edge_index_without_its_node_count_is_refused():
+    with pytest.raises(ValueError, match=r"needs num_nodes= .* or a sparseattn.Graph"):
+        partition(graphs.window(10, 1).edge_index, 2)
+
+
+def test_trailing_isolated_nodes_are_owned():
+    """Nodes 8 and 9 have no edge (isolated atoms, padding tokens): a rank owns each."""
+    edge_index = graphs.window(8, 1).edge_index
+    shards = partition(edge_index, 3, num_nodes=10)
+    owned = torch.cat([s.nodes for s in shards])
+    assert torch.equal(owned.sort().values, torch.arange(10))
+    assert all(s.num_nodes == s.num_src_nodes == 10 for s in shards)
+
+
+def test_self_attention_whose_last_node_sends_nothing_stays_self_attention():
+    """Node 9 receives edges but sends none: still one node set (q, k, v of a node on one rank)."""
+    g = graphs.window(10, 2)
+    edge_index = g.edge_index[:, g.src != 9]
+    shards = partition(edge_index, 2, num_nodes=10)
+    assert not any(s.is_bipartite for s in shards)
+    assert all(s.src_nodes is s.nodes for s in shards)
+    bipartite = partition(edge_index, 2, num_nodes=(9, 10))
+    assert all(s.is_bipartite and s.num_src_nodes == 9 for s in bipartite)
+
+
+def test_an_edge_index_with_a_sparse_size_needs_no_node_count():
+    pyg = pytest.importorskip("torch_geometric")
+    g = graphs.window(8, 1)
+    shards = partition(pyg.EdgeIndex(g.edge_index, sparse_size=(10, 10)), 2)
+    assert torch.equal(torch.cat([s.nodes for s in shards]), torch.arange(10))
+
+
+@pytest.mark.parametrize(
+    "graph, num_nodes, match",
+    [
+        (graphs.window(10, 1), 12, r"num_nodes=12 but the Graph has num_src=10, num_dst=10"),
+        (graphs.window(10, 1).edge_index, -1, "num_nodes must be an int >= 0 or a pair"),
+        (graphs.window(10, 1).edge_index, (10, 10, 10), "num_nodes must be an int >= 0 or a pair"),
+        (graphs.window(10, 1).edge_index, 8, r"edge_index\[0\] holds source id 9, out of range for num_nodes=8"),
+        (graphs.window(10, 1).edge_index, (10, 9), r"edge_index\[1\] holds destination id 9, .* num_nodes=\(10, 9\)"),
+    ],
+)
+def test_node_count_errors(graph, num_nodes, match):
+    with pytest.raises((ValueError, IndexError), match=match):
+        partition(graph, 2, num_nodes=num_nodes)
 
 
 @pytest.mark.parametrize("clamp", [(-5.0, 5.0), None])
@@ -199,7 +248,7 @@ def test_int32_and_transposed_edge_index_give_the_same_shards():
     g = power_law(64, 400, seed=2)
     want = partition(g, 3)
     for edge_index in (g.edge_index.int(), g.edge_index.t().contiguous().t()):
-        got = partition(edge_index, 3)
+        got = partition(edge_index, 3, num_nodes=64)
         for a, b in zip(got, want):
             assert torch.equal(a.graph.edge_index, b.graph.edge_index) and torch.equal(a.halo, b.halo)
             assert torch.equal(a.send_index, b.send_index) and torch.equal(a.edge_ids, b.edge_ids)
