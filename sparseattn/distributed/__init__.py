@@ -5,7 +5,8 @@
     out = sharded_edge_attention(q, k, v, shard)                 # this rank's destinations' outputs
 
 Each rank owns some destinations, computes their outputs from their in-edges, and fetches the source
-rows those edges read from other ranks (its halo) in one `all_to_all_single` per call; backward sends
+rows those edges read from other ranks (its halo) in one `all_to_all_single` per call, after a
+header of a few ints that every rank checks (`HaloExchange(check_each_call=)`); backward sends
 the halo rows' gradients back. Parameters are replicated (DistributedDataParallel); activations are
 partitioned. `EdgeAttention` takes a `Shard` (or a `HaloExchange`) in place of a graph.
 """

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from .._checks import check_edge_index, check_qkv
 from ..functional import edge_attention
+from . import agreement
 from .partition import _positions
 from .shard import Shard, local_part
 
@@ -30,18 +31,27 @@ class HaloExchange:
             (`dist.new_group()`) keeps the exchange apart from DDP's gradient all-reduces.
         timed: wait at a barrier before each collective and time both, so that `seconds` holds the
             transfer alone and `wait_seconds` the time spent waiting for slower ranks (benchmarks).
+        check_each_call: before every forward exchange, the ranks trade a header of a few ints (one
+            small `all_gather`) and all raise the same ValueError when their shards are not
+            `shards[rank]` of one partition or the tensors' dtypes or trailing shapes differ, rather
+            than one rank aborting in the collective or reading rows that were never sent. False
+            checks the first call only: under nccl the header is read back to the host, a sync per call.
 
     Counters (this rank, since construction or `reset_counters()`): calls, rows_sent,
-    rows_received, bytes_sent, bytes_received (forward and backward together), seconds, wait_seconds.
+    rows_received, bytes_sent, bytes_received (forward and backward together, halo rows only),
+    seconds, wait_seconds (with timed=True, the header exchange counts as waiting).
     """
 
-    def __init__(self, shard: Shard, group: Optional[Any] = None, *, timed: bool = False) -> None:
+    def __init__(
+        self, shard: Shard, group: Optional[Any] = None, *, timed: bool = False, check_each_call: bool = True
+    ) -> None:
         if not isinstance(shard, Shard):
             raise TypeError(f"shard must be a sparseattn.distributed.Shard, got {type(shard).__name__}")
         self.shard = shard
         self.group = group
         self.timed = timed
-        self._checked = False
+        self.check_each_call = check_each_call
+        self._agreed = False  # a header exchange has passed
         self.reset_counters()
 
     def reset_counters(self) -> None:
@@ -55,11 +65,6 @@ class HaloExchange:
     def __call__(self, *xs: Tensor) -> Tuple[Tensor, ...]:
         """xs: tensors of (N_src_own, ...) rows of this rank's sources -> their (N_halo, ...) halo
         rows, differentiable. Several tensors (k and v) travel in one collective."""
-        n = self.shard.src_nodes.numel()
-        for x in xs:
-            if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[0] != n:
-                shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-                raise ValueError(f"an exchanged tensor must have one row per owned source ({n}), got {shape}")
         self._check_rows(xs)
         return _HaloRows.apply(self, False, *xs)
 
@@ -79,28 +84,23 @@ class HaloExchange:
         if len({x.dtype for x in xs}) > 1:
             raise ValueError("tensors exchanged together must share a dtype")
 
-    def _check_group(self) -> None:
-        if self._checked:
+    def _agree(self, xs: Sequence[Tensor]) -> None:
+        """Collectively check that the ranks' shards and tensors fit together (`agreement.check`)."""
+        if self._agreed and not self.check_each_call:
             return
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
                 f"a shard of {self.shard.num_parts} parts exchanges rows over torch.distributed: call "
                 "dist.init_process_group first (torchrun sets up the environment for it)"
             )
-        world, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
-        if (world, rank) != (self.shard.num_parts, self.shard.rank):
-            raise ValueError(
-                f"this process is rank {rank} of {world} in the group, but the shard is part {self.shard.rank} of "
-                f"{self.shard.num_parts}: pass shards[rank] of partition(graph, world_size)"
-            )
-        self._checked = True
+        agreement.check(self.shard, xs, self.group)
+        self._agreed = True
 
     def _trade(self, rows: Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]) -> Tensor:
         """all_to_all_single of (n, F) rows grouped by receiving rank -> (m, F) grouped by sender."""
         out = rows.new_empty((sum(recv_counts), rows.shape[1]))
         if self.shard.num_parts == 1:
             return out  # nothing to trade with
-        self._check_group()
         if self.timed:
             start = time.perf_counter()
             dist.barrier(group=self.group)
@@ -116,6 +116,11 @@ class HaloExchange:
         return out
 
     def _forward(self, xs: Sequence[Tensor]) -> Tuple[Tensor, ...]:
+        if self.shard.num_parts > 1:  # backward's gradients have the forward's shapes and dtype: no header
+            start = time.perf_counter()
+            self._agree(xs)
+            if self.timed:  # the header's all_gather also waits for the slowest rank
+                self.wait_seconds += time.perf_counter() - start
         index = self.shard.send_index
         rows = torch.cat([_as_rows(x).index_select(0, index) for x in xs], 1)  # only the rows sent
         halo = self._trade(rows, self.shard.send_counts, self.shard.recv_counts)

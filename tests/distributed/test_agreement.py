@@ -1,0 +1,168 @@
+"""Ranks that disagree (dtype, head dim, partition, shard place) all raise the same one-line ValueError
+before any row travels, on 2 and 3 gloo processes; before the header exchange a one-way dtype mismatch
+returned finite garbage, a head-dim mismatch aborted a process inside gloo, and shards built from
+different ranges returned wrong rows or raised IndexError on one rank while its peers waited."""
+
+from typing import Callable, Dict, Tuple
+
+import pytest
+import torch
+
+from sparseattn import edge_attention, graphs
+from sparseattn.distributed import HaloExchange, agreement, local_shard, partition, sharded_edge_attention
+
+from .spawn import run_ranks
+
+WORLDS = (2, 3)
+
+
+def _attend(shard, dtype=torch.float64, d=4, graph=None) -> float:
+    """Sharded attention on a shard (or exchange) of a 12-node graph (default a window): its largest
+    error against `edge_attention` on the whole graph."""
+    g = graph if graph is not None else graphs.window(12, 2)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(12, 2, d, generator=gen, dtype=torch.float64) for _ in range(3))
+    s = shard.shard if isinstance(shard, HaloExchange) else shard
+    rows, src = s.nodes, s.src_nodes
+    out = sharded_edge_attention(q[rows].to(dtype), k[src].to(dtype), v[src].to(dtype), shard, clamp=None)
+    return float((out.double() - edge_attention(q, k, v, g, clamp=None)[rows]).abs().max())
+
+
+def _dtype(rank: int, world: int) -> float:  # rank 0 sends float32 rows to peers expecting float64
+    causal = graphs.window(12, 2, causal=True)  # rows flow to higher ranks only: one way
+    return _attend(partition(causal, world)[rank], torch.float32 if rank == 0 else torch.float64, graph=causal)
+
+
+def _head_dim(rank: int, world: int) -> float:
+    return _attend(partition(graphs.window(12, 2), world)[rank], d=5 if rank == world - 1 else 4)
+
+
+def _ranges(rank: int, world: int) -> float:
+    weights = torch.ones(12)
+    weights[:4] = 10.0  # the last rank partitions with other weights: other ranges
+    shards = partition(graphs.window(12, 2), world, node_weights=weights if rank == world - 1 else None)
+    return _attend(shards[rank])
+
+
+def _local_ranges(rank: int, world: int) -> float:
+    ranges = [0, 2, 12] if world == 2 else [0, 2, 6, 12]
+    if rank == world - 1:
+        ranges = [0, 8, 12] if world == 2 else [0, 4, 8, 12]
+    g = graphs.window(12, 2)
+    mine = g.edge_index[:, (g.dst >= ranges[rank]) & (g.dst < ranges[rank + 1])]
+    return _attend(local_shard(mine, ranges=ranges))
+
+
+def _graph(rank: int, world: int) -> float:  # same nodes and ranges, other edges: other halos
+    return _attend(partition(graphs.window(12, 3 if rank == world - 1 else 2), world)[rank])
+
+
+def _part(rank: int, world: int) -> float:  # the last rank holds part 0 as well
+    return _attend(partition(graphs.window(12, 2), world)[0 if rank == world - 1 else rank])
+
+
+SCENARIOS: Dict[str, Callable[[int, int], float]] = {
+    "dtype": _dtype,
+    "head_dim": _head_dim,
+    "ranges": _ranges,
+    "local_ranges": _local_ranges,
+    "graph": _graph,
+    "part": _part,
+}
+
+
+def run(rank: int, world: int) -> dict:
+    """Each scenario on this rank: ("raised", type, message) or ("returned", error against the whole
+    graph); then, on the same group, an exchange whose ranks agree, and how often it checks."""
+    result: Dict[str, Tuple] = {}
+    for name, scenario in SCENARIOS.items():
+        try:
+            result[name] = ("returned", scenario(rank, world))
+        except Exception as e:  # noqa: BLE001 - what each rank raised is the result
+            result[name] = ("raised", type(e).__name__, str(e))
+    calls = {"n": 0}
+    check = agreement.check
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        check(*args, **kwargs)
+
+    agreement.check = counted
+    try:
+        shard = partition(graphs.window(12, 2), world)[rank]
+        errors = [_attend(shard) for _ in range(2)]  # a Shard: a new exchange, checked, per call
+        each, first = HaloExchange(shard), HaloExchange(shard, check_each_call=False)
+        errors += [_attend(each) for _ in range(2)] + [_attend(first) for _ in range(3)]
+    finally:
+        agreement.check = check
+    result["agree"] = ("returned", max(errors), calls["n"])
+    return result
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {world: run_ranks(run, world, timeout=300) for world in WORLDS}
+
+
+EXPECTED = {
+    # (the phrase, what names the odd rank out) for world 2 and 3
+    "dtype": (
+        "the ranks exchange different tensors",
+        {
+            2: "float32 rows (2, 4) + (2, 4) on rank 0 vs float64 rows (2, 4) + (2, 4) on rank 1",
+            3: "on rank 0 vs float64 rows (2, 4) + (2, 4) on ranks 1, 2",
+        },
+    ),
+    "head_dim": (
+        "the ranks exchange different tensors",
+        {
+            2: "float64 rows (2, 4) + (2, 4) on rank 0 vs float64 rows (2, 5) + (2, 5) on rank 1",
+            3: "(2, 4) + (2, 4) on ranks 0, 1 vs float64 rows (2, 5) + (2, 5) on rank 2",
+        },
+    ),
+    "ranges": ("the ranks' shards come from different partitions: their nodes do not cover the graph's 12 once", {}),
+    "local_ranges": ("the ranks' shards come from different partitions: their nodes do not cover", {}),
+    "graph": (
+        "the ranks' exchange plans differ",
+        {2: "rank 0 sends rank 1 2 rows, rank 1 expects 3", 3: "rank 1 sends rank 2 2 rows, rank 2 expects 3"},
+    ),
+    "part": (
+        "the shards do not match the ranks of the group",
+        {2: "rank 1 of 2 holds part 0 of 2", 3: "rank 2 of 3 holds part 0 of 3"},
+    ),
+}
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_every_rank_raises_the_same_line(runs, world, name):
+    outcomes = [result[name] for result in runs[world]]
+    assert all(o[0] == "raised" and o[1] == "ValueError" for o in outcomes), outcomes
+    messages = {o[2] for o in outcomes}
+    assert len(messages) == 1, messages
+    (message,) = messages
+    phrase, names = EXPECTED[name]
+    assert phrase in message and "\n" not in message, message
+    assert names.get(world, "") in message, message
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_the_group_works_after_the_errors_and_checks_as_asked(runs, world):
+    for result in runs[world]:
+        _, err, checks = result["agree"]
+        assert err <= 1e-12
+        assert checks == 2 + 2 + 1  # every call of a Shard and of an exchange checking each call; then once
+
+
+def test_id_sums_of_a_cover_match_the_closed_form(monkeypatch):
+    """The ownership fingerprint, also past the modulus (a small prime here, as for graphs of 2^31 nodes)."""
+    for prime in (7, agreement._P):
+        monkeypatch.setattr(agreement, "_P", prime)
+        for n in (0, 1, 6, 7, 8, 20, 50):
+            parts = torch.randperm(n).split(3)
+            got = [agreement._id_sums(p) for p in parts]
+            total = (sum(g[0] for g in got), sum(g[1] for g in got) % prime, sum(g[2] for g in got) % prime)
+            assert total == agreement.expected_sums(n)
+            if 1 < n <= prime:  # a node owned twice and one by no part: caught (ids below the prime)
+                dup = torch.cat([torch.arange(n - 1), torch.tensor([0])])
+                assert agreement._id_sums(dup) != agreement.expected_sums(n)
