@@ -5,16 +5,17 @@
     sparseattn train --task sort --model ut --out runs/sort --epochs=30  # a preset + overrides
     sparseattn train --config my.toml --out runs/s2 --d_ff=512           # a preset file of yours
     sparseattn train --out runs/copy --resume [--epochs=8]               # continue a run exactly
-    sparseattn evaluate --checkpoint runs/copy [--beam 4] [--json]       # decoded test metrics
-    sparseattn plot --checkpoint runs/copy [--out DIR]                   # attention maps, loss curve
-    sparseattn translate --checkpoint runs/m30k "A dog runs."            # a multi30k run
+    sparseattn evaluate runs/copy [--beam 4] [--json]                    # decoded test metrics
+    sparseattn plot runs/copy [--out DIR]                                # attention maps, loss curve
+    sparseattn translate runs/m30k "A dog runs."                         # a multi30k run
     sparseattn compare --run A=runs/a --run B=runs/b --output f1.png     # runs side by side
     sparseattn configs                                                   # the presets
     torchrun --nproc_per_node=N -m sparseattn train ...                  # several processes (DDP)
 
 evaluate, plot and translate take a run folder (its best.pt, else its checkpoint.pt) or a .pt
-file. `sparseattn train --help [--task T --model M] [--key=value ...]` lists every config key with
-the value that run would use, its type and help; `sparseattn COMMAND --help` the other commands'.
+file, first or as --checkpoint PATH. `sparseattn train --help [--task T --model M] [--key=value
+...]` lists every config key with the value that run would use, its type and help; `sparseattn
+COMMAND --help` the other commands'.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import os
 import shutil
 import sys
 import textwrap
-import time
 import typing
 from contextlib import nullcontext
 from pathlib import Path
@@ -35,13 +35,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from . import checkpoint as ckpt_io
+from . import translate_io
 from .config import (
-    MAX_BEAM,
-    MAX_LEN_A,
-    MAX_LEN_B,
     Clamp,
     Config,
-    check_run_values,
     config_from_dict,
     list_presets,
     make_config,
@@ -49,10 +46,12 @@ from .config import (
     read_toml,
     with_overrides,
 )
+from .demo import demo_main
+from .loading import checkpoint_from, checkpoint_parser, decoding_parser, load_for_decoding, load_for_eval
 from .metrics import read_metrics
-from .runlock import make_run_dir, run_dir_lock
-from .tasks import get_task
-from .trainer import Trainer, resolve_device
+from .run_folder import check_run_dir, remove_staging, staging_dir
+from .runlock import run_dir_lock
+from .trainer import Trainer
 
 RUN_FOLDER = """\
 A run folder (--out RUN_DIR) holds:
@@ -69,6 +68,7 @@ A run folder (--out RUN_DIR) holds:
   tokenizer.json  multi30k: the subword vocabulary; hyp.test.de (hyp.SPLIT.de of evaluate): the
                   decoded translations
   .lock           held while a run writes there: one run per folder
+  .new-run/       an --overwrite run until its first checkpoint, which replaces the old run with it
 With ema_decay > 0 the evaluated weights (best.pt, the test) are the moving average."""
 
 TRAIN_USAGE = """\
@@ -77,7 +77,8 @@ usage: sparseattn train [--task T] [--model M] [--config FILE|PRESET] --out RUN_
        sparseattn train --out RUN_DIR --resume [--key=value ...]
        torchrun --nproc_per_node=N -m sparseattn train ...
 
---overwrite replaces the run RUN_DIR holds; --resume continues it exactly (flags may change run
+--overwrite replaces the run RUN_DIR holds once the new one has saved its first checkpoint (a start
+that fails before leaves it as it was); --resume continues it exactly (flags may change run
 keys, not the task or model); torchrun trains on several processes (DistributedDataParallel).
 A run's values: each key's default <- the preset of --task and --model (or --config: a TOML file
 or a preset's name; `sparseattn configs` lists them) <- the --key=value flags (also --key value;
@@ -117,21 +118,27 @@ def train_main(argv: List[str]) -> int:
         out = Path(cfg.run.out)
     from . import distributed
 
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    # an --overwrite run sets up and trains beside the old run until its first checkpoint (run_folder.py)
+    staging = staging_dir(out) if overwrite else None
     # one run per folder: rank 0 holds the folder's lock (the other ranks of a torchrun job share it)
-    with run_dir_lock(out) if int(os.environ.get("RANK", "0")) == 0 else nullcontext():
+    with run_dir_lock(out) if rank0 else nullcontext():
         if resume:
             cfg = resumed_config(out / "checkpoint.pt", flags, config_file)
-        elif int(os.environ.get("RANK", "0")) == 0:
-            prepare_run_dir(out, overwrite)
+        elif rank0:
+            check_run_dir(out, overwrite)
+            remove_staging(out)  # what a killed --overwrite start left
         try:
             if distributed.launched_by_torchrun():
                 distributed.init_from_env(cfg)
-                trainer: Trainer = distributed.DistributedTrainer(cfg, resume=resume)
+                trainer: Trainer = distributed.DistributedTrainer(cfg, resume=resume, staging=staging)
             else:
-                trainer = Trainer(cfg, resume=resume)
+                trainer = Trainer(cfg, resume=resume, staging=staging)
             return _run(trainer)
         finally:
             distributed.cleanup()
+            if staging is not None and rank0:
+                remove_staging(out)  # a start that failed before its first checkpoint: the old run stays
 
 
 def train_help(flags: Dict[str, str], config_file: Optional[str], resume: bool) -> str:
@@ -248,29 +255,6 @@ def resumed_config(ckpt_path: Path, flags: Dict[str, str], config_file: Optional
     return cfg
 
 
-RUN_FILES = ("checkpoint.pt", "best.pt", "metrics.jsonl", "config.json", "results.json", "tokenizer.json")
-
-
-def prepare_run_dir(out: Path, overwrite: bool) -> None:
-    """Refuse to train into a folder that holds a run unless `overwrite`, which deletes that run:
-    its files, and only the temporary and output files a run writes (`*.tmp` of its own files,
-    hypotheses, plots), never other files of the user's."""
-    make_run_dir(out)
-    found = [name for name in RUN_FILES if (out / name).exists()]
-    if not found:
-        return
-    if not overwrite:
-        raise ValueError(
-            f"--out {out} already holds a run ({', '.join(found)}): continue it with --resume, or "
-            "replace it with --overwrite"
-        )
-    for name in found:
-        (out / name).unlink(missing_ok=True)
-    temps = [path for name in RUN_FILES for path in out.glob(f"{name}.*tmp")]  # save_atomic's and the tokenizer's
-    for stale in [*temps, *out.glob("hyp.*.de"), *(out / "plots").glob("*.png")]:
-        stale.unlink(missing_ok=True)
-
-
 def refuse_changed_keys(saved, cfg, path: Path) -> None:
     """--resume may change run keys (epochs, time budget, batch size, ...), not the task or model."""
     changed = [
@@ -334,113 +318,12 @@ def _run(trainer: Trainer) -> int:
     return 0
 
 
-def resolve_checkpoint(path: str) -> Tuple[Path, Optional[Path]]:
-    """(checkpoint file, run folder or None) of what --checkpoint names: a file as it is; a run
-    folder's best.pt (the best validation epoch's weights), else its checkpoint.pt (the last saved
-    ones). A folder with neither is a FileNotFoundError saying so."""
-    given = Path(path)
-    if not given.is_dir():
-        return given, None
-    for name in ("best.pt", "checkpoint.pt"):
-        if (given / name).is_file():
-            return given / name, given
-    raise FileNotFoundError(
-        f"{given} holds no checkpoint (neither best.pt nor checkpoint.pt): give a run folder that "
-        "`sparseattn train --out` has saved to, or a .pt file"
-    )
-
-
-def checkpoint_note(folder: Path, ckpt: Path, state: dict, averaged: bool) -> str:
-    """The line saying which checkpoint of a run folder evaluate, plot and translate use
-    (averaged: the weights are an --ema_decay moving average)."""
-    kind = "averaged weights" if averaged else "weights"
-    if ckpt.name == "best.pt":
-        epoch = state.get("epoch")
-        which = f"epoch {epoch}, the best on the validation split" if epoch else "the best validation epoch"
-        return f"{folder}: using best.pt, the {kind} of {which}"
-    position = state.get("position") or {}
-    epoch, batch, step = (position.get(k) for k in ("epoch", "batch", "step"))
-    if batch:
-        when = f" at step {step} (epoch {epoch + 1} unfinished)"
-    elif epoch is not None:
-        when = f" after epoch {epoch}"
-    else:
-        when = ""
-    return f"{folder}: no best.pt (keep_best off, or no epoch finished); using checkpoint.pt, the {kind}{when}"
-
-
-def load_for_eval(path: str, device: str = "auto", need_data: bool = True, need: Optional[str] = None):
-    """(cfg, task, model, checkpoint dict) of a checkpoint file or run folder (see
-    resolve_checkpoint; a folder's checkpoint is named in one line on stderr), the model in eval
-    mode. With ema weights (checkpoint.pt of an --ema_decay run) the model holds the averages, as
-    training evaluated them. need_data=False skips reading the task's data (decoding new input
-    needs only the vocabulary, which the checkpoint holds). need: a method the task must have
-    (translate), checked before the model is built. Anything wrong with the file is one ValueError
-    naming it."""
-    target = resolve_device(device)
-    ckpt, folder = resolve_checkpoint(path)
-    path = str(ckpt)
-    state = ckpt_io.load(path)
-    cfg = config_from_dict(state["config"], Path(path))
-    cfg.run.out = str(Path(path).parent)  # run files (tokenizer.json, hypotheses) live next to the checkpoint
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
-    task = get_task(cfg.task)
-    if need is not None and not hasattr(task, need):
-        raise ValueError(f"{path} is a {cfg.task!r} checkpoint: that task does not {need} text")
-    if need_data:
-        task.setup(cfg)
-    task.load_state_dict(state.get("task_state", {}))
-    model = cfg.model_cfg.build(task.model_info())
-    weights = [state["model"], *([state["ema"]["average"]] if "ema" in state else [])]
-    if ckpt_io.non_finite(weights):
-        raise ValueError(f"{path} holds NaN or infinite weights; they would only produce NaN")
-    ckpt_io.load_weights(model, state["model"], path)
-    if "ema" in state:
-        ckpt_io.load_weights(model, state["ema"]["average"], path, strict=False)
-    model.to(target).eval()
-    if folder is not None:  # after every check: a failure stays one line
-        print(checkpoint_note(folder, ckpt, state, cfg.run.ema_decay > 0), file=sys.stderr)
-    return cfg, task, model, state
-
-
-CHECKPOINT_HELP = "a run folder (its best.pt, else its checkpoint.pt: the line on stderr says which) or a .pt file"
-
-
-def decoding_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """A parser with the options of commands that decode with a checkpoint (see load_for_decoding)."""
-    p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
-    p.add_argument("--beam", type=int, default=None, help=f"beam size (default: the run's, 1 = greedy; <= {MAX_BEAM})")
-    p.add_argument("--alpha", type=float, default=None, help="length penalty exponent")
-    p.add_argument(
-        "--max_len_a",
-        type=float,
-        default=None,
-        help=f"decode at most a * source length + b tokens (a <= {MAX_LEN_A:g})",
-    )
-    p.add_argument("--max_len_b", type=int, default=None, help=f"see --max_len_a (b <= {MAX_LEN_B})")
-    p.add_argument("--device", default="auto")
-    return p
-
-
-def load_for_decoding(args: argparse.Namespace, need_data: bool = True, need: Optional[str] = None):
-    """(cfg, task, model) of args.checkpoint on args.device, with --beam/--alpha/--max_len_* applied
-    to cfg and checked as config keys are (range and finiteness)."""
-    given = {name: getattr(args, name) for name in ("beam", "alpha", "max_len_a", "max_len_b")}
-    given = {name: value for name, value in given.items() if value is not None}
-    check_run_values(given)
-    cfg, task, model, _ = load_for_eval(args.checkpoint, args.device, need_data, need)
-    for name, value in given.items():
-        setattr(cfg.run, name, value)
-    return cfg, task, model
-
-
 def evaluate_main(argv: List[str]) -> int:
     p = decoding_parser("sparseattn evaluate", "decoded metrics of a checkpoint")
     p.add_argument("--split", default="test")
     p.add_argument("--json", action="store_true", help="print one JSON object of metrics")
     args = p.parse_args(argv)
+    checkpoint_from(args, "evaluate")
     cfg, task, model = load_for_decoding(args)
     if args.split not in task.split_names():
         raise ValueError(f"--split {args.split!r}: task {cfg.task} has the splits {', '.join(task.split_names())}")
@@ -455,14 +338,14 @@ def evaluate_main(argv: List[str]) -> int:
 
 
 def plot_main(argv: List[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="sparseattn plot",
-        description="a run's plots again: the task's (attention maps with a colour bar, ACT steps, F1 per "
-        "epoch) from a checkpoint, and loss.png from the run's metrics.jsonl",
+    p = checkpoint_parser(
+        "sparseattn plot",
+        "a run's plots again: the task's (attention maps with a colour bar, ACT steps, F1 per epoch) from a "
+        "checkpoint, and loss.png from the run's metrics.jsonl",
     )
-    p.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
     p.add_argument("--out", default=None, help="folder for the PNGs (default: RUN_DIR/plots)")
     args = p.parse_args(argv)
+    checkpoint_from(args, "plot")
     cfg, task, model, state = load_for_eval(args.checkpoint, "cpu")
     run_dir = Path(cfg.run.out)  # the checkpoint's folder
     out = Path(args.out) if args.out else run_dir / "plots"
@@ -516,26 +399,39 @@ def compare_main(argv: List[str]) -> int:
 def translate_main(argv: List[str]) -> int:
     """Print one translation per sentence given (or per line of stdin when none is; a blank line
     gives a blank line), decoded with the run's beam and length penalty unless --beam/--alpha say
-    otherwise."""
-    p = decoding_parser("sparseattn translate", "translate sentences with a checkpoint")
-    p.add_argument("sentences", nargs="*", help="source sentences (default: read lines from stdin)")
-    args = p.parse_args(argv)
+    otherwise; sources cut to --max-source-len subword tokens (translate_io.py)."""
+    p = decoding_parser(
+        "sparseattn translate",
+        "translate sentences with a checkpoint",
+        usage="sparseattn translate RUN_DIR|--checkpoint PATH [options] [SENTENCE ...]",
+    )
+    p.add_argument("sentences", nargs="*", metavar="SENTENCE", help="source sentences (default: lines of stdin)")
+    p.add_argument(
+        "--max-source-len",
+        "--max_source_len",
+        type=int,
+        default=None,
+        metavar="N",
+        help="cut longer sources to their first N subword tokens, with a warning (default: the longest "
+        f"source the run trained on; {translate_io.DEFAULT_MAX_SOURCE_LEN} for checkpoints without that record)",
+    )
+    args = p.parse_intermixed_args(argv)  # sentences before and after options
+    given = checkpoint_from(args, "translate", args.sentences)
+    translate_io.check_arguments(given)
+    translate_io.check_max_source_len(args.max_source_len)
     cfg, task, model = load_for_decoding(args, need_data=False, need="translate")
-    if args.sentences:
-        sentences = args.sentences
-    else:
-        try:
-            text = sys.stdin.buffer.read().decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(
-                f"standard input is not UTF-8 text (byte {e.object[e.start]:#x} at offset {e.start})"
-            ) from None
-        sentences = text.splitlines()
+    bound, origin = translate_io.source_bound(args.max_source_len, task.max_source_len)
+    sentences = given or translate_io.read_lines(sys.stdin.buffer)
     # one output line per input line: a blank line stays blank, so outputs line up with inputs
     todo = [i for i, line in enumerate(sentences) if line.strip()]
-    translated = dict(zip(todo, task.translate(model, [sentences[i] for i in todo], cfg)))
+    sources = [sentences[i] for i in todo]
+    lengths = dict(zip(todo, task.source_lengths(sources)))
+    translate_io.warn_long(
+        [lengths.get(i, 0) for i in range(len(sentences))], bound, origin, "sentence" if given else "line"
+    )
+    translated = dict(zip(todo, task.translate(model, sources, cfg, max_source_len=bound)))
     for i in range(len(sentences)):
-        print(translated.get(i, ""))
+        print(translate_io.one_line(translated.get(i, "")))
     return 0
 
 
@@ -543,45 +439,6 @@ def configs_main(argv: List[str]) -> int:
     argparse.ArgumentParser(prog="sparseattn configs", description="list the preset files").parse_args(argv)
     for name, about in list_presets():
         print(f"{name:<28} {about}")
-    return 0
-
-
-def demo_main(argv: List[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="sparseattn demo", description="EdgeAttention on a batched graph vs padded, masked nn.MultiheadAttention"
-    )
-    p.add_argument("--sequences", type=int, default=64)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    for name in ("sequences", "dim", "heads"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if args.dim % args.heads:
-        raise ValueError(f"--heads={args.heads} must divide --dim={args.dim}")
-    from .. import EdgeAttention, graphs
-
-    torch.manual_seed(args.seed)
-    lengths = torch.randint(5, 51, (args.sequences,)).tolist()
-    g = graphs.batch([graphs.complete(n) for n in lengths])  # block-diagonal, no padding
-    attn = EdgeAttention(args.dim, args.heads, clamp=None)
-    x = torch.randn(g.num_dst, args.dim)
-    attn(x, g)  # the first call pays one-off costs (backend probe, graph caches)
-    start = time.perf_counter()
-    out = attn(x, g)
-    elapsed = time.perf_counter() - start
-    mha = torch.nn.MultiheadAttention(args.dim, args.heads, batch_first=True)
-    mha.load_state_dict(attn.state_dict())
-    padded = torch.nn.utils.rnn.pad_sequence(list(g.split_dst(x)), batch_first=True)
-    pad_mask = torch.arange(padded.shape[1])[None] >= torch.tensor(lengths)[:, None]
-    ref, _ = mha(padded, padded, padded, key_padding_mask=pad_mask)
-    ref = torch.cat([r[:n] for r, n in zip(ref, lengths)])
-    print(f"{len(lengths)} sequences, {g.num_dst} tokens, {g.num_edges} edges, backend {attn.backend!r}")
-    print(
-        f"EdgeAttention forward: {elapsed * 1e3:.1f} ms; max |diff| vs padded nn.MultiheadAttention: "
-        f"{(out - ref).abs().max().item():.2e}"
-    )
     return 0
 
 

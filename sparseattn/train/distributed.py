@@ -75,10 +75,10 @@ def global_batches(batches: Sequence[List[int]], world_size: int) -> List[List[i
 class DistributedTrainer(Trainer):
     """Trainer for one rank of a torchrun job (call init_from_env first)."""
 
-    def __init__(self, cfg, resume: bool = False) -> None:
+    def __init__(self, cfg, resume: bool = False, staging=None) -> None:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.main_process = self.rank == 0
-        super().__init__(cfg, resume=resume)
+        super().__init__(cfg, resume=resume, staging=staging)
         ids = [self.device.index] if self.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(self.model, device_ids=ids)
 

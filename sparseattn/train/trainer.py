@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -34,6 +35,7 @@ from .config import Config
 from .ema import WeightEMA
 from .metrics import Meter, read_metrics
 from .model_configs import lr_dim
+from .run_folder import swap_in
 from .tasks import get_task
 
 
@@ -92,16 +94,18 @@ class NonFiniteLoss(ValueError):
 class Trainer:
     main_process = True  # writes checkpoints, logs and progress (False on ranks > 0 under torchrun)
 
-    def __init__(self, cfg: Config, resume: bool = False) -> None:
+    def __init__(self, cfg: Config, resume: bool = False, staging: Optional[Path] = None) -> None:
+        """staging: the folder an --overwrite run sets up and trains in until its first checkpoint,
+        which replaces the run in run.out with it (run_folder.py); run.out is untouched until then."""
         run = cfg.run
-        self.cfg, self.out = cfg, Path(run.out)
-        self.ckpt_path = self.out / "checkpoint.pt"
-        self.best_path = self.out / "best.pt"  # weights of the best validation epoch (keep_best)
+        self.cfg, self.staging = cfg, staging
+        self._write_in(Path(run.out) if staging is None else staging)
         if run.threads:
             torch.set_num_threads(run.threads)
         self.device = resolve_device(run.device)
         self.task = get_task(cfg.task)
-        self.task.setup(cfg)
+        # the task's own files (multi30k's tokenizer.json) go where the run writes
+        self.task.setup(cfg if staging is None else replace(cfg, run=replace(run, out=str(staging))))
         torch.manual_seed(run.seed)
         self.model = cfg.model_cfg.build(self.task.model_info())
         self.model.to(self.device)
@@ -149,6 +153,20 @@ class Trainer:
     def save(self) -> None:
         if self.main_process:
             ckpt_io.save_atomic(self.state(), self.ckpt_path)
+            self.take_place()
+
+    def _write_in(self, folder: Path) -> None:
+        self.out = folder
+        self.ckpt_path = folder / "checkpoint.pt"
+        self.best_path = folder / "best.pt"  # weights of the best validation epoch (keep_best)
+
+    def take_place(self) -> None:
+        """An --overwrite run that has saved a checkpoint replaces the old run in run.out and
+        writes there from now on (main process only)."""
+        if self.staging is not None and self.main_process:
+            swap_in(self.staging, Path(self.cfg.run.out))
+            self.staging = None
+            self._write_in(Path(self.cfg.run.out))
 
     def _load(self, state: dict) -> None:
         missing = [k for k in ("optimizer", "scheduler", "rng", "position", "history") if k not in state]
@@ -233,10 +251,15 @@ class Trainer:
         """NonFiniteLoss (before any update) when the loss is NaN or infinite."""
         if not bool(torch.isfinite(loss.detach())):
             pos = self.position
+            kept = (
+                f"--out {self.cfg.run.out} keeps the run it held. Lower --lr_factor or raise --warmup and start again"
+                if self.staging is not None  # an --overwrite run before its first checkpoint
+                else f"{self.ckpt_path} holds the last good state. Lower --lr_factor or raise --warmup, then "
+                "--resume or start again"
+            )
             raise NonFiniteLoss(
                 f"the training loss became {loss.item()} at step {pos['step'] + 1} (epoch "
-                f"{pos['epoch'] + 1}); stopped without saving, {self.ckpt_path} holds the last good "
-                "state. Lower --lr_factor or raise --warmup, then --resume or start again"
+                f"{pos['epoch'] + 1}); stopped without saving, {kept}"
             )
 
     def optimizer_step(self) -> None:
@@ -379,6 +402,7 @@ class Trainer:
     def finish(self) -> dict:
         """Decoded test metrics (results.json) and plots, with the best validation epoch's weights
         when keep_best is on (checkpoint.pt keeps the last epoch's for resuming)."""
+        self.take_place()
         extra = {}
         if self.cfg.run.keep_best and self.best_path.exists():
             best = ckpt_io.load(self.best_path, self.device)

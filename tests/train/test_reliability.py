@@ -266,6 +266,7 @@ def test_translate_decodes_long_lines_and_keeps_the_others(m30k_run, capsys):
             m30k_run / "best.pt",
             "--max_len_a=0",
             "--max_len_b=4",
+            "--max-source-len=2000",  # the whole line, not the longest training source
             "A dog runs.",
             long_line,
             "Two men.",

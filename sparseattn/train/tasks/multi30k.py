@@ -66,7 +66,7 @@ class Multi30kTask(Seq2SeqTask):
         super().__init__()
         self.text: Dict[str, Tuple[List[str], List[str]]] = {}
         self.vocab: Optional[SubwordVocab] = None
-        self.out_dir = Path(".")
+        self.max_source_len: Optional[int] = None  # subword tokens of the longest training source
 
     def setup(self, cfg) -> None:
         data = cfg.task_cfg
@@ -75,12 +75,12 @@ class Multi30kTask(Seq2SeqTask):
                 "task multi30k needs --data-dir DIR with train/val/test_2016_flickr.{en,de} "
                 "(see docs/guide/translation.md)"
             )
-        self.out_dir = Path(cfg.run.out)
+        out_dir = Path(cfg.run.out)
         self.text = {name: read_parallel(data.data_dir, name) for name in self.FILE_SPLITS}
-        path = self.out_dir / TOKENIZER_FILE
+        path = out_dir / TOKENIZER_FILE
         if _is_main() and not path.exists():  # under torchrun rank 0 trains it, the others wait
             src, tgt = self.text["train"]
-            self.out_dir.mkdir(parents=True, exist_ok=True)
+            out_dir.mkdir(parents=True, exist_ok=True)
             SubwordVocab.train(src + tgt, vocab_size=data.vocab_size, min_frequency=2).save(str(path))
         _barrier()
         self._set_vocab(SubwordVocab.load(str(path)))
@@ -92,6 +92,8 @@ class Multi30kTask(Seq2SeqTask):
             self.splits[name] = ([ids + [vocab.eos] for ids in vocab.encode_batch(src)], vocab.encode_batch(tgt))
         if "val" in self.splits:
             self.splits["valid"] = self.splits["val"]
+        if "train" in self.splits:
+            self.max_source_len = max((len(ids) - 1 for ids in self.splits["train"][0]), default=None)
 
     def model_info(self) -> dict:
         return dict(src_vocab_size=len(self.vocab), tgt_vocab_size=len(self.vocab), shared_vocab=True)
@@ -104,9 +106,16 @@ class Multi30kTask(Seq2SeqTask):
             [len(s) + len(t) + 1 for s, t in zip(src, tgt)], cfg.run.max_tokens, epoch_seed(cfg, epoch)
         )
 
-    def translate(self, model, sentences: Sequence[str], cfg, beam: Optional[int] = None) -> List[str]:
-        """Detokenized translations of raw source sentences."""
-        sources = [ids + [self.vocab.eos] for ids in self.vocab.encode_batch(list(sentences))]
+    def source_lengths(self, sentences: Sequence[str]) -> List[int]:
+        """Subword tokens of each raw source sentence (without `</s>`)."""
+        return [len(ids) for ids in self.vocab.encode_batch(list(sentences))]
+
+    def translate(
+        self, model, sentences: Sequence[str], cfg, beam: Optional[int] = None, max_source_len: Optional[int] = None
+    ) -> List[str]:
+        """Detokenized translations of raw source sentences, each cut to its first `max_source_len`
+        subword tokens when given."""
+        sources = [ids[:max_source_len] + [self.vocab.eos] for ids in self.vocab.encode_batch(list(sentences))]
         return [self.vocab.decode(p) for p in self.decode(model, sources, cfg, beam)]
 
     @torch.no_grad()
@@ -133,8 +142,9 @@ class Multi30kTask(Seq2SeqTask):
         metrics["token_accuracy"] = token_accuracy(hyp_ids, self.splits[split][1][:n])
         metrics["sequence_accuracy"] = sequence_accuracy(hyp_ids, self.splits[split][1][:n])
         if not per_epoch and _is_main():
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / f"hyp.{split}.de").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+            out_dir = Path(cfg.run.out)  # the run folder (an --overwrite run set up in another: trainer.py)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / f"hyp.{split}.de").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
         return metrics
 
     @torch.no_grad()
@@ -160,9 +170,11 @@ class Multi30kTask(Seq2SeqTask):
         return attention_maps(records, labels, out_dir)
 
     def state_dict(self) -> dict:
-        return {"tokenizer": self.vocab.tokenizer.to_str()}
+        return {"tokenizer": self.vocab.tokenizer.to_str(), "max_source_len": self.max_source_len}
 
     def load_state_dict(self, state: dict) -> None:
+        if isinstance(state.get("max_source_len"), int):  # absent from older checkpoints
+            self.max_source_len = state["max_source_len"]
         saved = state.get("tokenizer")
         if saved and (self.vocab is None or saved != self.vocab.tokenizer.to_str()):
             from tokenizers import Tokenizer
