@@ -17,7 +17,7 @@ dynamic=True and feeds it ten window graphs of different N and E: compiled entri
 recompilation) and compiled/eager time summed over the ten.
 
 Writes bench_compile_<machine>.{json,png,log} under --out (benchmarks/results); the PNG draws
-eager/compiled per case and pass against the 1.15x target (`--replot FILE.json` redraws it).
+eager/compiled per case and pass against the 1.15x target.
 """
 
 from __future__ import annotations

@@ -13,24 +13,15 @@ packages, a few GB):
 `--dgl-python` (or $DGL_PYTHON) names that environment's Python. Without it, or when DGL does not
 import there, DGL is listed as skipped with the reason and only sparseattn is timed.
 
-For each family (bench_kernels.families) this process builds the graph, draws q/k/v (N(0, 0.25),
-seed 0, H=8, D=64, float32) and the output gradient, computes the exact-softmax reference output,
-and saves them (.npz) for benchmarks/dgl_runner.py, a long-lived subprocess in the DGL environment
-that imports only dgl/torch/numpy and answers one command per line. Contenders:
-
-    auto exact    edge_attention(..., clamp=None, backend="auto")           vs  dgl fused
-    dgl fused     dgl.ops.u_dot_v -> dgl.ops.edge_softmax -> dgl.ops.u_mul_e_sum
-    auto clamp    edge_attention(..., backend="auto") (clamp -5..5)         vs  dgl builtin
-    dgl builtin   the DGL Transformer tutorial: apply_edges(fn.u_dot_v), scaled clamped exp,
-                  update_all(fn.u_mul_e, fn.sum) / update_all(fn.copy_e, fn.sum)
-
-Every output is checked against the reference (max |err| <= 1e-3) before timing; no score reaches
-the clamp on these inputs, so all four compute the same numbers. Timing is interleaved: after
-warm-up, each round takes one sample per contender (the median of --reps calls; DGL's calls are
-timed inside the subprocess, without the pipe), alternating the order; reported is the median over
---rounds. Peak memory: peak RSS during one call minus RSS before it, in the process that ran it.
+Per family (benchmarks/families.py) this process draws q/k/v (N(0, 0.25), seed 0, H=8, D=64, float32),
+the output gradient and the exact-softmax reference, and hands them (.npz) to benchmarks/dgl_runner.py,
+a long-lived subprocess in the DGL environment (one JSON command per line); its docstring has the two
+DGL recipes. Pairs: `auto exact` (clamp=None) against `dgl fused`, `auto clamp` against `dgl builtin`
+(the DGL tutorial). Every output is checked (max |err| <= 1e-3) before timing; each interleaved round
+takes one sample per contender (the median of --reps calls, DGL's timed inside its process), and the
+result is the median over --rounds; peak memory is measured in the process that ran the call.
 Writes bench_dgl_<machine>[_<tag>].{json,png,log} under --out ("nodgl" joins the tag when DGL did not
-run); both sides' versions are in the JSON.
+run); both sides' versions are in the JSON. What it measures: docs/benchmarks/dgl.md.
 """
 
 from __future__ import annotations
@@ -67,14 +58,9 @@ class DGLRunner:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # its own packages only
         env.update(OMP_NUM_THREADS=str(threads), DGLBACKEND="pytorch")
         self.stderr = open(stderr_path, "w")
+        pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr)
         self.proc = subprocess.Popen(
-            [python, RUNNER, str(threads)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.stderr,
-            text=True,
-            env=env,
-            cwd=tempfile.gettempdir(),
+            [python, RUNNER, str(threads)], text=True, env=env, cwd=tempfile.gettempdir(), **pipes
         )
 
     def ask(self, **msg) -> dict:

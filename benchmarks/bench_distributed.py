@@ -17,15 +17,12 @@ Families (each configuration is one torchrun launch of this script in worker mod
             parts, a thin halo). This process writes each rank's in-edges and the ownership
             (ranges or the owner vector) to temporary files; a rank loads only its own and calls
             `local_shard(ranges=)` or `local_shard(owner=)`.
-One process trains on the whole `Graph` of the family (no exchange): the reference every ratio
-divides by. Each run: setup (edges, shard, features, model), then one warm-up step and --steps
-timed steps (forward, backward, optimizer) with `HaloExchange(timed=True)`: `exch_s` is the time
-inside all_to_all_single, `wait_s` the time at the barrier before it (waiting for slower ranks).
-Memory: VmHWM of /proc/self/status, the peak resident set, read after setup ("setup peak") and
-again after training, reset after setup ("train peak": everything resident during the steps,
-the process's libraries, graph and parameters included). The step-1 loss of every configuration
-equals the one-process loss (checked: same seed, features generated per global node id).
-With 4 processes on a 2-core machine the ranks share cores: step times are no speed claim.
+One process on the whole `Graph` of the family (no exchange) is the reference every ratio divides by.
+Each run: setup, then one warm-up step and --steps timed steps with `HaloExchange(timed=True)`
+(exchange: time inside all_to_all_single; wait: at the barrier before it); memory: the peak resident
+set (VmHWM) after setup ("setup peak") and, reset after setup, after training ("train peak"). The
+step-1 loss of every configuration must equal the one-process loss. What the tables mean:
+docs/benchmarks/distributed.md.
 
 Writes bench_distributed_<machine>.{json,png,log} under --out (benchmarks/results).
 """

@@ -46,28 +46,15 @@ import torch
 from sparseattn import edge_attention, graphs
 from sparseattn.kernels import choose_auto, plan
 
+from . import harness
 from .contenders import EXACT, contenders_for, estimate_bytes, make_call
 from .families import Family, families
-from .harness import (
-    Result,
-    machine_header,
-    machine_info,
-    machine_tag,
-    median,
-    openmp_settings,
-    peak_extra_mib,
-    provenance,
-    time_interleaved,
-    write_json,
-    write_png,
-)
 from .kernels_report import DEFAULT_SCALE, KernelResult, plotted, print_row, ratio_table
 from .limits import limit_ms, measure_rates, must_move
 from .pages import preview
 from .peers import DIM, HEADS
 from .threads import POLICIES, describe, run_setting, setting_label, thread_settings
 
-__all__ = ["Family", "families", "main"]  # bench_dgl takes its families from here
 GiB = 2**30
 FAMILY_INFO: Dict[str, dict] = {}  # per family: sizes, auto's pick, dense padding, bytes and flops (in the JSON)
 
@@ -174,18 +161,19 @@ def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, re
                 if not r.max_err_vs_reference <= 1e-3:
                     raise AssertionError(f"max |err| vs {against} = {r.max_err_vs_reference:.3g}")
                 del out
-                r.peak_extra_mib = peak_extra_mib(fn)
+                r.peak_extra_mib = harness.peak_extra_mib(fn)
                 ready.append((r, fn))
                 continue
             except Exception as exc:  # OOM, unsupported op, wrong answer: a null with the reason
                 _fail(r, exc, args.verbose)
             print_row(r)
-        timed = time_interleaved([fn for _, fn in ready], warmup=args.warmup, reps=args.reps, budget_s=args.budget_s)
+        fns = [fn for _, fn in ready]
+        timed = harness.time_interleaved(fns, warmup=args.warmup, reps=args.reps, budget_s=args.budget_s)
         for (r, _), times in zip(ready, timed):
             if isinstance(times, Exception):
                 _fail(r, times, args.verbose)
             else:
-                r.times_ms, r.ms = times, median(times)
+                r.times_ms, r.ms = times, harness.median(times)
                 r.gb_per_s = fi["bytes"][mode] / (r.ms * 1e-3) / 1e9
                 r.gflop_per_s = fi["flops"][mode] / (r.ms * 1e-3) / 1e9
                 r.limit_fraction = lim / r.ms
@@ -200,7 +188,7 @@ def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, re
             print(f"  ({mode}: reference skipped, no speedup column; limit {lim:.2f} ms)")
 
 
-def _fail(r: Result, exc: BaseException, verbose: bool) -> None:
+def _fail(r: harness.Result, exc: BaseException, verbose: bool) -> None:
     r.ms, r.note = None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     if verbose:
         traceback.print_exception(exc)
@@ -226,15 +214,9 @@ def run_worker(args, fams: Dict[str, Family], path: str) -> None:
     torch.set_num_threads(args.setting[0])
     sizes = {"copy_mib": 64, "gemm_n": 1024, "reps": 5} if args.quick else {}
     rates = measure_rates(**sizes)
-    setting = {
-        "label": args.label,
-        "threads": args.setting[0],
-        "omp_wait_policy": args.setting[1],
-        "torch_threads": torch.get_num_threads(),
-        **openmp_settings(),
-        "rates_start": rates,
-        "load_average_start": os.getloadavg()[0],
-    }
+    setting = dict(label=args.label, threads=args.setting[0], omp_wait_policy=args.setting[1])
+    setting.update(torch_threads=torch.get_num_threads(), **harness.openmp_settings())
+    setting.update(rates_start=rates, load_average_start=os.getloadavg()[0])
     print(
         f"{args.label} thread(s): torch {setting['torch_threads']}, env {setting['env']}; "
         f"copy {rates['copy_gb_per_s']:.1f} GB/s ({rates['copy_mib']} MiB buffers), "
@@ -255,13 +237,10 @@ def run_worker(args, fams: Dict[str, Family], path: str) -> None:
         del g
         write()
     setting["rates_end"] = end = measure_rates(**sizes)
-    for key in ("copy_gb_per_s", "gemm_gflop_per_s"):
-        setting[key] = max(rates[key], end[key])
+    rate = [max(rates[key], end[key]) for key in ("copy_gb_per_s", "gemm_gflop_per_s")]
+    setting["copy_gb_per_s"], setting["gemm_gflop_per_s"] = rate
     for r in results:
-        fi = FAMILY_INFO[r.family]
-        r.limit_ms = limit_ms(
-            fi["bytes"][r.mode], fi["flops"][r.mode], setting["copy_gb_per_s"], setting["gemm_gflop_per_s"]
-        )
+        r.limit_ms = limit_ms(FAMILY_INFO[r.family]["bytes"][r.mode], FAMILY_INFO[r.family]["flops"][r.mode], *rate)
         r.limit_fraction = r.limit_ms / r.ms if r.ms else None
     print(
         f"\n{args.label} thread(s), at the end: copy {end['copy_gb_per_s']:.1f} GB/s, "
@@ -270,10 +249,6 @@ def run_worker(args, fams: Dict[str, Family], path: str) -> None:
         flush=True,
     )
     write()
-
-
-def _ints(text: str) -> List[int]:
-    return [int(x) for x in text.split(",") if x]
 
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
@@ -286,29 +261,19 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     ap.add_argument("--budget-gib", type=float, default=8.0, help="skip contenders estimated to need more")
     ap.add_argument("--flex", choices=["none", "default", "all"], default="default")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts, each run in its own process")
-    ap.add_argument(
-        "--omp-wait-policy",
-        default="default,passive",
-        help="comma-separated OMP_WAIT_POLICY settings (default = unset, passive, active) for runs of more "
-        "than one thread; 1 thread runs with the first",
-    )
-    ap.add_argument(
-        "--input-scale",
-        default=str(DEFAULT_SCALE),
-        help="comma-separated standard deviations of q, k, v (0.5: no score reaches the clamp; 1: N(0, 1))",
-    )
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    policy = "comma-separated OMP_WAIT_POLICY settings (default = unset, passive, active); 1 thread: the first"
+    ap.add_argument("--omp-wait-policy", default="default,passive", help=policy)
+    scale = "comma-separated standard deviations of q, k, v (0.5: no score reaches the clamp; 1: N(0, 1))"
+    ap.add_argument("--input-scale", default=str(DEFAULT_SCALE), help=scale)
+    ap.add_argument("--out", default=harness.RESULTS)
     ap.add_argument("--contenders", default="", help="comma-separated contender names (default: all)")
     ap.add_argument("--tag", default="", help="suffix for the result file names (e.g. a re-run of some families)")
-    ap.add_argument(
-        "--baseline",
-        default="",
-        help="a checkout of another commit (its folder); adds its csr, auto and auto (raw) as '... [baseline]'",
-    )
+    baseline = "a checkout of another commit (its folder); adds its csr, auto and auto (raw) as '... [baseline]'"
+    ap.add_argument("--baseline", default="", help=baseline)
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)  # internal: run one setting, write here
     args = ap.parse_args(argv)
-    args.thread_counts = _ints(args.threads)
+    args.thread_counts = [int(x) for x in args.threads.split(",") if x]
     args.policies = args.omp_wait_policy.split(",")
     args.scales = [float(x) for x in args.input_scale.split(",") if x]
     bad = [p for p in args.policies if p not in POLICIES]
@@ -337,11 +302,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         return run_worker(args, fams, args.worker)
 
     settings = thread_settings(args.thread_counts, args.policies)
-    prov = provenance("benchmarks.bench_kernels", argv)
-    info = machine_info()
+    prov = harness.provenance("benchmarks.bench_kernels", argv)
+    info = harness.machine_info()
     counts = sorted({t for t, _ in settings})
     info["threads"] = counts[0] if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-    print(machine_header(info))
+    print(harness.machine_header(info))
     print(
         f"H={HEADS}, D={DIM}, float32; inputs N(0, s^2) for s in {args.scales}; thread settings "
         f"{[setting_label(*s) for s in settings]}, each in a fresh process; median of up to {args.reps} runs "
@@ -349,26 +314,17 @@ def main(argv: Optional[List[str]] = None) -> None:
         f"call minus RSS before it; % of limit = the physical limit's ms over the measured ms",
         flush=True,
     )
-    stem = f"bench_kernels{'_quick' if args.quick else ''}_{machine_tag(info)}{'_' + args.tag if args.tag else ''}"
+    stem = f"bench_kernels{'_quick' * args.quick}_{harness.machine_tag(info)}{'_' * bool(args.tag)}{args.tag}"
     path = os.path.join(args.out, stem)
-    config = {
-        "format": 2,  # rows carry threads, omp_wait_policy, input_scale and the limit; settings, ratio records
-        "heads": HEADS,
-        "dim": DIM,
-        "dtype": "float32",
-        "reps": args.reps,
-        "warmup": args.warmup,
-        "quick": args.quick,
-        "families": list(fams),
-        "input_scales": args.scales,
-        "budget_gib": args.budget_gib,
-        "peak_memory": "CPU: peak RSS (VmHWM, reset via /proc/self/clear_refs) during one call minus RSS before",
-        "limit": "limit_ms = max(bytes / copy_gb_per_s, flops / gemm_gflop_per_s), bytes and flops per pass in"
-        " family_info, rates in the row's setting (benchmarks/limits.py)",
-        "settings": [],
-        "family_info": FAMILY_INFO,
-        "baseline": args.baseline_label or None,
-    }
+    # format 2: rows carry threads, omp_wait_policy, input_scale and the limit; settings, ratio records
+    config = dict(format=2, heads=HEADS, dim=DIM, dtype="float32", reps=args.reps, warmup=args.warmup)
+    config.update(quick=args.quick, families=list(fams), input_scales=args.scales, budget_gib=args.budget_gib)
+    config["peak_memory"] = "CPU: peak RSS (VmHWM, reset via /proc/self/clear_refs) during one call minus RSS before"
+    config["limit"] = (
+        "limit_ms = max(bytes / copy_gb_per_s, flops / gemm_gflop_per_s), bytes and flops per pass in"
+        " family_info, rates in the row's setting (benchmarks/limits.py)"
+    )
+    config.update(settings=[], family_info=FAMILY_INFO, baseline=args.baseline_label or None)
     results: List[KernelResult] = []
     with tempfile.TemporaryDirectory(prefix="bench_kernels_") as tmp:
         for i, (threads, policy) in enumerate(settings):
@@ -381,10 +337,10 @@ def main(argv: Optional[List[str]] = None) -> None:
             config["settings"].append(data["setting"])
             FAMILY_INFO.update(data.get("family_info", {}))
             results += [KernelResult(**r) for r in data.get("results", [])]
-            write_json(path + ".json", prov, info, config, results)  # partial results survive
+            harness.write_json(path + ".json", prov, info, config, results)  # partial results survive
     config["ratios"] = ratio_table(results)
-    write_json(path + ".json", prov, info, config, results)
-    drawn = write_png(path + ".png", machine_header(info), plotted(results))
+    harness.write_json(path + ".json", prov, info, config, results)
+    drawn = harness.write_png(path + ".png", harness.machine_header(info), plotted(results))
     print("\n" + preview(path + ".json"))
     print(f"\nwrote {path}.json" + (" and .png" if drawn else " (no matplotlib: no PNG)"))
 

@@ -6,31 +6,17 @@
     python -m benchmarks.bench_train --data-dir ../shared/data/multi30k --device cuda --threads 16  # bf16 autocast
     python -m benchmarks.bench_train --data-dir ../shared/data/multi30k --tasks multi30k --compile  # + compiled layers
 
-Both models get the same batches, the same sizes and the same training step: forward, label-smoothed
-cross entropy summed over the target tokens / their count, backward, Adam. Dropout is 0 in both.
-
-* graph <backend>: the task's preset model (the `<task>-transformer` preset, `cfg.model_cfg.build(...)`)
-  with each backend of `--backends` (default: auto), fed the task's own `GraphBatch` (no padding).
-* nn.Transformer: `torch.nn.Transformer` of the same size (layers, d_model, heads, d_ff, pre-norm,
-  batch_first) with the same shared/tied embeddings, sqrt(d) embedding scale, sinusoidal positions
-  and generator, fed the same sentences padded to (B, L) with src/tgt/memory key-padding masks and a
-  causal tgt_mask, so its attention runs in F.scaled_dot_product_attention; the generator and the
-  loss see only the real target tokens. Which SDPA kernel ran is read from a profile of one step.
-
-Multi30k: the first `--batches` token-budget batches (max_tokens 4096, the preset's) of the epoch-0
-order. Copy: the first `--copy-batches` batches of 16 sequences. After a warm-up pass, every round
-times one training step per batch per contender, the contenders alternating batch by batch (so load
-changes hit both alike). Reported: target tokens per second from the median round time; the ratio
-graph / nn.Transformer as the median over rounds of the per-round ratio (with its range); the peak
-memory one training step on the largest batch adds (peak RSS during the step minus RSS before it,
-harness.peak_extra_mib); and a torch.profiler table of the top operators over one step per batch.
-
-On `--device cuda` both models, their batches and the step move to the GPU, the forward and loss
-run under bfloat16 autocast (as `sparseattn train` does on CUDA), each timed step ends with a
-synchronize, memory is the peak CUDA allocation a step adds, and the profile table ranks operators
-by self CUDA time; `--threads` then only names the CPU threads that launch the work.
-
-Writes bench_train_<machine>[_<tag>].{json,png,log} under --out (benchmarks/results); the versions are in the JSON.
+The graph model (the task's `<task>-transformer` preset with each backend of --backends, fed its
+`GraphBatch`) and `torch.nn.Transformer` of the same size with the same embeddings, positions and
+generator (`PaddedTransformer`, fed the sentences padded to (B, L) with key-padding and causal masks,
+so its attention runs in SDPA) take the same training step (forward, label-smoothed cross entropy,
+backward, Adam; dropout 0) on the same batches: the first --batches Multi30k token-budget batches, the
+first --copy-batches copy batches. After a warm-up pass, each round times one step per batch per
+contender, alternating batch by batch; reported: target tokens/s from the median round, the median (and
+range) of the per-round ratios, the peak memory a step on the largest batch adds, the SDPA kernel and a
+profile of the top operators. On --device cuda both run under bfloat16 autocast, each step synchronized.
+What this measures, in full: docs/benchmarks/train.md (benchmarks/templates/train.md).
+Writes bench_train_<machine>[_<tag>].{json,png,log} under --out (benchmarks/results).
 """
 
 from __future__ import annotations
@@ -50,7 +36,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from .harness import RESULTS, Output, machine_header, machine_info, machine_tag, peak_extra_mib, write_bars
+from .harness import RESULTS, Output, machine_header, machine_info, machine_tag, nest, peak_extra_mib, write_bars
 from .pages import preview
 
 SDPA_OPS = ("flash_attention", "efficient_attention", "cudnn_attention", "attention_math", "_fused_sdp", "sdpa")
@@ -71,19 +57,10 @@ def sinusoid_table(n: int, d: int) -> Tensor:
 class PaddedTransformer(nn.Module):
     """torch.nn.Transformer with the graph model's embeddings and generator, on padded batches."""
 
-    def __init__(
-        self,
-        vocab_src: int,
-        vocab_tgt: int,
-        layers: int,
-        d_model: int,
-        heads: int,
-        d_ff: int,
-        share_embeddings: bool,
-        tie_generator: bool,
-        max_len: int = 1024,
-    ) -> None:
+    def __init__(self, vocab_src: int, vocab_tgt: int, m, share_embeddings: bool, max_len: int = 1024) -> None:
+        """m: the graph model's config (layers, d_model, heads, d_ff, tie_generator)."""
         super().__init__()
+        layers, d_model, heads, d_ff = m.num_layers, m.d_model, m.num_heads, m.d_ff
         self.src_embed = nn.Embedding(vocab_src, d_model)
         self.tgt_embed = self.src_embed if share_embeddings else nn.Embedding(vocab_tgt, d_model)
         self.scale = math.sqrt(d_model)
@@ -96,21 +73,14 @@ class PaddedTransformer(nn.Module):
         for p in self.parameters():
             if p.dim() > 1:
                 nn.init.xavier_uniform_(p)
-        if tie_generator:
+        if m.tie_generator:
             self.generator.weight = self.tgt_embed.weight
 
     def forward(self, pb: Dict[str, Tensor]) -> Tensor:
         src = self.src_embed(pb["src"]) * self.scale + self.pos[: pb["src"].shape[1]]
         tgt = self.tgt_embed(pb["tgt_in"]) * self.scale + self.pos[: pb["tgt_in"].shape[1]]
-        h = self.transformer(
-            src,
-            tgt,
-            tgt_mask=pb["causal"],
-            src_key_padding_mask=pb["src_pad"],
-            tgt_key_padding_mask=pb["tgt_pad"],
-            memory_key_padding_mask=pb["src_pad"],
-            tgt_is_causal=True,
-        )
+        masks = dict(src_key_padding_mask=pb["src_pad"], tgt_key_padding_mask=pb["tgt_pad"], tgt_is_causal=True)
+        h = self.transformer(src, tgt, tgt_mask=pb["causal"], memory_key_padding_mask=pb["src_pad"], **masks)
         return self.generator(h[pb["tgt_valid"]])  # (N_dec, V): real target tokens only, in sentence order
 
 
@@ -164,17 +134,7 @@ def build_models(cfg, task, backends: List[str], device: str = "cpu", compiled: 
             models[f"graph {b} (compiled)"] = model
     torch.manual_seed(0)
     share = bool(m.share_embeddings and info.get("shared_vocab", False))
-    padded = PaddedTransformer(
-        info["src_vocab_size"],
-        info["tgt_vocab_size"],
-        m.num_layers,
-        m.d_model,
-        m.num_heads,
-        m.d_ff,
-        share,
-        m.tie_generator,
-    )
-    models["nn.Transformer"] = padded
+    models["nn.Transformer"] = PaddedTransformer(info["src_vocab_size"], info["tgt_vocab_size"], m, share)
     return {n: mod.to(device) for n, mod in models.items()}
 
 
@@ -212,34 +172,16 @@ def check_same_function(models: Dict[str, nn.Module], batches: List[Any], padded
     with exact softmax and no dropout both must compute the same function."""
     graph, padded = next(iter(models.values())), models["nn.Transformer"]
     t = padded.transformer
+    pairs = [(padded.src_embed, graph.src_embed.lut), (padded.tgt_embed, graph.tgt_embed.lut)]
+    pairs += [(padded.generator, graph.generator), (t.encoder.norm, graph.enc_norm), (t.decoder.norm, graph.dec_norm)]
+    for mine, theirs in [*zip(t.encoder.layers, graph.encoder), *zip(t.decoder.layers, graph.decoder)]:
+        pairs += [(mine.self_attn, theirs.self_attn), (mine.linear1, theirs.ff.w1), (mine.linear2, theirs.ff.w2)]
+        pairs += [(mine.norm1, theirs.norm1), (mine.norm2, theirs.norm2)]
+        if hasattr(mine, "multihead_attn"):  # a decoder layer
+            pairs += [(mine.multihead_attn, theirs.cross_attn), (mine.norm3, theirs.norm3)]
     with torch.no_grad():
-        padded.src_embed.load_state_dict(graph.src_embed.lut.state_dict())
-        padded.tgt_embed.load_state_dict(graph.tgt_embed.lut.state_dict())
-        padded.generator.load_state_dict(graph.generator.state_dict())
-        t.encoder.norm.load_state_dict(graph.enc_norm.state_dict())
-        t.decoder.norm.load_state_dict(graph.dec_norm.state_dict())
-        for mine, theirs in zip(t.encoder.layers, graph.encoder):
-            mine.self_attn.load_state_dict(theirs.self_attn.state_dict())
-            pairs = [
-                (mine.linear1, theirs.ff.w1),
-                (mine.linear2, theirs.ff.w2),
-                (mine.norm1, theirs.norm1),
-                (mine.norm2, theirs.norm2),
-            ]
-            for a, b in pairs:
-                a.load_state_dict(b.state_dict())
-        for mine, theirs in zip(t.decoder.layers, graph.decoder):
-            mine.self_attn.load_state_dict(theirs.self_attn.state_dict())
-            mine.multihead_attn.load_state_dict(theirs.cross_attn.state_dict())
-            pairs = [
-                (mine.linear1, theirs.ff.w1),
-                (mine.linear2, theirs.ff.w2),
-                (mine.norm1, theirs.norm1),
-                (mine.norm2, theirs.norm2),
-                (mine.norm3, theirs.norm3),
-            ]
-            for a, b in pairs:
-                a.load_state_dict(b.state_dict())
+        for a, b in pairs:
+            a.load_state_dict(b.state_dict())
         lp_graph = F.log_softmax(graph(batches[0]).logits, -1)
         lp_padded = F.log_softmax(padded(padded_inputs[0]), -1)
     return (lp_graph - lp_padded).abs().max().item()
@@ -248,9 +190,7 @@ def check_same_function(models: Dict[str, nn.Module], batches: List[Any], padded
 # ---- measuring ---------------------------------------------------------------------------------
 
 
-def profile_steps(
-    step: Callable[[int], None], n: int, rows: int, device: str = "cpu"
-) -> Tuple[str, List[str], List[dict]]:
+def profile_steps(step: Callable[[int], None], n: int, rows: int, device: str = "cpu") -> Tuple[str, list, list]:
     """(top-operator table, SDPA kernels that ran, top operators as dicts) of one training step on
     each of the n batches, ranked by self CPU time (self CUDA time on a GPU)."""
     from torch.profiler import ProfilerActivity, profile
@@ -269,13 +209,11 @@ def profile_steps(
     # on a GPU an operator's self CUDA time is its kernels' time again: sum the device events only
     counted = [e for e in avg if not cuda or e.device_type == torch.autograd.DeviceType.CUDA]
     total = sum(self_us(e) for e in counted) or 1
-    tops = [
-        dict(op=e.key, self_ms=round(self_us(e) / 1e3, 2), calls=e.count, share=round(self_us(e) / total, 3))
-        for e in top
-    ]
-    table = "\n".join(
-        f"    {t['op'][:60]:60s} {t['self_ms']:9.1f} ms {t['share']:6.1%} {t['calls']:6d} calls" for t in tops
-    )
+    tops = [dict(op=e.key, self_ms=round(self_us(e) / 1e3, 2), calls=e.count) for e in top]
+    for t, e in zip(tops, top):
+        t["share"] = round(self_us(e) / total, 3)
+    line = "    {op:60.60s} {self_ms:9.1f} ms {share:6.1%} {calls:6d} calls"
+    table = "\n".join(line.format(**t) for t in tops)
     if cuda:
         table += f"\n    GPU busy (all kernels) {total / 1e3:.1f} ms over the {n} steps"
     return table, sdpa, tops
@@ -326,24 +264,10 @@ def run_task(name: str, args, log: Callable[[str], None]) -> List[dict]:
             med = statistics.median(times[n])
             mem = peak_extra_mib(lambda s=s, i=biggest: s(i), args.device)
             table, sdpa, tops = profile_steps(s, len(batches), args.profile_rows, args.device)
-            rows.append(
-                dict(
-                    task=name,
-                    threads=threads,
-                    contender=n,
-                    tokens_per_s=tokens / med,
-                    seconds_median=med,
-                    seconds=[round(x, 4) for x in times[n]],
-                    peak_extra_mib=mem,
-                    sdpa_kernels=sdpa,
-                    top_ops=tops,
-                    load_average=load,
-                    target_tokens=tokens,
-                    batches=len(batches),
-                    padding=statistics.mean(pads) if n == "nn.Transformer" else 0.0,
-                    same_function_max_err=check,
-                )
-            )
+            row = dict(task=name, threads=threads, contender=n, tokens_per_s=tokens / med, seconds_median=med)
+            row.update(seconds=[round(x, 4) for x in times[n]], peak_extra_mib=mem, sdpa_kernels=sdpa, top_ops=tops)
+            row.update(load_average=load, target_tokens=tokens, batches=len(batches), same_function_max_err=check)
+            rows.append(dict(row, padding=statistics.mean(pads) if n == "nn.Transformer" else 0.0))
             log(
                 f"  {threads}t {n:15s} {tokens / med:9.0f} target tok/s  (median {med * 1e3:.0f} ms of "
                 f"{args.rounds} rounds: {', '.join(f'{x * 1e3:.0f}' for x in times[n])})  peak +{mem or 0:.0f} MiB  "
@@ -404,11 +328,8 @@ def main(argv=None) -> None:
     for name in args.tasks:
         rows += run_task(name, args, out.log)
         out.save(info, dict(config, header=header), rows)
-    panels: Dict[str, Dict[str, Dict[str, float]]] = {}
-    for r in rows:
-        label = f"{r['threads']} thread{'s' * (r['threads'] > 1)}"
-        panels.setdefault(r["task"], {}).setdefault(label, {})[r["contender"]] = r["tokens_per_s"]
-    write_bars(out.path + ".png", header, panels, "target tokens / s (median; fwd + bwd + Adam)")
+    panels = nest(rows, "task", "threads", "contender", "tokens_per_s")
+    write_bars(out.path + ".png", header, panels, "target tokens / s at 1, 2, ... threads (median; fwd + bwd + Adam)")
     out.log("\n" + preview(out.path + ".json"))
     out.close()
 

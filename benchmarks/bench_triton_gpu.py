@@ -7,45 +7,23 @@
     python benchmarks/bench_triton_gpu.py --sweep-backward --cases random,window8 --modes clamp --out $OUT
     python benchmarks/bench_triton_gpu.py --smoke --contenders csr,reference,pyg --out /tmp/b  # tiny, CPU
 
-Cases (CASES; H=8, D=Dv=64, bfloat16 on a GPU, float32 in --smoke), each with clamp=(-5, 5) and exact,
-drawn on the device with the builders bench_kernels' families use (benchmarks/families.py):
-    random        N=2^20 nodes, E=16N uniform edges (in-degree ~ Poisson(16)): the roofline case
-    powerlaw      N=2^20, 16N draws of uniform sources and of destinations of rank r with probability
-                  ~ r^(-2/3), repeated pairs kept once (`powerlaw_edges`): hubs of ~5e4 edges
-    window8       L=2^16 tokens, |i - j| <= 8 (in-degree 17);   window64: L=2^16, |i - j| <= 64
-    complete512   16 complete graphs of 512 tokens;   complete2048: 4 of 2048 tokens (in-degree 2048)
-    random-2^28   (SCALE_CASE, only with --scale or when --cases names it; not subject to --budget) N=2^24
-                  nodes, E=2^28 uniform edges, H=2, D=64, clamp mode, triton only (the other contenders get
-                  a "skipped" row), at most 1 warmup. Its record holds the peak CUDA memory of one fwd+bwd
-                  step (inputs, grad_out, the graph and its cached CSR and CSC live) against the least such
-                  a step must hold, `step_minimum_bytes`; its output is checked destination range by
-                  destination range (no full float32 copy). In --smoke: N=16 on CPU, where the peak is None.
-Contenders (CONTENDERS): the backends triton, csr, reference and auto; pyg and sdpa (benchmarks/peers.py:
-TransformerConv's gather, softmax and scatter; SDPA on the (B, H, L, D) batch of equal complete blocks,
-exact mode); flex, compiled FlexAttention with a BlockMask built from the graph's CSR and a mask_mod that
-looks up each destination's source range (graphs where that range has holes are skipped). --sweep times
-the triton forward under each setting in SWEEP, --sweep-backward forward+backward under each backward
-setting in SWEEP_BACKWARD (layouts, tiles, warps, stages).
-Correctness first: each contender's output on ALL destinations, computed while torch fills new memory
-with NaN (so rows a kernel never writes show up), must be within TOL of the reference backend run in
-float32 on the same inputs; a contender that is not is marked WRONG, not timed, and the exit status is 1.
-Timing: inputs require grad (as in training), median of --rep runs after --warmup (harness.time_ms);
-"fwd" is the forward alone, "fwd+bwd" forward and backward, the backward's time fwd+bwd ms - fwd ms.
-Bytes moved (`moved_bytes`; D = Dv, element size s, N_dst destinations, N_src sources, E edges):
-    forward   q and out rows once per destination, k and v rows and the int64 source index once per edge:
-              (N_dst + E) H 2D s + 8 E
-    backward  a dq pass per destination: q, out, grad_out read once per destination, k, v once per edge,
-              dq written once, the index once per edge: N_dst H 4D s + E H 2D s + 8 E; and a dk/dv pass
-              per source: k, v read once per source, q, grad_out and the two float32 row scalars (lse,
-              delta) once per edge, dk, dv written once, the index once per edge: N_src H 4D s + E H 2D s
-              + 8 E H + 8 E; in all 4 (N_dst + N_src + E) H D s + 8 E H + 16 E
-Each rate is GB/s and a fraction of the device's peak HBM bandwidth (--peak-gbs, default from PEAK_GBS by
-device name); the header also gives the measured device copy rate. That is a bandwidth only where each
-source row is read from memory once per edge (the random graphs); elsewhere the cache serves shared rows.
---budget (default 420 s) skips the cases that would start after it, so that `--scale` stays under ~9 minutes.
-Writes bench_triton_gpu_<machine>[_sweep|_sweep-backward][_smoke].{json,png,log} into --out (the harness's
-JSON: provenance, machine, config, results (Row), targets (issue 30's, by name with the bound; None where a
-side is missing), scale (SCALE_CASE's record or None) and wrong).
+Cases (CASES; H=8, D=Dv=64, bfloat16 on a GPU, float32 in --smoke; clamp=(-5, 5) and exact), drawn on
+the device with benchmarks/families.py's builders: random (N=2^20, E=16N uniform), powerlaw (N=2^20,
+16N draws, destinations of rank r with probability ~ r^(-2/3): hubs of ~5e4 edges), window8 and
+window64 (L=2^16, |i - j| <= 8 or 64), complete512 (16 blocks of 512) and complete2048 (4 of 2048).
+SCALE_CASE (with --scale; not subject to --budget): N=2^24, E=2^28, H=2, clamp, triton only, at most 1
+warmup, its output checked range by range; its record holds one fwd+bwd step's peak CUDA memory against
+`step_minimum_bytes` (N=16 on CPU in --smoke, where the peak is None).
+Contenders (CONTENDERS): the backends triton, csr, reference, auto; pyg and sdpa from benchmarks/peers.py;
+flex, compiled FlexAttention with a BlockMask from the graph's CSR (`graph_block_mask`). --sweep and
+--sweep-backward time triton under each SWEEP / SWEEP_BACKWARD setting instead.
+Each output, computed while new memory is NaN (`poisoned_memory`), must be within TOL of the float32
+reference on ALL destinations, or it is marked WRONG, not timed, and the exit status is 1. Times: inputs
+require grad, median of --rep runs after --warmup; the backward's time is fwd+bwd ms - fwd ms; GB/s:
+`moved_bytes` over the time, and its fraction of the device's peak (--peak-gbs, or PEAK_GBS by name): a
+bandwidth only where each source row is read once per edge (random graphs). --budget skips the cases
+that would start after it. Writes bench_triton_gpu_<machine>[_sweep|_sweep-backward][_smoke].{json,png,log}
+into --out: the harness's JSON with targets (issue 30's, by name with the bound), scale and wrong.
 """
 
 from __future__ import annotations
@@ -88,8 +66,7 @@ SWEEP = {
 }
 
 
-def complete(size, device) -> Graph:
-    """size = (B, L): B complete graphs of L tokens."""
+def complete(size, device) -> Graph:  # size = (B, L): B complete graphs of L tokens
     return graphs.from_blocks([("full", size[1], size[1])] * size[0], device=device)
 
 
@@ -107,8 +84,12 @@ SCALE_DEGREE, SCALE_HEADS = 16, 2
 
 
 def moved_bytes(num_dst: int, num_src: int, num_edges: int, heads: int, dim: int, elem: int) -> Tuple[int, int]:
-    """The bytes the forward and the backward must move at least, (fwd, bwd), as defined at the top:
-    D = Dv = dim, elem the size of an element of q, k, v; the row scalars lse and delta are float32."""
+    """The bytes the forward and the backward must move at least, (fwd, bwd), D = Dv = dim, elem = s
+    the size of an element of q, k, v. Forward: q and out once per destination, k, v and the int64
+    index once per edge, (N_dst + E) H 2D s + 8 E. Backward: a dq pass (q, out, grad_out per
+    destination, k, v per edge, dq written, the index) N_dst H 4D s + E H 2D s + 8 E, and a dk/dv pass
+    (k, v per source, q, grad_out and the float32 lse and delta per edge, dk, dv written, the index)
+    N_src H 4D s + E H 2D s + 8 E H + 8 E."""
     fwd = (num_dst + num_edges) * heads * 2 * dim * elem + 8 * num_edges
     dq_pass = num_dst * heads * 4 * dim * elem + num_edges * heads * 2 * dim * elem + 8 * num_edges
     dkdv_pass = (num_src * heads * 4 * dim + num_edges * heads * 2 * dim) * elem + 8 * num_edges * heads + 8 * num_edges
@@ -241,15 +222,8 @@ def make_flex(g, clamp, q, k, v):
     return Run(fn, detail, poison=False, backward=q.is_cuda)
 
 
-CONTENDERS = {
-    "triton": make_backend("triton"),
-    "csr": make_backend("csr"),
-    "reference": make_backend("reference"),
-    "auto": make_backend("auto"),
-    "pyg": pyg,
-    "flex": make_flex,
-    "sdpa": sdpa,
-}
+CONTENDERS = {name: make_backend(name) for name in ("triton", "csr", "reference", "auto")}
+CONTENDERS.update(pyg=pyg, flex=make_flex, sdpa=sdpa)
 
 
 def sweep_contenders(backward: bool) -> dict:
@@ -477,10 +451,8 @@ def table_line(name: str, rows: List[Row]) -> str:
 def make_inputs(g: Graph, heads: int, dtype, device) -> List[torch.Tensor]:
     """q (N_dst, heads, D), k and v (N_src, heads, D): seeded normal values in dtype, requiring grad."""
     gen = torch.Generator(device=device).manual_seed(0)
-    return [
-        torch.randn(n, heads, D, generator=gen, device=device).to(dtype).requires_grad_()
-        for n in (g.num_dst, g.num_src, g.num_src)
-    ]
+    sizes = (g.num_dst, g.num_src, g.num_src)
+    return [torch.randn(n, heads, D, generator=gen, device=device).to(dtype).requires_grad_() for n in sizes]
 
 
 def run_cases(args, cases, contenders, device, dtype, info, say, t0: float) -> Tuple[List[Row], List[str]]:
@@ -545,19 +517,11 @@ def scale_record(g: Graph, inputs: Sequence[torch.Tensor], step: Optional[Row]) 
     `step_minimum_bytes` and their ratio."""
     q = inputs[0]
     minimum = step_minimum_bytes(g.num_dst, g.num_src, g.num_edges, q.shape[1], q.shape[2], q.element_size())
-    total = step.peak_total_mib if step else None
-    peak = None if total is None else round(total * 2**20)
-    sizes = dict(case=SCALE_CASE, nodes=g.num_dst, edges=g.num_edges, heads=q.shape[1], dim=q.shape[2])
-    return dict(
-        sizes,
-        dtype=str(q.dtype),
-        fwd_bwd_ms=step.ms if step else None,
-        peak_bytes=peak,
-        minimum_bytes=minimum,
-        peak_gib=None if peak is None else peak / 2**30,
-        minimum_gib=minimum / 2**30,
-        peak_over_minimum=None if peak is None else peak / minimum,
-    )
+    peak = None if step is None or step.peak_total_mib is None else round(step.peak_total_mib * 2**20)
+    record = dict(case=SCALE_CASE, nodes=g.num_dst, edges=g.num_edges, heads=q.shape[1], dim=q.shape[2])
+    record.update(dtype=str(q.dtype), fwd_bwd_ms=step.ms if step else None, peak_bytes=peak, minimum_bytes=minimum)
+    record.update(peak_gib=None if peak is None else peak / 2**30, minimum_gib=minimum / 2**30)
+    return dict(record, peak_over_minimum=None if peak is None else peak / minimum)
 
 
 def parse_args(argv):
@@ -585,9 +549,7 @@ def parse_args(argv):
         parser.error("--sweep and --sweep-backward are separate runs")
     args.scale = args.scale or SCALE_CASE in args.cases.split(",")
     if args.scale and (args.sweep or args.sweep_backward or args.no_backward):
-        parser.error(
-            f"{SCALE_CASE} times forward+backward with the default settings: not with a sweep or --no-backward"
-        )
+        parser.error(f"{SCALE_CASE} times forward+backward at the default settings: no sweep, no --no-backward")
     return args
 
 
@@ -607,9 +569,8 @@ def main(argv=None) -> int:
     args.no_backward = args.no_backward or args.sweep  # the backward does not depend on forward settings
     info = machine(args, device)
     variant = "_sweep" * args.sweep + "_sweep-backward" * args.sweep_backward + "_smoke" * args.smoke
-    out = harness.Output(
-        "benchmarks.bench_triton_gpu", argv, args.out, f"bench_triton_gpu_{harness.machine_tag(info)}{variant}"
-    )
+    stem = f"bench_triton_gpu_{harness.machine_tag(info)}{variant}"
+    out = harness.Output("benchmarks.bench_triton_gpu", argv, args.out, stem)
     out.log(info["header"])
     out.log(
         f"H={H}, D=Dv={D}, {str(dtype)[6:]}, median of up to {args.rep} runs after {args.warmup} warmup; "
@@ -625,10 +586,7 @@ def main(argv=None) -> int:
     out.log(f"wrong: {', '.join(wrong) or 'none'}")
     config = dict(vars(args), out="OUT", dtype=str(dtype), H=H, D=D, tol=TOL[dtype])  # no machine path
     out.save(info, config, rows, targets=goals, scale=record, wrong=wrong)
-    panels: Dict[str, Dict[str, Dict[str, float]]] = {}
-    for r in rows:
-        if r.ms is not None:
-            panels.setdefault(r.mode, {}).setdefault(r.family, {})[r.contender] = r.ms
+    panels = harness.nest(rows, "mode", "family", "contender", "ms")
     harness.write_bars(out.path + ".png", info["header"], panels, "ms (median)", log=True)
     out.close()
     return 1 if wrong else 0

@@ -38,7 +38,7 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass
 from statistics import median as median  # re-exported for the scripts
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -217,20 +217,12 @@ def machine_info(device: str = "cpu") -> dict:
         "torch_threads": torch.get_num_threads(),
         "thread_env": openmp_settings()["env"],
     }
-    info.update(
-        {name: _version(name) for name in ("triton", "torch_geometric")}, cuda=torch.version.cuda if cuda else None
-    )
-    return info
+    info.update({name: _version(name) for name in ("triton", "torch_geometric")})
+    return dict(info, cuda=torch.version.cuda if cuda else None)
 
 
 # settings that change CPU timings, named in every result they were set for and in its command
-_ENV_NOTED = (
-    "THP_MEM_ALLOC_ENABLE",
-    "ATEN_CPU_CAPABILITY",
-    "MKL_ENABLE_INSTRUCTIONS",
-    "OMP_NUM_THREADS",
-    "OMP_WAIT_POLICY",
-)
+_ENV_NOTED = "THP_MEM_ALLOC_ENABLE ATEN_CPU_CAPABILITY MKL_ENABLE_INSTRUCTIONS OMP_NUM_THREADS OMP_WAIT_POLICY".split()
 _OPENMP_ENV = ("OMP_", "GOMP_", "KMP_", "MKL_")  # what OpenMP and MKL read at start
 
 
@@ -384,11 +376,7 @@ class Output:
     def close(self) -> None:
         if self._log is not None:
             self._log.close()
-        print(
-            f"wrote {self.path}.json"
-            + (", .log" if self._log else "")
-            + (" and .png" * os.path.exists(self.path + ".png"))
-        )
+        print(f"wrote {self.path}.json" + ", .log" * bool(self._log) + " and .png" * os.path.exists(self.path + ".png"))
 
 
 # ---- plots --------------------------------------------------------------------------------------
@@ -436,6 +424,16 @@ def write_png(path: str, title: str, results: List[Result]) -> bool:
     return _save(fig, plt, path, title)
 
 
+def nest(rows: Sequence[Any], panel: str, group: str, series: str, value: str) -> Dict[Any, Dict[Any, Dict[Any, Any]]]:
+    """{panel: {group: {series: value}}} of the rows (dicts or dataclasses) that have a value, by field names."""
+    out: Dict[Any, Dict[Any, Dict[Any, Any]]] = {}
+    for r in rows:
+        get = r.get if isinstance(r, dict) else functools.partial(getattr, r)
+        if get(value) is not None:
+            out.setdefault(get(panel), {}).setdefault(get(group), {})[get(series)] = get(value)
+    return out
+
+
 def write_bars(
     path: str, title: str, panels: Dict[str, Dict[str, Dict[str, float]]], ylabel: str, log: bool = False, lines=()
 ) -> bool:
@@ -448,9 +446,10 @@ def write_bars(
     names = list(dict.fromkeys(s for groups in panels.values() for g in groups.values() for s in g))
     colors = {n: plt.get_cmap("tab20")(i % 20) for i, n in enumerate(names)}
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), squeeze=False)
-    width = 0.8 / max(1, len(names))
     for ax, (panel, groups) in zip(axes[0], panels.items()):
-        for i, name in enumerate(names):
+        here = [n for n in names if any(n in g for g in groups.values())]
+        width = 0.8 / max(1, len(here))
+        for i, name in enumerate(here):
             xs = [j + i * width for j, g in enumerate(groups.values()) if name in g]
             ax.bar(xs, [g[name] for g in groups.values() if name in g], width, label=name, color=colors[name])
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))], list(groups), rotation=30, fontsize=7)
@@ -458,18 +457,5 @@ def write_bars(
             ax.axhline(value, color="black", lw=1, ls="--", alpha=0.6, label=label)
         ax.set(yscale="log" if log else "linear", ylabel=ylabel, title=panel)
         ax.grid(True, axis="y", alpha=0.3)
-    axes[0][0].legend(fontsize=6, ncol=1 + len(names) // 12)
+        ax.legend(fontsize=6, ncol=1 + len(here) // 12)
     return _save(fig, plt, path, title)
-
-
-def replot(json_path: str) -> None:
-    """Redraw the PNG beside a results JSON of Result rows: python -m benchmarks.harness results/<file>.json"""
-    with open(json_path) as f:
-        data = json.load(f)
-    names = {f.name for f in fields(Result)}  # a benchmark's rows may carry fields of their own
-    results = [Result(**{k: v for k, v in r.items() if k in names}) for r in data["results"]]
-    write_png(json_path[: -len(".json")] + ".png", machine_header(data["machine"]), results)
-
-
-if __name__ == "__main__":
-    replot(sys.argv[1])

@@ -103,3 +103,13 @@ def test_without_a_checkout_the_commit_comes_from_the_environment(tmp_path, monk
         assert harness.git_state() == ("0" * 40, None)
     finally:
         harness.git_state.cache_clear()
+
+
+def test_bars_nest_rows_by_field_and_draw_each_panel(tmp_path):
+    pytest.importorskip("matplotlib")
+    rows = [harness.Result("a", 1, "csr", "fwd", ms=2.0), harness.Result("a", 1, "auto", "fwd+bwd", ms=5.0)]
+    rows += [{"family": "b", "mode": "fwd", "contender": "csr", "ms": 3.0}, harness.Result("b", 1, "pyg", "fwd")]
+    panels = harness.nest(rows, "mode", "family", "contender", "ms")
+    assert panels == {"fwd": {"a": {"csr": 2.0}, "b": {"csr": 3.0}}, "fwd+bwd": {"a": {"auto": 5.0}}}  # no pyg: no ms
+    assert harness.write_bars(str(tmp_path / "b.png"), "title", panels, "ms", log=True)
+    assert (tmp_path / "b.png").stat().st_size > 1000
