@@ -71,6 +71,7 @@ class GraphTransformer(Seq2SeqModel):
         )
 
     def build_stacks(self, new_encoder_layer: NewEncoderLayer, new_decoder_layer: NewDecoderLayer) -> None:
+        """num_layers encoder and num_layers decoder layers (`self.encoder`, `self.decoder`)."""
         self.encoder = nn.ModuleList(new_encoder_layer() for _ in range(self.num_layers))
         self.decoder = nn.ModuleList(new_decoder_layer() for _ in range(self.num_layers))
 

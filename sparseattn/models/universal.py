@@ -93,6 +93,7 @@ class UniversalTransformer(Seq2SeqModel):
         self.trace: Optional[list] = None  # set to [] to record per-step ACT tensors (tests)
 
     def build_stacks(self, new_encoder_layer: NewEncoderLayer, new_decoder_layer: NewDecoderLayer) -> None:
+        """The time encoding, one shared encoder and one shared decoder layer, and their halting units."""
         self.time_enc = PositionalEncoding(self.d_model, self.max_steps)
         self.enc_layer, self.dec_layer = new_encoder_layer(), new_decoder_layer()
         self.halt_enc, self.halt_dec = HaltingUnit(self.d_model), HaltingUnit(self.d_model)
