@@ -102,6 +102,17 @@ def check_size(size: int, expected: int, message: Callable[[], str], requirement
     torch._check(size == expected, lambda: requirement)
 
 
+def node_count_message(name: str, have: int, want: int, num_src: int, num_dst: int) -> str:
+    """The error for a Graph whose node count `name` ("num_src" or "num_dst"), have, is not the
+    tensors' rows, want (num_src, num_dst: the tensors' counts, which the fix names)."""
+    rows = "k and v have" if name == "num_src" else "q has"
+    return (
+        f"graph has {name}={have} but {rows} {want} rows; build it with the tensors' node counts, "
+        f"Graph(edge_index, num_src={num_src}, num_dst={num_dst}) (without {name}= a Graph counts nodes up "
+        "to its largest id)"
+    )
+
+
 def check_edge_attr(edge_attr: object, num_edges: Optional[int], width: int, width_name: str) -> Tensor:
     """Check a layer's edge features: a floating-point (E, width) tensor, one row per edge
     (num_edges; None when the edge index is malformed, which edge_attention reports) and `width`

@@ -17,31 +17,36 @@ from ._checks import (
     check_qkv,
     check_same_device,
     check_scale,
+    check_size,
+    node_count_message,
 )
-from ._tracing import tracing
 from .graphs import Graph
+from .graphs.exported import check_node_counts
 from .kernels import AttentionInputs, get_backend, reference_backend
 
 GraphLike = Union[Graph, Tensor]
 
 
 def as_graph(graph: GraphLike, num_src: int, num_dst: int) -> Graph:
-    """Wrap a (2, E) tensor as a Graph with the given node counts (validated), or check a Graph's counts."""
+    """Wrap a (2, E) tensor as a Graph with the given node counts (validated), or check a Graph's counts
+    (the same ValueError eager and compiled, `_checks.check_size`)."""
     if isinstance(graph, Graph):
-        for name, have, want, rows in (
-            ("num_src", graph.num_src, num_src, "k and v have"),
-            ("num_dst", graph.num_dst, num_dst, "q has"),
-        ):
-            if tracing():  # node counts may be symbolic: a check the trace keeps, not a branch
-                torch._check(have == want)
-            elif have != want:
-                raise ValueError(
-                    f"graph has {name}={have} but {rows} {want} rows; build it with the tensors' node counts, "
-                    f"Graph(edge_index, num_src={num_src}, num_dst={num_dst}) (without {name}= a Graph counts "
-                    "nodes up to its largest id)"
-                )
+        _check_count("num_src", graph.num_src, num_src, num_src, num_dst)
+        _check_count("num_dst", graph.num_dst, num_dst, num_src, num_dst)
+        check_node_counts(graph, num_src, num_dst)  # again when an exported program runs (AOTInductor)
         return graph
     return Graph._borrowing(graph, num_src=num_src, num_dst=num_dst, one_call=True)  # lives for this call: no copy
+
+
+def _check_count(name: str, have: int, want: int, num_src: int, num_dst: int) -> None:
+    """ValueError unless a Graph's node count `name` (have) is the tensors' (want)."""
+    rows = "k and v have" if name == "num_src" else "q has"
+    check_size(
+        have,
+        want,  # int(): counts may be symbolic in a trace, where only this error path runs
+        lambda: node_count_message(name, int(have), int(want), int(num_src), int(num_dst)),
+        f"graph's {name} must equal the rows {rows}",
+    )
 
 
 def edge_attention(

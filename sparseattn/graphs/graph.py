@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
@@ -13,6 +14,7 @@ from .._tracing import caching_in_trace, tracing
 from .structure import CSR, compress, compress_op, destination_major, row_pointers
 
 BLOCK_KINDS = ("full", "full_no_self", "causal", "causal_no_self")
+_EXPORT_CALLS = itertools.count()  # names the Dims of each `Graph.dynamic_shapes()` call
 
 
 class Block(NamedTuple):
@@ -151,6 +153,7 @@ class Graph:
         self._ptr: Optional[Tensor] = None
         self._cache: dict = {}
         self._one_call = False  # made by edge_attention for one call (see _borrowing)
+        self._unchecked_input = False
 
     # ---- copies, pickles, torch.save ------------------------------------------
     def __getstate__(self) -> dict:
@@ -350,17 +353,22 @@ class Graph:
         edge_index, ptr, idx, perm, cptr, cidx, cperm = children
         g = cls._trusted(edge_index, cptr.shape[0] - 1, ptr.shape[0] - 1)
         g._csr, g._csc = CSR(ptr, idx, perm), CSR(cptr, cidx, cperm)
+        g._unchecked_input = True  # against the tensors' rows: exported.check_node_counts
         return g
 
     @staticmethod
     def dynamic_shapes() -> List[dict]:
         """The `dynamic_shapes` entry of a Graph argument of `torch.export.export`: its node and
-        edge counts dynamic (a Graph flattens into its index, CSR and CSC).
+        edge counts dynamic (a Graph flattens into its index, CSR and CSC), node counts from 0.
 
             ep = torch.export.export(model, (x, graph), dynamic_shapes=({0: Dim.AUTO}, Graph.dynamic_shapes()))
-        """
+
+        The row pointers' lengths are N + 1 for a Dim N >= 0 of each call's own: with Dim.AUTO export
+        assumes N + 1 >= 3 (it specializes sizes 0 and 1) and the program refuses 1-node graphs."""
+        k = next(_EXPORT_CALLS)
+        n_dst, n_src = (torch.export.Dim(f"graph{k}_num_{end}", min=0) for end in ("dst", "src"))
         auto = torch.export.Dim.AUTO
-        return [{1: auto}] + [{0: auto}] * 6
+        return [{1: auto}, {0: n_dst + 1}, {0: auto}, {0: auto}, {0: n_src + 1}, {0: auto}, {0: auto}]
 
     # ---- derived graphs ------------------------------------------------------
     def to(self, device: Union[str, torch.device]) -> "Graph":

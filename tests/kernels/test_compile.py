@@ -4,6 +4,8 @@ batches of every size under dynamic=True; exported programs with dynamic node an
 save, load and run on graphs of other sizes (and as an AOTInductor package); values and gradients
 equal to eager code and to the reference. Tiny graphs: each compilation takes seconds."""
 
+import re
+
 import pytest
 import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
@@ -197,6 +199,28 @@ def test_an_invalid_index_fails_inside_compiled_code_as_in_eager():
         fn(x, torch.tensor([[0, 7], [1, 2]]))
 
 
+@pytest.mark.parametrize("fullgraph", [True, False])
+@pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic", "automatic"])
+def test_a_graph_over_other_nodes_fails_compiled_with_eagers_message(dynamic, fullgraph):
+    """A Graph whose num_dst is not q's rows: compiled code raises eager code's ValueError (under
+    fullgraph=True dynamo's error quotes it), not torch._check's "Expected cond to be True". The
+    first call, on a graph that fits, compiles; the second fails its guard and traces again."""
+    torch._dynamo.reset()
+    g = graphs.random(10, 10, 30, seed=0)
+    bad = Graph(g.edge_index, 10, 12)
+    x = torch.randn(10, 2, 4)
+    with pytest.raises(ValueError) as eager:
+        edge_attention(x, x, x, bad)
+    assert "graph has num_dst=12 but q has 10 rows" in str(eager.value)
+    compiled = torch.compile(
+        lambda x, graph: edge_attention(x, x, x, graph), backend=BACKEND, dynamic=dynamic, fullgraph=fullgraph
+    )
+    compiled(x, g)
+    with pytest.raises(Exception, match=re.escape(str(eager.value))) as got:
+        compiled(x, bad)
+    assert fullgraph or got.type is ValueError
+
+
 @pytest.mark.parametrize("clamp", [(-5.0, 5.0), None], ids=["clamp", "exact"])
 def test_triton_ops_compile_in_the_interpreter(clamp):
     """The triton backend's kernels are custom ops too: compiled code calls them whole (here on CPU
@@ -260,12 +284,47 @@ def test_export_takes_a_graph_of_any_size(kind, tmp_path):
     modules = [m for m in loaded.graph_module.modules() if hasattr(m, "graph")]  # the autocast-off region nests
     targets = {str(n.target) for m in modules for n in m.graph.nodes if n.op == "call_function"}
     assert "sparseattn.csr_attention_fwd.default" in targets
-    for n, e in ((57, 300), (12, 12), (200, 1500)):
-        g = graphs.random(n, n, e, seed=n)
-        x = torch.randn(n, 16)
+    sizes = [graphs.random(n, n, e, seed=n) for n, e in ((57, 300), (12, 12), (200, 1500))]
+    for g in sizes + TINY_GRAPHS:
+        x = torch.randn(g.num_dst, 16)
         graph = _graph(kind, g)
-        _assert_close(loaded.module()(x, graph), model(x, g), f"N={n}, E={e}")
+        _assert_close(loaded.module()(x, graph), model(x, g), f"N={g.num_dst}, E={g.num_edges}")
         _assert_close(model(x, graph), model(x, g), "eager on the graph the program took")  # no fake tensors kept
+
+
+# 1 node with a self-loop, 1 node without edges, 2 nodes: export specializes sizes 0 and 1 (it
+# assumes N >= 2), and with Dim.AUTO for the row pointers the program refused N = 1 ("Guard
+# failed: graph.ptr.size()[0] >= 3"); Graph.dynamic_shapes() declares N >= 0 instead
+TINY_GRAPHS = [
+    Graph(torch.tensor([[0], [0]]), 1, 1),
+    Graph(torch.zeros(2, 0, dtype=torch.long), 1, 1),
+    Graph(torch.tensor([[0, 1, 1], [1, 0, 1]]), 2, 2),
+]
+
+
+def test_export_takes_two_graphs_over_different_nodes():
+    """Each Graph.dynamic_shapes() names its Dims afresh: with one name for both, export would tie
+    the two graphs' node counts ("Expected input L['g2'].ptr.size()[0] to be equal to ...")."""
+
+    def attend(x, graph):
+        x = x.view(-1, 2, 4)  # (N, H, D)
+        return edge_attention(x, x, x, graph).sum(0)
+
+    class Two(torch.nn.Module):
+        def forward(self, x1, g1, x2, g2):
+            return attend(x1, g1) + attend(x2, g2)
+
+    args = (
+        torch.randn(20, 8),
+        graphs.random(20, 20, 60, seed=0),
+        torch.randn(30, 8),
+        graphs.random(30, 30, 90, seed=1),
+    )
+    auto = {0: Dim.AUTO}
+    ep = torch.export.export(Two(), args, dynamic_shapes=(auto, Graph.dynamic_shapes(), auto, Graph.dynamic_shapes()))
+    g1, g2 = TINY_GRAPHS[0], graphs.random(7, 7, 20, seed=2)
+    x1, x2 = torch.randn(1, 8), torch.randn(7, 8)
+    _assert_close(ep.module()(x1, g1, x2, g2), Two()(x1, g1, x2, g2), "two graphs")
 
 
 def test_an_aot_inductor_package_runs_on_the_cpu(tmp_path):
@@ -277,6 +336,15 @@ def test_an_aot_inductor_package_runs_on_the_cpu(tmp_path):
     g = graphs.random(45, 45, 200, seed=3)
     x = torch.randn(45, 16)
     _assert_close(runner(x, Graph(g.edge_index, 45, 45)), model(x, g), "AOTInductor")
+    for tiny in TINY_GRAPHS:
+        x = torch.randn(tiny.num_dst, 16)
+        _assert_close(runner(x, tiny), model(x, tiny), f"AOTInductor, N={tiny.num_dst}, E={tiny.num_edges}")
+    # x of 40 rows, a graph of 45 nodes: the package checks nothing of its own ("allocated size does
+    # not match required size" in the first kernel); sparseattn's check runs first, with eager's message
+    with pytest.raises(ValueError) as eager:
+        model(torch.randn(40, 16), g)
+    with pytest.raises(RuntimeError, match=re.escape(str(eager.value))):
+        runner(torch.randn(40, 16), Graph(g.edge_index, 45, 45))
 
 
 # ---- the structure ops ----------------------------------------------------------------------------------
