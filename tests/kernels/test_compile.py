@@ -349,7 +349,9 @@ def test_an_aot_inductor_package_runs_on_the_cpu(tmp_path):
 
 # ---- the structure ops ----------------------------------------------------------------------------------
 def test_structure_ops_pass_opcheck():
-    """Schema and fake (shape-only) kernels of the ops that build what kernels read from a graph."""
+    """Schema and fake (shape-only) kernels of the ops that build what kernels read from a graph, and
+    of the one that checks an exported program's graph against the tensors' rows."""
+    from sparseattn.graphs.exported import checked_row_pointers
     from sparseattn.graphs.structure import compress_op
     from sparseattn.kernels.csr import index
 
@@ -358,6 +360,9 @@ def test_structure_ops_pass_opcheck():
     checks = ("test_schema", "test_faketensor")
     torch.library.opcheck(compress_op, (g.dst, g.src, 7, 9, False), test_utils=checks)
     torch.library.opcheck(compress_op, (g.src, g.dst, 9, 7, True), test_utils=checks)
+    torch.library.opcheck(checked_row_pointers, (csr.ptr, csc.ptr, 9, 7), test_utils=checks)
+    with pytest.raises(ValueError, match=r"graph has num_dst=7 but q has 6 rows"):
+        checked_row_pointers(csr.ptr, csc.ptr, 9, 6)
     for int32 in (False, True):
         torch.library.opcheck(index.interleaved_slots, (csr.ptr, csr.idx, 3, int32), test_utils=checks)
         torch.library.opcheck(index.interleaved_rows, (csr.ptr, csr.idx, 3, int32), test_utils=checks)
