@@ -35,7 +35,7 @@ def as_graph(graph: GraphLike, num_src: int, num_dst: int) -> Graph:
         _check_count("num_dst", graph.num_dst, num_dst, num_src, num_dst)
         check_node_counts(graph, num_src, num_dst)  # again when an exported program runs (AOTInductor)
         return graph
-    return Graph._borrowing(graph, num_src=num_src, num_dst=num_dst, one_call=True)  # lives for this call: no copy
+    return Graph.borrowed(graph, num_src=num_src, num_dst=num_dst, one_call=True)  # lives for this call: no copy
 
 
 def _check_count(name: str, have: int, want: int, num_src: int, num_dst: int) -> None:

@@ -79,7 +79,7 @@ class KVCache(KVStore):
         dst = torch.arange(num_sequences, device=device).repeat_interleave(t)
         src = torch.arange(num_sequences * t, device=device)
         blocks = [Block("full", b * t, b, t, 1, b * t) for b in range(num_sequences)]
-        return Graph._trusted(
+        return Graph.unchecked(
             torch.stack([src, dst]), num_sequences * t, num_sequences, blocks=blocks, sorted_by_dst=True
         )
 

@@ -12,11 +12,13 @@ from torch.nn import functional as F
 from torch.utils.hooks import RemovableHandle
 
 from ._checks import check_clamp, check_dropout, check_eps, check_graph_tensor, check_node_ids
-from .distributed import HaloExchange, Shard, sharded_edge_attention
 from .functional import GraphLike, as_graph, edge_attention
 from .graphs import Graph
+from .graphs.kinds import graph_kind
 from .kernels import backend_names
 from .kv import KeyValue, KVStore
+
+Attend = Callable[..., Union[Tensor, Tuple[Tensor, Tensor]]]  # edge_attention, or a graph kind's
 
 
 class EdgeAttention(nn.Module):
@@ -166,7 +168,7 @@ class EdgeAttention(nn.Module):
     def forward(
         self,
         x_dst: Tensor,
-        graph: GraphLike,
+        graph: Union[GraphLike, Any],
         x_src: Optional[Tensor] = None,
         *,
         x_value: Optional[Tensor] = None,
@@ -212,45 +214,19 @@ class EdgeAttention(nn.Module):
         order of `graph.dst_subgraph`). Registered weight hooks see the same weights.
         """
         _check_rows("x_dst", x_dst, self.embed_dim, "embed_dim", "N_dst")
-        shard = graph if isinstance(graph, (Shard, HaloExchange)) else None
-        if shard is not None:
-            for name, value in (("cache", cache), ("dst_rows", dst_rows)):
-                if value is not None:
-                    kind = type(graph).__name__
-                    raise ValueError(f"{name}= does not apply to attention on a shard (graph is a {kind})")
-            graph = shard.shard.graph if isinstance(shard, HaloExchange) else shard.graph
-        elif not isinstance(graph, Graph):  # a torch_geometric.EdgeIndex becomes its plain tensor
-            graph = check_graph_tensor(graph)
+        attend, target, graph = _attention_over(graph, cache=cache, dst_rows=dst_rows)
         per_edge = [edge_bias, *(self._split_heads(t) for t in (edge_key, edge_value, edge_scale))]
-        self_attention = x_src is None and x_value is None
-        if self_attention and kv is None and cache is None and dst_rows is None and self._qkv_same_embed_dim:
-            # one packed matmul, as nn.MultiheadAttention does for self-attention
-            q, k, v = F.linear(x_dst, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
-            h, d = self.num_heads, self.head_dim
-            q, kv = q.reshape(-1, h, d), KeyValue(k.reshape(-1, h, d), v.reshape(-1, h, d))  # (N, H, D)
-        else:
-            q = self.project_q(x_dst)
-            if kv is None:
-                kv = self.project_kv(x_dst if x_src is None else x_src, x_value)
-            elif x_src is not None or x_value is not None:
-                raise ValueError("pass either kv or x_src/x_value, not both")
+        q, kv = self._project(x_dst, x_src, x_value, kv, packed=cache is None and dst_rows is None)
         if cache is not None:
             kv = cache.update(kv, dst_rows)
         if dst_rows is not None:
             graph, q, kept = _select_destinations(graph, q, kv.k.shape[0], dst_rows)
-            per_edge = [
-                t[kept] if isinstance(t, Tensor) and t.dim() and t.shape[0] == kept.shape[0] else t for t in per_edge
-            ]
-        need_weights = return_weights or bool(self._weights_hooks)
-        attend: Callable[..., Any] = edge_attention
-        graph_arg: Any = graph
-        if shard is not None:  # halo rows fetched from their owners, then the local graph
-            attend, graph_arg = sharded_edge_attention, shard
+            target, per_edge = graph, [_kept_edges(t, kept) for t in per_edge]
         result = attend(
             q,
             kv.k,
             kv.v,
-            graph_arg,
+            target,
             clamp=self.clamp,
             bias=per_edge[0],
             edge_key=per_edge[1],
@@ -259,7 +235,7 @@ class EdgeAttention(nn.Module):
             eps=self.eps,
             dropout_p=self.dropout if self.training else 0.0,
             backend=self.backend,
-            return_weights=need_weights,
+            return_weights=return_weights or bool(self._weights_hooks),
         )
         out, weights = result if isinstance(result, tuple) else (result, None)
         if dst_rows is not None:
@@ -271,6 +247,23 @@ class EdgeAttention(nn.Module):
             assert weights is not None
             return out, weights
         return out
+
+    def _project(
+        self, x_dst: Tensor, x_src: Optional[Tensor], x_value: Optional[Tensor], kv: Optional[KeyValue], packed: bool
+    ) -> Tuple[Tensor, KeyValue]:
+        """Queries (N_dst, H, D) and the keys and values (N_src, H, .) of a call (`forward`'s
+        arguments). packed: self-attention may take one packed matmul (no cache, no dst_rows)."""
+        if packed and kv is None and x_src is None and x_value is None and self._qkv_same_embed_dim:
+            # one packed matmul, as nn.MultiheadAttention does for self-attention
+            q, k, v = F.linear(x_dst, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+            h, d = self.num_heads, self.head_dim
+            return q.reshape(-1, h, d), KeyValue(k.reshape(-1, h, d), v.reshape(-1, h, d))  # (N, H, D)
+        q = self.project_q(x_dst)
+        if kv is None:
+            return q, self.project_kv(x_dst if x_src is None else x_src, x_value)
+        if x_src is not None or x_value is not None:
+            raise ValueError("pass either kv or x_src/x_value, not both")
+        return q, kv
 
     def _split_heads(self, t: Optional[Tensor]) -> Optional[Tensor]:
         """An (E, embed_dim) edge term as (E, H, D); anything else as it is (edge_attention checks it)."""
@@ -384,6 +377,27 @@ def _check_rows(name: str, x: object, width: int, width_name: str, rows: str, nu
         rows = rows if num_rows is None else f"{rows}={num_rows}"
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
         raise ValueError(f"{name} must have shape ({rows}, {width_name}={width}), got {shape}")
+
+
+def _attention_over(graph: object, cache: Optional[KVStore], dst_rows: Optional[Tensor]) -> Tuple[Attend, Any, Any]:
+    """(attend, target, graph) for `forward`'s graph argument: `attend(q, k, v, target, **kwargs)`
+    computes the call and `graph` is what per-edge inputs and weights follow (hooks get it). A Graph
+    or (2, E) tensor is its own target, attended by `edge_attention`; an object of a kind registered
+    in `graphs.kinds` (a distributed Shard) attends over itself along its local graph."""
+    kind = graph_kind(graph)
+    if kind is None:  # a torch_geometric.EdgeIndex becomes its plain tensor
+        plain = graph if isinstance(graph, Graph) else check_graph_tensor(graph)
+        return edge_attention, plain, plain
+    for name, value in (("cache", cache), ("dst_rows", dst_rows)):
+        if value is not None:
+            raise ValueError(f"{name}= does not apply to attention on {kind.name} (graph is a {type(graph).__name__})")
+    return kind.attend, graph, kind.graph(graph)
+
+
+def _kept_edges(t: Optional[Tensor], kept: Tensor) -> Optional[Tensor]:
+    """A per-edge input with a row per edge of the graph: the rows of the `kept` (E,) edges; one
+    with a row per kept edge already (or a broadcast one) as it is."""
+    return t[kept] if isinstance(t, Tensor) and t.dim() and t.shape[0] == kept.shape[0] else t
 
 
 def _select_destinations(graph: GraphLike, q: Tensor, num_src: int, dst_rows: Tensor) -> Tuple[Graph, Tensor, Tensor]:

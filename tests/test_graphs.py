@@ -1,7 +1,9 @@
 import pytest
 import torch
 
-from sparseattn import Graph, graphs
+from sparseattn import Graph, edge_attention, graphs
+from sparseattn.functional import as_graph
+from sparseattn.graphs import Block
 
 
 def edge_set(g):
@@ -310,3 +312,41 @@ def test_to_names_its_argument():
     with pytest.raises(TypeError, match=r"Graph.to takes a device .* got torch.float64") as info:
         g.to(torch.float64)
     assert "\n" not in str(info.value)
+
+
+# ---- what library code builds graphs with ---------------------------------------------------------
+def test_borrowed_validates_and_keeps_the_callers_index():
+    ei = graphs.window(6, 1).edge_index.clone()
+    g = Graph.borrowed(ei, num_src=6, num_dst=6)
+    assert g.edge_index.data_ptr() == ei.data_ptr() and not g.one_call  # not copied
+    assert g.is_sorted_by_dst and g.blocks == Graph(ei).blocks  # validated and examined as Graph(...) is
+    assert Graph.borrowed(ei, 6, 6, one_call=True).one_call
+    with pytest.raises(IndexError, match="edge_index.0. .sources. contains node id 5, out of range for 5 nodes"):
+        Graph.borrowed(ei, num_src=5, num_dst=6)
+
+
+def test_unchecked_takes_the_index_and_its_description_as_given():
+    ei = torch.tensor([[0, 1, 2], [0, 0, 1]])
+    block = Block("full", 0, 0, 2, 1, 0)
+    ptr = torch.tensor([0, 2, 3])
+    g = Graph.unchecked(ei, 3, 2, blocks=[block], src_ptr=[0, 2, 3], dst_ptr=[0, 1, 2], sorted_by_dst=True, row_ptr=ptr)
+    assert g.edge_index is ei and g.blocks == (block,) and g.num_graphs == 2 and g.src_ptr == (0, 2, 3)
+    assert g.is_sorted_by_dst and not g.one_call and torch.equal(g.in_degree(), torch.tensor([2, 1]))
+    assert Graph.unchecked(torch.tensor([[7], [0]]), 3, 1).num_edges == 1  # no check: the caller vouches
+
+
+def test_for_one_call_marks_a_new_graph_sharing_the_structure():
+    g = graphs.from_blocks([("full", 3, 3), ("causal", 2, 2)])
+    csr = g.csr()
+    once = g.for_one_call()
+    assert once.one_call and not g.one_call and once is not g and once.for_one_call() is once
+    assert once.edge_index is g.edge_index and once.csr() is csr and once.blocks == g.blocks
+    q = torch.randn(5, 2, 4, dtype=torch.float64)
+    torch.testing.assert_close(edge_attention(q, q, q, once), edge_attention(q, q, q, g), rtol=0, atol=0)
+
+
+def test_edge_attention_wraps_a_raw_index_as_a_one_call_graph():
+    ei = graphs.window(5, 1).edge_index
+    assert as_graph(ei, num_src=5, num_dst=5).one_call
+    g = Graph(ei)
+    assert as_graph(g, num_src=5, num_dst=5) is g and not g.one_call

@@ -1,8 +1,13 @@
+import ast
+import pathlib
+
 import pytest
 import torch
 from torch import nn
 
-from sparseattn import EdgeAttention, edge_attention, graphs
+import sparseattn.modules
+from sparseattn import EdgeAttention, NodeKV, edge_attention, graphs
+from sparseattn.graphs.kinds import register_graph_kind
 
 
 @pytest.mark.parametrize("kdim, vdim, bias", [(None, None, True), (None, None, False), (6, 10, True)])
@@ -177,3 +182,47 @@ def test_edge_terms_and_eps_pass_through_to_edge_attention():
         EdgeAttention(8, 2, clamp=None, eps=1e-6)
     with pytest.raises(ValueError, match=r"edge_key must have shape \(E, H, D\)"):
         ea(x, g, edge_key=torch.randn(e, 6, dtype=torch.float64))
+
+
+class Doubled:
+    """A toy graph kind: attention over `graph` with doubled values."""
+
+    def __init__(self, graph):
+        self.graph = graph
+
+
+def _attend_doubled(q, k, v, obj, **kwargs):
+    return edge_attention(q, k, 2 * v, obj.graph, **kwargs)
+
+
+register_graph_kind(Doubled, "a doubled graph", graph=lambda d: d.graph, attend=_attend_doubled)
+
+
+def test_a_registered_graph_kind_attends_over_itself():
+    """EdgeAttention takes any kind registered in graphs.kinds (as distributed registers Shard and
+    HaloExchange): the kind's attend runs the call, hooks and weights follow the kind's graph."""
+    torch.manual_seed(0)
+    attn = EdgeAttention(8, 2, bias=False).double()
+    g = graphs.window(6, 1)
+    x = torch.randn(6, 8, dtype=torch.float64)
+    seen = []
+    attn.register_weights_hook(lambda module, graph, weights: seen.append((graph, weights)))
+    out, weights = attn(x, Doubled(g), return_weights=True)
+    ref_out, ref_weights = attn(x, g, return_weights=True)
+    torch.testing.assert_close(out, 2 * ref_out, rtol=0, atol=1e-12)  # no biases: the output is linear in v
+    torch.testing.assert_close(weights, ref_weights, rtol=0, atol=0)
+    assert all(graph is g for graph, _ in seen) and len(seen) == 2
+    with pytest.raises(
+        ValueError, match=r"dst_rows= does not apply to attention on a doubled graph \(graph is a Doubled\)"
+    ):
+        attn(x[:2], Doubled(g), dst_rows=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="cache= does not apply to attention on a doubled graph"):
+        attn(x, Doubled(g), cache=NodeKV())
+
+
+def test_the_module_layer_does_not_import_distributed():
+    """modules.py dispatches on graph kinds through graphs.kinds, so it imports no distributed code."""
+    tree = ast.parse(pathlib.Path(sparseattn.modules.__file__).read_text())
+    imported = [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert not [name for name in imported if "distributed" in name]

@@ -11,8 +11,13 @@ the halo rows' gradients back. Parameters are replicated (DistributedDataParalle
 partitioned. `EdgeAttention` takes a `Shard` (or a `HaloExchange`) in place of a graph.
 """
 
+from ..graphs.kinds import register_graph_kind
 from .exchange import HaloExchange, local_shard, sharded_edge_attention
 from .partition import METHODS, partition
 from .shard import Shard
+
+# `EdgeAttention(x, shard)` attends over a Shard or a HaloExchange as over a graph
+register_graph_kind(Shard, "a shard", graph=lambda s: s.graph, attend=sharded_edge_attention)
+register_graph_kind(HaloExchange, "a shard", graph=lambda h: h.shard.graph, attend=sharded_edge_attention)
 
 __all__ = ["Shard", "partition", "local_shard", "HaloExchange", "sharded_edge_attention", "METHODS"]

@@ -123,5 +123,5 @@ def local_part(
     local_src = src_pos.clone()
     local_src[foreign] = num_src_own + torch.searchsorted(halo_keys, foreign_keys)
     # an index built here: validated without another copy
-    graph = Graph._borrowing(torch.stack([local_src, dst_local]), num_src=num_src_own + halo.numel(), num_dst=num_dst)
+    graph = Graph.borrowed(torch.stack([local_src, dst_local]), num_src=num_src_own + halo.numel(), num_dst=num_dst)
     return LocalPart(graph, halo, recv_counts)

@@ -1,7 +1,8 @@
 """Graphs for edge attention: the `Graph` wrapper and builders of common patterns."""
 
+from .block import Block
 from .builders import batch, bipartite, block_edges, causal, complete, from_blocks, from_row_pointers, random, window
-from .graph import CSR, Block, Graph
+from .graph import CSR, Graph
 from .pyg import from_pyg
 
 __all__ = [

@@ -12,8 +12,9 @@ from typing import Sequence, Union
 import torch
 from torch import Tensor
 
+from .block import BLOCK_KINDS, Block, block_num_edges
 from .detect import find_blocks
-from .graph import BLOCK_KINDS, Block, Graph, block_num_edges
+from .graph import Graph
 
 Device = Union[str, torch.device, None]
 
@@ -46,7 +47,7 @@ def block_edges(kind: str, n_src: int, n_dst: int, device: Device = None) -> Ten
 
 def _dense_graph(kind: str, n_src: int, n_dst: int, device: Device) -> Graph:
     ei = block_edges(kind, n_src, n_dst, device)
-    return Graph._trusted(ei, n_src, n_dst, blocks=[Block(kind, 0, 0, n_src, n_dst, 0)], sorted_by_dst=True)
+    return Graph.unchecked(ei, n_src, n_dst, blocks=[Block(kind, 0, 0, n_src, n_dst, 0)], sorted_by_dst=True)
 
 
 def complete(n: int, self_loops: bool = True, *, device: Device = None) -> Graph:
@@ -74,7 +75,7 @@ def window(n: int, radius: int, causal: bool = False, *, device: Device = None) 
     dst = torch.arange(n, device=device).repeat_interleave(offsets.numel())
     src = dst + offsets.repeat(n)
     keep = (src >= 0) & (src < n)
-    return Graph._trusted(torch.stack([src[keep], dst[keep]]), n, n, sorted_by_dst=True)
+    return Graph.unchecked(torch.stack([src[keep], dst[keep]]), n, n, sorted_by_dst=True)
 
 
 def random(n_src: int, n_dst: int, num_edges: int, seed: int = 0, *, device: Device = None) -> Graph:
@@ -88,7 +89,7 @@ def random(n_src: int, n_dst: int, num_edges: int, seed: int = 0, *, device: Dev
     dst = torch.randint(0, max(n_dst, 1), (num_edges,), generator=gen)
     order = torch.argsort(dst * max(n_src, 1) + src, stable=True)
     ei = torch.stack([src[order], dst[order]]).to(device)
-    return Graph._trusted(ei, n_src, n_dst, sorted_by_dst=True)
+    return Graph.unchecked(ei, n_src, n_dst, sorted_by_dst=True)
 
 
 def batch(graphs: Sequence[Graph]) -> Graph:
@@ -103,7 +104,7 @@ def batch(graphs: Sequence[Graph]) -> Graph:
         if not isinstance(g, Graph):
             raise TypeError(f"graphs[{i}] must be a sparseattn.Graph, got {type(g).__name__}")
     if not graphs:
-        return Graph._trusted(
+        return Graph.unchecked(
             torch.empty(2, 0, dtype=torch.long), 0, 0, src_ptr=[0], dst_ptr=[0], blocks=[], sorted_by_dst=True
         )
     device = graphs[0].device
@@ -125,7 +126,7 @@ def batch(graphs: Sequence[Graph]) -> Graph:
             Block(b.kind, b.src_start + s0, b.dst_start + d0, b.n_src, b.n_dst, b.edge_start + e0) for b in g.blocks
         )
     every_graph_has_blocks = all(g.blocks is not None for g in graphs)
-    return Graph._trusted(
+    return Graph.unchecked(
         ei,
         src_ptr[-1],
         dst_ptr[-1],
@@ -181,7 +182,6 @@ def from_row_pointers(ptr: Tensor, src: Tensor, num_src: int, *, validate: bool 
     dst = torch.arange(num_dst, device=ptr.device).repeat_interleave(ptr.diff(), output_size=num_edges)
     edge_index = torch.stack([src.long(), dst])
     if validate:
-        return Graph._borrowing(edge_index, num_src=num_src, num_dst=num_dst)  # a new tensor: no copy
-    g = Graph._trusted(edge_index, num_src, num_dst, blocks=find_blocks(src.long(), ptr), sorted_by_dst=True)
-    g._ptr = ptr  # the row pointers are known: no bincount on first use
-    return g
+        return Graph.borrowed(edge_index, num_src=num_src, num_dst=num_dst)  # a new tensor: no copy
+    blocks = find_blocks(src.long(), ptr)
+    return Graph.unchecked(edge_index, num_src, num_dst, blocks=blocks, sorted_by_dst=True, row_ptr=ptr)

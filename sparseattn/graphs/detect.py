@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .graph import Block
+from .block import Block
 
 MIN_ROWS_PER_BLOCK = 4  # fewer destinations per block on average: not worth a dense batch (None)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.utils._pytree as pytree
@@ -11,49 +11,11 @@ from torch import Tensor
 
 from .._checks import check_edge_index, check_node_count, check_node_ids, edge_index_sizes
 from .._tracing import caching_in_trace, tracing
+from .block import Block, checked_blocks
+from .detect import find_blocks
 from .structure import CSR, compress, compress_op, destination_major, row_pointers
 
-BLOCK_KINDS = ("full", "full_no_self", "causal", "causal_no_self")
 _EXPORT_CALLS = itertools.count()  # names the Dims of each `Graph.dynamic_shapes()` call
-
-
-class Block(NamedTuple):
-    """A dense sub-pattern of a graph, recorded by the builders for the dense backend.
-
-    The block covers sources `src_start .. src_start + n_src` and destinations
-    `dst_start .. dst_start + n_dst`; its edges are the `num_edges` edges starting at
-    `edge_start` in the graph's edge order, listed destination-major (for each
-    destination in order, its sources in order). Kinds:
-
-        full            every (source, destination) pair
-        full_no_self    every pair except s == t (square blocks)
-        causal          pairs with local source j <= local destination i (square)
-        causal_no_self  pairs with j < i (square)
-    """
-
-    kind: str
-    src_start: int
-    dst_start: int
-    n_src: int
-    n_dst: int
-    edge_start: int
-
-    @property
-    def num_edges(self) -> int:
-        """Edges in this block: n_src * n_dst for "full", the lower triangle for "causal"."""
-        return block_num_edges(self.kind, self.n_src, self.n_dst)
-
-
-def block_num_edges(kind: str, n_src: int, n_dst: int) -> int:
-    if kind == "full":
-        return n_src * n_dst
-    if kind == "full_no_self":
-        return n_src * (n_src - 1)
-    if kind == "causal":
-        return n_src * (n_src + 1) // 2
-    if kind == "causal_no_self":
-        return n_src * (n_src - 1) // 2
-    raise ValueError(f"unknown block kind {kind!r}; expected one of {BLOCK_KINDS}")
 
 
 class Graph:
@@ -91,16 +53,55 @@ class Graph:
         self._validate_and_init(edge_index, num_src, num_dst, counts_given=True)
 
     @classmethod
-    def _borrowing(
-        cls, edge_index: Tensor, num_src: Optional[int] = None, num_dst: Optional[int] = None, one_call: bool = False
+    def borrowed(
+        cls, edge_index: Tensor, num_src: Optional[int] = None, num_dst: Optional[int] = None, *, one_call: bool = False
     ) -> "Graph":
-        """A validated Graph over the caller's index without copying it (only made contiguous
-        int64), for a graph that lives for one call (`edge_attention` given a raw tensor: one_call,
-        so kernels skip indexes that pay off only when reused) or for an index the library has just
-        built."""
+        """For library code: a Graph validated as `Graph(...)` validates, over `edge_index` itself
+        (made contiguous int64, not copied). For an index nobody else will edit: one the library has
+        just built (`from_row_pointers`, a distributed shard's local graph) or a raw tensor
+        `edge_attention` wraps for the length of one call (one_call=True, see `one_call`). User code
+        calls `Graph(...)`, which keeps a copy of its own."""
         g = cls.__new__(cls)
         g._validate_and_init(check_edge_index(edge_index).contiguous(), num_src, num_dst)
         g._one_call = one_call
+        return g
+
+    @classmethod
+    def unchecked(
+        cls,
+        edge_index: Tensor,
+        num_src: int,
+        num_dst: int,
+        *,
+        blocks: Optional[Sequence[Block]] = None,
+        src_ptr: Optional[Sequence[int]] = None,
+        dst_ptr: Optional[Sequence[int]] = None,
+        sorted_by_dst: bool = False,
+        row_ptr: Optional[Tensor] = None,
+    ) -> "Graph":
+        """For library code that has just built a valid index (the builders, `KVCache.step_graph`, a
+        kernel's backward rebuilding the graph of its op's tensors): a Graph over `edge_index` as
+        given, with no check and no copy. The caller guarantees what `Graph(...)` would check, and
+        wrong input reads out of bounds in the kernels:
+
+            edge_index  (2, E) contiguous int64, sources in [0, num_src), destinations in [0, num_dst)
+            blocks      the dense `Block`s the edges form (None: none recorded, none looked for)
+            src_ptr, dst_ptr  (B + 1,) node offsets of the graphs of a batch (None: one graph)
+            sorted_by_dst     True only if the edges are ordered by (destination, source)
+            row_ptr     (N_dst + 1,) int64 row pointers of the destinations, when already known
+
+        User code calls `Graph(...)` (or a builder)."""
+        g = cls.__new__(cls)
+        g._init(
+            edge_index,
+            num_src,
+            num_dst,
+            tuple(blocks) if blocks is not None else None,
+            tuple(src_ptr) if src_ptr is not None else None,
+            tuple(dst_ptr) if dst_ptr is not None else None,
+            sorted_by_dst,
+        )
+        g._ptr = row_ptr
         return g
 
     def _validate_and_init(
@@ -152,7 +153,7 @@ class Graph:
         self._csc: Optional[CSR] = None
         self._ptr: Optional[Tensor] = None
         self._cache: dict = {}
-        self._one_call = False  # made by edge_attention for one call (see _borrowing)
+        self._one_call = False  # see `one_call`
         self._unchecked_input = False
 
     # ---- copies, pickles, torch.save ------------------------------------------
@@ -179,7 +180,7 @@ class Graph:
         self._validate_and_init(edge_index, state["num_src"], state["num_dst"])
         blocks = state.get("blocks")
         if blocks is not None:
-            self._blocks = _checked_blocks(blocks, self)
+            self._blocks = checked_blocks(blocks, self._num_src, self._num_dst, self.num_edges)
             self._detect_blocks = False
         elif not state.get("detect_blocks", True):
             self._detect_blocks = False
@@ -188,31 +189,6 @@ class Graph:
             if offsets is not None:
                 total = self._num_src if name == "src_ptr" else self._num_dst
                 setattr(self, f"_{name}", _checked_offsets(name, offsets, total))
-
-    @classmethod
-    def _trusted(
-        cls,
-        edge_index: Tensor,
-        num_src: int,
-        num_dst: int,
-        *,
-        blocks: Optional[Sequence[Block]] = None,
-        src_ptr: Optional[Sequence[int]] = None,
-        dst_ptr: Optional[Sequence[int]] = None,
-        sorted_by_dst: bool = False,
-    ) -> "Graph":
-        """Build without validation (for builders that construct valid indices)."""
-        g = cls.__new__(cls)
-        g._init(
-            edge_index,
-            num_src,
-            num_dst,
-            tuple(blocks) if blocks is not None else None,
-            tuple(src_ptr) if src_ptr is not None else None,
-            tuple(dst_ptr) if dst_ptr is not None else None,
-            sorted_by_dst,
-        )
-        return g
 
     # ---- what it holds -------------------------------------------------------
     @property
@@ -258,8 +234,6 @@ class Graph:
         if self._detect_blocks:
             if tracing():  # finding them reads the index: traced code takes no dense path on such a graph
                 return None
-            from .detect import find_blocks
-
             idx = self.src if self._sorted_by_dst else self.csr().idx
             self._blocks, self._detect_blocks = find_blocks(idx, self._row_ptr()), False
         return self._blocks
@@ -285,6 +259,25 @@ class Graph:
     def is_sorted_by_dst(self) -> bool:
         """True when the edges are already in destination-major order."""
         return self._sorted_by_dst
+
+    @property
+    def one_call(self) -> bool:
+        """True for a graph made for a single attention call (`edge_attention` given a raw tensor,
+        `for_one_call()`): kernels then skip structure that pays off only when the graph is reused
+        (csr trains in its head-major layout rather than building the transposed index)."""
+        return self._one_call
+
+    def for_one_call(self) -> "Graph":
+        """This graph marked `one_call`, for a layer that builds a graph per call (GlobalAttention):
+        a new Graph sharing the index, the recorded blocks and whatever structure is cached; this
+        one is left unchanged."""
+        if self._one_call:
+            return self
+        g = Graph.__new__(Graph)
+        g.__dict__.update(self.__dict__)  # the same tensors: nothing is copied or validated again
+        g._cache = dict(self._cache)
+        g._one_call = True
+        return g
 
     def __repr__(self) -> str:
         extra = f", graphs={self.num_graphs}" if self._dst_ptr is not None else ""
@@ -351,7 +344,7 @@ class Graph:
         """The Graph `_flatten` took apart: node counts from the row pointers' lengths (so they stay
         symbolic in an exported program), the CSR and CSC as they were."""
         edge_index, ptr, idx, perm, cptr, cidx, cperm = children
-        g = cls._trusted(edge_index, cptr.shape[0] - 1, ptr.shape[0] - 1)
+        g = cls.unchecked(edge_index, cptr.shape[0] - 1, ptr.shape[0] - 1)
         g._csr, g._csc = CSR(ptr, idx, perm), CSR(cptr, cidx, cperm)
         g._unchecked_input = True  # against the tensors' rows: exported.check_node_counts
         return g
@@ -381,7 +374,7 @@ class Graph:
         device = torch.device(device)
         if device == self.device:
             return self
-        g = Graph._trusted(
+        g = Graph.unchecked(
             self._edge_index.to(device),
             self._num_src,
             self._num_dst,
@@ -402,7 +395,7 @@ class Graph:
             raise TypeError("edge_mask must be a bool tensor of shape (E,)")
         if edge_mask.shape != (self.num_edges,):
             raise ValueError(f"edge_mask must have shape ({self.num_edges},), got {tuple(edge_mask.shape)}")
-        return Graph._trusted(
+        return Graph.unchecked(
             self._edge_index[:, edge_mask],
             self._num_src,
             self._num_dst,
@@ -433,27 +426,6 @@ class Graph:
         """Split a (N_src, ...) tensor back into the per-graph pieces of a batch."""
         sizes = [b - a for a, b in zip(self.src_ptr[:-1], self.src_ptr[1:])]
         return torch.split(x, sizes)
-
-
-def _checked_blocks(blocks: object, graph: "Graph") -> Tuple[Block, ...]:
-    """Saved blocks as `Block`s, checked to lie inside the graph (ValueError otherwise)."""
-    if not isinstance(blocks, (list, tuple)):
-        raise ValueError(f"a saved Graph's blocks must be a list, got {type(blocks).__name__}")
-    out = []
-    for b in blocks:
-        if not isinstance(b, (list, tuple)) or len(b) != 6 or b[0] not in BLOCK_KINDS:
-            raise ValueError(
-                f"a saved Graph's block {b!r} is not (kind, src_start, dst_start, n_src, n_dst, edge_start)"
-            )
-        blk = Block(b[0], *(check_node_count("a saved block's field", x) for x in b[1:]))
-        if (
-            blk.src_start + blk.n_src > graph.num_src
-            or blk.dst_start + blk.n_dst > graph.num_dst
-            or blk.edge_start + blk.num_edges > graph.num_edges
-        ):
-            raise ValueError(f"a saved Graph's block {tuple(blk)} reaches outside the graph {graph!r}")
-        out.append(blk)
-    return tuple(out)
 
 
 def _checked_offsets(name: str, offsets: object, total: int) -> Tuple[int, ...]:

@@ -9,8 +9,9 @@ import torch
 from torch import Tensor
 
 from .._checks import check_edge_index, check_node_count, check_node_ids
+from .block import BLOCK_KINDS, block_num_edges
 from .builders import from_blocks
-from .graph import BLOCK_KINDS, Graph, block_num_edges
+from .graph import Graph
 
 
 def from_pyg(data: object, *, num_nodes: Optional[int] = None, self_loops: bool = False) -> Graph:

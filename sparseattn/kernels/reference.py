@@ -117,7 +117,7 @@ def differentiable_grads(
     backward): `reference_backward`'s gradients on the graph edge_index (2, E) from k's N_src rows
     into q's N_dst rows, which torch can differentiate again. bias and dropout_mask (E, H) and
     edge_terms ((E, H, D), (E, H, Dv), (E, H, D) or None) in edge_index's order."""
-    graph = Graph._trusted(edge_index, k.shape[0], q.shape[0])
+    graph = Graph.unchecked(edge_index, k.shape[0], q.shape[0])
     lo_hi = None if clamp is None else (float(clamp[0]), float(clamp[1]))
     return reference_backward(
         (q, k, v, bias, *edge_terms),

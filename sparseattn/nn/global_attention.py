@@ -108,8 +108,8 @@ class GlobalAttention(nn.Module):
         """x: (N, embed_dim) -> (N, embed_dim), attending within the graphs given by `graph`, else
         `ptr`, else `batch`, else all of x as one graph."""
         if graph is None:
-            graph = complete_per_graph(batch, ptr, num_nodes=x.shape[0])
-            graph._one_call = True  # built for this call: csr skips indexes that pay off only when reused
+            # built for this call: csr skips indexes that pay off only when reused
+            graph = complete_per_graph(batch, ptr, num_nodes=x.shape[0]).for_one_call()
         h, d = self.num_heads, self.head_dim
         q, k, v = F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)  # (N, E) each
         out = edge_attention(

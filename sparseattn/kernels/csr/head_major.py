@@ -61,7 +61,7 @@ def prefers_head_major(graph: Graph, k: Tensor, training: bool = False) -> bool:
     if k.device.type != "cpu":
         return False
     heads = k.shape[1]
-    if training and graph._one_call and heads > 1 and graph.num_edges * heads >= HEAD_MAJOR_MIN_TRAINING_SLOTS:
+    if training and graph.one_call and heads > 1 and graph.num_edges * heads >= HEAD_MAJOR_MIN_TRAINING_SLOTS:
         return True
     return head_major_rule(graph, heads, heads * k.shape[2] * k.element_size())
 
