@@ -1,4 +1,7 @@
-"""Whether code runs inside torch.compile's or torch.export's trace."""
+"""Whether code runs inside torch.compile's or torch.export's trace, and custom ops that eager code
+calls as plain Python."""
+
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -18,4 +21,28 @@ def caching_in_trace() -> bool:
     return torch.compiler.is_dynamo_compiling() and not torch.compiler.is_exporting()
 
 
-__all__ = ["tracing", "caching_in_trace"]
+class TraceableOp:
+    """A `torch.library` custom op (`.op`, what traces record and `opcheck` checks) whose eager calls
+    run its Python function directly. Through the dispatcher, a custom op's first call imports
+    torch._dynamo (about 1 s, the bulk of a fresh process's first attention call) and every call
+    pays its argument handling; neither buys anything outside a trace."""
+
+    def __init__(self, qualname: str, fn: Callable, schema: Optional[str] = None) -> None:
+        self.fn, self.qualname = fn, qualname
+        self.op = torch.library.custom_op(qualname, fn, mutates_args=(), schema=schema)
+        self.__doc__ = fn.__doc__
+
+    def __call__(self, *args: Any) -> Any:
+        return self.op(*args) if tracing() else self.fn(*args)
+
+    def register_fake(self, fake: Callable) -> Callable:
+        """Register the op's shape function (as `CustomOpDef.register_fake`)."""
+        return self.op.register_fake(fake)
+
+
+def traceable_op(qualname: str) -> Callable[[Callable], TraceableOp]:
+    """Decorator: `fn` as a `TraceableOp` named qualname, its schema read from fn's annotations."""
+    return lambda fn: TraceableOp(qualname, fn)
+
+
+__all__ = ["tracing", "caching_in_trace", "TraceableOp", "traceable_op"]

@@ -15,24 +15,25 @@ state it saves for the backward (`Out(..., saved=True)`). From that `define_atte
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence
+from typing import Callable, Dict, NamedTuple, Optional, Sequence
 
 import torch
 from torch import Tensor
 
+from .._tracing import TraceableOp
 from . import reference
 from .op_spec import ATTENTION_ARGS, EDGE_TERMS, Arg, OpSpec, Out, Saved
 
 
 class AttentionOp(NamedTuple):
     """call: the differentiable entry (positional, in `forward.names` order: use `forward.bind`);
-    forward, backward: the two specs; forward_op, backward_op: the custom ops."""
+    forward, backward: the two specs; forward_op, backward_op: the ops (`.op`: the custom op)."""
 
     call: Callable
     forward: OpSpec
     backward: OpSpec
-    forward_op: Any
-    backward_op: Any
+    forward_op: TraceableOp
+    backward_op: TraceableOp
 
 
 def backward_spec(forward: OpSpec, qualname: str) -> OpSpec:
@@ -97,9 +98,9 @@ def define_attention_op(
     outputs = [Out("out"), Out("weights"), *(Out(n, saved=True) for n in saved_outputs)]
     fwd = OpSpec(f"sparseattn::{name}_fwd", [*ATTENTION_ARGS, *extra_args], outputs)
     bwd = backward_spec(fwd, f"sparseattn::{name}_bwd")
-    fwd_op = torch.library.custom_op(fwd.qualname, _named(forward, fwd), mutates_args=(), schema=fwd.schema())
+    fwd_op = TraceableOp(fwd.qualname, _named(forward, fwd), schema=fwd.schema())
     fwd_op.register_fake(_forward_fake(fwd, saved_fake))
-    bwd_op = torch.library.custom_op(bwd.qualname, _named(backward, bwd), mutates_args=(), schema=bwd.schema())
+    bwd_op = TraceableOp(bwd.qualname, _named(backward, bwd), schema=bwd.schema())
     bwd_op.register_fake(_backward_fake(bwd, fwd.grad_args))
     grads = fwd.grad_args
 

@@ -5,9 +5,8 @@ An `OpSpec` lists the op's arguments in order, each an `Arg` with its schema typ
 `grad` (the autograd rule returns a gradient for it) and `saved` (the backward reads it). From that
 list the spec derives
 
-- the op's schema (`torch.library.custom_op(..., schema=spec.schema())`); the kernel function and the
-  fake function are checked to take the spec's argument names in the spec's order, so a new argument
-  cannot be bound to the wrong parameter without an error at import;
+- the op's schema (`torch.library.custom_op(..., schema=spec.schema())`); the kernels read their
+  arguments by name (`Saved`), so a new argument cannot be bound to the wrong parameter;
 - the autograd rule: `setup_context` saves the `saved` tensor arguments and saved outputs and keeps the
   non-tensor arguments; the backward is written against names (`Saved`, `grads_of_outputs`, `needs`)
   and returns gradients by name, which the spec places at their arguments' positions;
@@ -21,14 +20,13 @@ or edge term is one entry there plus its math in each kernel and the reference.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 import torch
 from torch import Tensor
 
-from .._tracing import tracing
+from .._tracing import TraceableOp, tracing
 
 
 @dataclass(frozen=True)
@@ -109,20 +107,6 @@ class OpSpec:
         params = ", ".join(f"{a.type} {a.name}" for a in self.args)
         return f"({params}) -> ({', '.join('Tensor' for _ in self.outputs)})"
 
-    def check_signature(self, fn: Callable) -> None:
-        """Refuse a kernel or fake function whose parameters are not the spec's names in order."""
-        params = [p.name for p in inspect.signature(fn).parameters.values()]
-        if params != list(self.names):
-            raise TypeError(f"{self.qualname}: {fn.__qualname__} takes {params}, the spec says {list(self.names)}")
-
-    def define(self, kernel: Callable, fake: Callable) -> Any:
-        """The custom op running `kernel`, with `fake` as its shape function (both checked)."""
-        self.check_signature(kernel)
-        self.check_signature(fake)
-        op = torch.library.custom_op(self.qualname, kernel, mutates_args=(), schema=self.schema())
-        op.register_fake(fake)
-        return op
-
     def bind(self, **named: Any) -> Tuple[Any, ...]:
         """The arguments in the op's order; optional ("?") ones left out are None."""
         unknown = set(named) - set(self.names)
@@ -142,7 +126,7 @@ class OpSpec:
         """The argument `name` of a positional input tuple."""
         return inputs[self._position[name]]
 
-    def with_autograd(self, op: Any, backward: Backward) -> Callable:
+    def with_autograd(self, op: TraceableOp, backward: Backward) -> Callable:
         """Register op's autograd rule, derived from the spec around `backward`, and return the
         op's differentiable entry (see `autograd_entry`)."""
         saved_tensors = [a.name for a in self.args if a.is_tensor and a.saved]
@@ -173,27 +157,30 @@ class OpSpec:
         return autograd_entry(op, setup_context, backward_rule)
 
 
-def autograd_entry(op: Any, setup_context: Callable, backward: Callable) -> Callable:
+def autograd_entry(op: TraceableOp, setup_context: Callable, backward: Callable) -> Callable:
     """Register backward (with setup_context, as `register_autograd` takes them) as op's autograd
-    rule and return op's differentiable entry: op(*inputs) inside a trace or without grad mode, else
-    the same op and rule through an autograd.Function. The Function skips torch's wrapper around a
-    custom op's rule, which rebuilds the op's schema once per argument on every call
-    (`fill_defaults`, ~0.1 ms for 19 arguments: 13% of a forward+backward on a 64-node graph)."""
-    op.register_autograd(backward, setup_context=setup_context)
+    rule and return op's differentiable entry: the op inside a trace (its registered rule is what
+    AOTAutograd differentiates), its function without grad mode, else the function and the same rule
+    through an autograd.Function. The Function skips torch's wrapper around a custom op's rule, which
+    rebuilds the op's schema once per argument on every call (`fill_defaults`, ~0.1 ms for 19
+    arguments: 13% of a forward+backward on a 64-node graph)."""
+    op.op.register_autograd(backward, setup_context=setup_context)
 
-    def forward(ctx, *inputs):  # grad mode is off in here: the op runs its kernel directly
-        output = op(*inputs)
+    def forward(ctx, *inputs):  # grad mode is off in here
+        output = op.fn(*inputs)
         setup_context(ctx, inputs, output)
         return output
 
     # named after the op (its graph node shows as <op>_eagerBackward)
-    name = f"{op._qualname.split('::')[-1]}_eager"
+    name = f"{op.qualname.split('::')[-1]}_eager"
     methods = {"forward": staticmethod(forward), "backward": staticmethod(backward)}
     eager: Type[torch.autograd.Function] = type(name, (torch.autograd.Function,), methods)
 
     def call(*inputs):
-        if tracing() or not torch.is_grad_enabled():  # (without grad mode the op skips its rule)
-            return op(*inputs)
+        if tracing():
+            return op.op(*inputs)
+        if not torch.is_grad_enabled():
+            return op.fn(*inputs)
         return eager.apply(*inputs)
 
     return call

@@ -364,12 +364,12 @@ def test_structure_ops_pass_opcheck():
     with pytest.raises(ValueError, match=r"graph has num_dst=7 but q has 6 rows"):
         checked_row_pointers(csr.ptr, csc.ptr, 9, 6)
     for int32 in (False, True):
-        torch.library.opcheck(index.interleaved_slots, (csr.ptr, csr.idx, 3, int32), test_utils=checks)
-        torch.library.opcheck(index.interleaved_rows, (csr.ptr, csr.idx, 3, int32), test_utils=checks)
-        torch.library.opcheck(index.interleaved_from_caller, (csr.ptr, csr.perm, 3, int32), test_utils=checks)
+        torch.library.opcheck(index.interleaved_slots.op, (csr.ptr, csr.idx, 3, int32), test_utils=checks)
+        torch.library.opcheck(index.interleaved_rows.op, (csr.ptr, csr.idx, 3, int32), test_utils=checks)
+        torch.library.opcheck(index.interleaved_from_caller.op, (csr.ptr, csr.perm, 3, int32), test_utils=checks)
         pos = index.sorted_positions(g)
-        torch.library.opcheck(index.interleaved_to_caller, (csr.ptr, g.dst, pos, 3, int32), test_utils=checks)
+        torch.library.opcheck(index.interleaved_to_caller.op, (csr.ptr, g.dst, pos, 3, int32), test_utils=checks)
         to_sorted = index.transposed_sorted_positions(g)
         torch.library.opcheck(
-            index.interleaved_transposed, (csr.ptr, csc.ptr, csc.idx, to_sorted, 3, int32), test_utils=checks
+            index.interleaved_transposed.op, (csr.ptr, csc.ptr, csc.idx, to_sorted, 3, int32), test_utils=checks
         )

@@ -169,7 +169,9 @@ def test_weights_gradient_matches_reference():
 
 
 class _LargestIntermediate(TorchDispatchMode):
-    """Records the largest dense tensor any op returns."""
+    """Records the largest dense tensor any op allocates (views of its inputs are not allocations).
+    Eager kernels run their Python directly, so every op inside them is seen, not only the
+    custom ops' outputs."""
 
     def __init__(self):
         super().__init__()
@@ -177,8 +179,16 @@ class _LargestIntermediate(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        flat = list(args) + list((kwargs or {}).values())
+        given = {
+            a.untyped_storage().data_ptr() for a in flat if isinstance(a, torch.Tensor) and a.layout == torch.strided
+        }
         for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+            if (
+                isinstance(t, torch.Tensor)
+                and t.layout == torch.strided
+                and t.untyped_storage().data_ptr() not in given
+            ):
                 self.largest = max(self.largest, t.numel())
         return out
 

@@ -22,7 +22,7 @@ from typing import Iterator, List, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..._tracing import tracing
+from ..._tracing import traceable_op, tracing
 from ...graphs import Graph
 from .primitives import take
 
@@ -197,7 +197,7 @@ def _fill_slots(
 
 
 # ---- interleaved: the ops ------------------------------------------------------------------------------
-@torch.library.custom_op("sparseattn::csr_interleaved_slots", mutates_args=())
+@traceable_op("sparseattn::csr_interleaved_slots")
 def interleaved_slots(ptr: Tensor, idx: Tensor, heads: int, int32: bool) -> Tuple[Tensor, Tensor]:
     """crow (N_dst * H + 1,) int64 and col (H * E,) (slot s of head row t * H + h: source * H + h)
     of the destination-sorted CSR ptr (N_dst + 1,), idx (E,)."""
@@ -213,7 +213,7 @@ def _(ptr, idx, heads, int32):
     return ptr.new_empty((ptr.shape[0] - 1) * heads + 1), idx.new_empty(idx.shape[0] * heads, dtype=_itype(int32))
 
 
-@torch.library.custom_op("sparseattn::csr_interleaved_rows", mutates_args=())
+@traceable_op("sparseattn::csr_interleaved_rows")
 def interleaved_rows(ptr: Tensor, idx: Tensor, heads: int, int32: bool) -> Tensor:
     """(H * E,) head row of each slot (idx only gives E)."""
     row = torch.empty(idx.numel() * heads, dtype=_itype(int32), device=idx.device)
@@ -226,7 +226,7 @@ def _(ptr, idx, heads, int32):
     return idx.new_empty(idx.shape[0] * heads, dtype=_itype(int32))
 
 
-@torch.library.custom_op("sparseattn::csr_interleaved_from_caller", mutates_args=())
+@traceable_op("sparseattn::csr_interleaved_from_caller")
 def interleaved_from_caller(ptr: Tensor, perm: Tensor, heads: int, int32: bool) -> Tensor:
     """(H * E,) position in a flattened caller-order (E, H) tensor of each slot; perm (E,) the caller
     position of each sorted edge."""
@@ -248,7 +248,7 @@ def _head_slots_of(ptr: Tensor, dst: Tensor, sorted_pos: Tensor, heads: int) -> 
     return take(ptr, dst).mul_(heads - 1).add_(sorted_pos), take(ptr.diff(), dst)
 
 
-@torch.library.custom_op("sparseattn::csr_interleaved_to_caller", mutates_args=())
+@traceable_op("sparseattn::csr_interleaved_to_caller")
 def interleaved_to_caller(ptr: Tensor, dst: Tensor, sorted_pos: Tensor, heads: int, int32: bool) -> Tensor:
     """(E, H) slot of each caller edge and head; dst (E,) and sorted_pos (E,) per caller edge."""
     base, step = _head_slots_of(ptr, dst, sorted_pos, heads)
@@ -260,7 +260,7 @@ def _(ptr, dst, sorted_pos, heads, int32):
     return dst.new_empty(dst.shape[0], heads, dtype=_itype(int32))
 
 
-@torch.library.custom_op("sparseattn::csr_interleaved_transposed", mutates_args=())
+@traceable_op("sparseattn::csr_interleaved_transposed")
 def interleaved_transposed(
     ptr: Tensor, cptr: Tensor, cidx: Tensor, to_sorted: Tensor, heads: int, int32: bool
 ) -> Tuple[Tensor, Tensor, Tensor]:

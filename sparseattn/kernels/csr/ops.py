@@ -180,6 +180,6 @@ def _backward(a: Saved) -> Tuple[Tensor, ...]:
 # what csr_attention calls (`CSR_OP.call(*CSR_OP.forward.bind(...))`): the op with its rule (an
 # autograd.Function around it in eager code)
 CSR_OP = define_attention_op("csr_attention", INDEX_ARGS, ("w", "score", "z"), _forward, _saved_fake, _backward)
-csr_attention_fwd, csr_attention_bwd = CSR_OP.forward_op, CSR_OP.backward_op
+csr_attention_fwd, csr_attention_bwd = CSR_OP.forward_op.op, CSR_OP.backward_op.op  # the custom ops
 
 __all__ = ["CSR_OP", "INDEX_ARGS", "csr_attention_fwd", "csr_attention_bwd"]
