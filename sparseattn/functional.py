@@ -23,6 +23,7 @@ from ._checks import (
 from .graphs import Graph
 from .graphs.exported import check_node_counts
 from .kernels import AttentionInputs, get_backend, reference_backend
+from .kernels.options import OptionsLike, as_kernel_options
 
 GraphLike = Union[Graph, Tensor]
 
@@ -65,6 +66,7 @@ def edge_attention(
     dropout_p: float = 0.0,
     backend: str = "auto",
     return_weights: bool = False,
+    kernel_options: OptionsLike = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention along graph edges: out[t] = sum_e w_e v[s] / sum_e w_e over edges e = (s, t),
     with w_e = exp(clamp(scale * `<k[s], q[t]>` + bias[e], lo, hi)). With edge terms, per head:
@@ -103,6 +105,9 @@ def edge_attention(
             run on "reference", "csr", "scatter" and "triton"; "dense" refuses them, and "auto"
             does not pick it for them.
         return_weights: also return the normalized weights (before dropout).
+        kernel_options: per-call kernel settings (`sparseattn.kernels.KernelOptions`, or a dict of
+            its fields: csr_layout, dense_tile_bytes, triton_forward, triton_backward), as
+            FlexAttention's kernel_options; None: the default in force (`kernels.kernel_options`).
 
     Returns:
         out: (N_dst, H, Dv) in q's dtype. A destination with no in-edges gets exactly 0 (and zero
@@ -149,8 +154,9 @@ def edge_attention(
     bias, dropout_mask, edge_key, edge_value, edge_scale = (
         None if t is None else t.to(work) for t in (bias, dropout_mask, *edge_terms)
     )
+    options = as_kernel_options(kernel_options)
     inputs = AttentionInputs(
-        q, k, v, g, scale, clamp, bias, dropout_mask, return_weights, edge_key, edge_value, edge_scale, eps
+        q, k, v, g, scale, clamp, bias, dropout_mask, return_weights, edge_key, edge_value, edge_scale, eps, options
     )
     with torch.autocast(q.device.type, enabled=False):  # backends keep their own precision rules under autocast
         out, weights = chosen.fn(inputs)

@@ -1,5 +1,5 @@
+import dataclasses
 import os
-from functools import partial
 
 import pytest
 import torch
@@ -8,9 +8,14 @@ from hypothesis import HealthCheck, settings
 from sparseattn.kernels import Backend, register_backend
 from sparseattn.kernels.csr import csr_attention
 
+
 # csr picks its layout per graph (head-major only on large graphs without locality, which the
 # tests' small graphs never are); registered under its own name, every backend test runs it too.
-register_backend(Backend("csr-head-major", partial(csr_attention, layout="head-major"), devices=("cpu",)))
+def _csr_head_major(inputs):
+    return csr_attention(inputs._replace(options=dataclasses.replace(inputs.options, csr_layout="head-major")))
+
+
+register_backend(Backend("csr-head-major", _csr_head_major, devices=("cpu",)))
 
 settings.register_profile(
     "default", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]

@@ -18,6 +18,7 @@ from . import scatter
 from .contract import ALL_FLOATS, AttentionInputs, Backend, BackendFn
 from .csr import csr_attention
 from .dense import dense_attention, plan
+from .options import KernelOptions, as_kernel_options, kernel_options
 from .reference import reference_attention
 
 _BACKENDS: Dict[str, Backend] = {}
@@ -171,4 +172,7 @@ __all__ = [
     "plan",
     "DENSE_MIN_EDGES_PER_BLOCK",
     "DENSE_MAX_SHAPES",
+    "KernelOptions",
+    "as_kernel_options",
+    "kernel_options",
 ]

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from .._tracing import tracing
 from ..graphs import Graph
+from .options import KernelOptions
 
 
 class AttentionInputs(NamedTuple):
@@ -30,7 +31,8 @@ class AttentionInputs(NamedTuple):
     return the (E, H) normalized weights; edge_key: (E, H, D) added to the key of each edge's
     source, edge_value: (E, H, Dv) added to its value, edge_scale: (E, H, D) multiplied per channel
     into the query-key product (each None when absent); eps: added to each destination's
-    normalizer (clamp mode only; 0 otherwise). Per-edge tensors are in the graph's edge order.
+    normalizer (clamp mode only; 0 otherwise); options: the call's `KernelOptions` (layouts, tiles).
+    Per-edge tensors are in the graph's edge order.
     A backend sees edge terms and eps > 0 only when its `Backend.edge_terms` says it takes them."""
 
     q: Tensor
@@ -46,6 +48,7 @@ class AttentionInputs(NamedTuple):
     edge_value: Optional[Tensor] = None
     edge_scale: Optional[Tensor] = None
     eps: float = 0.0
+    options: KernelOptions = KernelOptions()
 
     @property
     def has_edge_terms(self) -> bool:

@@ -6,14 +6,15 @@ import torch
 
 from sparseattn import edge_attention, graphs
 from sparseattn.functional import as_graph
-from sparseattn.kernels.contract import AttentionInputs
-from sparseattn.kernels.csr import csr_attention
+from sparseattn.kernels import KernelOptions, kernel_options
 from sparseattn.kernels.csr.head_major import (
     HEAD_MAJOR_MIN_BYTES,
     HEAD_MAJOR_MIN_TRAINING_SLOTS,
     prefers_head_major,
     source_spread,
 )
+
+HEAD_MAJOR = KernelOptions(csr_layout="head-major")
 
 
 def _keys(n: int, heads: int = 8, d: int = 64) -> torch.Tensor:
@@ -72,7 +73,7 @@ def test_csr_takes_the_head_major_path_where_the_rule_says(head_major_calls):
     q, k, v = (torch.randn(20_000, 8, 64) for _ in range(3))
     out = edge_attention(q, k, v, g, backend="csr")
     assert head_major_calls == [1]
-    inter = csr_attention(AttentionInputs(q, k, v, g, 0.125, (-5.0, 5.0), None, None, False), layout="interleaved")[0]
+    inter = edge_attention(q, k, v, g, backend="csr", kernel_options={"csr_layout": "interleaved"})
     assert head_major_calls == [1]
     assert torch.allclose(out, inter, atol=1e-5)
 
@@ -88,7 +89,7 @@ def test_head_major_memory_is_read_in_place_with_the_same_results():
             (t.transpose(0, 1).contiguous().transpose(0, 1) if head_major else t.clone()).requires_grad_() for t in base
         )
         assert q.transpose(0, 1).is_contiguous() == head_major
-        out, _ = csr_attention(AttentionInputs(q, k, v, g, 0.3, None, None, None, False), layout="head-major")
+        out = edge_attention(q, k, v, g, scale=0.3, clamp=None, backend="csr", kernel_options=HEAD_MAJOR)
         grads = torch.autograd.grad(out, (q, k, v), grad_out)
         if head_major:  # gradients keep the inputs' memory layout
             assert all(gr.transpose(0, 1).is_contiguous() for gr in grads)
@@ -100,8 +101,24 @@ def test_head_major_memory_is_read_in_place_with_the_same_results():
 def test_unknown_layout_is_rejected_by_name():
     g = graphs.window(8, 1)
     q = torch.randn(8, 2, 4)
-    with pytest.raises(ValueError, match="layout must be one of .* got 'rows'"):
-        csr_attention(AttentionInputs(q, q, q, g, 1.0, None, None, None, False), layout="rows")
+    with pytest.raises(ValueError, match="csr_layout must be one of .* got 'rows'"):
+        edge_attention(q, q, q, g, backend="csr", kernel_options={"csr_layout": "rows"})
+    with pytest.raises(ValueError, match=r"kernel_options has unknown names \['layout'\]"):
+        edge_attention(q, q, q, g, backend="csr", kernel_options={"layout": "head-major"})
+
+
+def test_kernel_options_default_comes_from_the_context_manager_and_a_call_overrides_it(head_major_calls):
+    """`kernels.kernel_options(...)` sets the default for calls that pass none; a call's own
+    kernel_options wins; the default is restored on exit."""
+    g = graphs.window(64, 2)
+    q = torch.randn(64, 2, 4)
+    with kernel_options(csr_layout="head-major"):
+        edge_attention(q, q, q, g, backend="csr")
+        assert head_major_calls == [1]
+        edge_attention(q, q, q, g, backend="csr", kernel_options=KernelOptions(csr_layout="interleaved"))
+        assert head_major_calls == [1]
+    edge_attention(q, q, q, g, backend="csr")
+    assert head_major_calls == [1]  # a window graph: interleaved by csr's own rule
 
 
 def test_prepare_with_the_head_dim_builds_only_the_layout_csr_will_take():

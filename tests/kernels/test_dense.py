@@ -173,19 +173,16 @@ def test_clamp_mode_paths_equal_dense_reference(kind, size, binds):
         [("causal_no_self", 6, 6), ("causal_no_self", 4, 4)],  # padded, a first row without edges
     ],
 )
-def test_clamp_tiles_equal_reference(monkeypatch, spec, tile_bytes):
-    """Clamp mode on dense blocks runs tile by tile (dense_tiles.CLAMP_TILE_BYTES): with tiles of one
+def test_clamp_tiles_equal_reference(spec, tile_bytes):
+    """Clamp mode on dense blocks runs tile by tile (kernel_options dense_tile_bytes): with tiles of one
     (batch, head) pair, some heads of one batch element, or one head of several batch elements, and
     causal row blocks, values and gradients equal the reference; the scores (3x the usual) make the
     clamp bind."""
-    import sparseattn.kernels.dense.tiles as dense_tiles
-
-    monkeypatch.setattr(dense_tiles, "CLAMP_TILE_BYTES", tile_bytes)
     g = graphs.from_blocks(spec)
     gen = torch.Generator().manual_seed(5)
     q = (3 * torch.randn(g.num_dst, 3, 4, generator=gen, dtype=torch.float64)).requires_grad_()
     k, v = (torch.randn(g.num_src, 3, 4, generator=gen, dtype=torch.float64).requires_grad_() for _ in range(2))
-    out = edge_attention(q, k, v, g, backend="dense")
+    out = edge_attention(q, k, v, g, backend="dense", kernel_options={"dense_tile_bytes": tile_bytes})
     ref = edge_attention(q, k, v, g, backend="reference")
     assert (torch.einsum("thd,shd->ths", q, k).abs() * 0.5).amax() > 5.0
     assert torch.allclose(out, ref, atol=1e-12)
@@ -260,7 +257,7 @@ def test_clamp_gradient_counts_scores_at_the_bounds():
     assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(ga, gb))
 
 
-def test_clamp_tiles_allocate_per_call_not_per_tile(monkeypatch, one_thread):
+def test_clamp_tiles_allocate_per_call_not_per_tile(one_thread):
     """The tiles write into buffers made once per call (out= ops): with 4 tiles or 64, forward and
     backward allocate the same number of tensors. A fresh tensor per tile op made glibc refault
     its pages, slowing the elementwise ops 4-5x on long blocks."""
@@ -274,11 +271,14 @@ def test_clamp_tiles_allocate_per_call_not_per_tile(monkeypatch, one_thread):
     grad = torch.randn(256, 4, 8)  # (an expanded gradient, as .sum() gives, would be copied per tile by bmm)
 
     def allocations(tile_bytes: int) -> int:
-        monkeypatch.setattr(dense_tiles, "CLAMP_TILE_BYTES", tile_bytes)
-        assert len(dense_tiles._clamp_tiles((4, 4, 64, 64), 4, False)) == {4 * 64 * 64 * 4: 4, 64 * 64: 64}[tile_bytes]
-        edge_attention(q, k, v, g, backend="dense").backward(grad)  # builds the plan
+        options = {"dense_tile_bytes": tile_bytes}
+        assert (
+            len(dense_tiles._clamp_tiles((4, 4, 64, 64), 4, False, tile_bytes))
+            == {4 * 64 * 64 * 4: 4, 64 * 64: 64}[tile_bytes]
+        )
+        edge_attention(q, k, v, g, backend="dense", kernel_options=options).backward(grad)  # builds the plan
         with profile() as prof:
-            edge_attention(q, k, v, g, backend="dense").backward(grad)
+            edge_attention(q, k, v, g, backend="dense", kernel_options=options).backward(grad)
         return sum(e.name in ("aten::empty", "aten::empty_strided") for e in prof.events())
 
     assert allocations(64 * 64) == allocations(4 * 64 * 64 * 4)
@@ -292,11 +292,7 @@ def test_clamp_tiles_cover_each_score_once():
 
     for causal in (False, True):
         for budget in (16, 1 << 12, 1 << 16, 1 << 30):
-            dense_tiles.CLAMP_TILE_BYTES, saved = budget, dense_tiles.CLAMP_TILE_BYTES
-            try:
-                tiles = dense_tiles._clamp_tiles((3, 4, 150, 150), 4, causal)
-            finally:
-                dense_tiles.CLAMP_TILE_BYTES = saved
+            tiles = dense_tiles._clamp_tiles((3, 4, 150, 150), 4, causal, budget)
             count = torch.zeros(3, 4, 150, 150, dtype=torch.int32)
             for t in tiles:
                 assert count[t.batch, t.heads, t.rows, t.keys].shape == t.shape

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sparseattn import Graph, edge_attention, graphs
-from sparseattn.kernels import available_backends, choose_auto
+from sparseattn.kernels import KernelOptions, available_backends, choose_auto
 from sparseattn.kernels.contract import AttentionInputs
 from sparseattn.kernels.csr import csr_attention
 
@@ -158,8 +158,11 @@ def test_gradcheck_and_double_backward_through_the_csr_ops(clamp):
     eps = 1e-2 if clamp is not None else 0.0
 
     def f(q, k, v, bias, edge_key, edge_value, edge_scale):
-        inputs = AttentionInputs(q, k, v, g, 0.7, clamp, bias, mask, True, edge_key, edge_value, edge_scale, eps)
-        return csr_attention(inputs, layout="interleaved")
+        interleaved = KernelOptions(csr_layout="interleaved")
+        inputs = AttentionInputs(
+            q, k, v, g, 0.7, clamp, bias, mask, True, edge_key, edge_value, edge_scale, eps, interleaved
+        )
+        return csr_attention(inputs)
 
     args = tuple(x[n] for n in ("q", "k", "v", "bias", *TERMS))
     assert torch.autograd.gradcheck(f, args, eps=1e-6, atol=1e-7)
@@ -211,7 +214,7 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
         edge_attention(q, q, v, ei, eps=-1.0)
     with pytest.raises(ValueError, match="interleaved layout only"):
-        csr_attention(AttentionInputs(q, q, v, Graph(ei), 1.0, None, None, None, False, q[:2]), layout="head-major")
+        edge_attention(q, q, v, ei, edge_key=q[:2], backend="csr", kernel_options={"csr_layout": "head-major"})
 
 
 def test_eps_gives_exphormers_normalizer_and_zero_for_isolated_destinations():

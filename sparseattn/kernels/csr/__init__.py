@@ -39,21 +39,21 @@ from torch import Tensor
 from ..._tracing import tracing
 from ...graphs import Graph
 from ..contract import AttentionInputs
+from ..options import CSR_LAYOUTS
 from .head_major import HEAD_MAJOR_MIN_TRAINING_SLOTS, head_major_rule, prefers_head_major, source_spread
 from .index import head_major_index, interleaved_index
 from .ops import CSR_OP
 
-LAYOUTS = (None, "interleaved", "head-major")
+LAYOUTS = (None, *CSR_LAYOUTS)
 
 
-def csr_attention(inputs: AttentionInputs, layout: Optional[str] = None) -> Tuple[Tensor, Optional[Tensor]]:
-    """The "csr" backend (the contract in contract.py). layout: "interleaved", "head-major" or None
-    to let `prefers_head_major` choose (inside a trace: head-major when gradients are wanted, else
-    interleaved); with edge terms always interleaved. Builds (or reads from the graph's cache) the
-    parts of the index this call needs,
-    then calls the forward op."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+def csr_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
+    """The "csr" backend (the contract in contract.py). Its layout is the call's
+    `inputs.options.csr_layout`: "interleaved", "head-major", or None to let `prefers_head_major`
+    choose (inside a trace: head-major when gradients are wanted, else interleaved); with edge terms
+    always interleaved. Builds (or reads from the graph's cache) the parts of the index this call
+    needs, then calls the forward op."""
+    layout = inputs.options.csr_layout
     q, k, v, graph, scale, clamp, bias, mask, return_weights = inputs[:9]
     terms = (inputs.edge_key, inputs.edge_value, inputs.edge_scale)
     has_terms = any(t is not None for t in terms)

@@ -26,7 +26,7 @@ from ..._tracing import tracing
 from ..contract import AttentionInputs
 from ..reference import accumulation_dtype
 from .plan import Bucket, plan
-from .tiles import DenseClampAttention, clamp_forward_differentiable
+from .tiles import CLAMP_TILE_BYTES, DenseClampAttention, clamp_forward_differentiable
 
 # float32 stays on the materialized path: in IEEE float32 products the fused backward took 18-60x
 # longer than it (H100, complete and causal blocks of 128-2048 tokens, H=8, D=64)
@@ -118,7 +118,9 @@ def _sdpa(qb: Tensor, kb: Tensor, vb: Tensor, bk: Bucket, scale: float) -> Tenso
     return F.scaled_dot_product_attention(qb, kb, vb, is_causal=bk.kind == "causal", scale=scale)
 
 
-def _plain_clamp(qb: Tensor, kb: Tensor, vb: Tensor, bk: Bucket, scale: float, clamp: Tuple[float, float]) -> Tensor:
+def _plain_clamp(
+    qb: Tensor, kb: Tensor, vb: Tensor, bk: Bucket, scale: float, clamp: Tuple[float, float], tile_bytes: int
+) -> Tensor:
     """Clamp mode without bias, dropout or returned weights on one bucket (inputs in the caller's
     dtype) -> (B, H, lq, Dv). Traced code: `clamp_forward_differentiable` for every row. Eager: the
     fused kernel where it runs; DenseClampAttention's tiles on other shapes; on SDPA shapes, exact
@@ -137,11 +139,11 @@ def _plain_clamp(qb: Tensor, kb: Tensor, vb: Tensor, bk: Bucket, scale: float, c
         return fused(qb, kb, vb, scale=scale, clamp=clamp, causal=causal)
     qa, ka, va = (t.to(acc) for t in (qb, kb, vb))
     if not bk.sdpa_shape:
-        return DenseClampAttention.apply(qa, ka, va, bk, scale, clamp)
+        return DenseClampAttention.apply(qa, ka, va, bk, scale, clamp, tile_bytes)
     exact = _clamp_cannot_bind(qa, ka, scale, clamp, causal)  # (B, H, lq, 1)
     if bool(exact.all()):
         return _sdpa(qb, kb, vb, bk, scale)
-    out = DenseClampAttention.apply(qa, ka, va, bk, scale, clamp)
+    out = DenseClampAttention.apply(qa, ka, va, bk, scale, clamp, tile_bytes)
     return torch.where(exact, _sdpa(qb, kb, vb, bk, scale).to(out.dtype), out) if bool(exact.any()) else out
 
 
@@ -179,10 +181,10 @@ def _materialized(
     return torch.matmul(wm, vb) / z, (w / z if return_weights else None)
 
 
-def _bucket_attention(q, k, v, bk: Bucket, gathered, scale, clamp, bias, dropout_mask, return_weights):
+def _bucket_attention(q, k, v, bk: Bucket, gathered, scale, clamp, bias, dropout_mask, return_weights, tile_bytes):
     """One bucket, q/k/v in the caller's dtype, `gathered` its rows of them or Nones (`_pad`);
-    bias/dropout_mask in the accumulation dtype. Returns out (B * lq, H, Dv) in q's dtype and
-    normalized weights (B, H, lq, lk) or None."""
+    bias/dropout_mask in the accumulation dtype; tile_bytes: the clamp tiles' budget. Returns out
+    (B * lq, H, Dv) in q's dtype and normalized weights (B, H, lq, lk) or None."""
     qb = _pad(q, bk.qrows, bk.qpos, bk.q0, bk.b, bk.lq, gathered[0])  # (B, H, lq, D)
     kb = _pad(k, bk.krows, bk.kpos, bk.k0, bk.b, bk.lk, gathered[1])  # (B, H, lk, D)
     vb = _pad(v, bk.krows, bk.kpos, bk.k0, bk.b, bk.lk, gathered[2])  # (B, H, lk, Dv)
@@ -191,7 +193,7 @@ def _bucket_attention(q, k, v, bk: Bucket, gathered, scale, clamp, bias, dropout
     if plain and clamp is None and bk.sdpa_shape:
         out = _sdpa(qb, kb, vb, bk, scale)
     elif plain and clamp is not None:
-        out = _plain_clamp(qb, kb, vb, bk, scale, clamp)
+        out = _plain_clamp(qb, kb, vb, bk, scale, clamp, tile_bytes)
     else:
         out, weights = _materialized(qb, kb, vb, bk, scale, clamp, bias, dropout_mask, return_weights)
     out = out.transpose(1, 2).reshape(bk.b * bk.lq, out.shape[1], out.shape[3])  # (B * lq, H, Dv)
@@ -212,8 +214,9 @@ def dense_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     qrows = [bk.qrows if once and not _all_rows(q, bk.q0, bk.b, bk.lq) else None for bk in p.buckets]
     krows = [bk.krows if once and not _all_rows(k, bk.k0, bk.b, bk.lk) else None for bk in p.buckets]
     gathered = zip(_gather_once(q, qrows), _gather_once(k, krows), _gather_once(v, krows))
+    tile_bytes = inputs.options.dense_tile_bytes or CLAMP_TILE_BYTES
     for bk, rows_of in zip(p.buckets, gathered):
-        out, w = _bucket_attention(q, k, v, bk, rows_of, scale, clamp, bias, dropout_mask, return_weights)
+        out, w = _bucket_attention(q, k, v, bk, rows_of, scale, clamp, bias, dropout_mask, return_weights, tile_bytes)
         rows.append(bk.qrows)
         outs.append(out if bk.q0 >= 0 else out[bk.qpos])
         if return_weights:

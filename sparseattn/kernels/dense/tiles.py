@@ -42,8 +42,8 @@ class _Tile(NamedTuple):
         return span(self.batch) * span(self.heads), span(self.rows), span(self.keys)
 
 
-def _clamp_tiles(shape: Tuple[int, int, int, int], elem: int, causal: bool) -> List[_Tile]:
-    """Tiles covering the (B, H, lq, lk) scores, each at most CLAMP_TILE_BYTES of them (or one
+def _clamp_tiles(shape: Tuple[int, int, int, int], elem: int, causal: bool, tile_bytes: int) -> List[_Tile]:
+    """Tiles covering the (B, H, lq, lk) scores, each at most tile_bytes of them (or one
     (batch, head) pair): some heads of one batch element, or, when all of a batch element's heads
     fit in a quarter of a tile (small blocks), one head of several batch elements. Either is a 3-D strided
     view of q, k, v in any layout, so nothing is copied. Causal buckets split their query rows in
@@ -53,12 +53,12 @@ def _clamp_tiles(shape: Tuple[int, int, int, int], elem: int, causal: bool) -> L
     if causal:
         row_block = lq if lq < 64 else min(128, lq // 2)
     else:
-        row_block = min(lq, max(1, CLAMP_TILE_BYTES // (lk * elem)))
+        row_block = min(lq, max(1, tile_bytes // (lk * elem)))
     tiles = []
     for r0 in range(0, lq, row_block):
         rows = slice(r0, min(lq, r0 + row_block))
         keys = slice(0, min(lk, rows.stop) if causal else lk)
-        pairs = max(1, CLAMP_TILE_BYTES // ((rows.stop - r0) * keys.stop * elem))  # (batch, head) pairs per tile
+        pairs = max(1, tile_bytes // ((rows.stop - r0) * keys.stop * elem))  # (batch, head) pairs per tile
         if pairs >= 4 * h:  # small blocks: one head, several batch elements
             tiles += [_Tile(slice(i, min(b, i + pairs)), j, rows, keys) for j in range(h) for i in range(0, b, pairs)]
         else:
@@ -128,12 +128,12 @@ def _without_empty_rows(qb: Tensor, kind: str) -> Tensor:
     return qb.index_fill(2, torch.zeros(1, dtype=torch.long, device=qb.device), 0.0) if kind == "causal_no_self" else qb
 
 
-def _clamp_forward(qb, kb, vb, off: OffEdges, scale, clamp, causal):
+def _clamp_forward(qb, kb, vb, off: OffEdges, scale, clamp, causal, tile_bytes: int):
     """qb: (B, H, lq, D), kb: (B, H, lk, D), vb: (B, H, lk, Dv), any strides with unit last stride.
     Returns out (B, H, lq, Dv), 0 at rows without edges."""
     b, h, lq, lk, dv = qb.shape[0], qb.shape[1], qb.shape[2], kb.shape[2], vb.shape[-1]
     out = _rows_layout(qb, lq, dv)
-    tiles = _clamp_tiles((b, h, lq, lk), qb.element_size(), causal)
+    tiles = _clamp_tiles((b, h, lq, lk), qb.element_size(), causal, tile_bytes)
     scratch = _Scratch(qb, tiles, dv, 2)
     for t in tiles:
         scores = _tile_scores(qb, kb, t, scale, scratch.scores(0, t))
@@ -150,12 +150,12 @@ def _inclusive(clamp: Tuple[float, float], dtype: torch.dtype) -> Tuple[float, f
     return torch.nextafter(lo, -inf).item(), torch.nextafter(hi, inf).item()
 
 
-def _clamp_backward(grad_out, qb, kb, vb, off: OffEdges, scale, clamp, causal):
+def _clamp_backward(grad_out, qb, kb, vb, off: OffEdges, scale, clamp, causal, tile_bytes: int):
     """Tile by tile, with the weights recomputed: with p = w / sum(w) and dp = grad_out v^T,
     ds = softmax's backward (p * (dp - sum(p * dp))) * [lo <= score <= hi], dq = scale ds k,
     dk = scale ds^T q, dv = p^T grad_out. Shapes as in _clamp_forward; grad_out (B, H, lq, Dv)."""
     b, h, lq, lk, d, dv_cols = qb.shape[0], qb.shape[1], qb.shape[2], kb.shape[2], qb.shape[-1], vb.shape[-1]
-    tiles = _clamp_tiles((b, h, lq, lk), qb.element_size(), causal)
+    tiles = _clamp_tiles((b, h, lq, lk), qb.element_size(), causal, tile_bytes)
     g = grad_out if off.rows is None else grad_out.masked_fill(~off.rows, 0.0)
     accumulate = any(t.rows.start > 0 for t in tiles)  # row blocks share keys: dk and dv add up
     dq = _rows_layout(qb, lq, d)
@@ -188,20 +188,21 @@ def _clamp_backward(grad_out, qb, kb, vb, off: OffEdges, scale, clamp, causal):
 class DenseClampAttention(torch.autograd.Function):
     """Clamp-mode attention on one padded bucket, without bias, dropout or returned weights:
     out = (w @ v) / sum(w) with w = exp(clamp(scale q k^T)), 0 off the edges. forward(qb, kb, vb,
-    bk, scale, clamp): qb (B, H, lq, D), kb (B, H, lk, D), vb (B, H, lk, Dv), bk the Bucket;
-    returns (B, H, lq, Dv), 0 at rows without edges. Forward and backward run in tiles
-    (CLAMP_TILE_BYTES), the backward recomputing the weights: memory beyond inputs and outputs is
+    bk, scale, clamp, tile_bytes): qb (B, H, lq, D), kb (B, H, lk, D), vb (B, H, lk, Dv), bk the Bucket;
+    returns (B, H, lq, Dv), 0 at rows without edges. Forward and backward run in tiles of at most
+    tile_bytes scores (`KernelOptions.dense_tile_bytes`, default CLAMP_TILE_BYTES), the backward
+    recomputing the weights: memory beyond inputs and outputs is
     O(B * H * lq) plus one tile. The backward is softmax's, through the clamp (zero gradient where
     the score is outside [lo, hi])."""
 
     @staticmethod
-    def forward(ctx, qb, kb, vb, bk: Bucket, scale: float, clamp):
+    def forward(ctx, qb, kb, vb, bk: Bucket, scale: float, clamp, tile_bytes: int):
         causal = bk.kind.startswith("causal")
         qz = _without_empty_rows(qb, bk.kind)
-        out = _clamp_forward(qz, kb, vb, bk.off_edges, scale, clamp, causal)
+        out = _clamp_forward(qz, kb, vb, bk.off_edges, scale, clamp, causal, tile_bytes)
         if any(ctx.needs_input_grad[:3]):
             ctx.save_for_backward(qb, kb, vb, qz)  # qz is qb unless a row without edges was zeroed
-        ctx.bucket, ctx.scale, ctx.clamp, ctx.causal = bk, scale, clamp, causal
+        ctx.bucket, ctx.scale, ctx.clamp, ctx.causal, ctx.tile_bytes = bk, scale, clamp, causal, tile_bytes
         return out
 
     @staticmethod
@@ -212,9 +213,10 @@ class DenseClampAttention(torch.autograd.Function):
             again = clamp_forward_differentiable(qb, kb, vb, bk.mask, ctx.scale, ctx.clamp)
             wanted = [t for t, need in zip((qb, kb, vb), ctx.needs_input_grad[:3]) if need]
             grads = iter(torch.autograd.grad(again, wanted, grad_out, create_graph=True))
-            return (*(next(grads) if need else None for need in ctx.needs_input_grad[:3]), None, None, None)
-        dq, dk, dv = _clamp_backward(grad_out, qz, kb, vb, bk.off_edges, ctx.scale, ctx.clamp, ctx.causal)
-        return dq, dk, dv, None, None, None
+            return (*(next(grads) if need else None for need in ctx.needs_input_grad[:3]), None, None, None, None)
+        off = bk.off_edges
+        dq, dk, dv = _clamp_backward(grad_out, qz, kb, vb, off, ctx.scale, ctx.clamp, ctx.causal, ctx.tile_bytes)
+        return dq, dk, dv, None, None, None, None
 
 
 def clamp_forward_differentiable(
