@@ -1,28 +1,22 @@
 """torch.compile of code on sparseattn: compiled vs eager time, compilation time, graph breaks and
-recompilations, and where the compiled step spends its time.
+recompilations, and where the compiled step spends its time (docs/benchmarks/compile.md).
 
     python -m benchmarks.bench_compile                    # every case, 1 thread (~5 min on 2 cores)
     python -m benchmarks.bench_compile --cases attention-window-8192 --threads 2
 
-Cases (CASES, declared as data): `edge_attention` alone (H=8, D=64) on a window graph of 8192 tokens
-and a 50K-node random graph, given a Graph and a raw (2, E) edge_index; `EdgeAttention` with its
-projections (d_model 512 and 128, 8 heads) and a pre-norm graph-transformer layer (d_model 128:
-LayerNorm, EdgeAttention, feed-forward, residuals) on the window graph. Each runs eagerly and
-compiled with inductor (fullgraph=True, no eager warm-up of the graph the compiled code gets), forward
-(no_grad) and forward+backward, timed in interleaved rounds (harness.time_interleaved); outputs are
-checked against eager first. Reported per case: the compilation time of the first call, graph
-breaks (torch._dynamo.explain), and a torch.profiler table of the compiled forward+backward step
-(top operators by self CPU time). "dynamic sizes" compiles the graph-transformer layer with
-dynamic=True and feeds it ten window graphs of different N and E: compiled entries (1 = no
-recompilation) and compiled/eager time summed over the ten.
-
-Writes bench_compile_<machine>.{json,png,log} under --out (benchmarks/results); the PNG draws
-eager/compiled per case and pass against the 1.15x target.
+Each case of CASES runs eagerly and compiled (inductor, fullgraph=True, no eager warm-up of the graph
+the compiled code gets), forward (no_grad) and forward+backward, in interleaved rounds, outputs checked
+against eager first; per case the compilation time of the first call, graph breaks
+(torch._dynamo.explain) and the top operators of each step by self CPU time (torch.profiler). "dynamic
+sizes": the layer under dynamic=True on ten window graphs of different N and E, its compiled entries
+(1 = no recompilation) and the time summed over the ten. Writes bench_compile_<machine>.{json,png,log}
+under --out (benchmarks/results); the PNG draws eager/compiled per case and pass against the 1.15x target.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from dataclasses import dataclass
@@ -33,8 +27,17 @@ from torch import Tensor, nn
 
 from sparseattn import EdgeAttention, Graph, edge_attention, graphs
 
-from .harness import RESULTS, Output, Result, machine_header, machine_info, machine_tag, time_interleaved, write_bars
-from .pages import preview
+from .harness import (
+    RESULTS,
+    Output,
+    Result,
+    machine_info,
+    measure,
+    profile_lines,
+    profile_top,
+    time_interleaved,
+    write_bars,
+)
 
 
 class GraphLayer(nn.Module):
@@ -96,21 +99,6 @@ def _fresh(g: Graph, raw: bool):
     return g.edge_index.clone() if raw else Graph(g.edge_index.clone(), g.num_src, g.num_dst)
 
 
-def profile_table(fn: Callable[[], object], rows: int = 8) -> List[dict]:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(2):
-            fn()
-    events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events) or 1
-    top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:rows]
-    return [
-        dict(op=e.key, self_ms=round(e.self_cpu_time_total / 2e3, 2), share=round(e.self_cpu_time_total / total, 3))
-        for e in top
-    ]
-
-
 def run_case(case: Case, args, results: List[Result], log: Callable[[str], None]) -> dict:
     torch._dynamo.reset()
     g = case.graph()
@@ -144,26 +132,23 @@ def run_case(case: Case, args, results: List[Result], log: Callable[[str], None]
         if not err <= 1e-3:
             raise AssertionError(f"{case.name} {mode}: compiled differs from eager by {err:.3g}")
         fns = [lambda: call(model, eager_graph), lambda: call(compiled, compiled_graph)]
-        timed = time_interleaved(fns, warmup=args.warmup, reps=args.reps, budget_s=args.budget_s)
-        row = {}
-        for name, times in zip(("eager", "compiled"), timed):
-            assert isinstance(times, list), times
-            r = Result(case.name, g.num_edges, name, mode, ms=statistics.median(times), times_ms=times)
-            r.max_err_vs_reference = err if name == "compiled" else 0.0
-            results.append(r)
-            row[name] = r.ms
+        rows = [
+            Result(case.name, g.num_edges, name, mode, max_err_vs_reference=e)
+            for name, e in (("eager", 0.0), ("compiled", err))
+        ]
+        measure(rows, fns, memory=False, warmup=args.warmup, reps=args.reps, budget_s=args.budget_s)
+        assert rows[0].ms and rows[1].ms, [r.note for r in rows]
+        results += rows
+        row = {r.contender: r.ms for r in rows}
         info[f"ratio_{mode}"] = round(row["eager"] / row["compiled"], 3)
         log(
             f"  {mode:8s} eager {row['eager']:9.2f} ms  compiled {row['compiled']:9.2f} ms  "
             f"eager/compiled {info[f'ratio_{mode}']:.2f}x  (compile {info[f'compile_s_{mode}']} s, |diff| {err:.1e})"
         )
-        if mode == "fwd+bwd":
-            info["profile_compiled"] = profile_table(lambda: call(compiled, compiled_graph))
-            info["profile_eager"] = profile_table(lambda: call(model, eager_graph))
-            for which in ("compiled", "eager"):
-                log(f"    top operators, {which} fwd+bwd step:")
-                for t in info[f"profile_{which}"]:  # type: ignore[union-attr]
-                    log(f"      {t['op'][:58]:58s} {t['self_ms']:8.1f} ms {t['share']:6.1%}")
+        for which, m, graph in (("compiled", compiled, compiled_graph), ("eager", model, eager_graph)):
+            if mode == "fwd+bwd":  # its top operators by self CPU time, per step
+                info[f"profile_{which}"], _, _ = profile_top(functools.partial(call, m, graph), runs=2)
+                log(f"    top operators, {which} fwd+bwd step:\n" + profile_lines(info[f"profile_{which}"]))
     return info
 
 
@@ -232,18 +217,14 @@ def main(argv=None) -> None:
     unknown = [c for c in names if c not in CASES]
     if unknown:
         raise SystemExit(f"unknown cases {unknown}; choose from {list(CASES)}")
-    info = machine_info()
-    out = Output(
-        "benchmarks.bench_compile", argv, args.out, f"bench_compile_{machine_tag(info)}{'_' * bool(args.tag)}{args.tag}"
-    )
-    out.log(machine_header(info))
+    out = Output("benchmarks.bench_compile", argv, args.out, machine_info(), args.tag)
+    out.log(out.header)
     out.log("compiled: torch.compile(model, fullgraph=True), inductor; median of interleaved rounds; times in ms")
     results: List[Result] = []
     per_case: Dict[str, dict] = {name: run_case(CASES[name], args, results, out.log) for name in names}
     dynamic: Optional[dict] = None if args.no_dynamic else dynamic_sizes(args, out.log)
-    out.save(info, dict(cases=per_case, dynamic=dynamic, reps=args.reps, threads=args.threads), results)
-    plot_ratios(out.path + ".png", machine_header(info), per_case)
-    out.log(preview(out.path + ".json"))
+    out.save(dict(cases=per_case, dynamic=dynamic, reps=args.reps, threads=args.threads), results)
+    plot_ratios(out.png, out.header, per_case)
     out.close()
 
 

@@ -15,40 +15,41 @@ import there, DGL is listed as skipped with the reason and only sparseattn is ti
 
 Per family (benchmarks/families.py) this process draws q/k/v (N(0, 0.25), seed 0, H=8, D=64, float32),
 the output gradient and the exact-softmax reference, and hands them (.npz) to benchmarks/dgl_runner.py,
-a long-lived subprocess in the DGL environment (one JSON command per line); its docstring has the two
-DGL recipes. Pairs: `auto exact` (clamp=None) against `dgl fused`, `auto clamp` against `dgl builtin`
-(the DGL tutorial). Every output is checked (max |err| <= 1e-3) before timing; each interleaved round
-takes one sample per contender (the median of --reps calls, DGL's timed inside its process), and the
-result is the median over --rounds; peak memory is measured in the process that ran the call.
-Writes bench_dgl_<machine>[_<tag>].{json,png,log} under --out ("nodgl" joins the tag when DGL did not
-run); both sides' versions are in the JSON. What it measures: docs/benchmarks/dgl.md.
+a long-lived subprocess in the DGL environment (one JSON command per line; its docstring has the two
+DGL recipes). Every output is checked (max |err| <= 1e-3) before timing; each interleaved round takes
+one sample per contender (the median of --reps calls, 1 when a call takes over 0.3 s; DGL's timed
+inside its process), the result is the median over --rounds; peak memory is measured in the process
+that ran the call. Writes bench_dgl_<machine>[_<tag>].{json,png,log} under --out ("nodgl" joins the tag
+when DGL did not run). What it measures: docs/benchmarks/dgl.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Callable, Dict, List
+import time
+from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 import torch
 
-from sparseattn import edge_attention, graphs
+from sparseattn import edge_attention
 from sparseattn.kernels import choose_auto
 
 from .families import families
-from .harness import RESULTS, Output, Result, machine_header, machine_info, machine_tag, peak_extra_mib, write_png
-from .pages import preview
+from .harness import RESULTS, Output, Result, failure, machine_info, peak_extra_mib, write_png
 
 DEFAULT_FAMILIES = "window-8192,random-50k,complete-64x32,causal-32x128,bipartite-32x40x40,varlen-5..50-4096"
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dgl_runner.py")
 HEADS, DIM, TOL = 8, 64, 1e-3
-PAIRS = (("auto exact", "dgl fused"), ("auto clamp", "dgl builtin"))
+PAIRS = (("auto exact", "dgl fused"), ("auto clamp", "dgl builtin"))  # ours against theirs
+OURS = {"auto exact": dict(clamp=None), "auto clamp": {}}  # edge_attention's arguments
 
 
 class DGLRunner:
@@ -123,18 +124,15 @@ def main(argv=None) -> None:
     if unknown:
         sys.exit(f"unknown families {unknown}; choose from {list(fams)}")
     workdir = tempfile.mkdtemp(prefix="bench_dgl_")
-    runner, dgl_info = start_dgl(args.dgl_python, args.threads, workdir)
-    info = machine_info()
-    info["dgl"] = dgl_info
-    dgl_note = dgl_info if isinstance(dgl_info, str) else ""
-    # DGL's and torch's versions are in the JSON (machine.dgl), not in the name; a run without DGL says so
-    variant = "-".join(([args.tag] if args.tag else []) + ([] if runner else ["nodgl"]))
-    stem = f"bench_dgl{'_quick' if args.quick else ''}_{machine_tag(info)}{'_' + variant if variant else ''}"
-    out = Output("benchmarks.bench_dgl", argv, args.out, stem)
-    out.log(machine_header(info))
-    d = dgl_info
-    dgl = dgl_note or f"dgl {d['dgl']} on torch {d['torch']}, numpy {d['numpy']}, {d['threads']} thread(s), own process"
-    out.log(f"DGL: {dgl}")
+    runner, d = start_dgl(args.dgl_python, args.threads, workdir)
+    info = dict(machine_info(), dgl=d)  # DGL's and its torch's versions are in the JSON, not in the name
+    tag = "-".join(([args.tag] if args.tag else []) + ([] if runner else ["nodgl"]))  # a run without DGL says so
+    out = Output("benchmarks.bench_dgl", argv, args.out, info, tag, quick=args.quick)
+    out.log(out.header)
+    dgl_note = d if isinstance(d, str) else ""
+    theirs = dgl_note or f"dgl {d['dgl']} on torch {d['torch']}"
+    own = "" if dgl_note else f", numpy {d['numpy']}, {d['threads']} thread(s), own process"
+    out.log(f"DGL: {theirs}{own}")
     out.log(
         f"H={HEADS}, D={DIM}, float32; median over {args.rounds} interleaved rounds of the median of {args.reps} calls"
     )
@@ -143,95 +141,87 @@ def main(argv=None) -> None:
     try:
         for name in names:
             run_family(name, fams[name], args, runner, dgl_note, workdir, results, out.log)
-            out.save(info, config, results)
+            out.save(config, results)
     finally:
         if runner is not None:
             runner.close()
-    theirs = f"dgl {d['dgl']} on torch {d['torch']}" if isinstance(d, dict) else d
-    write_png(out.path + ".png", machine_header(info) + f"\n{theirs}; ms, median of interleaved rounds", results)
-    out.log("\n" + preview(out.path + ".json"))
+    write_png(out.png, out.header + f"\n{theirs}; ms, median of interleaved rounds", results)
     out.close()
 
 
 def run_family(name, fam, args, runner, dgl_note, workdir, results, log) -> None:
-    g = fam.build(graphs)
+    g = fam.build()
     torch.manual_seed(0)
     q, k, v = (torch.randn(n, HEADS, DIM) * 0.5 for n in (g.num_dst, g.num_src, g.num_src))
     checker = "reference" if g.num_edges * HEADS * DIM * 4 * 3 <= 2**31 else "csr"
     with torch.no_grad():
         ref = edge_attention(q, k, v, g, clamp=None, backend=checker)
+        errs = {
+            c: (edge_attention(q, k, v, g, backend="auto", **kw) - ref).abs().max().item() for c, kw in OURS.items()
+        }
     gout = torch.randn_like(ref)
     log(
         f"\n{name}: N_dst={g.num_dst}, N_src={g.num_src}, E={g.num_edges}, auto -> {choose_auto(q, g)}, "
         f"checked against {checker} (exact softmax)"
     )
-    dgl_errs: Dict[str, float] = {}
     if runner is not None:
         path = os.path.join(workdir, f"{name}.npz")
         arrays = dict(src=g.src, dst=g.dst, q=q, k=k, v=v, ref=ref, gout=gout)
         np.savez(path, num_src=g.num_src, num_dst=g.num_dst, **{key: t.numpy() for key, t in arrays.items()})
         try:
-            dgl_errs = runner.ask(cmd="load", family=name, path=path)["max_err"]
+            errs.update(runner.ask(cmd="load", family=name, path=path)["max_err"])
         except Exception as exc:
             dgl_note = f"failed: {exc}"
         os.remove(path)
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-    local = {"auto exact": dict(clamp=None), "auto clamp": {}}
+
+    def ours(kw: dict, mode: str) -> Callable[[int, int], List[float]]:
+        """The timer of one of our contenders: (calls, warm-up calls) -> the calls' ms."""
+
+        def call():
+            with torch.set_grad_enabled(mode != "fwd"):
+                out = edge_attention(*leaves, g, backend="auto", **kw)
+            if mode != "fwd":
+                out.backward(gout)
+                for x in leaves:
+                    x.grad = None
+            return out
+
+        def timer(calls: int, warmup: int) -> List[float]:
+            for _ in range(warmup):
+                call()
+            return [_ms(call) for _ in range(calls)]
+
+        timer.call = call  # type: ignore[attr-defined]
+        return timer
 
     for mode in ("fwd", "fwd+bwd"):
-        calls: Dict[str, Callable[[], float]] = {}  # contender -> one sample (ms)
-        rows: Dict[str, Result] = {}
-        for c in ("auto exact", "dgl fused", "auto clamp", "dgl builtin"):
-            r = rows[c] = Result(name, g.num_edges, c, mode)
-            results.append(r)
+        rows = {c: Result(name, g.num_edges, c, mode) for pair in PAIRS for c in pair}
+        results += rows.values()
+        samples: Dict[str, Tuple[Callable[[int, int], List[float]], int]] = {}  # contender -> (timer, calls)
+        for c, r in rows.items():
+            if c not in errs:  # DGL did not run
+                r.note = dgl_note or "skipped"
+                continue
             try:
-                if c.startswith("auto"):
-                    kw = local[c]
-
-                    def call(kw=kw, mode=mode):
-                        if mode == "fwd":
-                            with torch.no_grad():
-                                return edge_attention(*leaves, g, backend="auto", **kw)
-                        out = edge_attention(*leaves, g, backend="auto", **kw)
-                        out.backward(gout)
-                        for x in leaves:
-                            x.grad = None
-                        return out
-
-                    with torch.no_grad():
-                        out = edge_attention(q, k, v, g, backend="auto", **kw)
-                    r.max_err_vs_reference = (out - ref).abs().max().item()
-                    r.note = f"-> {choose_auto(q, g)}"
-                    if not r.max_err_vs_reference <= TOL:
-                        raise AssertionError(f"max |err| {r.max_err_vs_reference:.3g}")
-                    r.peak_extra_mib = peak_extra_mib(call)
-                    first = _timed(call)
-                    for _ in range(args.warmup - 1):
-                        call()
-                    reps = args.reps if first < 300 else 1
-                    calls[c] = lambda call=call, reps=reps: statistics.median(_timed(call) for _ in range(reps))
+                r.max_err_vs_reference = errs[c]
+                if not r.max_err_vs_reference <= TOL:
+                    raise AssertionError(f"max |err| {r.max_err_vs_reference:.3g}")
+                if c in OURS:
+                    r.note, timer = f"-> {choose_auto(q, g)}", ours(OURS[c], mode)
+                    r.peak_extra_mib = peak_extra_mib(timer.call)  # type: ignore[attr-defined]
                 else:
-                    if runner is None or c not in dgl_errs:
-                        r.note = dgl_note or "skipped"
-                        continue
-                    r.max_err_vs_reference = dgl_errs[c]
-                    if not r.max_err_vs_reference <= TOL:
-                        raise AssertionError(f"max |err| {r.max_err_vs_reference:.3g}")
                     r.peak_extra_mib = runner.ask(cmd="mem", contender=c, mode=mode)["peak_extra_mib"]
-                    first = runner.ask(cmd="time", contender=c, mode=mode, reps=1, warmup=args.warmup - 1)
-                    reps = args.reps if first["times_ms"][0] < 300 else 1
-                    calls[c] = lambda c=c, reps=reps, mode=mode: statistics.median(
-                        runner.ask(cmd="time", contender=c, mode=mode, reps=reps)["times_ms"]
-                    )
+                    timer = functools.partial(_dgl_times, runner, c, mode)
+                samples[c] = timer, args.reps if timer(1, args.warmup - 1)[0] < 300 else 1
             except Exception as exc:
-                r.note = f"failed: {type(exc).__name__}: {str(exc)[:160]}"
-        order = list(calls)
-        for i in range(args.rounds):
-            for c in order if i % 2 == 0 else reversed(order):
+                r.note = failure(exc)
+        for i in range(args.rounds):  # one sample of each per round, every other round in reverse order
+            for c in list(samples) if i % 2 == 0 else reversed(list(samples)):
                 try:
-                    rows[c].times_ms.append(calls[c]())
+                    rows[c].times_ms.append(statistics.median(samples[c][0](samples[c][1], 0)))
                 except Exception as exc:
-                    rows[c].note = f"failed: {type(exc).__name__}: {str(exc)[:160]}"
+                    rows[c].note = failure(exc)
         load = os.getloadavg()[0]
         for r in rows.values():
             if r.times_ms and not r.note.startswith("failed"):
@@ -248,9 +238,11 @@ def run_family(name, fam, args, runner, dgl_note, workdir, results, log) -> None
             log(f"  {mode:8s} {c:12s} {ms:>9s} ms  peak +{mem} MiB  err {err}  {r.note}{x}")
 
 
-def _timed(fn) -> float:
-    import time
+def _dgl_times(runner: DGLRunner, contender: str, mode: str, calls: int, warmup: int) -> List[float]:
+    return runner.ask(cmd="time", contender=contender, mode=mode, reps=calls, warmup=warmup)["times_ms"]
 
+
+def _ms(fn) -> float:
     t = time.perf_counter()
     fn()
     return (time.perf_counter() - t) * 1e3

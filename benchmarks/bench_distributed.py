@@ -1,30 +1,21 @@
 """Training on a graph partitioned across gloo processes (`sparseattn.distributed`): per-rank memory,
 step time and halo traffic with 1 and 4 processes, for the model of
-examples/distributed_node_classification.py (Linear -> 2 x (EdgeAttention + FFN) -> classifier,
-width 32, 4 heads, DDP, Adam).
+examples/distributed_node_classification.py (what the tables mean: docs/benchmarks/distributed.md).
 
     python -m benchmarks.bench_distributed                     # default sizes (~15 min on 2 cores)
     python -m benchmarks.bench_distributed --quick             # 20K-node graphs, 2 steps: a smoke run
     python -m benchmarks.bench_distributed --nodes 500000 --knn-nodes 250000 --world 2
 
-Families (each configuration is one torchrun launch of this script in worker mode, one at a time):
-  window    window graph, --nodes nodes (default 2M), radius 8 (~34M edges), contiguous id ranges;
-            every rank builds its own in-edges and calls `local_shard(ranges=)`.
-  knn       --knn-nodes random points in the unit square (default 2M), in-edges from the k = 16
-            nearest points (self included; scipy's cKDTree), ids in random spatial order. Built
-            once here and split two ways: "contiguous" (id ranges: neighbours are anywhere, so the
-            halo is most of the graph) and "metis" (`partition(..., method="metis")`: spatial
-            parts, a thin halo). This process writes each rank's in-edges and the ownership
-            (ranges or the owner vector) to temporary files; a rank loads only its own and calls
-            `local_shard(ranges=)` or `local_shard(owner=)`.
-One process on the whole `Graph` of the family (no exchange) is the reference every ratio divides by.
-Each run: setup, then one warm-up step and --steps timed steps with `HaloExchange(timed=True)`
-(exchange: time inside all_to_all_single; wait: at the barrier before it); memory: the peak resident
-set (VmHWM) after setup ("setup peak") and, reset after setup, after training ("train peak"). The
-step-1 loss of every configuration must equal the one-process loss. What the tables mean:
-docs/benchmarks/distributed.md.
-
-Writes bench_distributed_<machine>.{json,png,log} under --out (benchmarks/results).
+Each configuration (`configs`) is one torchrun launch of this script in worker mode, one at a time. The
+window graph (--nodes, radius 8, ~34M edges at 2M): every rank builds its own in-edges and calls
+`local_shard(ranges=)`. The knn graph (--knn-nodes random points in the unit square, in-edges from the
+k = 16 nearest, self included; scipy's cKDTree; ids in random spatial order) is built once here and split
+by contiguous id ranges and by METIS (`partition(..., method="metis")`); this process writes each rank's
+in-edges and the ownership to temporary files, and a rank loads only its own (`local_shard(ranges=)` or
+`local_shard(owner=)`). Each run: setup, one warm-up step and --steps timed steps with
+`HaloExchange(timed=True)` (exchange: time inside all_to_all_single; wait: at the barrier before it);
+memory: the peak resident set (VmHWM) after setup and, reset then, after training. Writes
+bench_distributed_<machine>.{json,png,log} under --out (benchmarks/results).
 """
 
 from __future__ import annotations
@@ -43,19 +34,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from .harness import (
-    _LIBC,
-    RESULTS,
-    ROOT,
-    Output,
-    _reset_cpu_peak,
-    _status_kib,
-    machine_header,
-    machine_info,
-    machine_tag,
-    write_bars,
-)
-from .pages import preview
+from .harness import _LIBC, RESULTS, ROOT, Output, _reset_cpu_peak, _status_kib, machine_info, write_bars
 
 EXAMPLE = os.path.join(ROOT, "examples", "distributed_node_classification.py")
 SEED, WIDTH, HEADS, LR = 0, 32, 4, 0.003
@@ -174,8 +153,7 @@ def launch(cfg: Config, args: argparse.Namespace, data_dir: str, log: Callable[[
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(cfg.world)]
     cmd += ["-m", "benchmarks.bench_distributed", "--worker", cfg.name, "--data-dir", data_dir, "--out-dir", out_dir]
     cmd += ["--nodes", str(args.nodes), "--radius", str(args.radius), "--knn-nodes", str(args.knn_nodes)]
-    cmd += ["--steps", str(args.steps)]
-    cmd += ["--threads", str(args.threads)]
+    cmd += ["--steps", str(args.steps), "--threads", str(args.threads)]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=ROOT)
     load = os.getloadavg()[0]
     start = time.perf_counter()
@@ -242,15 +220,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     if args.quick:
         args.nodes, args.knn_nodes, args.steps = 20_000, 20_000, 2
-    info = machine_info()
-    info["load_average_1_5_15"] = list(os.getloadavg())
-    out = Output(
-        "benchmarks.bench_distributed",
-        argv,
-        args.out,
-        f"bench_distributed_{machine_tag(info)}" + "_" * bool(args.tag) + args.tag,
-    )
-    out.log(machine_header(info))
+    info = dict(machine_info(), load_average_1_5_15=list(os.getloadavg()))
+    out = Output("benchmarks.bench_distributed", argv, args.out, info, args.tag)
+    out.log(out.header)
     out.log(
         f"window: {args.nodes} nodes, radius {args.radius} | knn: {args.knn_nodes} points, k={args.k} | width "
         f"{WIDTH}, {HEADS} heads, 2 layers, float32 | {args.world} processes vs 1 | 1 warm-up + {args.steps} "
@@ -274,22 +246,19 @@ def main(argv: Optional[List[str]] = None) -> None:
         shutil.rmtree(data_dir, ignore_errors=True)
     info["load_average_1_5_15_end"] = list(os.getloadavg())
     config = {k: v for k, v in vars(args).items() if k not in ("worker", "data_dir", "out_dir", "out")}
-    out.save(info, config, results, summary=ratios(results))
+    out.save(config, results, summary=ratios(results))
     ok = [r for r in results if not r.note]
-    panels: Dict[str, Dict[str, Dict[str, float]]] = {
-        "peak resident GiB per rank (VmHWM)": {},
-        "s per step (median)": {},
-    }
-    for r in ok:
-        label = f"{r.config} r{r.rank}"
-        panels["peak resident GiB per rank (VmHWM)"][label] = {
-            "setup": r.setup_peak_mib / 1024,
-            "train": r.train_peak_mib / 1024,
+    memory = {f"{r.config} r{r.rank}": {"setup": r.setup_peak_mib / 1024, "train": r.train_peak_mib / 1024} for r in ok}
+    steps = {
+        f"{r.config} r{r.rank}": {
+            "compute": max(r.step_s - r.exchange_s - r.wait_s, 0.0),
+            "exchange": r.exchange_s,
+            "wait": r.wait_s,
         }
-        parts = {"compute": max(r.step_s - r.exchange_s - r.wait_s, 0.0), "exchange": r.exchange_s, "wait": r.wait_s}
-        panels["s per step (median)"][label] = parts
-    write_bars(out.path + ".png", machine_header(info), panels, "GiB / s")
-    out.log(preview(out.path + ".json"))
+        for r in ok
+    }
+    panels = {"peak resident GiB per rank (VmHWM)": memory, "s per step (median)": steps}
+    write_bars(out.png, out.header, panels, "GiB / s")
     out.close()
 
 

@@ -8,16 +8,11 @@ at each thread setting and input scale, with each time's distance to the machine
     python -m benchmarks.bench_kernels --quick --threads 1 --reps 1 --contenders csr,auto  # seconds
     python -m benchmarks.bench_kernels --families window-8192,causal-32x128 --flex all
 
-Contenders (benchmarks/contenders.py, peers.py): every registered backend and "auto"; "auto (raw)", the
-same call on the (2, E) edge_index; "auto (compiled)"; "sdpa", "sdpa-masked", "dense bmm" (block
-families: the floor a dense-block kernel can reach), "pyg" (torch_geometric), FlexAttention on
-FLEX_FAMILIES; with --baseline, another checkout's csr, auto and auto (raw). Every output is checked
-before it is timed (the exact-softmax peers, EXACT, against clamp=None); a contender whose estimated
-memory exceeds --budget-gib, or that fails, gets a null time and the reason. Each --threads count
-(with each --omp-wait-policy) runs in a fresh process started with that OpenMP environment
-(benchmarks/threads.py), which measures its copy bandwidth and GEMM rate for the physical limit
-(benchmarks/limits.py). What each of these means, and the inputs: docs/benchmarks/kernels.md
-(benchmarks/templates/kernels.md).
+The contenders (benchmarks/contenders.py, peers.py), the inputs, the thread settings (each in a fresh
+process started with its OpenMP environment: benchmarks/threads.py) and the physical limit
+(benchmarks/limits.py) are described on docs/benchmarks/kernels.md (benchmarks/templates/kernels.md).
+Every output is checked before it is timed (the exact-softmax peers, EXACT, against clamp=None); a
+contender whose estimated memory exceeds --budget-gib, or that fails, gets a null time and the reason.
 
 JSON (config["format"] = 2): each row also holds threads, omp_wait_policy, input_scale, limit_ms,
 limit_fraction, gflop_per_s and the load average when it was timed; config holds input_scales,
@@ -30,15 +25,11 @@ values}; benchmarks/pages renders the format-2 runs (and the THP pair of format 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import traceback
 from dataclasses import asdict
-from types import ModuleType
 from typing import Dict, List, Optional
 
 import torch
@@ -47,11 +38,10 @@ from sparseattn import edge_attention, graphs
 from sparseattn.kernels import choose_auto, plan
 
 from . import harness
-from .contenders import EXACT, contenders_for, estimate_bytes, make_call
+from .contenders import EXACT, contenders_for, estimate_bytes
 from .families import Family, families
-from .kernels_report import DEFAULT_SCALE, KernelResult, plotted, print_row, ratio_table
+from .kernels_report import DEFAULT_SCALE, KernelResult, plotted, ratio_table
 from .limits import limit_ms, measure_rates, must_move
-from .pages import preview
 from .peers import DIM, HEADS
 from .threads import POLICIES, describe, run_setting, setting_label, thread_settings
 
@@ -59,40 +49,42 @@ GiB = 2**30
 FAMILY_INFO: Dict[str, dict] = {}  # per family: sizes, auto's pick, dense padding, bytes and flops (in the JSON)
 
 
-# ---- runner ------------------------------------------------------------------------------------
-
-
-def load_baseline(path: str) -> ModuleType:
-    """The sparseattn package at `path` (a checkout of another commit, e.g. `git worktree add
-    ../baseline <commit>`), imported as `sparseattn_baseline` beside this one: its contenders run in
-    the same process and rounds as this tree's, so eager speed is compared under one load."""
-    root = os.path.join(path, "sparseattn")
-    spec = importlib.util.spec_from_file_location(
-        "sparseattn_baseline", os.path.join(root, "__init__.py"), submodule_search_locations=[root]
-    )
-    if spec is None or spec.loader is None or not os.path.isfile(os.path.join(root, "__init__.py")):
-        sys.exit(f"--baseline {path}: no sparseattn package there")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sparseattn_baseline"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def family_info(g: graphs.Graph, q: torch.Tensor) -> dict:
     """What the JSON records of a family: sizes, degrees, auto's pick, dense padding, and the bytes
     and flops a call must move and run (benchmarks/limits.py)."""
     blocks = plan(g) if g.blocks else None
+    degree = {
+        f"max_{k}_degree": int(torch.bincount(i, minlength=1).max()) if g.num_edges else 0
+        for k, i in (("in", g.dst), ("out", g.src))
+    }
     return {
-        "num_dst": g.num_dst,
-        "num_src": g.num_src,
-        "edges": g.num_edges,
-        "max_in_degree": int(torch.bincount(g.dst, minlength=1).max()) if g.num_edges else 0,
-        "max_out_degree": int(torch.bincount(g.src, minlength=1).max()) if g.num_edges else 0,
-        "auto": choose_auto(q, g),
-        "dense_waste": blocks.waste if blocks else None,
-        "dense_buckets": len(blocks.buckets) if blocks else None,
+        **dict(num_dst=g.num_dst, num_src=g.num_src, edges=g.num_edges, **degree, auto=choose_auto(q, g)),
+        **dict(dense_waste=blocks.waste if blocks else None, dense_buckets=len(blocks.buckets) if blocks else None),
         **must_move(g, HEADS, DIM, DIM),
     }
+
+
+def _timed_call(call, mode: str, gout: torch.Tensor, leaves):
+    """What is timed: the call under no_grad (fwd), or the call and its backward, gradients dropped."""
+
+    def fwd():
+        with torch.no_grad():
+            return call()
+
+    def fwd_bwd():
+        out = call()
+        out.backward(gout)
+        for x in leaves:
+            x.grad = None
+        return out
+
+    return fwd if mode == "fwd" else fwd_bwd
+
+
+def print_row(r: KernelResult) -> None:
+    pct = None if r.limit_fraction is None else 100 * r.limit_fraction
+    rates = f"{harness.fmt(r.gb_per_s, '.2f')} GB/s {harness.fmt(r.gflop_per_s, '.1f')} GFLOP/s"
+    print(harness.row_line(r, f"{rates} {harness.fmt(pct, '.1f')}% of limit  "), flush=True)
 
 
 def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, results: List[KernelResult]) -> None:
@@ -107,7 +99,7 @@ def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, re
         + (f", dense padding waste {fi['dense_waste']:.1%}" if g.blocks else "")
         + f", auto -> {fi['auto']}, {args.label} thread(s)"
     )
-    contenders = contenders_for(fam, g, q, args)
+    contenders = contenders_for(fam, g, q, args, fi)
     # the numbers every contender is checked against: clamp mode, and exact softmax for EXACT
     checker = "reference" if estimate_bytes("reference", g) / 7 * 3 <= budget else "csr"
     golds: Dict[bool, torch.Tensor] = {}
@@ -122,88 +114,52 @@ def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, re
         leaves = [x.clone().requires_grad_(mode == "fwd+bwd") for x in (q, k, v)]
         gout = torch.randn_like(gold(False))
         lim = limit_ms(fi["bytes"][mode], fi["flops"][mode], rates["copy_gb_per_s"], rates["gemm_gflop_per_s"])
-        ref_ms, ready = None, []  # ready: (result, fn) checked and measured, timed below in rounds
-        for name, (spec, note, est) in contenders.items():
+        ready = []  # (row, fn): checked and measured, timed below in rounds
+        for name, (build, note, est) in contenders.items():
             r = KernelResult(fam.name, g.num_edges, name, mode, note=note, limit_ms=lim, input_scale=scale)
             r.threads, r.omp_wait_policy = args.setting
             results.append(r)
-            if spec is None:
-                print_row(r)
-                continue
             try:
-                call, built_est = make_call(spec, fam, g, leaves, r, fi)
-                est = built_est or est
-                factor = 1.0 if mode == "fwd+bwd" else 0.5
-                if est * factor > budget:
-                    r.note = f"skipped: needs ~{est * factor / GiB:.0f} GiB > --budget-gib {args.budget_gib:g}"
-                    print_row(r)
-                    continue
-                if mode == "fwd":
-
-                    def fn(call=call):
+                if build is not None:
+                    call, built_est, remark = build(*leaves)
+                    r.note += f"; {remark}" if remark else ""
+                    need = (built_est or est) * (1.0 if mode == "fwd+bwd" else 0.5)
+                    if need > budget:
+                        r.note = f"skipped: needs ~{need / GiB:.0f} GiB > --budget-gib {args.budget_gib:g}"
+                    else:
                         with torch.no_grad():
-                            return call()
-                else:
-
-                    def fn(call=call, gout=gout, leaves=leaves):
-                        out = call()
-                        out.backward(gout)
-                        for x in leaves:
-                            x.grad = None
-                        return out
-
-                with torch.no_grad():
-                    out = call()
-                r.max_err_vs_reference = (out.float() - gold(name in EXACT)).abs().max().item()
-                against = checker + (" with clamp=None" if name in EXACT else "")
-                if checker != "reference":
-                    r.note = (r.note + "; " if r.note else "") + "error vs csr (reference exceeds the budget)"
-                if not r.max_err_vs_reference <= 1e-3:
-                    raise AssertionError(f"max |err| vs {against} = {r.max_err_vs_reference:.3g}")
-                del out
-                r.peak_extra_mib = harness.peak_extra_mib(fn)
-                ready.append((r, fn))
-                continue
+                            err = (call().float() - gold(name in EXACT)).abs().max().item()
+                        r.max_err_vs_reference = err
+                        if checker != "reference":
+                            r.note = (r.note + "; " if r.note else "") + "error vs csr (reference exceeds the budget)"
+                        if not err <= 1e-3:
+                            against = checker + (" with clamp=None" if name in EXACT else "")
+                            raise AssertionError(f"max |err| vs {against} = {err:.3g}")
+                        fn = _timed_call(call, mode, gout, leaves)
+                        r.peak_extra_mib = harness.peak_extra_mib(fn)
+                        ready.append((r, fn))
+                        continue
             except Exception as exc:  # OOM, unsupported op, wrong answer: a null with the reason
-                _fail(r, exc, args.verbose)
+                r.ms, r.note = None, harness.failure(exc)
             print_row(r)
-        fns = [fn for _, fn in ready]
-        timed = harness.time_interleaved(fns, warmup=args.warmup, reps=args.reps, budget_s=args.budget_s)
+        timed = harness.time_interleaved(
+            [fn for _, fn in ready], warmup=args.warmup, reps=args.reps, budget_s=args.budget_s
+        )
         for (r, _), times in zip(ready, timed):
             if isinstance(times, Exception):
-                _fail(r, times, args.verbose)
+                r.ms, r.note = None, harness.failure(times)
             else:
                 r.times_ms, r.ms = times, harness.median(times)
                 r.gb_per_s = fi["bytes"][mode] / (r.ms * 1e-3) / 1e9
                 r.gflop_per_s = fi["flops"][mode] / (r.ms * 1e-3) / 1e9
-                r.limit_fraction = lim / r.ms
-                r.load_average = os.getloadavg()[0]
-                if r.contender == "reference":
-                    ref_ms = r.ms
+                r.limit_fraction, r.load_average = lim / r.ms, os.getloadavg()[0]
             print_row(r)
+        ref_ms = next((r.ms for r, _ in ready if r.contender == "reference" and r.ms), None)
         for r in results:
             if (r.family, r.mode, r.input_scale) == (fam.name, mode, scale) and r.ms and ref_ms:
                 r.speedup_vs_reference = ref_ms / r.ms
         if ref_ms is None:
             print(f"  ({mode}: reference skipped, no speedup column; limit {lim:.2f} ms)")
-
-
-def _fail(r: harness.Result, exc: BaseException, verbose: bool) -> None:
-    r.ms, r.note = None, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-    if verbose:
-        traceback.print_exception(exc)
-
-
-def _commit_of(path: str) -> str:
-    """The short commit hash checked out at `path`, or its folder name."""
-    try:
-        out = subprocess.run(["git", "-C", path, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        return out.stdout.strip() or os.path.basename(os.path.abspath(path))
-    except OSError:
-        return os.path.basename(os.path.abspath(path))
-
-
-# ---- one process per thread setting -------------------------------------------------------------
 
 
 def run_worker(args, fams: Dict[str, Family], path: str) -> None:
@@ -231,7 +187,7 @@ def run_worker(args, fams: Dict[str, Family], path: str) -> None:
             json.dump({"setting": setting, "family_info": FAMILY_INFO, "results": [asdict(r) for r in results]}, f)
 
     for fam in fams.values():
-        g = fam.build(graphs)
+        g = fam.build()
         for scale in args.scales:
             run_family(fam, g, scale, args, rates, results)
         del g
@@ -268,9 +224,6 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     ap.add_argument("--out", default=harness.RESULTS)
     ap.add_argument("--contenders", default="", help="comma-separated contender names (default: all)")
     ap.add_argument("--tag", default="", help="suffix for the result file names (e.g. a re-run of some families)")
-    baseline = "a checkout of another commit (its folder); adds its csr, auto and auto (raw) as '... [baseline]'"
-    ap.add_argument("--baseline", default="", help=baseline)
-    ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)  # internal: run one setting, write here
     args = ap.parse_args(argv)
     args.thread_counts = [int(x) for x in args.threads.split(",") if x]
@@ -294,28 +247,23 @@ def main(argv: Optional[List[str]] = None) -> None:
         if unknown:
             sys.exit(f"unknown families {unknown}; choose from {list(fams)}")
         fams = {f: fams[f] for f in args.families.split(",")}
-    args.baseline_label = _commit_of(args.baseline) if args.baseline else ""
     if args.worker:  # one setting, in the process `run_setting` started with its environment
         args.setting = (args.thread_counts[0], args.policies[0])
         args.label = setting_label(*args.setting)
-        args.baseline_module = load_baseline(args.baseline) if args.baseline else None
         return run_worker(args, fams, args.worker)
 
     settings = thread_settings(args.thread_counts, args.policies)
-    prov = harness.provenance("benchmarks.bench_kernels", argv)
-    info = harness.machine_info()
-    counts = sorted({t for t, _ in settings})
+    info, counts = harness.machine_info(), sorted({t for t, _ in settings})
     info["threads"] = counts[0] if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
-    print(harness.machine_header(info))
-    print(
+    # the workers print to this process's output: no log file, the output is the log
+    out = harness.Output("benchmarks.bench_kernels", argv, args.out, info, args.tag, args.quick, log_file=False)
+    out.log(out.header)
+    out.log(
         f"H={HEADS}, D={DIM}, float32; inputs N(0, s^2) for s in {args.scales}; thread settings "
         f"{[setting_label(*s) for s in settings]}, each in a fresh process; median of up to {args.reps} runs "
         f"after {args.warmup} warmup, contenders timed in interleaved rounds; peak extra = peak RSS during one "
-        f"call minus RSS before it; % of limit = the physical limit's ms over the measured ms",
-        flush=True,
+        f"call minus RSS before it; % of limit = the physical limit's ms over the measured ms"
     )
-    stem = f"bench_kernels{'_quick' * args.quick}_{harness.machine_tag(info)}{'_' * bool(args.tag)}{args.tag}"
-    path = os.path.join(args.out, stem)
     # format 2: rows carry threads, omp_wait_policy, input_scale and the limit; settings, ratio records
     config = dict(format=2, heads=HEADS, dim=DIM, dtype="float32", reps=args.reps, warmup=args.warmup)
     config.update(quick=args.quick, families=list(fams), input_scales=args.scales, budget_gib=args.budget_gib)
@@ -324,25 +272,24 @@ def main(argv: Optional[List[str]] = None) -> None:
         "limit_ms = max(bytes / copy_gb_per_s, flops / gemm_gflop_per_s), bytes and flops per pass in"
         " family_info, rates in the row's setting (benchmarks/limits.py)"
     )
-    config.update(settings=[], family_info=FAMILY_INFO, baseline=args.baseline_label or None)
+    config.update(settings=[], family_info=FAMILY_INFO, baseline=None)
     results: List[KernelResult] = []
     with tempfile.TemporaryDirectory(prefix="bench_kernels_") as tmp:
         for i, (threads, policy) in enumerate(settings):
-            print(f"\n==== {describe(threads, policy)}: a fresh process", flush=True)
+            out.log(f"\n==== {describe(threads, policy)}: a fresh process")
             data, code = run_setting("benchmarks.bench_kernels", argv, threads, policy, os.path.join(tmp, f"{i}.json"))
             data = data or {"setting": {"label": setting_label(threads, policy), "threads": threads}}
             if code:
                 data["setting"]["error"] = f"its process exited with {code}"
-                print(f"  {data['setting']['error']}; kept what it wrote", flush=True)
+                out.log(f"  {data['setting']['error']}; kept what it wrote")
             config["settings"].append(data["setting"])
             FAMILY_INFO.update(data.get("family_info", {}))
             results += [KernelResult(**r) for r in data.get("results", [])]
-            harness.write_json(path + ".json", prov, info, config, results)  # partial results survive
+            out.save(config, results)  # partial results survive
     config["ratios"] = ratio_table(results)
-    harness.write_json(path + ".json", prov, info, config, results)
-    drawn = harness.write_png(path + ".png", harness.machine_header(info), plotted(results))
-    print("\n" + preview(path + ".json"))
-    print(f"\nwrote {path}.json" + (" and .png" if drawn else " (no matplotlib: no PNG)"))
+    out.save(config, results)
+    harness.write_png(out.png, out.header, plotted(results))
+    out.close()
 
 
 if __name__ == "__main__":

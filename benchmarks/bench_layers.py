@@ -1,24 +1,17 @@
 """Graph-transformer layers and edge terms: `sparseattn.nn.TransformerConv` against PyG's
-`TransformerConv`, and what edge terms cost the csr kernels.
+`TransformerConv`, and what edge terms cost the csr kernels (docs/benchmarks/layers.md).
 
     python -m benchmarks.bench_layers                        # 50K-node graphs, 1 thread (~10 min on 2 cores)
     python -m benchmarks.bench_layers --nodes 5000 --threads 2
 
-Layers: TransformerConv(512, 64, heads=8, edge_dim=16) from one state dict, on a random graph of
---nodes nodes (in-degree 16) and a window graph of as many tokens (radius 8, in-degree 17), edge
-features (E, 16). Forward (no_grad) and forward+backward (a sum of the output, gradients of every
-parameter), timed in interleaved rounds (harness.time_interleaved) after one warm-up call with a
-reused `Graph` (PyG: its int64 edge_index), outputs checked against PyG's first, and the peak
-memory one call adds (harness.peak_extra_mib, the process's peak resident set). "fwd+bwd cold" is
-a user's first call: a fresh process per contender, the raw edge_index as a user holds it (int64,
-or int32 stored transposed, (E, 2) pairs viewed as (2, E)), no warm-up, one call timed (index
-building, first page faults and lazy initialisation included; imports and the model's
-construction not).
-Edge terms: `edge_attention` on the csr backend (H=8, D=64, exact softmax, inputs of unit scale) forward+backward with
-no edge term, with edge_key and edge_value (E, H, D) each, and with one (E, 1, D) row shared by
-the heads as both (TransformerConv's form), on the same graphs: the cost of the terms against the
-same call without them. On a CUDA device (--device cuda) the same cases run there.
-
+Warm rows: forward (no_grad) and forward+backward of the output's sum (gradients of every parameter),
+timed in interleaved rounds after one warm-up call with a reused `Graph` (PyG: its int64 edge_index),
+outputs checked against PyG's first. "fwd+bwd cold": one call in a fresh process per contender (this
+script with --cold) on the raw edge_index as a user holds it (int64, or int32 stored transposed: (E, 2)
+pairs viewed as (2, E)); index building, first page faults and lazy initialisation included, imports
+and the model's construction not. Edge terms: `edge_attention` on csr (`auto` with --device cuda),
+exact softmax, forward+backward without terms, with (E, H, D) edge_key and edge_value, and with one
+(E, 1, D) row shared by the heads as both (TransformerConv's form).
 Writes bench_layers_<machine>.{json,png,log} under --out (benchmarks/results).
 """
 
@@ -27,6 +20,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import time
 from typing import Callable, Dict, List
 
 import torch
@@ -34,22 +28,14 @@ import torch
 from sparseattn import edge_attention, graphs
 from sparseattn.nn import TransformerConv
 
-from .harness import (
-    RESULTS,
-    ROOT,
-    Output,
-    Result,
-    machine_header,
-    machine_info,
-    machine_tag,
-    median,
-    peak_extra_mib,
-    time_interleaved,
-    write_png,
-)
-from .pages import preview
+from .harness import RESULTS, ROOT, Output, Result, machine_info, measure, write_png
 
 HEADS, CHANNELS, EDGE_DIM = 8, 64, 16
+COLD = {  # contender -> (layer, edge_index layout)
+    "sparseattn.nn.TransformerConv, raw int64 edge_index": ("sparseattn", "int64"),
+    "sparseattn.nn.TransformerConv, raw transposed int32 edge_index": ("sparseattn", "transposed-int32"),
+    "PyG TransformerConv, raw int64 edge_index": ("pyg", "int64"),
+}
 
 
 def _graphs(n: int, device: str) -> Dict[str, graphs.Graph]:
@@ -59,45 +45,54 @@ def _graphs(n: int, device: str) -> Dict[str, graphs.Graph]:
     }
 
 
-def _layer_cases(name: str, g, device: str, log: Callable[[str], None]) -> List[Result]:
-    from torch_geometric.nn import TransformerConv as PygTransformerConv
+def _layer(kind: str, device: str) -> torch.nn.Module:
+    """TransformerConv(512, 64, heads=8, edge_dim=16), sparseattn's or ("pyg") PyG's."""
+    if kind == "pyg":
+        from torch_geometric.nn import TransformerConv as PygTransformerConv
 
+        return PygTransformerConv(HEADS * CHANNELS, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM).to(device)
+    return TransformerConv(HEADS * CHANNELS, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM).to(device)
+
+
+def _features(n: int, e: int, device: str):
+    """Seeded node features (n, 512) and edge features (e, 16)."""
     gen = torch.Generator().manual_seed(0)
-    n, e = g.num_dst, g.num_edges
-    x = torch.randn(n, HEADS * CHANNELS, generator=gen).to(device)
-    edge_attr = torch.randn(e, EDGE_DIM, generator=gen).to(device)
+    return torch.randn(n, HEADS * CHANNELS, generator=gen).to(device), torch.randn(e, EDGE_DIM, generator=gen).to(
+        device
+    )
+
+
+def _layer_cases(name: str, g, device: str, log: Callable[[str], None]) -> List[Result]:
+    x, edge_attr = _features(g.num_dst, g.num_edges, device)
     torch.manual_seed(0)
-    pyg = PygTransformerConv(HEADS * CHANNELS, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM).to(device)
-    ours = TransformerConv(HEADS * CHANNELS, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM).to(device)
+    pyg = _layer("pyg", device)
+    ours = _layer("sparseattn", device)
     ours.load_state_dict(pyg.state_dict())
-    index = g.edge_index
     with torch.no_grad():
-        err = (ours(x, g, edge_attr) - pyg(x, index, edge_attr)).abs().max().item()
+        err = (ours(x, g, edge_attr) - pyg(x, g.edge_index, edge_attr)).abs().max().item()
     log(f"{name}: max |sparseattn - PyG| = {err:.2e}")
-    contenders = {"sparseattn.nn.TransformerConv": (ours, g), "PyG TransformerConv": (pyg, index)}
+    contenders = {"sparseattn.nn.TransformerConv": (ours, g, err), "PyG TransformerConv": (pyg, g.edge_index, 0.0)}
     results: List[Result] = []
     for mode in ("fwd", "fwd+bwd"):
-        fns = []
-        for module, graph in contenders.values():
-            fns.append(_call(module, graph, x, edge_attr, mode))
-        times = time_interleaved(fns, device, warmup=1, reps=5, budget_s=60)
-        for (label, (module, _)), fn, t in zip(contenders.items(), fns, times):
-            r = Result(name, e, label, mode, max_err_vs_reference=err if label.startswith("sparseattn") else 0.0)
-            if isinstance(t, list) and t:
-                r.ms, r.times_ms = median(t), t
-                module.zero_grad(set_to_none=True)  # measured from no gradients held
-                r.peak_extra_mib = peak_extra_mib(fn, device)
-            else:
-                r.note = f"failed: {type(t).__name__}: {t}"
-            results.append(r)
+        rows = [Result(name, g.num_edges, label, mode, max_err_vs_reference=c[2]) for label, c in contenders.items()]
+        fns = [_call(module, graph, x, edge_attr, mode) for module, graph, _ in contenders.values()]
+        measure(rows, fns, device, warmup=1, reps=5, budget_s=60)
+        results += rows
     return results
 
 
-COLD = {  # contender -> (layer, edge_index layout)
-    "sparseattn.nn.TransformerConv, raw int64 edge_index": ("sparseattn", "int64"),
-    "sparseattn.nn.TransformerConv, raw transposed int32 edge_index": ("sparseattn", "transposed-int32"),
-    "PyG TransformerConv, raw int64 edge_index": ("pyg", "int64"),
-}
+def _call(module, graph, x, edge_attr, mode: str) -> Callable[[], None]:
+    """One call; forward+backward leaves no gradient held, so each call is measured from none."""
+
+    def fwd() -> None:
+        with torch.no_grad():
+            module(x, graph, edge_attr)
+
+    def fwd_bwd() -> None:
+        module(x, graph, edge_attr).sum().backward()
+        module.zero_grad(set_to_none=True)
+
+    return fwd if mode == "fwd" else fwd_bwd
 
 
 def _cold_cases(name: str, nodes: int, threads: int, device: str, log: Callable[[str], None]) -> List[Result]:
@@ -120,40 +115,17 @@ def _cold_cases(name: str, nodes: int, threads: int, device: str, log: Callable[
 
 def _cold_child(label: str, graph_name: str, nodes: int, device: str) -> None:
     """Build the inputs, time one forward+backward, print "<ms> <edges>" (run by _cold_cases)."""
-    import time
-
     layer, layout = COLD[label]
-    g = _graphs(nodes, device)[graph_name]
-    edge_index = g.edge_index.clone()
-    del g  # nothing cached survives: the call gets only the raw index
+    edge_index = _graphs(nodes, device)[graph_name].edge_index.clone()  # no cached structure survives
     if layout == "transposed-int32":
         edge_index = edge_index.int().t().contiguous().t()
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(nodes, HEADS * CHANNELS, generator=gen).to(device)
-    edge_attr = torch.randn(edge_index.shape[1], EDGE_DIM, generator=gen).to(device)
-    if layer == "pyg":
-        from torch_geometric.nn import TransformerConv as PygTransformerConv
-
-        module = PygTransformerConv(HEADS * CHANNELS, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM).to(device)
-    else:
-        module = TransformerConv(HEADS * CHANNELS, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM).to(device)
+    x, edge_attr = _features(nodes, edge_index.shape[1], device)
+    module = _layer(layer, device)
     t = time.perf_counter()
     module(x, edge_index, edge_attr).sum().backward()
     if device == "cuda":
         torch.cuda.synchronize()
     print(f"{(time.perf_counter() - t) * 1e3:.3f} {edge_index.shape[1]}")
-
-
-def _call(module, graph, x, edge_attr, mode: str) -> Callable[[], None]:
-    def fwd() -> None:
-        with torch.no_grad():
-            module(x, graph, edge_attr)
-
-    def fwd_bwd() -> None:
-        module.zero_grad(set_to_none=True)
-        module(x, graph, edge_attr).sum().backward()
-
-    return fwd if mode == "fwd" else fwd_bwd
 
 
 def _edge_term_cases(name: str, g, device: str) -> List[Result]:
@@ -174,29 +146,18 @@ def _edge_term_cases(name: str, g, device: str) -> List[Result]:
     backend = "csr" if device == "cpu" else "auto"
 
     def run(kwargs) -> Callable[[], None]:
-        def fn() -> None:
+        def fn() -> None:  # leaves no gradient held
+            edge_attention(q, k, v, g, clamp=None, backend=backend, **kwargs).backward(grad)
             for t in (q, k, v, *kwargs.values()):
                 t.grad = None
-            edge_attention(q, k, v, g, clamp=None, backend=backend, **kwargs).backward(grad)
 
         return fn
 
-    fns = [run(kw) for kw in cases.values()]
-    times = time_interleaved(fns, device, warmup=1, reps=5, budget_s=40)
-    results = []
-    base = median(times[0]) if isinstance(times[0], list) and times[0] else None
-    for label, fn, t in zip(cases, fns, times):
-        r = Result(name, e, label, "fwd+bwd")
-        if isinstance(t, list) and t:
-            r.ms, r.times_ms = median(t), t
-            r.speedup_vs_reference = None if base is None else base / r.ms  # (here: the call without terms)
-            for x in (q, k, v, *cases[label].values()):
-                x.grad = None  # measured from no gradients held
-            r.peak_extra_mib = peak_extra_mib(fn, device)
-        else:
-            r.note = f"failed: {type(t).__name__}: {t}"
-        results.append(r)
-    return results
+    rows = [Result(name, e, label, "fwd+bwd") for label in cases]
+    measure(rows, [run(kw) for kw in cases.values()], device, warmup=1, reps=5, budget_s=40)
+    for r in rows:  # here: the time of the call without terms over this one's
+        r.speedup_vs_reference = rows[0].ms / r.ms if rows[0].ms and r.ms else None
+    return rows
 
 
 def main(argv=None) -> None:
@@ -211,11 +172,9 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.cold:
-        _cold_child(args.cold, args.cold_graph, args.nodes, args.device)
-        return
-    info = machine_info(args.device)
-    out = Output("benchmarks.bench_layers", argv, args.out, f"bench_layers_{machine_tag(info)}")
-    out.log(machine_header(info))
+        return _cold_child(args.cold, args.cold_graph, args.nodes, args.device)
+    out = Output("benchmarks.bench_layers", argv, args.out, machine_info(args.device))
+    out.log(out.header)
     out.log(f"nodes {args.nodes}, H={HEADS}, C={CHANNELS}, edge_dim={EDGE_DIM}")
     results: List[Result] = []
     for name, g in _graphs(args.nodes, args.device).items():
@@ -223,9 +182,8 @@ def main(argv=None) -> None:
             results += _layer_cases(name, g, args.device, out.log)
             results += _cold_cases(name, args.nodes, args.threads, args.device, out.log)
         results += _edge_term_cases(name, g, args.device)
-    out.save(info, dict(vars(args), out="OUT"), results)
-    write_png(out.path + ".png", machine_header(info), [r for r in results if "csr" not in r.contender])
-    out.log(preview(out.path + ".json"))
+    out.save(dict(vars(args), out="OUT"), results)
+    write_png(out.png, out.header, [r for r in results if "csr" not in r.contender])
     out.close()
 
 

@@ -36,22 +36,11 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from .harness import RESULTS, Output, machine_header, machine_info, machine_tag, nest, peak_extra_mib, write_bars
-from .pages import preview
+from sparseattn.models import sinusoid
 
-SDPA_OPS = ("flash_attention", "efficient_attention", "cudnn_attention", "attention_math", "_fused_sdp", "sdpa")
+from .harness import RESULTS, Output, machine_info, nest, peak_extra_mib, profile_lines, profile_top, write_bars
 
-
-# ---- the padded contender ---------------------------------------------------------------------
-
-
-def sinusoid_table(n: int, d: int) -> Tensor:
-    pos = torch.arange(n, dtype=torch.float32)[:, None]
-    freqs = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
-    out = torch.zeros(n, d)
-    out[:, 0::2] = torch.sin(pos * freqs)
-    out[:, 1::2] = torch.cos(pos * freqs)[:, : d // 2]
-    return out
+SDPA_OPS = ("flash_attention", "efficient_attention", "cudnn_attention", "attention_math", "_fused_sdp")
 
 
 class PaddedTransformer(nn.Module):
@@ -64,7 +53,7 @@ class PaddedTransformer(nn.Module):
         self.src_embed = nn.Embedding(vocab_src, d_model)
         self.tgt_embed = self.src_embed if share_embeddings else nn.Embedding(vocab_tgt, d_model)
         self.scale = math.sqrt(d_model)
-        self.register_buffer("pos", sinusoid_table(max_len, d_model), persistent=False)
+        self.register_buffer("pos", sinusoid(torch.arange(max_len), d_model), persistent=False)
         warnings.filterwarnings("ignore", message="enable_nested_tensor is True")  # norm_first: not used anyway
         self.transformer = nn.Transformer(
             d_model, heads, layers, layers, d_ff, dropout=0.0, batch_first=True, norm_first=True
@@ -95,9 +84,6 @@ def padded_batch(batch, device: str = "cpu") -> Dict[str, Any]:
     tensors = dict(src=src, tgt_in=tgt_in, src_pad=~src_valid, tgt_pad=~tgt_valid, tgt_valid=tgt_valid, causal=causal)
     padding = 1 - (batch.src.numel() + batch.tgt_in.numel()) / (src.numel() + tgt_in.numel())
     return {**{k: v.to(device) for k, v in tensors.items()}, "padding": padding}
-
-
-# ---- setup -------------------------------------------------------------------------------------
 
 
 def setup_task(name: str, args) -> Tuple[Any, Any, List[Any]]:
@@ -187,38 +173,6 @@ def check_same_function(models: Dict[str, nn.Module], batches: List[Any], padded
     return (lp_graph - lp_padded).abs().max().item()
 
 
-# ---- measuring ---------------------------------------------------------------------------------
-
-
-def profile_steps(step: Callable[[int], None], n: int, rows: int, device: str = "cpu") -> Tuple[str, list, list]:
-    """(top-operator table, SDPA kernels that ran, top operators as dicts) of one training step on
-    each of the n batches, ranked by self CPU time (self CUDA time on a GPU)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = device.startswith("cuda")
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
-        for i in range(n):
-            step(i)
-    avg = prof.key_averages()
-    sdpa = sorted({e.key for e in avg if "scaled_dot_product" in e.key or any(s in e.key for s in SDPA_OPS[:5])})
-
-    def self_us(e) -> float:
-        return float(getattr(e, "self_device_time_total", 0.0)) if cuda else e.self_cpu_time_total
-
-    top = sorted(avg, key=self_us, reverse=True)[:rows]
-    # on a GPU an operator's self CUDA time is its kernels' time again: sum the device events only
-    counted = [e for e in avg if not cuda or e.device_type == torch.autograd.DeviceType.CUDA]
-    total = sum(self_us(e) for e in counted) or 1
-    tops = [dict(op=e.key, self_ms=round(self_us(e) / 1e3, 2), calls=e.count) for e in top]
-    for t, e in zip(tops, top):
-        t["share"] = round(self_us(e) / total, 3)
-    line = "    {op:60.60s} {self_ms:9.1f} ms {share:6.1%} {calls:6d} calls"
-    table = "\n".join(line.format(**t) for t in tops)
-    if cuda:
-        table += f"\n    GPU busy (all kernels) {total / 1e3:.1f} ms over the {n} steps"
-    return table, sdpa, tops
-
-
 def run_task(name: str, args, log: Callable[[str], None]) -> List[dict]:
     cfg, task, batches = setup_task(name, args)
     models = build_models(cfg, task, args.backends, args.device, args.compile)
@@ -260,10 +214,16 @@ def run_task(name: str, args, log: Callable[[str], None]) -> List[dict]:
                 times[n].append(spent[n])
         load = os.getloadavg()[0]
         biggest = max(range(len(batches)), key=lambda i: batches[i].num_tokens)
+        cuda = args.device.startswith("cuda")
         for n, s in steps.items():
             med = statistics.median(times[n])
             mem = peak_extra_mib(lambda s=s, i=biggest: s(i), args.device)
-            table, sdpa, tops = profile_steps(s, len(batches), args.profile_rows, args.device)
+            # one training step on each batch, ranked by self CPU time (self CUDA time on a GPU)
+            tops, names, busy = profile_top(lambda s=s: [s(i) for i in range(len(batches))], 1, args.profile_rows, cuda)
+            sdpa = sorted({k for k in names if "scaled_dot_product" in k or any(op in k for op in SDPA_OPS)})
+            table = (
+                profile_lines(tops) + f"\n    GPU busy (all kernels) {busy:.1f} ms over the {len(batches)} steps" * cuda
+            )
             row = dict(task=name, threads=threads, contender=n, tokens_per_s=tokens / med, seconds_median=med)
             row.update(seconds=[round(x, 4) for x in times[n]], peak_extra_mib=mem, sdpa_kernels=sdpa, top_ops=tops)
             row.update(load_average=load, target_tokens=tokens, batches=len(batches), same_function_max_err=check)
@@ -273,7 +233,7 @@ def run_task(name: str, args, log: Callable[[str], None]) -> List[dict]:
                 f"{args.rounds} rounds: {', '.join(f'{x * 1e3:.0f}' for x in times[n])})  peak +{mem or 0:.0f} MiB  "
                 f"SDPA: {', '.join(sdpa) or 'none'}  load {load:.1f}"
             )
-            what = "CUDA" if args.device.startswith("cuda") else "CPU"
+            what = "CUDA" if cuda else "CPU"
             log(f"    top operators by self {what} time, one step per batch ({threads} threads):\n{table}")
         p = next(r for r in rows if (r["task"], r["threads"], r["contender"]) == (name, threads, "nn.Transformer"))
         for gname in graphs:
@@ -317,20 +277,17 @@ def main(argv=None) -> None:
     if not args.data_dir and "multi30k" in args.tasks:
         ap.error("--data-dir is required for the multi30k task")
     args.run = args.run or tempfile.mkdtemp(prefix="bench_train_")
-    info = machine_info(args.device)
-    info["threads"] = "-".join(map(str, args.threads))
-    stem = f"bench_train_{machine_tag(info)}" + "_" * bool(args.tag) + args.tag  # versions are in the JSON
-    out = Output("benchmarks.bench_train", argv, args.out, stem)
-    header = machine_header(info) + f" | {out.provenance['command']}"
+    info = dict(machine_info(args.device), threads="-".join(map(str, args.threads)))
+    out = Output("benchmarks.bench_train", argv, args.out, info, args.tag)  # versions are in the JSON
+    out.header += f" | {out.provenance['command']}"
     config = {**vars(args), "data_dir": os.path.basename(os.path.normpath(args.data_dir)), "run": "RUN", "out": "OUT"}
-    out.log(header)
+    out.log(out.header)
     rows: List[dict] = []
     for name in args.tasks:
         rows += run_task(name, args, out.log)
-        out.save(info, dict(config, header=header), rows)
+        out.save(dict(config, header=out.header), rows)
     panels = nest(rows, "task", "threads", "contender", "tokens_per_s")
-    write_bars(out.path + ".png", header, panels, "target tokens / s at 1, 2, ... threads (median; fwd + bwd + Adam)")
-    out.log("\n" + preview(out.path + ".json"))
+    write_bars(out.png, out.header, panels, "target tokens / s at 1, 2, ... threads (median; fwd + bwd + Adam)")
     out.close()
 
 

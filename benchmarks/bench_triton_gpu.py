@@ -7,22 +7,18 @@
     python benchmarks/bench_triton_gpu.py --sweep-backward --cases random,window8 --modes clamp --out $OUT
     python benchmarks/bench_triton_gpu.py --smoke --contenders csr,reference,pyg --out /tmp/b  # tiny, CPU
 
-Cases (CASES; H=8, D=Dv=64, bfloat16 on a GPU, float32 in --smoke; clamp=(-5, 5) and exact), drawn on
-the device with benchmarks/families.py's builders: random (N=2^20, E=16N uniform), powerlaw (N=2^20,
-16N draws, destinations of rank r with probability ~ r^(-2/3): hubs of ~5e4 edges), window8 and
-window64 (L=2^16, |i - j| <= 8 or 64), complete512 (16 blocks of 512) and complete2048 (4 of 2048).
-SCALE_CASE (with --scale; not subject to --budget): N=2^24, E=2^28, H=2, clamp, triton only, at most 1
-warmup, its output checked range by range; its record holds one fwd+bwd step's peak CUDA memory against
-`step_minimum_bytes` (N=16 on CPU in --smoke, where the peak is None).
-Contenders (CONTENDERS): the backends triton, csr, reference, auto; pyg and sdpa from benchmarks/peers.py;
-flex, compiled FlexAttention with a BlockMask from the graph's CSR (`graph_block_mask`). --sweep and
---sweep-backward time triton under each SWEEP / SWEEP_BACKWARD setting instead.
+Cases (CASES: H=8, D=Dv=64, bfloat16 on a GPU, float32 in --smoke; clamp (-5, 5) and exact), drawn on the
+device with benchmarks/families.py's builders, contenders (CONTENDERS: the backends; pyg and sdpa from
+benchmarks/peers.py; flex, FlexAttention with a BlockMask from the graph's CSR, `graph_block_mask`) and the
+GB/s: docs/benchmarks/triton_gpu.md (benchmarks/templates/triton_gpu.md). --sweep and --sweep-backward time
+triton under each SWEEP / SWEEP_BACKWARD setting instead. SCALE_CASE (with --scale; not subject to --budget):
+N=2^24, E=2^28, H=2, clamp, triton only, at most 1 warmup, its output checked range by range; its record
+holds one fwd+bwd step's peak CUDA memory against `step_minimum_bytes` (N=16 on CPU in --smoke, no peak).
 Each output, computed while new memory is NaN (`poisoned_memory`), must be within TOL of the float32
 reference on ALL destinations, or it is marked WRONG, not timed, and the exit status is 1. Times: inputs
 require grad, median of --rep runs after --warmup; the backward's time is fwd+bwd ms - fwd ms; GB/s:
-`moved_bytes` over the time, and its fraction of the device's peak (--peak-gbs, or PEAK_GBS by name): a
-bandwidth only where each source row is read once per edge (random graphs). --budget skips the cases
-that would start after it. Writes bench_triton_gpu_<machine>[_sweep|_sweep-backward][_smoke].{json,png,log}
+`moved_bytes` over the time, and its share of the peak (--peak-gbs, or PEAK_GBS by name). --budget skips the
+cases that would start after it. Writes bench_triton_gpu_<machine>[_sweep|_sweep-backward][_smoke].{json,png,log}
 into --out: the harness's JSON with targets (issue 30's, by name with the bound), scale and wrong.
 """
 
@@ -305,9 +301,17 @@ def chunked_check(inputs: Sequence[torch.Tensor], g: Graph, clamp, tol: float) -
 def measure(name, make, case, mode, g, inputs, check, args, device, warmup: int) -> Tuple[List[Row], bool]:
     """The rows (fwd, fwd+bwd) of one contender: its output checked (check: out -> (max |err|, bad rows)),
     then timed after `warmup` runs, with their peak memory. Returns the rows and whether the output was wrong."""
-    dtype, num_edges = inputs[0].dtype, g.num_edges
-    rows = [Row(case, num_edges, name, f"{p} {mode}") for p in ("fwd", "fwd+bwd")[: 2 - args.no_backward]]
+    dtype = inputs[0].dtype
+    rows = [Row(case, g.num_edges, name, f"{p} {mode}") for p in ("fwd", "fwd+bwd")[: 2 - args.no_backward]]
     stage = rows[0]
+
+    def timed(stage: Row, fn: Callable) -> None:
+        stage.times_ms = harness.time_ms(fn, device, warmup, args.rep, budget_s=args.contender_s)
+        stage.ms = harness.median(stage.times_ms)
+        for t in inputs:  # the last step's gradients would count as live before the measured one
+            t.grad = None
+        stage.peak_extra_mib, stage.peak_total_mib = peak_mib(fn, device)
+
     try:
         run = make(g, CLAMPS[mode], *inputs)
         with poisoned_memory() if run.poison else contextlib.nullcontext():
@@ -318,9 +322,7 @@ def measure(name, make, case, mode, g, inputs, check, args, device, warmup: int)
         if bad:
             stage.note = f"WRONG: {bad} of {g.num_dst} destinations off by more than {TOL[dtype]:g} (1 + |ref|)"
             return rows[:1], True
-        stage.times_ms = harness.time_ms(run.fn, device, warmup, args.rep, budget_s=args.contender_s)
-        stage.ms = harness.median(stage.times_ms)
-        stage.peak_extra_mib, stage.peak_total_mib = peak_mib(run.fn, device)
+        timed(stage, run.fn)
         if len(rows) > 1 and not run.backward:
             rows[1].note = "skipped: no backward here"
         elif len(rows) > 1:
@@ -332,18 +334,14 @@ def measure(name, make, case, mode, g, inputs, check, args, device, warmup: int)
                     t.grad = None
                 run.fn().backward(grad)
 
-            stage.times_ms = harness.time_ms(step, device, warmup, args.rep, budget_s=args.contender_s)
-            stage.ms = harness.median(stage.times_ms)
-            for t in inputs:  # the last step's gradients would count as live before the measured one
-                t.grad = None
-            stage.peak_extra_mib, stage.peak_total_mib = peak_mib(step, device)
+            timed(stage, step)
     except Skip as e:
         rows = rows[:1]
         rows[0].note = f"skipped: {e}"
     except torch.cuda.OutOfMemoryError:
         stage.note = "out of memory"
     except Exception as e:  # a failing contender is a result, not a crash
-        stage.note = f"failed: {type(e).__name__}: {str(e)[:160]}"
+        stage.note = harness.failure(e)
     for t in inputs:
         t.grad = None
     if device == "cuda":
@@ -425,27 +423,12 @@ def targets(rows: List[Row], scale: Optional[dict] = None) -> Dict[str, Optional
     return out
 
 
-TABLE_HEAD = (
-    f"{'contender':20}{'fwd ms':>9}{'fwd+bwd ms':>12}{'fwd GB/s':>10}{'% peak':>8}{'bwd GB/s':>10}{'% peak':>8}"
-    f"{'peak MiB':>10}{'max|err|':>10}  note"
-)
-
-
-def _fmt(x, spec):
-    width = int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
-    return format(x, spec) if x is not None else "-".rjust(width)
-
-
-def table_line(name: str, rows: List[Row]) -> str:
-    """One contender's line under TABLE_HEAD from its rows (fwd[, fwd+bwd]); peak MiB: the larger extra."""
-    fwd, both = rows[0], rows[1] if len(rows) > 1 else Row("", 0, "", "")
-    mib = max((r.peak_extra_mib for r in rows if r.peak_extra_mib is not None), default=None)
-    pct = [None if f is None else 100 * f for f in (fwd.fwd_peak_fraction, both.bwd_peak_fraction)]
-    return (
-        f"{name:20}{_fmt(fwd.ms, '9.3f')}{_fmt(both.ms, '12.3f')}{_fmt(fwd.gb_per_s, '10.0f')}{_fmt(pct[0], '8.1f')}"
-        f"{_fmt(both.bwd_gb_per_s, '10.0f')}{_fmt(pct[1], '8.1f')}{_fmt(mib, '10.0f')}"
-        f"{_fmt(fwd.max_err_vs_reference, '10.2g')}  " + "; ".join(r.note for r in rows if r.note)
-    )
+def row_line(r: Row) -> str:
+    """A row's log line; a fwd+bwd row's rate is its backward's (bwd_ms = fwd+bwd ms - fwd ms)."""
+    fwd = r.mode.startswith("fwd ")
+    gbs, frac = (r.gb_per_s, r.fwd_peak_fraction) if fwd else (r.bwd_gb_per_s, r.bwd_peak_fraction)
+    pct = harness.fmt(None if frac is None else 100 * frac, ".1f")
+    return harness.row_line(r, f"{'' if fwd else 'bwd '}{harness.fmt(gbs, '.0f')} GB/s ({pct}% of peak)  ")
 
 
 def make_inputs(g: Graph, heads: int, dtype, device) -> List[torch.Tensor]:
@@ -471,14 +454,14 @@ def run_cases(args, cases, contenders, device, dtype, info, say, t0: float) -> T
                 rows.append(Row(case, g.num_edges, "-", f"fwd {mode}", note="skipped: --budget reached"))
                 say("skipped: --budget reached")
                 continue
-            say(TABLE_HEAD)
             check = functools.partial(compare, ref=reference_output(*inputs, g, CLAMPS[mode]), tol=TOL[dtype])
             for name, make in contenders.items():
                 new, bad = measure(name, make, case, mode, g, inputs, check, args, device, args.warmup)
                 set_rates(new, g, inputs, info["peak_gb_s"])
                 rows += new
                 wrong += [f"{case} {mode} {name}"] if bad else []
-                say(table_line(name, new))
+                for r in new:
+                    say(row_line(r))
             del check  # and the reference it holds
     return rows, wrong
 
@@ -492,22 +475,21 @@ def run_scale(args, contenders, device, dtype, info, say) -> Tuple[List[Row], di
     g.csr(), g.csc()  # cached before the step, as in training
     inputs = make_inputs(g, SCALE_HEADS, dtype, device)
     say(f"\n{SCALE_CASE} clamp: N_dst={n}, E={g.num_edges}, H={SCALE_HEADS}, D={D}: triton only, peak memory")
-    say(TABLE_HEAD)
     check = chunked_check(inputs, g, CLAMPS["clamp"], TOL[dtype])
     warmup = min(args.warmup, 1)  # one compiles the H=2 kernels; more only lengthen the run
     rows, bad = measure("triton", CONTENDERS["triton"], SCALE_CASE, "clamp", g, inputs, check, args, device, warmup)
     set_rates(rows, g, inputs, info["peak_gb_s"])
-    say(table_line("triton", rows))
     for name in contenders:
         if name != "triton":
             rows.append(Row(SCALE_CASE, g.num_edges, name, "fwd clamp", note="skipped: this case times triton only"))
-            say(table_line(name, rows[-1:]))
+    for r in rows:
+        say(row_line(r))
     step = next((r for r in rows if r.mode == "fwd+bwd clamp" and r.contender == "triton"), None)
     record = scale_record(g, inputs, step)
     say(
-        f"peak {_fmt(record['peak_gib'], '.2f').strip()} GiB during one fwd+bwd step, minimum "
+        f"peak {harness.fmt(record['peak_gib'], '.2f')} GiB during one fwd+bwd step, minimum "
         f"{record['minimum_gib']:.2f} GiB (inputs, out, grad_out, gradients, one edge index): "
-        f"ratio {_fmt(record['peak_over_minimum'], '.3f').strip()} (target <= 1.25)"
+        f"ratio {harness.fmt(record['peak_over_minimum'], '.3f')} (target <= 1.25)"
     )
     return rows, record, [f"{SCALE_CASE} clamp triton"] if bad else []
 
@@ -568,10 +550,10 @@ def main(argv=None) -> int:
         contenders = {n: CONTENDERS[n] for n in args.contenders.split(",")}
     args.no_backward = args.no_backward or args.sweep  # the backward does not depend on forward settings
     info = machine(args, device)
-    variant = "_sweep" * args.sweep + "_sweep-backward" * args.sweep_backward + "_smoke" * args.smoke
-    stem = f"bench_triton_gpu_{harness.machine_tag(info)}{variant}"
-    out = harness.Output("benchmarks.bench_triton_gpu", argv, args.out, stem)
-    out.log(info["header"])
+    tag = "_".join(["sweep"] * args.sweep + ["sweep-backward"] * args.sweep_backward + ["smoke"] * args.smoke)
+    out = harness.Output("benchmarks.bench_triton_gpu", argv, args.out, info, tag)
+    out.header = info["header"]
+    out.log(out.header)
     out.log(
         f"H={H}, D=Dv={D}, {str(dtype)[6:]}, median of up to {args.rep} runs after {args.warmup} warmup; "
         f"outputs checked on all destinations against the float32 reference (tolerance {TOL[dtype]:g})"
@@ -582,12 +564,12 @@ def main(argv=None) -> int:
         new, record, bad = run_scale(args, contenders, device, dtype, info, out.log)
         rows, wrong = rows + new, wrong + bad
     goals = {} if args.sweep or args.sweep_backward else targets(rows, record)
-    out.log("\ntargets: " + "; ".join(f"{k}: {_fmt(v, '.2f').strip()}" for k, v in goals.items()))
+    out.log("\ntargets: " + "; ".join(f"{k}: {harness.fmt(v, '.2f')}" for k, v in goals.items()))
     out.log(f"wrong: {', '.join(wrong) or 'none'}")
     config = dict(vars(args), out="OUT", dtype=str(dtype), H=H, D=D, tol=TOL[dtype])  # no machine path
-    out.save(info, config, rows, targets=goals, scale=record, wrong=wrong)
+    out.save(config, rows, targets=goals, scale=record, wrong=wrong)
     panels = harness.nest(rows, "mode", "family", "contender", "ms")
-    harness.write_bars(out.path + ".png", info["header"], panels, "ms (median)", log=True)
+    harness.write_bars(out.png, out.header, panels, "ms (median)", log=True)
     out.close()
     return 1 if wrong else 0
 

@@ -1,13 +1,11 @@
 """The graph families bench_kernels (and bench_dgl) time: windows, uniform random, power-law, and
-batches of dense blocks (complete, causal, bipartite, variable length). Each is built from a
-`graphs` module (this sparseattn's, or a baseline checkout's with `bench_kernels --baseline`).
+batches of dense blocks (complete, causal, bipartite, variable length).
 bench_triton_gpu draws its larger graphs of the same kinds with the builders here, on the GPU."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -17,12 +15,12 @@ from sparseattn import graphs
 
 @dataclass
 class Family:
-    """A benchmark graph, built by `build(graphs_module)`. `lengths` (n_src, n_dst) per graph and
+    """A benchmark graph, built by `build()`. `lengths` (n_src, n_dst) per graph and
     `kind` describe the padded batch the dense peers use; None for single non-block graphs
     (window, random, power-law)."""
 
     name: str
-    build: Callable[[ModuleType], graphs.Graph]
+    build: Callable[[], graphs.Graph]
     kind: Optional[str] = None  # "full" or "causal" for block families
     lengths: Optional[List[Tuple[int, int]]] = None
 
@@ -55,14 +53,6 @@ def random_edges(n: int, num_edges: int, seed: int = 0, device=None) -> torch.Te
     return torch.stack([key % n, key // n])
 
 
-def _powerlaw(n: int, degree: int) -> Family:
-    return Family("", lambda gr: gr.Graph(powerlaw_edges(n, degree), n, n))
-
-
-def _blocks(kind: str, sizes: List[Tuple[int, int]]) -> Family:
-    return Family("", lambda gr: gr.from_blocks([(kind, s, d) for s, d in sizes]), kind, sizes)
-
-
 def _varlen(total: int, lo: int, hi: int, seed: int = 0) -> List[int]:
     rng, lengths = random.Random(seed), []
     while sum(lengths) < total:
@@ -70,38 +60,32 @@ def _varlen(total: int, lo: int, hi: int, seed: int = 0) -> List[int]:
     return lengths
 
 
-def families(quick: bool) -> Dict[str, Family]:
-    def fam(name, f: Family) -> Tuple[str, Family]:
-        f.name = name
-        return name, f
+def _blocks(name: str, kind: str, sizes: List[Tuple[int, int]]) -> Family:
+    return Family(name, lambda: graphs.from_blocks([(kind, s, d) for s, d in sizes]), kind, sizes)
 
+
+def _sparse(n: int, size: str) -> List[Family]:
+    """window-<n> (radius 8), random-<size> and powerlaw-<size> of n nodes and in-degree 16."""
+    return [
+        Family(f"random-{size}", lambda: graphs.random(n, n, n * 16, seed=0)),
+        Family(f"powerlaw-{size}", lambda: graphs.Graph(powerlaw_edges(n, 16), n, n)),
+    ]
+
+
+def families(quick: bool) -> Dict[str, Family]:
+    window = [Family(f"window-{n}", lambda n=n: graphs.window(n, 8)) for n in ((2048,) if quick else (8192, 65536))]
     if quick:
-        return dict(
-            [
-                fam("window-2048", Family("", lambda gr: gr.window(2048, 8))),
-                fam("random-5k", Family("", lambda gr: gr.random(5000, 5000, 5000 * 16, seed=0))),
-                fam("powerlaw-5k", _powerlaw(5000, 16)),
-                fam("complete-16x32", _blocks("full", [(32, 32)] * 16)),
-                fam("causal-8x64", _blocks("causal", [(64, 64)] * 8)),
-                fam("bipartite-8x40x40", _blocks("full", [(40, 40)] * 8)),
-                fam("varlen-5..50-512", _blocks("full", [(n, n) for n in _varlen(512, 5, 50)])),
-            ]
-        )
-    return dict(
-        [
-            fam("window-8192", Family("", lambda gr: gr.window(8192, 8))),
-            fam("window-65536", Family("", lambda gr: gr.window(65536, 8))),
-            fam("random-50k", Family("", lambda gr: gr.random(50_000, 50_000, 50_000 * 16, seed=0))),
-            fam("powerlaw-50k", _powerlaw(50_000, 16)),
-            fam("complete-64x32", _blocks("full", [(32, 32)] * 64)),
-            fam("complete-32x128", _blocks("full", [(128, 128)] * 32)),
-            fam("complete-8x512", _blocks("full", [(512, 512)] * 8)),
-            fam("causal-32x128", _blocks("causal", [(128, 128)] * 32)),
-            fam("bipartite-32x40x40", _blocks("full", [(40, 40)] * 32)),
-            fam("varlen-5..50-4096", _blocks("full", [(n, n) for n in _varlen(4096, 5, 50)])),
-            fam("complete-2x2048", _blocks("full", [(2048, 2048)] * 2)),
-        ]
-    )
+        fams = window + _sparse(5000, "5k") + [_blocks("complete-16x32", "full", [(32, 32)] * 16)]
+        fams += [_blocks("causal-8x64", "causal", [(64, 64)] * 8), _blocks("bipartite-8x40x40", "full", [(40, 40)] * 8)]
+        fams.append(_blocks("varlen-5..50-512", "full", [(n, n) for n in _varlen(512, 5, 50)]))
+    else:
+        fams = window + _sparse(50_000, "50k")
+        fams += [_blocks(f"complete-{b}x{n}", "full", [(n, n)] * b) for b, n in ((64, 32), (32, 128), (8, 512))]
+        fams += [_blocks("causal-32x128", "causal", [(128, 128)] * 32)]
+        fams += [_blocks("bipartite-32x40x40", "full", [(40, 40)] * 32)]
+        fams.append(_blocks("varlen-5..50-4096", "full", [(n, n) for n in _varlen(4096, 5, 50)]))
+        fams.append(_blocks("complete-2x2048", "full", [(2048, 2048)] * 2))
+    return {f.name: f for f in fams}
 
 
 FLEX_FAMILIES = ("window-8192", "causal-32x128", "window-2048", "causal-8x64")

@@ -1,13 +1,6 @@
 """Benchmark plumbing shared by the benchmark scripts: one warmup + synchronized timing loop for
-every contender, peak-memory measurement, the machine and provenance every result records, and
-the JSON, PNG and log writers.
-
-Provenance: every JSON a benchmark saves starts with `commit` (`git rev-parse HEAD`, or
-$SPARSEATTN_COMMIT where the tree has no .git, as on a lent GPU machine), `dirty` (tracked files
-outside benchmarks/results/ differ from that commit) and `command` (the command line that
-reproduces it, timing-relevant environment settings first), taken when the run starts; its
-`machine` holds the CPU, GPU, versions, thread settings (torch threads, the OMP_*/MKL_*
-environment) and the load average at the start and the end.
+every contender, peak-memory measurement, the machine and provenance every result records
+(`provenance`, `machine_info`), and the JSON, PNG and log writers (`Output`).
 
 Peak memory: on CUDA, `torch.cuda.max_memory_allocated` over one call minus the memory allocated
 before it. On CPU, the process's peak resident set (VmHWM in /proc/self/status, reset by writing
@@ -40,7 +33,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, is_dataclass
 from statistics import median as median  # re-exported for the scripts
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -95,6 +88,23 @@ def time_interleaved(
     return times
 
 
+def failure(exc: BaseException) -> str:
+    """A row's note for a contender that raised: "failed: <type>: <first line of the message>"."""
+    return f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
+
+
+def measure(rows: Sequence[Any], fns: Sequence[Callable[[], object]], device: str = "cpu", memory=True, **timing):
+    """Times fns in interleaved rounds (`time_interleaved`; timing: warmup, reps, budget_s) into their
+    rows (`Result`s: times_ms, ms their median), then, with `memory`, each timed one's peak extra
+    memory (`peak_extra_mib`); a contender that raised gets `failure` as its note."""
+    for r, fn, times in zip(rows, fns, time_interleaved(list(fns), device, **timing)):
+        if isinstance(times, Exception):
+            r.note = failure(times)
+        elif times:
+            r.ms, r.times_ms = median(times), times
+            r.peak_extra_mib = peak_extra_mib(fn, device) if memory else None
+
+
 def time_ms(fn: Callable[[], object], device: str = "cpu", warmup: int = 3, reps: int = 10, budget_s: float = 20.0):
     """`time_interleaved` of one contender: its times in ms; what it raised is raised."""
     (times,) = time_interleaved([fn], device, warmup, reps, budget_s)
@@ -103,16 +113,12 @@ def time_ms(fn: Callable[[], object], device: str = "cpu", warmup: int = 3, reps
     return times
 
 
-def _libc():
-    try:
-        import ctypes
+try:
+    import ctypes
 
-        return ctypes.CDLL("libc.so.6")
-    except OSError:
-        return None
-
-
-_LIBC = _libc()
+    _LIBC: Any = ctypes.CDLL("libc.so.6")
+except OSError:
+    _LIBC = None
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
@@ -129,21 +135,15 @@ _malloc_for(measuring_memory=False)
 
 
 def _status_kib(key: str) -> Optional[int]:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
+    found = re.search(rf"^{key}:\s*(\d+)", _read("/proc/self/status"), re.M)
+    return int(found.group(1)) if found else None
 
 
 def _reset_cpu_peak() -> bool:
+    """Reset the process's peak resident set (VmHWM); False where the kernel does not let it."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
+            return f.write("5") == 1
     except OSError:
         return False
 
@@ -172,18 +172,47 @@ def peak_extra_mib(fn: Callable[[], object], device: str = "cpu") -> Optional[fl
         _malloc_for(measuring_memory=False)
 
 
+def profile_top(
+    fn: Callable[[], object], runs: int = 1, rows: int = 8, cuda: bool = False
+) -> Tuple[List[dict], List[str], float]:
+    """The `rows` operators with the most self time over `runs` calls of fn: self CPU time, or with
+    `cuda` self CUDA time as a share of the device events' total (an operator's self CUDA time is its
+    kernels' time again). Returns [{"op", "self_ms" (per call), "share", "calls"}], every operator's
+    name, and that total in ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda) as prof:
+        for _ in range(runs):
+            fn()
+    events = prof.key_averages()
+
+    def self_us(e) -> float:
+        return float(getattr(e, "self_device_time_total", 0.0)) if cuda else e.self_cpu_time_total
+
+    total = sum(self_us(e) for e in events if not cuda or e.device_type == torch.autograd.DeviceType.CUDA) or 1
+    top = [(e, self_us(e)) for e in sorted(events, key=self_us, reverse=True)[:rows]]
+    tops = [dict(op=e.key, self_ms=round(t / 1e3 / runs, 2), share=round(t / total, 3), calls=e.count) for e, t in top]
+    return tops, [e.key for e in events], total / 1e3
+
+
+def profile_lines(tops: List[dict]) -> str:
+    return "\n".join("    {op:60.60s} {self_ms:9.1f} ms {share:6.1%} {calls:6d} calls".format(**t) for t in tops)
+
+
 # ---- what a result records ----------------------------------------------------------------------
 
 
 def cpu_model() -> str:
+    model = re.search(r"^model name\s*:\s*(.*)$", _read("/proc/cpuinfo"), re.M)
+    return model.group(1).strip() if model else platform.processor() or platform.machine()
+
+
+def _read(path: str) -> str:
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+        with open(path) as f:
+            return f.read()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return ""
 
 
 def _version(package: str) -> Optional[str]:
@@ -232,16 +261,13 @@ def openmp_settings() -> dict:
     "at::get_num_threads()": "2", "omp_get_max_threads()": "2", ...}} (its environment section left
     out: "env" holds it)."""
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(_OPENMP_ENV)}
-    summary = {}
     text = torch.__config__.parallel_info()
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("Environment variables"):
-            break
+    summary = {}
+    for line in (x.strip() for x in text.split("Environment variables")[0].splitlines()):
         if line.startswith("OpenMP "):
             summary["OpenMP"] = line[len("OpenMP ") :]
         elif " : " in line:
-            key, value = line.split(" : ", 1)
+            key, _, value = line.partition(" : ")
             summary[key.strip()] = value.strip()
     backend = re.search(r"ATen parallel backend: (.*)", text)
     if backend:
@@ -300,16 +326,12 @@ def provenance(module: str, argv: Optional[Sequence[str]] = None) -> Dict[str, A
     return {"commit": commit, "dirty": dirty, "command": command(module, argv)}
 
 
-def env_note(info: dict) -> str:
-    """' | KEY=value' for each timing-relevant setting `machine_info` found, for a header's end."""
-    return "".join(f" | {k}={v}" for k, v in info.get("env", {}).items())
-
-
 def machine_header(info: dict) -> str:
+    """The machine line of a run's log and plots, ending in ' | KEY=value' per timing-relevant setting."""
     return (
         f"sparseattn {info['sparseattn']} | torch {info['torch']} | {info['cpu']} "
-        f"({info.get('cpu_capability', '?')}), {info['threads']} threads | "
-        f"{info['gpu']} | {info['date']} | load {info['load_average']:.1f}{env_note(info)}"
+        f"({info.get('cpu_capability', '?')}), {info['threads']} threads | {info['gpu']} | {info['date']} | "
+        f"load {info['load_average']:.1f}" + "".join(f" | {k}={v}" for k, v in info.get("env", {}).items())
     )
 
 
@@ -339,6 +361,19 @@ class Result:
     note: str = ""
 
 
+def fmt(x: Optional[float], spec: str) -> str:
+    """x formatted by spec, "-" for None."""
+    return "-" if x is None else format(x, spec)
+
+
+def row_line(r: Result, extra: str = "") -> str:
+    """A row's line in a run's log: pass, contender, ms, peak extra MiB, max |err|, then `extra` and the note."""
+    return (
+        f"  {r.mode:8s} {r.contender:15s} {fmt(r.ms, '10.3f')} ms  peak +{fmt(r.peak_extra_mib, '.1f')} MiB  "
+        f"err {fmt(r.max_err_vs_reference, '.1e')}  {extra}{r.note}"
+    )
+
+
 def write_json(path: str, provenance: dict, info: dict, config: dict, results: Sequence[Any], **extra: Any) -> None:
     """{commit, dirty, command, machine, config, results, **extra}; results are dataclasses or dicts.
     The machine's load average at the end is taken now."""
@@ -350,33 +385,43 @@ def write_json(path: str, provenance: dict, info: dict, config: dict, results: S
 
 
 class Output:
-    """A run's files, `<out>/<stem>.{json,png,log}`. `log` prints a line and appends it to the .log
-    (written as it goes, so a run cut short keeps its log; its first lines name the command and
-    commit); `save` writes the JSON with the provenance taken when the Output was made, at the
-    run's start."""
+    """A run's files, `<out>/<bench>[_quick]_<machine>[_<tag>].{json,png,log}` (`path` without the
+    ending, `png` the plot's), named from `info` (`machine_tag`), with `header` its machine line.
+    `log` prints a line and, unless log_file=False, appends it to the .log (written as it goes, so a
+    run cut short keeps its log; its first lines name the command and commit); `save` writes the JSON
+    with `info` and the provenance taken when the Output was made, at the run's start; `close` prints
+    (and logs) the tables its page will show."""
 
-    def __init__(self, module: str, argv: Optional[Sequence[str]], out: str, stem: str) -> None:
+    def __init__(self, module: str, argv, out: str, info: dict, tag: str = "", quick: bool = False, log_file=True):
         os.makedirs(out, exist_ok=True)
-        self.path = os.path.join(out, stem)
+        bench = module.rsplit(".", 1)[-1]
+        self.path = os.path.join(out, f"{bench}{'_quick' * quick}_{machine_tag(info)}" + f"_{tag}" * bool(tag))
+        self.png, self.info, self.header = self.path + ".png", info, machine_header(info)
         self.provenance = provenance(module, argv)
         self._log: Optional[Any] = None
+        self._log_file = log_file
 
     def log(self, line: str = "") -> None:
         print(line, flush=True)
-        if self._log is None:
+        if self._log is None and self._log_file:
             self._log = open(self.path + ".log", "w")
             commit, dirty = self.provenance["commit"], self.provenance["dirty"]
             self._log.write(f"$ {self.provenance['command']}\n# commit {commit}{' (dirty)' * bool(dirty)}\n")
-        self._log.write(line + "\n")
-        self._log.flush()
+        if self._log is not None:
+            self._log.write(line + "\n")
+            self._log.flush()
 
-    def save(self, info: dict, config: dict, results: Sequence[Any], **extra: Any) -> None:
-        write_json(self.path + ".json", self.provenance, info, config, results, **extra)
+    def save(self, config: dict, results: Sequence[Any], **extra: Any) -> None:
+        write_json(self.path + ".json", self.provenance, self.info, config, results, **extra)
 
-    def close(self) -> None:
+    def close(self, preview: bool = True) -> None:
+        if preview:
+            from .pages import preview as page_tables  # the pages import this module
+
+            self.log("\n" + page_tables(self.path + ".json"))
         if self._log is not None:
             self._log.close()
-        print(f"wrote {self.path}.json" + ", .log" * bool(self._log) + " and .png" * os.path.exists(self.path + ".png"))
+        print(f"wrote {self.path}.json" + ", .log" * bool(self._log) + " and .png" * os.path.exists(self.png))
 
 
 # ---- plots --------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""What bench_kernels prints and stores besides its rows: the row type (a Result with its thread
-setting, input scale and physical limit), each row's progress line, the target ratios per setting
-(the kernels page renders them), and the lines of its plot."""
+"""What bench_kernels stores besides its rows: the row type (a Result with its thread setting, input
+scale and physical limit), the target ratios per setting (the kernels page renders them), and the
+lines of its plot."""
 
 from __future__ import annotations
 
@@ -30,30 +30,11 @@ def group_of(r: KernelResult) -> Tuple[str, float]:
     return setting_label(r.threads, r.omp_wait_policy), r.input_scale
 
 
-BASELINE_CONTENDERS = ("csr", "auto", "auto (raw)")  # timed with --baseline as "<name> [baseline]"
-
-
-def _fmt(x: Optional[float], f: str) -> str:
-    return "-" if x is None else format(x, f)
-
-
-def print_row(r: KernelResult) -> None:
-    pct = None if r.limit_fraction is None else 100 * r.limit_fraction
-    print(
-        f"  {r.mode:8s} {r.contender:15s} {_fmt(r.ms, '10.2f')} ms  peak +{_fmt(r.peak_extra_mib, '8.1f')} MiB  "
-        f"{_fmt(r.gb_per_s, '6.2f')} GB/s {_fmt(r.gflop_per_s, '6.1f')} GFLOP/s {_fmt(pct, '5.1f')}% of limit  "
-        f"err {_fmt(r.max_err_vs_reference, '.1e')}  {r.note}",
-        flush=True,
-    )
-
-
 RATIOS = {  # targets (issue 31): name -> (numerator, denominator, target as "<= x" / ">= x" or None)
     "auto/sdpa": ("auto", "sdpa", "<= 1.15"),
     "raw/Graph": ("auto (raw)", "auto", "<= 1.5"),
     "compiled/eager": ("auto (compiled)", "auto", None),
     "pyg/auto": ("pyg", "auto", ">= 30"),
-    # --baseline: this tree's eager time over the baseline's, in the same rounds
-    **{f"{n}/baseline": (n, f"{n} [baseline]", "<= 1.05") for n in BASELINE_CONTENDERS},
 }
 CSR_FWD_BWD = "<= 2.5"  # "csr fwd+bwd/fwd": csr's forward+backward time over its forward time
 THREAD_GAIN = ("auto", ">= 1")  # "1 thread/this": the contender's time at 1 thread over its time here

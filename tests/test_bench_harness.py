@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from benchmarks import harness
-from benchmarks.harness import machine_header, machine_info, openmp_settings, time_interleaved
+from benchmarks.harness import machine_header, machine_info, machine_tag, openmp_settings, time_interleaved
 
 
 def test_header_names_the_cpu_capability_and_timing_settings(monkeypatch):
@@ -84,15 +84,30 @@ def test_every_json_records_commit_command_and_thread_settings(tmp_path, monkeyp
     assert data["results"][0]["ms"] == 1.0 and data["machine"]["load_average_end"] is not None
 
 
-def test_output_logs_its_command_and_commit_first(tmp_path, capsys):
-    out = harness.Output("benchmarks.bench_layers", ["--nodes", "16"], str(tmp_path), "bench_layers_x")
+def test_output_names_its_files_and_logs_command_and_commit_first_and_the_page_last(tmp_path, capsys):
+    info = machine_info()
+    out = harness.Output("benchmarks.bench_layers", ["--nodes", "16"], str(tmp_path), info, tag="x")
     out.log("a line")
-    out.save({"date": "now"}, {}, [])
+    out.save({}, [harness.Result("random-16", 256, "csr, no edge term", "fwd+bwd", ms=1.5)])
     out.close()
-    lines = (tmp_path / "bench_layers_x.log").read_text().splitlines()
+    stem = f"bench_layers_{machine_tag(info)}_x"
+    lines = (tmp_path / f"{stem}.log").read_text().splitlines()
     assert lines[0] == "$ python -m benchmarks.bench_layers --nodes 16" and lines[1].startswith("# commit ")
     assert lines[2] == "a line" and "a line" in capsys.readouterr().out
-    assert json.loads((tmp_path / "bench_layers_x.json").read_text())["command"] == lines[0][2:]
+    assert "- Command: `python -m benchmarks.bench_layers --nodes 16`" in lines  # the page's section, at the end
+    assert "| `random-16` | 1.50 | – | – | – | – | – | – | – |" in lines
+    data = json.loads((tmp_path / f"{stem}.json").read_text())
+    assert data["command"] == lines[0][2:] and data["machine"]["cpu"] == info["cpu"]
+
+
+def test_measure_times_into_rows_and_notes_failures():
+    def fails():
+        raise ValueError("bad input\nsecond line")
+
+    rows = [harness.Result("f", 1, name, "fwd") for name in ("ok", "fails")]
+    harness.measure(rows, [lambda: torch.ones(4).sum(), fails], warmup=1, reps=3, budget_s=10)
+    assert len(rows[0].times_ms) == 3 and rows[0].ms == sorted(rows[0].times_ms)[1]
+    assert rows[1].ms is None and rows[1].note == "failed: ValueError: bad input"
 
 
 def test_without_a_checkout_the_commit_comes_from_the_environment(tmp_path, monkeypatch):

@@ -30,7 +30,7 @@ def test_powerlaw_edges_are_seeded_sorted_unique_and_heavy_tailed():
     out_deg, in_deg = torch.bincount(src, minlength=n), torch.bincount(dst, minlength=n)
     assert out_deg.max() > 50 * degree, "hub sources feed many destinations"
     assert in_deg.max() > 10 * degree, "heavy-tailed in-degree"
-    g = families(quick=True)["powerlaw-5k"].build(graphs)
+    g = families(quick=True)["powerlaw-5k"].build()
     assert (g.num_src, g.num_dst) == (5000, 5000) and g.num_edges == powerlaw_edges(5000, 16).shape[1]
 
 
@@ -97,7 +97,7 @@ def test_quick_run_records_settings_scales_and_limits(quick_run):
 def test_exact_peers_are_checked_against_exact_softmax(quick_run):
     """At N(0, 4) the clamp binds, so SDPA (exact softmax) differs from the clamp-mode reference;
     the run checked it against the exact one and timed it."""
-    g = families(quick=True)["complete-16x32"].build(graphs)
+    g = families(quick=True)["complete-16x32"].build()
     torch.manual_seed(0)
     q, k, v = (torch.randn(n, 8, 64) * 2 for n in (g.num_dst, g.num_src, g.num_src))
     clamped = edge_attention(q, k, v, g, backend="reference")

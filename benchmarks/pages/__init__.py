@@ -27,26 +27,26 @@ import argparse
 import json
 import os
 import re
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from ..harness import RESULTS, ROOT
-from .common import BENCHES, RESULTS_REL, Run, join, load_runs, machine_desc, parse_name
-from .gpu_dist import page_distributed, page_triton_gpu
-from .kernels import page_dgl, page_kernels
-from .models import page_compile, page_layers, page_train
+from .common import BENCHES, RESULTS_REL, Run, join, load_runs, machine_desc, parse_name, sections
+from .gpu_dist import distributed_headline, distributed_tables, page_triton_gpu
+from .kernels import dgl_headline, dgl_table, page_kernels
+from .models import layers_headline, layers_tables, page_compile, train_headline, train_table
 
 __all__ = ["RESULTS", "RESULTS_REL", "existing", "generate", "load_runs", "main", "parse_name", "preview"]
 DOCS = os.path.join(ROOT, "docs", "benchmarks")
 TEMPLATES = os.path.join(ROOT, "benchmarks", "templates")
-Page = Callable[[List[Run], Callable[[str], str]], Tuple[List[str], Dict[str, str]]]
-PAGES: Dict[str, Page] = {  # in the index's order
+# page -> its renderer, (runs, snippet) -> (parts, headline per machine), or the (body, headline) of `sections`
+PAGES: Dict[str, Union[Callable, Tuple[Callable, Callable]]] = {  # in the index's order
     "kernels": page_kernels,
-    "layers": page_layers,
-    "train": page_train,
+    "layers": (layers_tables, layers_headline),
+    "train": (train_table, train_headline),
     "compile": page_compile,
-    "dgl": page_dgl,
+    "dgl": (dgl_table, dgl_headline),
     "triton_gpu": page_triton_gpu,
-    "distributed": page_distributed,
+    "distributed": (distributed_tables, distributed_headline),
 }
 PLACEHOLDER = re.compile(r"\{\{ *([a-z_]+)(?::([^ }]+))? *\}\}")
 
@@ -80,6 +80,17 @@ def fill(text: str, values: Dict[str, str], results: str) -> str:
     return join([PLACEHOLDER.sub(one, text)])
 
 
+def render(page: str, runs: List[Run]) -> Tuple[List[str], Dict[str, str]]:
+    """The page's parts made from its runs, and its headline per machine."""
+    if not runs:
+        return [
+            f"No stored run yet. `python -m benchmarks.bench_{page}` writes"
+            f" `{RESULTS_REL}/bench_{page}_<machine>.json`; `python -m benchmarks.pages` then fills this page."
+        ], {}
+    how = PAGES[page]
+    return sections(runs, *how) if isinstance(how, tuple) else how(runs, snippet)
+
+
 def index_page(heads: Dict[str, Dict[str, str]], runs: List[Run], results: str) -> str:
     items = []
     for page in PAGES:
@@ -98,8 +109,8 @@ def generate(results: str = RESULTS) -> Tuple[Dict[str, bytes], List[str]]:
     runs = load_runs(results)
     out: Dict[str, bytes] = {}
     heads: Dict[str, Dict[str, str]] = {}
-    for page, render in PAGES.items():
-        parts, heads[page] = render([r for r in runs if r.page == page], snippet)
+    for page in PAGES:
+        parts, heads[page] = render(page, [r for r in runs if r.page == page])
         out[f"{page}.md"] = fill(snippet(page), {"runs": join(parts)}, results).encode()
     out["index.md"] = index_page(heads, runs, results).encode()
     for run in runs:
@@ -116,7 +127,7 @@ def preview(path: str) -> str:
     bench = next(b for b in BENCHES if stem.startswith(f"bench_{b}_"))
     with open(path) as f:
         run = Run(stem, bench, "", "", json.load(f), png=False, log=False)
-    return join(PAGES[run.page]([run], snippet)[0])
+    return join(render(run.page, [run])[0])
 
 
 def existing(docs: str = DOCS) -> Dict[str, bytes]:

@@ -8,7 +8,7 @@ import os
 import re
 import statistics
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ..harness import RESULTS
 
@@ -100,9 +100,19 @@ def f_pct(x: Optional[float]) -> str:
     return DASH if x is None else f"{100 * x:.1f}%"
 
 
-def table(head: Sequence[str], rows: Iterable[Sequence[str]], right: Iterable[int] = ()) -> str:
-    """A markdown table; columns in `right` are right-aligned (numbers)."""
-    right = set(right)
+def cell(row: Optional[Dict[str, Any]]) -> str:
+    """A contender's time, or why it has none (`skipped`); a dash where it has no row."""
+    return DASH if row is None else f_ms(row["ms"]) if row["ms"] is not None else skipped(row["note"])
+
+
+def joined(values: Sequence[Optional[float]], fmt) -> str:
+    """'a / b' of the values by `fmt` (one per pass), a dash where none is there."""
+    return DASH if all(v is None for v in values) else " / ".join(fmt(v) for v in values)
+
+
+def table(head: Sequence[str], rows: Iterable[Sequence[str]], right: Union[int, Iterable[int]] = ()) -> str:
+    """A markdown table; columns in `right`, or from index `right` on, are right-aligned (numbers)."""
+    right = set(range(right, len(head)) if isinstance(right, int) else right)
     lines = ["| " + " | ".join(head) + " |"]
     lines.append("| " + " | ".join("---:" if i in right else "---" for i in range(len(head))) + " |")
     lines += ["| " + " | ".join(row) + " |" for row in rows]

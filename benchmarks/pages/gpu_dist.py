@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from .common import DASH, RESULTS_REL, Run, by_key, f_int, f_ms, f_pct, f_x, ordered, sections, skipped, table
+from .common import DASH, Run, by_key, cell, f_int, f_ms, f_pct, f_x, joined, ordered, sections, table
 
 TRITON_ORDER = ("triton", "auto", "csr", "pyg", "flex", "sdpa")
 
@@ -22,27 +22,25 @@ def triton_tables(run: Run) -> List[str]:
         for fam in families:
             row = [f"`{fam}`", f_int(next(r["edges"] for r in run.results if r["family"] == fam))]
             for c in contenders:
-                vals = []
-                for mode in ("fwd", "fwd+bwd"):
-                    r = cells.get((fam, f"{mode} {kind}", c))
-                    vals.append(DASH if r is None else f_ms(r["ms"]) if r["ms"] is not None else skipped(r["note"]))
+                vals = [cell(cells.get((fam, f"{mode} {kind}", c))) for mode in ("fwd", "fwd+bwd")]
                 row.append(vals[0] if vals[1] in (DASH, vals[0]) else " / ".join(vals))
             t = cells.get((fam, f"fwd {kind}", "triton"))
             gbs = t.get("gb_per_s") if t else None
             rows.append(row + [f"{gbs:,.0f} ({100 * gbs / peak:.0f}%)" if gbs and peak else DASH])
         head = ["graph", "edges"] + [f"`{c}`" for c in contenders] + ["`triton` fwd GB/s (of peak)"]
-        out.append(f"**{kind}**, ms fwd / fwd+bwd (median):\n\n" + table(head, rows, right=range(1, len(head))))
-    mem_rows = []
-    for fam in families:
-        row = [f"`{fam}`"]
-        for c in contenders:
-            mibs = [cells.get((fam, f"{m} {kinds[0]}", c), {}).get("peak_extra_mib") for m in ("fwd", "fwd+bwd")]
-            row.append(DASH if mibs == [None, None] else " / ".join(f_int(v) for v in mibs))
-        mem_rows.append(row)
-    out.append(
-        f"Peak extra GPU memory, MiB fwd / fwd+bwd ({kinds[0]}):\n\n"
-        + table(["graph"] + [f"`{c}`" for c in contenders], mem_rows, right=range(1, len(contenders) + 1))
-    )
+        out.append(f"**{kind}**, ms fwd / fwd+bwd (median):\n\n" + table(head, rows, right=1))
+    mem = [
+        [f"`{fam}`"]
+        + [
+            joined(
+                [cells.get((fam, f"{m} {kinds[0]}", c), {}).get("peak_extra_mib") for m in ("fwd", "fwd+bwd")], f_int
+            )
+            for c in contenders
+        ]
+        for fam in families
+    ]
+    head = ["graph"] + [f"`{c}`" for c in contenders]
+    out.append(f"Peak extra GPU memory, MiB fwd / fwd+bwd ({kinds[0]}):\n\n" + table(head, mem, right=1))
     rows = []
     for name, value in (run.data.get("targets") or {}).items():
         what, _, bound = name.partition(" (")
@@ -78,7 +76,7 @@ def sweep_table(run: Run) -> str:
             [f"`{c}`"] + [f"**{f_ms(t)}**" if t is not None and t == best[f] else f_ms(t) for f, t in zip(families, ms)]
         )
     head = ["setting"] + [f"`{f}`" for f in families]
-    return f"{mode}, ms (median); bold: the fastest per graph:\n\n" + table(head, rows, right=range(1, len(head)))
+    return f"{mode}, ms (median); bold: the fastest per graph:\n\n" + table(head, rows, right=1)
 
 
 def triton_headline(group: List[Run]) -> str:
@@ -131,7 +129,7 @@ def distributed_tables(run: Run) -> List[str]:
     head = ["configuration", "ranks", "nodes", "in-edges", "halo rows", "MiB in", "train peak MiB", "step s"]
     out = [
         "Per configuration, the largest value over its ranks; MiB in: halo rows received per step (forward and"
-        " backward), step: median of the timed steps:\n\n" + table(head + ["exchange", "wait"], per, right=range(1, 10))
+        " backward), step: median of the timed steps:\n\n" + table(head + ["exchange", "wait"], per, right=1)
     ]
     summary = run.data.get("summary") or {}
     if summary:
@@ -143,7 +141,7 @@ def distributed_tables(run: Run) -> List[str]:
         ]
         head = ["configuration", "train peak / one process", "setup peak / one process", "exchange share"]
         head += ["wait share", "slowest step / one process", "step-1 loss difference"]
-        out.append("Against one process on the whole graph (largest rank):\n\n" + table(head, srows, right=range(1, 7)))
+        out.append("Against one process on the whole graph (largest rank):\n\n" + table(head, srows, right=1))
     return out
 
 
@@ -151,12 +149,3 @@ def distributed_headline(group: List[Run]) -> str:
     summary = group[0].data.get("summary") or {}
     parts = [f"`{name}` {f_x(s['peak_ratio'])}" for name, s in summary.items() if s.get("peak_ratio")]
     return "largest rank's peak memory against one process: " + ", ".join(parts) if parts else ""
-
-
-def page_distributed(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
-    if not runs:
-        return [
-            "No stored run yet. `python -m benchmarks.bench_distributed` writes"
-            f" `{RESULTS_REL}/bench_distributed_<machine>.json`; `python -m benchmarks.pages` then fills this page."
-        ], {}
-    return sections(runs, distributed_tables, distributed_headline)

@@ -6,24 +6,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..kernels_report import CSR_FWD_BWD, LIMIT_TARGETS, RATIOS, THREAD_GAIN, KernelResult, ratio_table
-from .common import (
-    DASH,
-    Run,
-    by_key,
-    by_machine,
-    f_int,
-    f_ms,
-    f_pct,
-    f_x,
-    header,
-    machine_desc,
-    ordered,
-    plot,
-    sections,
-    skipped,
-    span,
-    table,
-)
+from . import common
+from .common import DASH, Run, cell, f_int, f_ms, f_pct, f_x, header, joined, ordered, plot, table
 
 KERNEL_ORDER = ("csr", "dense", "auto", "auto (raw)", "auto (compiled)", "sdpa", "sdpa-masked", "dense bmm", "pyg")
 Bound = Optional[Tuple[str, float]]
@@ -44,7 +28,7 @@ KERNEL_TARGETS = (  # the ratio names of kernels_report.ratio_table, the column 
     ("auto 1 thread/this", "`auto` at 1 thread / here", _bound(THREAD_GAIN[1])),
 )
 SHARE_TARGETS = {family: _bound(target) for family, target in LIMIT_TARGETS.items()}  # on "auto limit share"
-GROUP_HEAD = ["threads", "input σ"]  # each table line: a family at a thread setting and input scale
+GROUP_HEAD = ["family", "threads", "input σ"]  # each table line: a family at a thread setting and input scale
 MOVED = (("bytes", 1e6, 0), ("flops", 1e9, 2))  # must_move's bytes in MB and flops in GFLOP, with decimals
 
 
@@ -67,18 +51,27 @@ def _lines(run: Run) -> List[Tuple[str, Tuple[str, str]]]:
     return [(f, gr) for f in ordered(r["family"] for r in run.results) for gr in groups if (f, gr) in have]
 
 
-def _cells(run: Run) -> Dict[Tuple[str, ...], Dict[str, Any]]:
-    """Rows by (family, mode, contender, threads, input scale)."""
-    return {(r["family"], r["mode"], r["contender"], *_group(r)): r for r in run.results}
+def _grid(run: Run, columns: List[str], value) -> List[List[str]]:
+    """A row per table line: its family, group, and value(row by (family, mode, contender, *group), mode)
+    per mode of each column's contender, as `joined` cells when value gives a number per mode."""
+    cells = {(r["family"], r["mode"], r["contender"], *_group(r)): r for r in run.results}
+    modes = ordered(r["mode"] for r in run.results)
+    return [
+        [f"`{f}`", *gr, *(value(lambda m, c=c, f=f, gr=gr: cells.get((f, m, c, *gr)), modes) for c in columns)]
+        for f, gr in _lines(run)
+    ]
+
+
+def _per_mode(key: str, fmt):
+    return lambda row, modes: joined([(row(m) or {}).get(key) for m in modes], fmt)
 
 
 def _ratio_lines(run: Run) -> List[Tuple[List[str], Dict[str, List[Optional[float]]]]]:
     """Each table line's first cells and its ratios by name, by today's definitions from the rows."""
     by_line: Dict[Tuple[str, Tuple[str, str]], Dict[str, List[Optional[float]]]] = {}
     for rec in ratio_table([KernelResult(**r) for r in run.results]):
-        by_line.setdefault((rec["family"], (rec["threads"], f"{rec['input_scale']:g}")), {})[rec["ratio"]] = rec[
-            "values"
-        ]
+        line = (rec["family"], (rec["threads"], f"{rec['input_scale']:g}"))
+        by_line.setdefault(line, {})[rec["ratio"]] = rec["values"]
     return [([f"`{f}`", *gr], by_line[f, gr]) for f, gr in _lines(run) if (f, gr) in by_line]
 
 
@@ -102,8 +95,7 @@ def kernel_ratios(run: Run) -> Tuple[str, int, int]:
             row.append(" / ".join(cells) if cells else DASH)
         rows.append(row)
     bounds = [f" ({t[0].replace('<=', '≤').replace('>=', '≥')} {t[1]:g})" if t else "" for _, _, t in present]
-    head = ["family", *GROUP_HEAD] + [h + b for (_, h, _), b in zip(present, bounds)]
-    return table(head, rows, right=range(1 + len(GROUP_HEAD), len(head))), met, total
+    return table(GROUP_HEAD + [h + b for (_, h, _), b in zip(present, bounds)], rows, right=3), met, total
 
 
 def family_table(run: Run) -> str:
@@ -127,16 +119,12 @@ def settings_table(run: Run) -> str:
     rows = []
     for s in run.config.get("settings", []):
         load = "-".join(dict.fromkeys(f"{s[k]:.1f}" for k in ("load_average_start", "load_average_end") if k in s))
+        env = " ".join(f"`{k}={v}`" for k, v in s.get("env", {}).items()) or DASH
+        rates = [
+            DASH if s.get(k) is None else f"{s[k]:.{p}f}" for k, p in (("copy_gb_per_s", 1), ("gemm_gflop_per_s", 0))
+        ]
         rows.append(
-            [
-                s.get("label", "?"),
-                " ".join(f"`{k}={v}`" for k, v in s.get("env", {}).items()) or DASH,
-                str(s.get("torch_threads", DASH)),
-                DASH if s.get("copy_gb_per_s") is None else f"{s['copy_gb_per_s']:.1f}",
-                DASH if s.get("gemm_gflop_per_s") is None else f"{s['gemm_gflop_per_s']:.0f}",
-                load or DASH,
-                s.get("error", ""),
-            ]
+            [s.get("label", "?"), env, str(s.get("torch_threads", DASH)), *rates, load or DASH, s.get("error", "")]
         )
     head = ["threads", "environment", "torch threads", "copy GB/s", "GEMM GFLOP/s", "load", "note"]
     return (
@@ -146,56 +134,34 @@ def settings_table(run: Run) -> str:
     )
 
 
-def limit_table(run: Run, contenders: List[str]) -> str:
-    """The physical limit per family and setting, and the share of it each contender reached."""
-    cells, modes = _cells(run), ordered(r["mode"] for r in run.results)
-    limits = {(r["family"], r["mode"], *_group(r)): r.get("limit_ms") for r in run.results}
-    cons = [c for c in contenders if any(k[2] == c and v.get("limit_fraction") for k, v in cells.items())]
-    rows = []
-    for fam, gr in _lines(run):
-        row = [f"`{fam}`", *gr, " / ".join(f_ms(limits.get((fam, m, *gr))) for m in modes)]
-        for c in cons:
-            vals = [cells.get((fam, m, c, *gr), {}).get("limit_fraction") for m in modes]
-            row.append(DASH if all(v is None for v in vals) else " / ".join(f_pct(v) for v in vals))
-        rows.append(row)
-    head = ["family", *GROUP_HEAD, "limit ms"] + cons
-    return (
-        f"Physical limit, ms ({' / '.join(modes)}): the larger of the bytes that must move at the copy bandwidth"
-        " and the flops that must run at the GEMM rate (`benchmarks/limits.py`), and the share of it each"
-        " contender reached (limit / its time):\n\n" + table(head, rows, right=range(3, len(head)))
-    )
-
-
 def kernel_sections(run: Run) -> List[str]:
     contenders = ordered((r["contender"] for r in run.results), KERNEL_ORDER)
-    cells, lines, modes = _cells(run), _lines(run), ordered(r["mode"] for r in run.results)
+    modes = ordered(r["mode"] for r in run.results)
+
+    def having(test) -> List[str]:
+        return [c for c in contenders if any(r["contender"] == c and test(r) for r in run.results)]
+
     out = [family_table(run)] if run.config.get("family_info") else []
     out.append(settings_table(run))
     for mode in modes:
-        cons = [c for c in contenders if any(k[1] == mode and k[2] == c for k in cells)]
-        rows = []
-        for fam, gr in lines:
-            row = [f"`{fam}`", *gr]
-            for c in cons:
-                r = cells.get((fam, mode, c, *gr))
-                row.append(DASH if r is None else f_ms(r["ms"]) if r["ms"] is not None else skipped(r["note"]))
-            rows.append(row)
-        right = range(1 + len(GROUP_HEAD), 1 + len(GROUP_HEAD) + len(cons))
-        out.append(f"**{mode}**, ms (median):\n\n" + table(["family", *GROUP_HEAD] + cons, rows, right=right))
-    out.append(limit_table(run, contenders))
-    if all(r.get("peak_extra_mib") is None for r in run.results):
-        return out
-    mem_cons = [c for c in contenders if any(k[2] == c and cells[k]["peak_extra_mib"] is not None for k in cells)]
-    rows = []
-    for fam, gr in lines:
-        row = [f"`{fam}`", *gr]
-        for c in mem_cons:
-            vals = [cells.get((fam, m, c, *gr), {}).get("peak_extra_mib") for m in modes]
-            row.append(DASH if all(v is None for v in vals) else " / ".join(f_int(v) for v in vals))
-        rows.append(row)
-    right = range(1 + len(GROUP_HEAD), 1 + len(GROUP_HEAD) + len(mem_cons))
-    head = ["family", *GROUP_HEAD] + mem_cons
-    return out + [f"Peak extra memory, MiB ({' / '.join(modes)}):\n\n" + table(head, rows, right=right)]
+        cons = having(lambda r, mode=mode: r["mode"] == mode)
+        rows = _grid(run, cons, lambda row, _, mode=mode: cell(row(mode)))
+        out.append(f"**{mode}**, ms (median):\n\n" + table(GROUP_HEAD + cons, rows, right=3))
+    limits = {(r["family"], r["mode"], *_group(r)): r.get("limit_ms") for r in run.results}
+    cons = having(lambda r: r.get("limit_fraction"))
+    rows = _grid(run, cons, _per_mode("limit_fraction", f_pct))
+    for row, (fam, gr) in zip(rows, _lines(run)):
+        row.insert(3, " / ".join(f_ms(limits.get((fam, m, *gr))) for m in modes))
+    out.append(
+        f"Physical limit, ms ({' / '.join(modes)}): the larger of the bytes that must move at the copy bandwidth"
+        " and the flops that must run at the GEMM rate (`benchmarks/limits.py`), and the share of it each"
+        " contender reached (limit / its time):\n\n" + table(GROUP_HEAD + ["limit ms"] + cons, rows, right=3)
+    )
+    if any(r.get("peak_extra_mib") is not None for r in run.results):
+        cons = having(lambda r: r.get("peak_extra_mib") is not None)
+        rows = _grid(run, cons, _per_mode("peak_extra_mib", f_int))
+        out.append(f"Peak extra memory, MiB ({' / '.join(modes)}):\n\n" + table(GROUP_HEAD + cons, rows, right=3))
+    return out
 
 
 def kernels_main(run: Run, legend: str) -> List[str]:
@@ -212,7 +178,7 @@ def kernels_main(run: Run, legend: str) -> List[str]:
 
 def kernels_headline(run: Run) -> str:
     pyg = [v[-1] for _, r in _ratio_lines(run) for k, v in r.items() if k == "pyg/auto" and v and v[-1] is not None]
-    out = [f"`auto` {span(pyg)} faster than torch_geometric forward+backward"] if pyg else []
+    out = [f"`auto` {common.span(pyg)} faster than torch_geometric forward+backward"] if pyg else []
     if run.config.get("ratios"):
         _, met, total = kernel_ratios(run)
         out.append(f"{met} of {total} target ratios met")
@@ -220,7 +186,10 @@ def kernels_headline(run: Run) -> str:
 
 
 def thp_table(off: Run, on: Run) -> str:
-    a, b = by_key(off.results, "family", "mode", "contender"), by_key(on.results, "family", "mode", "contender")
+    a, b = (
+        common.by_key(off.results, "family", "mode", "contender"),
+        common.by_key(on.results, "family", "mode", "contender"),
+    )
     rows = []
     for fam in ordered(r["family"] for r in off.results):
         for c in ordered(r["contender"] for r in off.results):
@@ -230,11 +199,14 @@ def thp_table(off: Run, on: Run) -> str:
                 row += [f_ms(x), f_ms(y), f_x(x / y) if x and y else DASH]
             rows.append(row)
     head = ["family", "contender", "fwd without", "fwd with", "gain", "fwd+bwd without", "fwd+bwd with", "gain"]
-    return "ms (median); gain = without / with:\n\n" + table(head, rows, right=range(2, 8))
+    return "ms (median); gain = without / with:\n\n" + table(head, rows, right=2)
 
 
 def thp_headline(off: Run, on: Run) -> str:
-    a, b = by_key(off.results, "family", "mode", "contender"), by_key(on.results, "family", "mode", "contender")
+    a, b = (
+        common.by_key(off.results, "family", "mode", "contender"),
+        common.by_key(on.results, "family", "mode", "contender"),
+    )
     gains = [(a[k]["ms"] / b[k]["ms"], k) for k in a if k in b and a[k]["ms"] and b[k]["ms"] and k[2] == "auto"]
     if not gains:
         return ""
@@ -244,8 +216,8 @@ def thp_headline(off: Run, on: Run) -> str:
 
 def page_kernels(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
     parts, heads = [], {}
-    for machine, group in by_machine(runs):
-        parts.append(f"## {machine_desc(group[0].info)}")
+    for machine, group in common.by_machine(runs):
+        parts.append(f"## {common.machine_desc(group[0].info)}")
         off = next((r for r in group if r.variant == "thp-off"), None)
         on = next((r for r in group if r.variant == "thp-on"), None)
         lines = []
@@ -269,7 +241,7 @@ def page_kernels(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
 
 
 def dgl_table(run: Run) -> List[str]:
-    cells = by_key(run.results, "family", "mode", "contender")
+    cells = common.by_key(run.results, "family", "mode", "contender")
     rows = []
     for fam in ordered(r["family"] for r in run.results):
         for mode in ordered(r["mode"] for r in run.results):
@@ -279,7 +251,7 @@ def dgl_table(run: Run) -> List[str]:
             for ours, theirs in ((ours_e, theirs_e), (ours_c, theirs_c)):
                 a = ours["ms"] if ours else None
                 b = theirs["ms"] if theirs else None
-                row += [f_ms(a), f_ms(b) if theirs is None or b is not None else skipped(theirs["note"])]
+                row += [f_ms(a), f_ms(b) if theirs is None or b is not None else common.skipped(theirs["note"])]
                 row.append(f_x(b / a) if a and b else DASH)
             rows.append(row)
     head = ["family", "edges", "pass", "`auto exact`", "DGL fused", "DGL / auto", "`auto clamp`", "DGL tutorial"]
@@ -287,7 +259,7 @@ def dgl_table(run: Run) -> List[str]:
 
 
 def dgl_headline(group: List[Run]) -> str:
-    cells = by_key(group[0].results, "family", "mode", "contender")
+    cells = common.by_key(group[0].results, "family", "mode", "contender")
     ratios = [
         cells[(f, m, "dgl fused")]["ms"] / r["ms"]
         for (f, m, c), r in cells.items()
@@ -295,8 +267,8 @@ def dgl_headline(group: List[Run]) -> str:
     ]
     if not ratios:
         return "DGL not measured"
-    return f"`auto` {span(ratios)} faster than DGL fused forward+backward ({len(ratios)} families)"
+    return f"`auto` {common.span(ratios)} faster than DGL fused forward+backward ({len(ratios)} families)"
 
 
 def page_dgl(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
-    return sections(runs, dgl_table, dgl_headline)
+    return common.sections(runs, dgl_table, dgl_headline)

@@ -6,24 +6,8 @@ from __future__ import annotations
 import statistics
 from typing import Any, Dict, List, Tuple
 
-from .common import (
-    DASH,
-    Run,
-    by_key,
-    by_machine,
-    f_int,
-    f_ms,
-    f_pct,
-    f_x,
-    header,
-    machine_desc,
-    median_range,
-    ordered,
-    plot,
-    sections,
-    span,
-    table,
-)
+from . import common
+from .common import DASH, Run, by_key, f_int, f_ms, f_pct, f_x, median_range, ordered, span, table
 
 OURS, THEIRS = "sparseattn.nn.TransformerConv", "PyG TransformerConv"
 TERMS = ("csr, edge_key + edge_value (E,H,D)", "csr, one shared (E,1,D) row as both")
@@ -37,22 +21,19 @@ def layers_tables(run: Run) -> List[str]:
         for mode in ("fwd", "fwd+bwd"):
             a, b = cells.get((fam, OURS, mode)), cells.get((fam, THEIRS, mode))
             if a is not None and b is not None:
-                warm.append(
-                    [f"`{fam}`", f_int(a["edges"]), mode, f_ms(a["ms"]), f_int(a["peak_extra_mib"]), f_ms(b["ms"])]
-                    + [f_int(b["peak_extra_mib"]), f_x(b["ms"] / a["ms"])]
-                    + [f"1/{b['peak_extra_mib'] / a['peak_extra_mib']:.1f}"]
-                )
+                rest = [f_int(a["peak_extra_mib"]), f_ms(b["ms"]), f_int(b["peak_extra_mib"]), f_x(b["ms"] / a["ms"])]
+                warm.append([f"`{fam}`", f_int(a["edges"]), mode, f_ms(a["ms"]), *rest])
+                warm[-1].append(f"1/{b['peak_extra_mib'] / a['peak_extra_mib']:.1f}")
         pyg_cold = cells.get((fam, THEIRS + ", raw int64 edge_index", "fwd+bwd cold"))
+        theirs = pyg_cold["ms"] if pyg_cold else None
         for r in rows:
             if r["family"] == fam and r["mode"] == "fwd+bwd cold" and r["contender"].startswith(OURS):
                 how = r["contender"][len(OURS) + 2 :].replace(" edge_index", "")
-                theirs = pyg_cold["ms"] if pyg_cold else None
                 cold.append([f"`{fam}`", how, f_ms(r["ms"]), f_ms(theirs), f_x(theirs / r["ms"]) if theirs else DASH])
         base = cells.get((fam, "csr, no edge term", "fwd+bwd"))
         if base is not None:
             row = [f"`{fam}`", f_ms(base["ms"]), f_int(base["peak_extra_mib"])]
-            for name in TERMS:
-                t = cells.get((fam, name, "fwd+bwd"))
+            for t in (cells.get((fam, name, "fwd+bwd")) for name in TERMS):
                 row += (
                     [DASH] * 3 if t is None else [f_ms(t["ms"]), f_int(t["peak_extra_mib"]), f_x(t["ms"] / base["ms"])]
                 )
@@ -68,12 +49,12 @@ def layers_tables(run: Run) -> List[str]:
         )
     if cold:
         head = ["graph", "sparseattn edge_index", "sparseattn ms", "PyG ms (raw int64)", "speed"]
-        out.append("Cold: first forward+backward in a fresh process, ms:\n\n" + table(head, cold, right=(2, 3, 4)))
+        out.append("Cold: first forward+backward in a fresh process, ms:\n\n" + table(head, cold, right=2))
     if terms:
         head = ["graph", "no edge term, ms", "MiB", "(E, H, D) terms, ms", "MiB", "x", "shared (E, 1, D), ms"]
         out.append(
             "Edge terms on `csr`, forward+backward; x = time over the call without edge terms:\n\n"
-            + table(head + ["MiB", "x"], terms, right=range(1, 9))
+            + table(head + ["MiB", "x"], terms, right=1)
         )
     return out
 
@@ -87,10 +68,6 @@ def layers_headline(group: List[Run]) -> str:
             mem = b["peak_extra_mib"] / a["peak_extra_mib"]
             out.append(f"{f_x(b['ms'] / a['ms'])} faster at 1/{mem:.1f} of the peak memory on `{fam}`")
     return "TransformerConv forward+backward against PyG's: " + ", ".join(out[:2]) if out else ""
-
-
-def page_layers(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
-    return sections(runs, layers_tables, layers_headline)
 
 
 # ---- training step ------------------------------------------------------------------------------
@@ -108,14 +85,14 @@ def train_table(run: Run) -> List[str]:
     for task in ordered(r["task"] for r in rows):
         for threads in ordered(r["threads"] for r in rows if r["task"] == task):
             group = [r for r in rows if r["task"] == task and r["threads"] == threads]
-            ref = next((r for r in group if r["contender"] == "nn.Transformer"), None)
+            ref = next((r for r in group if r["contender"] == "nn.Transformer"), None) or {}
             for r in group:
                 if r is not ref:
                     out.append(
-                        [task, str(threads), f_pct(ref.get("padding")) if ref else DASH]
-                        + [f"`{r['contender'].replace('graph ', '')}`", f_int(r["tokens_per_s"])]
-                        + [f_int(ref["tokens_per_s"]) if ref else DASH, median_range(r.get("ratio_per_round") or [])]
-                        + [f"{f_int(r['peak_extra_mib'])} / {f_int(ref['peak_extra_mib']) if ref else DASH}"]
+                        [task, str(threads), f_pct(ref.get("padding")), f"`{r['contender'].replace('graph ', '')}`"]
+                        + [f_int(r["tokens_per_s"]), f_int(ref.get("tokens_per_s"))]
+                        + [median_range(r.get("ratio_per_round") or [])]
+                        + [f"{f_int(r['peak_extra_mib'])} / {f_int(ref.get('peak_extra_mib'))}"]
                         + [_sdpa(ref) if ref else DASH]
                     )
     head = ["task", "threads", "padding", "graph model", "graph tok/s", "nn.Transformer tok/s"]
@@ -145,10 +122,6 @@ def train_headline(group: List[Run]) -> str:
     return "; ".join(out)
 
 
-def page_train(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
-    return sections(runs, train_table, train_headline)
-
-
 # ---- compile ------------------------------------------------------------------------------------
 
 
@@ -158,14 +131,13 @@ def compile_table(run: Run) -> List[str]:
     for name, case in run.config.get("cases", {}).items():
         row = [f"`{name}`", f"{f_int(case.get('nodes'))} / {f_int(case.get('edges'))}"]
         for mode in ("fwd", "fwd+bwd"):
-            eager = cells.get((name, mode, "eager"), {}).get("ms")
-            compiled = cells.get((name, mode, "compiled"), {}).get("ms")
+            eager, compiled = (cells.get((name, mode, c), {}).get("ms") for c in ("eager", "compiled"))
             row.append(f"{f_x(case.get('ratio_' + mode))} ({f_ms(eager)} / {f_ms(compiled)} ms)")
         row.append(" / ".join(f"{case.get('compile_s_' + m, 0):.1f}" for m in ("fwd", "fwd+bwd")))
         rows.append(row + [str(case.get("breaks", DASH))])
     head = ["case", "nodes / edges", "fwd, eager / compiled", "fwd+bwd, eager / compiled"]
     head += ["compilation s, fwd / fwd+bwd", "graph breaks"]
-    out = f"Median of {run.config.get('reps', '?')} interleaved rounds:\n\n" + table(head, rows, right=(4, 5))
+    out = f"Median of {run.config.get('reps', '?')} interleaved rounds:\n\n" + table(head, rows, right=4)
     dyn = run.config.get("dynamic")
     if dyn:
         sizes = dyn.get("sizes", [])
@@ -218,16 +190,16 @@ def compile_headline(group: List[Run]) -> str:
 
 def page_compile(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
     parts, heads = [], {}
-    for machine, group in by_machine(runs):
-        parts.append(f"## {machine_desc(group[0].info)}")
+    for machine, group in common.by_machine(runs):
+        parts.append(f"## {common.machine_desc(group[0].info)}")
         for run in [r for r in group if r.bench == "compile"]:
             if run.variant:
                 parts.append(f"### Variant `{run.variant}`")
-            parts += [header(run)] + compile_table(run) + [plot(run)]
+            parts += [common.header(run)] + compile_table(run) + [common.plot(run)]
         trains = [r for r in group if r.bench == "train"]
         if trains:
             parts += ["### Training step", snippet("compile_train"), compile_train_table(trains)]
             for run in trains:
-                parts += [f"#### Run `{run.variant}`", header(run), plot(run)]
+                parts += [f"#### Run `{run.variant}`", common.header(run), common.plot(run)]
         heads[machine] = compile_headline(group)
     return parts, heads
