@@ -3,6 +3,7 @@
 
     python -m benchmarks.bench_layers                        # 50K-node graphs, 1 thread (~10 min on 2 cores)
     python -m benchmarks.bench_layers --nodes 5000 --threads 2
+    python -m benchmarks.bench_layers --molecules              # only the molecule batches (~1 min)
 
 Warm rows: forward (no_grad) and forward+backward of the output's sum (gradients of every parameter),
 timed in interleaved rounds after one warm-up call with a reused `Graph` (PyG: its int64 edge_index),
@@ -12,6 +13,8 @@ pairs viewed as (2, E)); index building, first page faults and lazy initialisati
 and the model's construction not. Edge terms: `edge_attention` on csr (`auto` with --device cuda),
 exact softmax, forward+backward without terms, with (E, H, D) edge_key and edge_value, and with one
 (E, 1, D) row shared by the heads as both (TransformerConv's form).
+Molecule batches: fwd+bwd per PyG batch of 32 small graphs never seen before, graph building included
+(`_molecule_cases`), against PyG eager and compiled.
 Writes bench_layers_<machine>.{json,png,log} under --out (benchmarks/results).
 """
 
@@ -28,7 +31,7 @@ import torch
 from sparseattn import edge_attention, graphs
 from sparseattn.nn import TransformerConv
 
-from .harness import RESULTS, ROOT, Output, Result, machine_info, measure, write_png
+from .harness import RESULTS, ROOT, Output, Result, fmt, machine_info, measure, write_png
 
 HEADS, CHANNELS, EDGE_DIM = 8, 64, 16
 COLD = {  # contender -> (layer, edge_index layout)
@@ -160,6 +163,67 @@ def _edge_term_cases(name: str, g, device: str) -> List[Result]:
     return rows
 
 
+def _molecules(num_batches: int, device: str) -> list:
+    """Molecule-like PyG batches, seeded: 32 graphs of 5-60 nodes, each a random tree plus n // 8 ring
+    bonds, every bond listed both ways (~2.2 edges per node each way), with x (N, 64), edge_attr (E, 16)."""
+    from torch_geometric.data import Batch, Data
+
+    gen, out = torch.Generator().manual_seed(0), []
+    for _ in range(num_batches):
+        data = []
+        for n in torch.randint(5, 61, (32,), generator=gen).tolist():
+            a = torch.cat([torch.arange(1, n), torch.randint(0, n, (n // 8,), generator=gen)])
+            b = torch.cat([(torch.rand(n - 1, generator=gen) * torch.arange(1, n)).long(), (a[n - 1 :] + 1) % n])
+            ei = torch.stack([torch.stack([a, b], 1).view(-1), torch.stack([b, a], 1).view(-1)])
+            x, ea = torch.randn(n, 64, generator=gen), torch.randn(ei.shape[1], EDGE_DIM, generator=gen)
+            data.append(Data(x=x, edge_index=ei, edge_attr=ea))
+        out.append(Batch.from_data_list(data).to(device))
+    return out
+
+
+def _molecule_cases(device: str, log: Callable[[str], None]) -> List[Result]:
+    """TransformerConv(64, 16, heads=4, edge_dim=16) fwd+bwd per molecule batch (`_molecules`), each a
+    graph never seen before: sparseattn with `graphs.from_pyg(batch)` in the time, PyG eager and
+    torch.compile(dynamic=True) (its compile time, the first batches' calls, logged apart)."""
+    from torch_geometric.nn import TransformerConv as PygTransformerConv
+
+    batches = _molecules(8, device)
+    torch.manual_seed(0)
+    pyg = PygTransformerConv(64, 16, heads=4, edge_dim=EDGE_DIM).to(device)
+    ours = TransformerConv(64, 16, heads=4, edge_dim=EDGE_DIM).to(device)
+    ours.load_state_dict(pyg.state_dict())
+    compiled = torch.compile(pyg, dynamic=True)
+    t = time.perf_counter()
+    for b in batches[:2]:
+        compiled(b.x, b.edge_index, b.edge_attr).sum().backward()
+    log(f"molecules: PyG torch.compile(dynamic=True) first 2 batches (compile) {time.perf_counter() - t:.1f} s")
+    contenders = {
+        "sparseattn.nn.TransformerConv + from_pyg": (ours, graphs.from_pyg),
+        "PyG TransformerConv": (pyg, lambda b: b.edge_index),
+        "PyG TransformerConv compiled": (compiled, lambda b: b.edge_index),
+    }
+
+    def run(module, graph_of) -> Callable[[], None]:
+        def fn() -> None:  # every batch a graph this call builds
+            for b in batches:
+                module(b.x, graph_of(b), b.edge_attr).sum().backward()
+            for m in (pyg, ours):
+                m.zero_grad(set_to_none=True)
+
+        return fn
+
+    edges = sum(b.num_edges for b in batches) // len(batches)
+    rows = [Result("molecules-32x5-60", edges, label, "fwd+bwd") for label in contenders]
+    measure(rows, [run(*c) for c in contenders.values()], device, memory=False, warmup=1, reps=15, budget_s=60)
+    for r in rows:  # per batch
+        r.times_ms = [t / len(batches) for t in r.times_ms]
+        r.ms = r.ms / len(batches) if r.ms else None
+    for r in rows:
+        r.speedup_vs_reference = rows[1].ms / r.ms if rows[1].ms and r.ms else None
+        log(f"molecules: {r.contender}: {fmt(r.ms, '.2f')} ms per batch, {fmt(r.speedup_vs_reference, '.2f')}x PyG's")
+    return rows
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=50_000, help="nodes (tokens) of each graph")
@@ -167,6 +231,7 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=RESULTS)
     p.add_argument("--skip-layers", action="store_true", help="only the edge-term cases (no torch_geometric)")
+    p.add_argument("--molecules", action="store_true", help="only the molecule-batch case")
     p.add_argument("--cold", choices=list(COLD), help=argparse.SUPPRESS)  # the child of a cold case
     p.add_argument("--cold-graph", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -176,8 +241,8 @@ def main(argv=None) -> None:
     out = Output("benchmarks.bench_layers", argv, args.out, machine_info(args.device))
     out.log(out.header)
     out.log(f"nodes {args.nodes}, H={HEADS}, C={CHANNELS}, edge_dim={EDGE_DIM}")
-    results: List[Result] = []
-    for name, g in _graphs(args.nodes, args.device).items():
+    results: List[Result] = [] if args.skip_layers else _molecule_cases(args.device, out.log)
+    for name, g in _graphs(args.nodes, args.device).items() if not args.molecules else ():
         if not args.skip_layers:
             results += _layer_cases(name, g, args.device, out.log)
             results += _cold_cases(name, args.nodes, args.threads, args.device, out.log)
