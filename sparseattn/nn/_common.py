@@ -1,14 +1,17 @@
-"""Constructor checks shared by the `sparseattn.nn` layers."""
+"""Constructor and input checks shared by the `sparseattn.nn` layers."""
 
 from __future__ import annotations
 
 from typing import Optional, Union
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 
 from .._checks import check_dropout as _check_dropout
-from ..graphs import Graph
+from ..graphs import Graph, from_row_pointers
 from ..kernels import backend_names
+
+SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
 
 
 def check_backend(backend: str) -> str:
@@ -31,3 +34,59 @@ def edge_count(edge_index: Union[Tensor, Graph]) -> Optional[int]:
     if isinstance(edge_index, Tensor) and edge_index.dim() == 2 and edge_index.shape[0] == 2:
         return edge_index.shape[1]
     return None
+
+
+def graph_of_adj_t(edge_index: object) -> object:
+    """A torch.sparse `adj_t` (PyG's convention: (N_dst, N_src), adj_t[dst, src] nonzero for an edge
+    src -> dst; COO coalesced, CSR or CSC) as a `Graph` whose edges follow adj_t's nonzeros in
+    storage order (the order of edge_attr's rows, and of PyG's alpha); anything else as it is.
+    A torch_sparse.SparseTensor is refused, naming its conversion."""
+    if type(edge_index).__name__ == "SparseTensor" and hasattr(edge_index, "to_torch_sparse_csr_tensor"):
+        raise TypeError(
+            "edge_index as a torch_sparse.SparseTensor is not supported: pass adj_t.to_torch_sparse_csr_tensor(), "
+            "a torch.sparse adj_t (N_dst, N_src), or a (2, E) edge_index"
+        )
+    if not isinstance(edge_index, Tensor) or edge_index.layout == torch.strided:
+        return edge_index
+    adj = edge_index
+    if adj.layout not in SPARSE_LAYOUTS or adj.sparse_dim() != 2:
+        raise TypeError(
+            f"edge_index as a sparse adj_t must be a 2-D torch.sparse tensor (N_dst, N_src) in COO, CSR or CSC "
+            f"layout, got layout {adj.layout} with {adj.sparse_dim()} sparse dims"
+        )
+    num_dst, num_src = adj.shape[0], adj.shape[1]
+    if adj.layout == torch.sparse_csr:
+        return from_row_pointers(adj.crow_indices(), adj.col_indices(), num_src)
+    if adj.layout == torch.sparse_csc:
+        ccol = adj.ccol_indices().long()
+        src = torch.arange(num_src, device=adj.device).repeat_interleave(ccol.diff())
+        return Graph(torch.stack([src, adj.row_indices().long()]), num_src=num_src, num_dst=num_dst)
+    if not adj.is_coalesced():
+        raise ValueError(
+            "edge_index as a COO adj_t must be coalesced (its edges, and edge_attr's rows, in (destination, source) "
+            "order): pass adj_t.coalesce()"
+        )
+    dst, src = adj.indices()
+    return Graph(torch.stack([src, dst]), num_src=num_src, num_dst=num_dst)
+
+
+def lazy_or_linear(in_features: int, out_features: int, bias: bool) -> nn.Linear:
+    """nn.Linear, or nn.LazyLinear for in_features=-1 (PyG's lazy width, inferred at the first call);
+    ValueError for other widths <= 0."""
+    if in_features == -1:
+        return nn.LazyLinear(out_features, bias=bias)
+    if in_features <= 0:
+        raise ValueError(f"in_channels must be > 0, or -1 to infer it at the first call, got {in_features}")
+    return nn.Linear(in_features, out_features, bias=bias)
+
+
+class NotScriptable:
+    """Mixin: `torch.jit.script` on the layer (or a model holding it) fails with one line that names
+    torch.compile, instead of TorchScript's error on the first construct it cannot compile."""
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        """Called by torch.jit.script before compiling; always raises."""
+        raise RuntimeError(
+            f"sparseattn.nn.{type(self).__name__} does not support torch.jit.script (TorchScript cannot compile "
+            "edge_attention's backends): use torch.compile(model) instead"
+        )

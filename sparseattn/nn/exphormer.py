@@ -9,12 +9,12 @@ from torch import Tensor, nn
 from .._checks import check_edge_attr
 from ..functional import edge_attention
 from ..graphs import Graph
-from ._common import check_backend, edge_count
+from ._common import NotScriptable, check_backend, edge_count, graph_of_adj_t
 
 EPS = 1e-6  # Exphormer's normalizer term: h = wV / (Z + 1e-6)
 
 
-class ExphormerAttention(nn.Module):
+class ExphormerAttention(NotScriptable, nn.Module):
     """The attention of Exphormer (Shirzad et al. 2023; `graphgps/layer/Exphormer.py`), with its
     parameter names `Q`, `K`, `E`, `V` (nn.Linear, bias = use_bias), so state dicts load both ways.
 
@@ -40,7 +40,8 @@ class ExphormerAttention(nn.Module):
 
     Shapes:
         x: (N, in_dim); edge_index: (2, E) int64 (row 0 source, row 1 destination) or a `Graph`
-        over N nodes; edge_attr: (E, dim_edge). Output: (N, out_dim).
+        over N nodes, or PyG's torch.sparse adj_t (N, N) (as `TransformerConv`'s); edge_attr: (E, dim_edge).
+        Output: (N, out_dim). `torch.jit.script` is refused in one line (use torch.compile).
     """
 
     def __init__(
@@ -71,7 +72,9 @@ class ExphormerAttention(nn.Module):
         self.V = nn.Linear(in_dim, width, bias=use_bias)
 
     def forward(self, x: Tensor, edge_index: Union[Tensor, Graph], edge_attr: Optional[Tensor] = None) -> Tensor:
-        """x: (N, in_dim), edge_index: (2, E) or Graph, edge_attr: (E, dim_edge) or None -> (N, out_dim)."""
+        """x: (N, in_dim), edge_index: (2, E), Graph or torch.sparse adj_t (N, N), edge_attr: (E, dim_edge) or
+        None -> (N, out_dim)."""
+        edge_index = graph_of_adj_t(edge_index)  # type: ignore[assignment]
         if edge_attr is not None:
             edge_attr = check_edge_attr(edge_attr, edge_count(edge_index), self.E.in_features, "dim_edge")
         h, d = self.num_heads, self.out_dim

@@ -12,7 +12,7 @@ from .. import graphs
 from ..functional import edge_attention
 from ..graphs import Graph
 from ..graphs.pyg import batch_offsets
-from ._common import check_backend, check_dropout
+from ._common import NotScriptable, check_backend, check_dropout
 
 
 def complete_per_graph(batch: Optional[Tensor] = None, ptr: Optional[Tensor] = None, num_nodes: int = -1) -> Graph:
@@ -42,7 +42,7 @@ def complete_per_graph(batch: Optional[Tensor] = None, ptr: Optional[Tensor] = N
     return graphs.from_blocks([("full", n, n) for n in sizes if n > 0], device=device)
 
 
-class GlobalAttention(nn.Module):
+class GlobalAttention(NotScriptable, nn.Module):
     """Full self-attention within each graph of a PyG-style batch (GraphGPS's global attention
     block), without padding every graph to the largest. Not PyG's `GlobalAttention` pooling layer.
 

@@ -11,12 +11,12 @@ from torch.nn import functional as F
 from .._checks import check_edge_attr
 from ..functional import edge_attention
 from ..graphs import Graph
-from ._common import check_backend, check_dropout, edge_count
+from ._common import NotScriptable, check_backend, check_dropout, edge_count, graph_of_adj_t, lazy_or_linear
 
 PairTensor = Tuple[Tensor, Tensor]
 
 
-class TransformerConv(nn.Module):
+class TransformerConv(NotScriptable, nn.Module):
     """Multi-head dot-product attention over the in-edges of each node, as
     `torch_geometric.nn.TransformerConv`, with the same constructor, parameter names and state-dict
     keys (`load_state_dict(pyg_conv.state_dict())` works both ways).
@@ -40,8 +40,8 @@ class TransformerConv(nn.Module):
     C + edge_dim < H * C, i.e. whenever H > 1 and edge_dim < C; otherwise e is passed per head).
 
     Args:
-        in_channels: input width, or a (source, destination) pair for bipartite inputs (PyG's lazy
-            -1 is not supported).
+        in_channels: input width, or a (source, destination) pair for bipartite inputs; -1 (either
+            side) infers it at the first call (nn.LazyLinear, as PyG's lazy Linear).
         out_channels: C, the width per head.
         heads: number of heads H.
         concat: concatenate heads (output H * C) or average them (output C).
@@ -55,11 +55,15 @@ class TransformerConv(nn.Module):
 
     Shapes:
         x: (N, in_channels), or a pair ((N_src, in_src), (N_dst, in_dst)).
-        edge_index: (2, E) int64 (row 0 source, row 1 destination) or a `Graph` with N_src sources
-            and N_dst destinations. Duplicate edges count once each.
+        edge_index: (2, E) int64 (row 0 source, row 1 destination), a `Graph` with N_src sources
+            and N_dst destinations, or PyG's torch.sparse adj_t (N_dst, N_src), adj_t[dst, src] set
+            per edge (COO coalesced, CSR or CSC; edges in its storage order). Duplicate edges count
+            once each.
         edge_attr: (E, edge_dim).
         Output: (N_dst, H * C) if concat else (N_dst, C); with return_attention_weights also
-        (edge_index (2, E), alpha (E, H)).
+        (edge_index (2, E), alpha (E, H)) (adj_t itself in place of edge_index, as PyG).
+
+    `torch.jit.script` is refused in one line (use torch.compile).
     """
 
     def __init__(
@@ -79,9 +83,8 @@ class TransformerConv(nn.Module):
         """Build the layer; the arguments are described in the class docstring."""
         super().__init__()
         src_dim, dst_dim = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels
-        for name, n in (("in_channels", src_dim), ("in_channels", dst_dim), ("out_channels", out_channels)):
-            if n <= 0:
-                raise ValueError(f"{name} must be > 0 (lazy -1 is not supported), got {n}")
+        if out_channels <= 0:
+            raise ValueError(f"out_channels must be > 0, got {out_channels}")
         if heads <= 0:
             raise ValueError(f"heads must be > 0, got {heads}")
         self.in_channels = in_channels
@@ -95,12 +98,12 @@ class TransformerConv(nn.Module):
         self.backend = check_backend(backend)
         width = heads * out_channels
         # registration order = PyG's, so one seed draws the same kind of init in the same order
-        self.lin_key = nn.Linear(src_dim, width, bias=bias)
-        self.lin_query = nn.Linear(dst_dim, width, bias=bias)
-        self.lin_value = nn.Linear(src_dim, width, bias=bias)
+        self.lin_key = lazy_or_linear(src_dim, width, bias)
+        self.lin_query = lazy_or_linear(dst_dim, width, bias)
+        self.lin_value = lazy_or_linear(src_dim, width, bias)
         self.lin_edge: Optional[nn.Linear] = None if edge_dim is None else nn.Linear(edge_dim, width, bias=False)
         out_width = width if concat else out_channels
-        self.lin_skip = nn.Linear(dst_dim, out_width, bias=bias)
+        self.lin_skip = lazy_or_linear(dst_dim, out_width, bias)
         self.lin_beta: Optional[nn.Linear] = nn.Linear(3 * out_width, 1, bias=False) if self.beta else None
         self.reset_parameters()
 
@@ -122,6 +125,7 @@ class TransformerConv(nn.Module):
         False) also returns (edge_index, alpha) with alpha (E, H) the softmax weights before dropout,
         in edge_index's order (a Graph's `edge_index` when a Graph was passed)."""
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
+        given, edge_index = edge_index, graph_of_adj_t(edge_index)  # type: ignore[assignment]
         h, c = self.heads, self.out_channels
         dropout_p = self.dropout if self.training else 0.0
         want_alpha = isinstance(return_attention_weights, bool)
@@ -133,6 +137,8 @@ class TransformerConv(nn.Module):
         if self.lin_edge is not None and edge_attr is not None:
             edge_attr = check_edge_attr(edge_attr, edge_count(edge_index), self.lin_edge.in_features, "edge_dim")
         if self.lin_edge is not None and edge_attr is not None and c + self.lin_edge.in_features < h * c:
+            if isinstance(self.lin_query, nn.LazyLinear) or isinstance(self.lin_key, nn.LazyLinear):
+                self.lin_query(x_dst[:0]), self.lin_key(x_src[:0]), self.lin_value(x_src[:0])  # infer the widths
             lins = (self.lin_query, self.lin_key, self.lin_value)
             result = _attend_through_edge_weight(
                 h, *lins, x_src, x_dst, edge_index, edge_attr, self.lin_edge.weight, kwargs
@@ -155,6 +161,8 @@ class TransformerConv(nn.Module):
         if not want_alpha:
             return out
         assert alpha is not None
+        if isinstance(given, Tensor) and given.layout != torch.strided:
+            return out, (given, alpha)  # PyG returns a sparse adj_t as it came
         index = edge_index.edge_index if isinstance(edge_index, Graph) else edge_index
         return out, (index, alpha)
 
@@ -175,27 +183,22 @@ def _attend_through_edge_weight(
     kwargs: dict,
 ):
     """edge_attention with edge_key = edge_value = (edge_attr @ weight.T) per head, without building
-    that (E, H, C) tensor (the class docstring): the augmented queries [q, W_h^T q], keys [k, 0] and
-    values [v, 0] come from one linear map each (weights composed per call, (H * (C + F), in)), so
-    q, k and v are never built apart. x_src (N_src, in_src), x_dst (N_dst, in_dst), edge_attr
+    that (E, H, C) tensor (the class docstring): the augmented queries [q, W_h^T q] come from one
+    linear map (weights composed per call, (H * (C + F), in)), keys [k, 0] and values [v, 0] are
+    lin_key's and lin_value's outputs padded with zeros. x_src (N_src, in_src), x_dst (N_dst, in_dst), edge_attr
     (E, F), weight (H * C, F). Returns what edge_attention returns, out (N_dst, H, C)."""
     c, f = weight.shape[0] // heads, weight.shape[1]
     w = weight.view(heads, c, f)  # (H, C, F)
-
-    def augmented(lin: nn.Linear, through_edge: bool):
-        wt = lin.weight.view(heads, c, -1)  # (H, C, in)
-        extra = torch.einsum("hcf,hci->hfi", w, wt) if through_edge else wt.new_zeros(heads, f, wt.shape[2])
-        weight_aug = torch.cat([wt, extra], dim=1).reshape(heads * (c + f), -1)
-        bias_aug = None
-        if lin.bias is not None:
-            b = lin.bias.view(heads, c)
-            b_extra = torch.einsum("hcf,hc->hf", w, b) if through_edge else b.new_zeros(heads, f)
-            bias_aug = torch.cat([b, b_extra], dim=1).reshape(-1)
-        return weight_aug, bias_aug
-
-    q_aug = F.linear(x_dst, *augmented(lin_query, True)).view(-1, heads, c + f)  # (N_dst, H, C + F)
-    k_aug = F.linear(x_src, *augmented(lin_key, False)).view(-1, heads, c + f)
-    v_aug = F.linear(x_src, *augmented(lin_value, False)).view(-1, heads, c + f)
+    wq = lin_query.weight.view(heads, c, -1)  # (H, C, in)
+    weight_aug = torch.cat([wq, torch.einsum("hcf,hci->hfi", w, wq)], dim=1).reshape(heads * (c + f), -1)
+    bias_aug = None
+    if lin_query.bias is not None:
+        b = lin_query.bias.view(heads, c)
+        bias_aug = torch.cat([b, torch.einsum("hcf,hc->hf", w, b)], dim=1).reshape(-1)
+    q_aug = F.linear(x_dst, weight_aug, bias_aug).view(-1, heads, c + f)  # (N_dst, H, C + F)
+    # keys and values padded with zeros after the projection (not projected through zero weights: half the FLOPs)
+    k_aug = F.pad(lin_key(x_src).view(-1, heads, c), (0, f))  # (N_src, H, C + F)
+    v_aug = F.pad(lin_value(x_src).view(-1, heads, c), (0, f))
     edge_row = edge_attr.new_zeros(edge_attr.shape[0], 1, c + f)  # (E, 1, C + F): [0, edge_attr]
     edge_row[:, 0, c:] = edge_attr
     result = edge_attention(q_aug, k_aug, v_aug, graph, scale=c**-0.5, edge_key=edge_row, edge_value=edge_row, **kwargs)

@@ -175,7 +175,7 @@ def test_errors_name_the_argument():
     with pytest.raises(TypeError, match="edge_attr must be a floating-point tensor"):
         conv(x, EDGE_INDEX[:, :3] % 5, torch.ones(3, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="in_channels"):
-        TransformerConv(-1, 2)
+        TransformerConv(-2, 2)
     with pytest.raises(ValueError, match="dropout"):
         TransformerConv(4, 2, dropout=1.0)
     with pytest.raises(ValueError, match="backend"):
@@ -214,3 +214,91 @@ def test_edge_index_layouts_users_pass_equal_pyg(layout, heads):
     theirs, ours = make_pair(torch.float64, False, heads=heads, edge_dim=EDGE_DIM)
     x, edge_attr, leaves = make_inputs(torch.float64, False, EDGE_DIM)
     compare(theirs, ours, x, edge_attr, leaves, torch.float64, edge_index=laid_out(EDGE_INDEX, layout))
+
+
+UNIQUE = torch.unique(EDGE_INDEX, dim=1)  # adj_t holds each edge once: coalescing sums the repeated ones
+
+
+def adj_t_of(edge_index, layout, n_src=N_SRC, n_dst=N_DST):
+    """PyG's adj_t (N_dst, N_src) with adj_t[dst, src] = 1 per edge, in layout; and edge_index in the
+    order of its stored nonzeros (the order of edge_attr's rows)."""
+    adj = torch.sparse_coo_tensor(edge_index.flip(0), torch.ones(edge_index.shape[1]), (n_dst, n_src)).coalesce()
+    if layout == "csc":  # source-major
+        order = torch.argsort(adj.indices()[1] * n_dst + adj.indices()[0])
+        return adj.to_sparse_csc(), adj.indices().flip(0)[:, order]
+    return (adj if layout == "coo" else adj.to_sparse_csr()), adj.indices().flip(0)
+
+
+@pytest.mark.parametrize("layout", ["coo", "csr", "csc"])
+@pytest.mark.parametrize("heads", [1, 3])  # per-head edge path and the shared-row path
+@pytest.mark.parametrize("bipartite", [False, True], ids=["homogeneous", "bipartite"])
+def test_torch_sparse_adj_t_equals_pyg(layout, heads, bipartite):
+    """PyG's convention adj_t[dst, src]: the same outputs and weights as PyG's layer given that
+    adj_t (COO, CSR; PyG refuses CSC, so there against the edge_index in its storage order), with
+    edge_attr in the order of adj_t's nonzeros. Before, a TypeError about edge_index's dtype."""
+    n_src = N_SRC
+    n_dst = N_DST if bipartite else N_SRC
+    adj_t, ordered = adj_t_of(UNIQUE, layout, n_src, n_dst)
+    theirs, ours = make_pair(torch.float64, bipartite, heads=heads, edge_dim=EDGE_DIM)
+    x, _, _ = make_inputs(torch.float64, bipartite, None)
+    edge_attr = torch.randn(UNIQUE.shape[1], EDGE_DIM, dtype=torch.float64)
+    out, (given, alpha) = ours(x, adj_t, edge_attr, return_attention_weights=True)
+    assert given is adj_t
+    ref, (_, ref_alpha) = theirs(x, adj_t if layout != "csc" else ordered, edge_attr, return_attention_weights=True)
+    assert_close(out, ref, torch.float64, "output vs PyG")
+    assert_close(alpha, ref_alpha, torch.float64, "attention weights vs PyG")
+    assert_close(ours(x, ordered, edge_attr), out, torch.float64, "adj_t vs its edge_index")
+
+
+def test_adj_t_errors_say_what_is_supported():
+    conv = TransformerConv(N_SRC - 1, C)
+    x = torch.randn(N_SRC, N_SRC - 1)
+    loose = torch.sparse_coo_tensor(UNIQUE.flip(0), torch.ones(UNIQUE.shape[1]), (N_SRC, N_SRC))
+    with pytest.raises(ValueError, match=r"COO adj_t must be coalesced.*adj_t\.coalesce\(\)"):
+        conv(x, loose)
+    with pytest.raises(TypeError, match="COO, CSR or CSC layout, got layout torch.sparse_bsr"):
+        conv(x, loose.coalesce().to_sparse_bsr((1, 1)))
+
+    class SparseTensor:  # torch_sparse's, recognized by name
+        def to_torch_sparse_csr_tensor(self):
+            raise AssertionError
+
+    with pytest.raises(TypeError, match=r"torch_sparse\.SparseTensor is not supported: pass adj_t\.to_torch_sparse"):
+        conv(x, SparseTensor())
+
+
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("bipartite", [False, True], ids=["homogeneous", "bipartite"])
+def test_lazy_in_channels_load_both_ways(bipartite, heads):
+    """in_channels=-1 (either side of a pair): widths inferred at the first call, as PyG's lazy
+    Linear; state dicts load both ways, before or after that call. Before, a ValueError."""
+    in_channels = (-1, -1) if bipartite else -1
+    x, edge_attr, _ = make_inputs(torch.float64, bipartite, EDGE_DIM)
+    options = dict(heads=heads, edge_dim=EDGE_DIM, beta=True)
+    theirs = pyg_nn.TransformerConv(in_channels, C, **options).double()
+    ours = TransformerConv(in_channels, C, **options).double()
+    assert repr(ours) == repr(theirs)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    ref = theirs(x, EDGE_INDEX, edge_attr)
+    ours.load_state_dict(theirs.state_dict())  # uninitialized, loading initialized weights
+    assert_close(ours(x, EDGE_INDEX, edge_attr), ref, torch.float64, "output vs PyG")
+    fresh = TransformerConv(in_channels, C, **options).double()
+    fresh(x, EDGE_INDEX, edge_attr)  # initialized by its first call
+    assert fresh.lin_query.weight.shape == theirs.lin_query.weight.shape
+    lazy_pyg = pyg_nn.TransformerConv(in_channels, C, **options).double()
+    lazy_pyg.load_state_dict(fresh.state_dict())
+    assert_close(lazy_pyg(x, EDGE_INDEX, edge_attr), fresh(x, EDGE_INDEX, edge_attr), torch.float64, "output vs PyG")
+
+
+def test_torch_jit_script_fails_in_one_line_naming_torch_compile():
+    """Before, TorchScript's multi-line NotSupportedError on edge_attention's keyword expansion."""
+    conv = TransformerConv(4, 2)
+    expected = r"^sparseattn\.nn\.TransformerConv does not support torch\.jit\.script .*use torch\.compile\(model\)"
+    with pytest.raises(RuntimeError, match=expected) as info:
+        torch.jit.script(conv)
+    assert "\n" not in str(info.value)
+    with pytest.raises(RuntimeError, match=expected):
+        torch.jit.script(torch.nn.Sequential(torch.nn.Identity(), conv))
+    for layer in (sparseattn.nn.ExphormerAttention(4, 4, 2, True), sparseattn.nn.GlobalAttention(4, 2)):
+        with pytest.raises(RuntimeError, match=f"{type(layer).__name__} does not support torch.jit.script"):
+            torch.jit.script(layer)
