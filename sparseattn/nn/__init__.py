@@ -1,9 +1,10 @@
 """Layers of graph-learning libraries rebuilt on `edge_attention`, with the originals' parameter
 names so state dicts load both ways: PyG's `TransformerConv`, Exphormer's attention, and GraphGPS's
-global attention over batches of graphs (no padding)."""
+global attention over batches of graphs (no padding); `to_hetero` for heterogeneous graphs."""
 
 from .exphormer import ExphormerAttention
 from .global_attention import GlobalAttention, complete_per_graph
+from .hetero import to_hetero
 from .transformer_conv import TransformerConv
 
-__all__ = ["TransformerConv", "ExphormerAttention", "GlobalAttention", "complete_per_graph"]
+__all__ = ["TransformerConv", "ExphormerAttention", "GlobalAttention", "complete_per_graph", "to_hetero"]
