@@ -30,7 +30,7 @@ def to_hetero(
     Args and return: as `torch_geometric.nn.to_hetero` (metadata = `data.metadata()`); the layers
     must take bipartite inputs for edge types between two node types (in_channels=(-1, -1)).
     """
-    from torch_geometric.nn import fx as pyg_fx
+    from torch_geometric.nn import fx as pyg_fx  # type: ignore[import-untyped]
     from torch_geometric.nn import to_hetero as pyg_to_hetero
 
     pyg_test = pyg_fx.is_message_passing_op
