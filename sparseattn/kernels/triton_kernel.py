@@ -5,10 +5,12 @@ by `_config`) walks t's in-edges in the destination-sorted CSR in tiles of BLOCK
 and v[s, h], and accumulates z = sum w_e and wv = sum w_e m_e v[s] in registers in float32 (float64
 for float64 inputs), with w_e = exp(clamp(score_e)) or, for clamp=None, an online max as in
 FlashAttention. It writes
-out[t, h] = wv / (z + eps) once (0 without in-edges when eps = 0) and one statistic per destination
-and head, lse = log(z + eps) (clamp) or max + log z (exact), so that p_e = w_e / (z + eps) =
-exp(logit_e - lse[t]). Bias, dropout mask, edge terms and returned weights stay in the caller's edge
-order, read and written through perm (each sorted edge's caller position).
+out[t, h] = wv / (z + eps) once (0 without in-edges when eps = 0) and two statistics per
+destination and head, stats = (m, z + eps) with m the max score (exact) or 0 (clamp), so that
+p_e = w_e / (z + eps) = exp(logit_e - m) / (z + eps) (`_weight`; every kernel computes the scores
+with `_score`, so the backward's p_e are the forward's). Bias, dropout mask, edge terms and
+returned weights stay in the caller's edge order, read and written through perm (each sorted
+edge's caller position).
 
 Edge terms (each optional; absent ones compile away through the HAS_EDGE_* flags): per edge and head
 the key is (k[s] + edge_key[e]) * edge_scale[e] and the value v[s] + edge_value[e]; the kernels load
@@ -20,13 +22,14 @@ gradients. With dp_e = m_e <do[t], v[s] + edge_value[e]> + dweights_e and g_e cl
 indicator (1 in exact mode):
     dscore_e = g_e p_e (dp_e - delta[t]),   delta[t] = sum_{e -> t} p_e dp_e  (= <do[t], out[t]> + ...).
 `_bwd_dq_kernel` walks the CSR once: delta in float32 (not from the rounded output, which costs
-half-precision gradients accuracy), dq[t] = scale (sum g p dp key_e - delta sum g p key_e), and p dp
-per edge into an (E, H) buffer in caller order. `_bwd_dkdv_kernel` walks the transposed CSR (per
-source): dscore, which it leaves in that buffer as dbias; with G_e = scale dscore_e q[t],
-dk[s] = sum_e G_e edge_scale[e], dv[s] = sum_e p_e m_e do[t], and per edge d edge_key[e] =
-G_e edge_scale[e], d edge_scale[e] = G_e (k[s] + edge_key[e]), d edge_value[e] = p_e m_e do[t] (a
-shared term's per-head rows are summed afterwards). Each backward kernel runs one program per
-node and head, or per node for all heads (`BACKWARD_LAYOUTS`, `backward_config`). No atomics, so
+half-precision gradients accuracy), dq[t] = scale sum g p (dp - delta) key_e (shifted, see the
+kernel), and dp per edge into an (E, H) buffer in caller order. `_bwd_dkdv_kernel` walks the
+transposed CSR (per source): dscore = g p (dp - delta), which it leaves in that buffer as dbias;
+with G_e = scale dscore_e q[t], dk[s] = sum_e G_e edge_scale[e], dv[s] = sum_e p_e m_e do[t], and
+per edge d edge_key[e] = G_e edge_scale[e], d edge_scale[e] = G_e (k[s] + edge_key[e]),
+d edge_value[e] = p_e m_e do[t] (a shared term's per-head rows are summed afterwards). Each
+backward kernel runs one program per node and head, or per node for all heads
+(`BACKWARD_LAYOUTS`, `backward_config`). No atomics, so
 every run gives bit-identical gradients. Under create_graph=True (double backward) backward
 recomputes through the reference instead (`reference.differentiable_grads`), whose gradients torch
 can differentiate again.
@@ -116,6 +119,23 @@ def _edge_keys(
 
 
 @triton.jit
+def _score(kt, q, sc):
+    """The scores of a tile, sum_d kt * q times the scale, (BLOCK_E, BLOCK_H): kt the keys with their
+    edge terms (`_edge_keys`), q the queries, both broadcast to (BLOCK_E, BLOCK_H, BLOCK_D). Every
+    kernel computes them here, in one association: a peaked softmax turns the last bit of a large
+    score into a relative error of its weight, which dscore = p (dp - delta) then cancels into."""
+    return tl.sum(kt * q, 2) * sc
+
+
+@triton.jit
+def _weight(s, m, z, lo, hi, CLAMP: tl.constexpr):
+    """p = exp(logit - m) / z from the forward's statistics m (the max score; 0 in clamp mode) and
+    z (+ eps), as the forward normalizes: a log-sum-exp m + log z in one float would round off
+    log z's low bits (1e-4 relative at m = 2e3 in float32), and exp(-log z) is a bit off 1 / z."""
+    return tl.exp(_logit(s, lo, hi, CLAMP) - m) / z
+
+
+@triton.jit
 def _fwd_kernel(
     Q,
     K,
@@ -123,7 +143,7 @@ def _fwd_kernel(
     BIAS,
     MASK,
     OUT,
-    LSE,
+    STATS,
     W,
     EK,
     EV,
@@ -205,7 +225,7 @@ def _fwd_kernel(
             kt = _edge_keys(
                 kt, EK, ES, pos, heads, offs_d, sek_e, sek_h, ses_e, ses_h, live_h, D, HAS_EDGE_KEY, HAS_EDGE_SCALE
             )
-        s = tl.sum(kt * q[None, :, :], 2) * sc  # (BLOCK_E, BLOCK_H)
+        s = _score(kt, q[None, :, :], sc)  # (BLOCK_E, BLOCK_H)
         if (HAS_BIAS or HAS_MASK) and not TERMS:
             pos = tl.load(PERM + e, mask=live, other=0)  # caller-order position of each edge
         if HAS_BIAS:
@@ -244,9 +264,9 @@ def _fwd_kernel(
         (wv / z_safe[:, None]).to(OUT.dtype.element_ty),
         mask=in_h[:, None] & (offs_dv[None, :] < DV),
     )
-    lse = tl.log(z_safe) + m  # (BLOCK_H,); log(z + eps) in clamp mode
-    tl.store(LSE + t * H + heads, lse, mask=in_h)
-    if RETURN_WEIGHTS:  # second pass over the scores, now that lse is known
+    tl.store(STATS + (t * H + heads) * 2, m, mask=in_h)
+    tl.store(STATS + (t * H + heads) * 2 + 1, z_safe, mask=in_h)
+    if RETURN_WEIGHTS:  # second pass over the scores, now that m and z are known
         for e0 in range(start, end, BLOCK_E):
             e = e0 + offs_e
             live = e < end
@@ -258,10 +278,10 @@ def _fwd_kernel(
                 kt = _edge_keys(
                     kt, EK, ES, pos, heads, offs_d, sek_e, sek_h, ses_e, ses_h, live_h, D, HAS_EDGE_KEY, HAS_EDGE_SCALE
                 )
-            s = tl.sum(kt * q[None, :, :], 2) * sc
+            s = _score(kt, q[None, :, :], sc)
             if HAS_BIAS:
                 s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
-            p = tl.exp(_logit(s, lo, hi, CLAMP) - lse[None, :])
+            p = _weight(s, m[None, :], z_safe[None, :], lo, hi, CLAMP)
             tl.store(W + pos[:, None] * H + heads[None, :], p.to(W.dtype.element_ty), mask=live_h)
 
 
@@ -273,11 +293,11 @@ def _bwd_dq_kernel(
     BIAS,
     MASK,
     DO,
-    LSE,
+    STATS,
     DW,
     DQ,
     DELTA,
-    PDP,
+    DP,
     EK,
     EV,
     ES,
@@ -323,8 +343,13 @@ def _bwd_dq_kernel(
     ACC: tl.constexpr,
 ):
     """One pass per destination t and group of BLOCK_H heads (`BACKWARD_LAYOUTS`): with g = clamp
-    indicator and key_e = (k[s] + edge_key[e]) * edge_scale[e], dq = scale (sum g p dp key - delta
-    sum g p key), delta = sum p dp; p dp per edge and head into PDP."""
+    indicator and key_e = (k[s] + edge_key[e]) * edge_scale[e], delta = sum p dp and dq = scale
+    sum g p (dp - delta) key; dp per edge and head into DP. delta is known only after the pass, so
+    dq = scale (sum g p (dp - c) key - (delta - c) sum g p key) with a shift c, the dp of the
+    largest weight so far (the first sum is shifted along when c changes): where one weight is near
+    1 and its dp near delta, neither sum is large, where c = 0 would cancel two sums of size
+    |dp key| into a far smaller dq (errors up to 20x csr's, 1e4x where nearly all weights round
+    away)."""
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BLOCK_H,)
     in_h = heads < H
@@ -339,10 +364,13 @@ def _bwd_dq_kernel(
         mask=in_h[:, None] & (offs_dv[None, :] < DV),
         other=0.0,
     ).to(ACC)  # (BLOCK_H, BLOCK_DV)
-    lse = tl.load(LSE + t * H + heads, mask=in_h, other=0.0)
+    m = tl.load(STATS + (t * H + heads) * 2, mask=in_h, other=0.0)  # (BLOCK_H,)
+    z = tl.load(STATS + (t * H + heads) * 2 + 1, mask=in_h, other=1.0)
     delta = tl.zeros([BLOCK_H], ACC)
-    gpdp_k = tl.zeros([BLOCK_H, BLOCK_D], ACC)
-    gp_k = tl.zeros([BLOCK_H, BLOCK_D], ACC)
+    c = tl.zeros([BLOCK_H], ACC)  # the shift: dp of the largest weight so far
+    top = tl.zeros([BLOCK_H], ACC)  # that weight
+    gpdpc_k = tl.zeros([BLOCK_H, BLOCK_D], ACC)  # sum g p (dp - c) key
+    gp_k = tl.zeros([BLOCK_H, BLOCK_D], ACC)  # sum g p key
     for e0 in tl.range(start, end, BLOCK_E, num_stages=NUM_STAGES):
         e = e0 + offs_e
         live = e < end
@@ -354,10 +382,10 @@ def _bwd_dq_kernel(
             kt = _edge_keys(
                 kt, EK, ES, pos, heads, offs_d, sek_e, sek_h, ses_e, ses_h, live_h, D, HAS_EDGE_KEY, HAS_EDGE_SCALE
             )
-        s = tl.sum(kt * q[None, :, :], 2) * sc  # (BLOCK_E, BLOCK_H)
+        s = _score(kt, q[None, :, :], sc)  # (BLOCK_E, BLOCK_H)
         if HAS_BIAS:
             s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
-        p = tl.where(live_h, tl.exp(_logit(s, lo, hi, CLAMP) - lse[None, :]), 0.0)
+        p = tl.where(live_h, _weight(s, m[None, :], z[None, :], lo, hi, CLAMP), 0.0)
         vt = _gather(V, src, heads, offs_dv, sv_n, sv_h, live_h, DV).to(ACC)  # (BLOCK_E, BLOCK_H, BLOCK_DV)
         if HAS_EDGE_VALUE:
             vt += _gather(EV, pos, heads, offs_dv, sev_e, sev_h, live_h, DV).to(ACC)
@@ -366,20 +394,21 @@ def _bwd_dq_kernel(
             dp *= tl.load(MASK + pos[:, None] * sm_e + heads[None, :] * sm_h, mask=live_h, other=0.0).to(ACC)
         if HAS_DW:
             dp += tl.load(DW + pos[:, None] * sw_e + heads[None, :] * sw_h, mask=live_h, other=0.0).to(ACC)
-        pdp = p * dp
-        delta += tl.sum(pdp, 0)
+        delta += tl.sum(p * dp, 0)
+        tile_top = tl.max(p, 0)  # (BLOCK_H,)
+        new_c = tl.where(tile_top > top, tl.max(tl.where(p == tile_top[None, :], dp, float("-inf")), 0), c)
+        gpdpc_k -= (new_c - c)[:, None] * gp_k  # the edges so far, shifted to the new c
+        c, top = new_c, tl.maximum(top, tile_top)
+        gp = p
         if CLAMP:  # torch.clamp's gradient passes where lo <= s <= hi
-            inside = (s >= lo) & (s <= hi)
-            gp_k += tl.sum(tl.where(inside, p, 0.0)[:, :, None] * kt, 0)
-            gpdp_k += tl.sum(tl.where(inside, pdp, 0.0)[:, :, None] * kt, 0)
-        else:
-            gp_k += tl.sum(p[:, :, None] * kt, 0)
-            gpdp_k += tl.sum(pdp[:, :, None] * kt, 0)
-        tl.store(PDP + pos[:, None] * H + heads[None, :], pdp, mask=live_h)
+            gp = tl.where((s >= lo) & (s <= hi), p, 0.0)
+        gp_k += tl.sum(gp[:, :, None] * kt, 0)
+        gpdpc_k += tl.sum((gp * (dp - c[None, :]))[:, :, None] * kt, 0)
+        tl.store(DP + pos[:, None] * H + heads[None, :], dp, mask=live_h)
     tl.store(DELTA + t * H + heads, delta, mask=in_h)
     tl.store(
         DQ + t * sq_n + heads[:, None] * sq_h + offs_d[None, :],
-        ((gpdp_k - delta[:, None] * gp_k) * sc).to(DQ.dtype.element_ty),
+        ((gpdpc_k - (delta - c)[:, None] * gp_k) * sc).to(DQ.dtype.element_ty),
         mask=in_h[:, None] & (offs_d[None, :] < D),
     )
 
@@ -391,7 +420,7 @@ def _bwd_dkdv_kernel(
     BIAS,
     MASK,
     DO,
-    LSE,
+    STATS,
     DELTA,
     DS,
     DK,
@@ -443,8 +472,8 @@ def _bwd_dkdv_kernel(
     GRAD_EDGE_SCALE: tl.constexpr,
     ACC: tl.constexpr,
 ):
-    """One pass per source u and group of BLOCK_H heads. DS holds p dp from `_bwd_dq_kernel` and
-    leaves holding dscore = g (p dp - p delta): overwritten in place, so a triton.autotune of this
+    """One pass per source u and group of BLOCK_H heads. DS holds dp from `_bwd_dq_kernel` and
+    leaves holding dscore = g p (dp - delta): overwritten in place, so a triton.autotune of this
     kernel needs restore_value=["DS"]. DEK, DEV, DES: the edge terms' gradients, (E, H, D / Dv)
     contiguous in caller order, written where their GRAD_ flag is set."""
     u = tl.program_id(0).to(tl.int64)  # a source node; PTR/IDX/PERM are the transposed CSR
@@ -470,17 +499,19 @@ def _bwd_dkdv_kernel(
         key = k[None, :, :]  # k[s] + edge_key[e], broadcast over the edges without edge keys
         if HAS_EDGE_KEY:
             key = key + _gather(EK, pos, heads, offs_d, sek_e, sek_h, live_h, D).to(ACC)
+        kt = key  # the forward's keys, (k[s] + edge_key[e]) * edge_scale[e], so that s is the forward's
         if HAS_EDGE_SCALE:
             es = _gather(ES, pos, heads, offs_d, ses_e, ses_h, live_h, D).to(ACC)
-            s = tl.sum(qt * key * es, 2) * sc
-        else:
-            s = tl.sum(qt * key, 2) * sc  # (BLOCK_E, BLOCK_H)
+            kt = key * es
+        s = _score(kt, qt, sc)  # (BLOCK_E, BLOCK_H)
         if HAS_BIAS:
             s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
-        lse = tl.load(LSE + dst[:, None] * H + heads[None, :], mask=live_h, other=0.0)
-        p = tl.where(live_h, tl.exp(_logit(s, lo, hi, CLAMP) - lse), 0.0)
+        stat = STATS + (dst[:, None] * H + heads[None, :]) * 2  # (BLOCK_E, BLOCK_H): m, then z
+        m = tl.load(stat, mask=live_h, other=0.0)
+        z = tl.load(stat + 1, mask=live_h, other=1.0)
+        p = tl.where(live_h, _weight(s, m, z, lo, hi, CLAMP), 0.0)
         delta = tl.load(DELTA + dst[:, None] * H + heads[None, :], mask=live_h, other=0.0)
-        ds = tl.load(DS + slot, mask=live_h, other=0.0) - p * delta
+        ds = p * (tl.load(DS + slot, mask=live_h, other=0.0) - delta)  # not p dp - p delta: that cancels
         if CLAMP:
             ds = tl.where((s >= lo) & (s <= hi), ds, 0.0)
         tl.store(DS + slot, ds, mask=live_h)
@@ -740,13 +771,14 @@ def _triton_forward(q, k, v, csr, scale, clamp, bias, dropout_mask, return_weigh
     """q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv) contiguous; csr: the destination-sorted
     (ptr, idx, perm); bias, mask (E, H) or None; terms: edge_key (E, H or 1, D), edge_value
     (E, H or 1, Dv), edge_scale (E, H or 1, D), each or None; eps added to each normalizer. Returns
-    out (N_dst, H, Dv), lse (N_dst, H) in the accumulation dtype, weights (E, H) or None."""
+    out (N_dst, H, Dv), stats (N_dst, H, 2) (m and z: `_weight`) in the accumulation dtype,
+    weights (E, H) or None."""
     (n_dst, h), num_edges = q.shape[:2], csr[1].shape[0]
     bias_t, mask_t, dims, flags = _shared_args(q, v, scale, clamp, bias, dropout_mask, eps)
     term_ptrs, term_strides, term_flags = _edge_args(q, terms)
     out = torch.empty(n_dst, h, v.shape[2], dtype=q.dtype, device=q.device)
-    lse = torch.empty(n_dst, h, dtype=accumulation_dtype(q.dtype), device=q.device)
-    weights = torch.empty(num_edges, h, dtype=q.dtype, device=q.device) if return_weights else lse
+    stats = torch.empty(n_dst, h, 2, dtype=accumulation_dtype(q.dtype), device=q.device)  # m, z
+    weights = torch.empty(num_edges, h, dtype=q.dtype, device=q.device) if return_weights else stats
     cfg = _config(q.shape[2], v.shape[2], h, num_edges / n_dst)
     _fwd_kernel[(n_dst, triton.cdiv(h, cfg["BLOCK_H"]))](
         q,
@@ -755,7 +787,7 @@ def _triton_forward(q, k, v, csr, scale, clamp, bias, dropout_mask, return_weigh
         bias_t,
         mask_t,
         out,
-        lse,
+        stats,
         weights,
         *term_ptrs,
         *_contiguous(csr),
@@ -773,7 +805,7 @@ def _triton_forward(q, k, v, csr, scale, clamp, bias, dropout_mask, return_weigh
         **term_flags,
         **cfg,
     )
-    return out, lse, (weights if return_weights else None)
+    return out, stats, (weights if return_weights else None)
 
 
 def _term_grad(t: Optional[Tensor], needed: bool, heads: int, acc: torch.dtype) -> Tuple[Optional[Tensor], bool]:
@@ -787,7 +819,7 @@ def _term_grad(t: Optional[Tensor], needed: bool, heads: int, acc: torch.dtype) 
 
 
 def _triton_backward(
-    q, k, v, csr, csc, scale, clamp, bias, dropout_mask, lse, d_out, d_weights, terms, needs_terms, tiles
+    q, k, v, csr, csc, scale, clamp, bias, dropout_mask, stats, d_out, d_weights, terms, needs_terms, tiles
 ):
     """Gradients (dq, dk, dv, dscore, d edge_key, d edge_value, d edge_scale) of out (and of weights,
     if d_weights is given); dscore is (E, H) in caller order and the accumulation dtype: it is
@@ -800,7 +832,7 @@ def _triton_backward(
     term_ptrs, term_strides, term_flags = _edge_args(q, terms)
     d_out = d_out.contiguous()
     delta = torch.empty(n_dst, h, dtype=acc, device=q.device)  # sum_e p_e dp_e = <do, out> (+ p . dweights)
-    ds = torch.empty(num_edges, h, dtype=acc, device=q.device)  # p dp, then dscore; caller order
+    ds = torch.empty(num_edges, h, dtype=acc, device=q.device)  # dp, then dscore; caller order
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     d_terms, shared = zip(*(_term_grad(t, need, h, acc) for t, need in zip(terms, needs_terms)))
     heads_grid = triton.cdiv(h, tiles["BLOCK_H"])
@@ -811,7 +843,7 @@ def _triton_backward(
         bias_t,
         mask_t,
         d_out,
-        lse,
+        stats,
         d_weights if d_weights is not None else ds,
         dq,
         delta,
@@ -838,7 +870,7 @@ def _triton_backward(
         bias_t,
         mask_t,
         d_out,
-        lse,
+        stats,
         delta,
         ds,
         dk,
@@ -892,17 +924,18 @@ def triton_attention_fwd(
     clamp: Optional[List[float]],
     return_weights: bool,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """The forward kernel as an op: out (N_dst, H, Dv), lse (N_dst, H) in the accumulation dtype
-    (saved for the backward) and the weights (E, H) (empty unless return_weights). ptr, idx, perm:
-    the destination-sorted CSR; cptr, cidx, cperm: the source-sorted one, for the backward (None
-    when no gradient is wanted); edge_index only for a double backward. edge_key (E, H or 1, D),
-    edge_value (E, H or 1, Dv), edge_scale (E, H or 1, D): caller order, last dim contiguous."""
+    """The forward kernel as an op: out (N_dst, H, Dv), stats (N_dst, H, 2) in the accumulation
+    dtype (m and z, saved for the backward) and the weights (E, H) (empty unless return_weights).
+    ptr, idx, perm: the destination-sorted CSR; cptr, cidx, cperm: the source-sorted one, for the
+    backward (None when no gradient is wanted); edge_index only for a double backward. edge_key
+    (E, H or 1, D), edge_value (E, H or 1, Dv), edge_scale (E, H or 1, D): caller order, last dim
+    contiguous."""
     with _on(q.device):
-        out, lse, weights = _triton_forward(
+        out, stats, weights = _triton_forward(
             q, k, v, (ptr, idx, perm), scale, _pair(clamp), bias, mask, return_weights,
             (edge_key, edge_value, edge_scale), eps,
         )  # fmt: skip
-    return out, lse, weights if weights is not None else q.new_empty(0)
+    return out, stats, weights if weights is not None else q.new_empty(0)
 
 
 @triton_attention_fwd.register_fake
@@ -910,7 +943,7 @@ def _(q, k, v, edge_index, ptr, idx, perm, *rest):
     return_weights = rest[-1]
     (n_dst, h), acc = q.shape[:2], accumulation_dtype(q.dtype)
     weights = q.new_empty(idx.shape[0], h) if return_weights else q.new_empty(0)
-    return q.new_empty(n_dst, h, v.shape[2]), q.new_empty(n_dst, h, dtype=acc), weights
+    return q.new_empty(n_dst, h, v.shape[2]), q.new_empty(n_dst, h, 2, dtype=acc), weights
 
 
 @torch.library.custom_op("sparseattn::triton_attention_bwd", mutates_args=())
@@ -929,7 +962,7 @@ def triton_attention_bwd(
     edge_key: Optional[Tensor],
     edge_value: Optional[Tensor],
     edge_scale: Optional[Tensor],
-    lse: Tensor,
+    stats: Tensor,
     d_out: Tensor,
     d_weights: Optional[Tensor],
     scale: float,
@@ -945,7 +978,7 @@ def triton_attention_bwd(
     terms = (edge_key, edge_value, edge_scale)
     with _on(q.device):
         *grads, dek, dev, des = _triton_backward(
-            q, k, v, (ptr, idx, perm), (cptr, cidx, cperm), scale, _pair(clamp), bias, mask, lse, d_out, d_weights,
+            q, k, v, (ptr, idx, perm), (cptr, cidx, cperm), scale, _pair(clamp), bias, mask, stats, d_out, d_weights,
             terms, needs_terms, tiles,
         )  # fmt: skip
     return (*grads, *(d if d is not None else q.new_empty(0) for d in (dek, dev, des)))
@@ -978,7 +1011,7 @@ _SAVED = "q k v edge_index ptr idx perm cptr cidx cperm bias mask edge_key edge_
 
 def _setup(ctx, inputs, output):
     named = dict(zip(_FWD_INPUTS, inputs))
-    ctx.mark_non_differentiable(output[1])  # lse only reaches the backward
+    ctx.mark_non_differentiable(output[1])  # the stats only reach the backward
     ctx.set_materialize_grads(False)  # no zeros made up for an output left unused
     ctx.save_for_backward(*(named[n] for n in _SAVED), output[1])
     ctx.scale, ctx.clamp, ctx.eps = named["scale"], named["clamp"], named["eps"]
@@ -986,8 +1019,8 @@ def _setup(ctx, inputs, output):
     ctx.launch = _launch_ints(_bwd_config(q.shape[2], v.shape[2], q.shape[1]))  # as set when the forward ran
 
 
-def _backward(ctx, d_out, _d_lse, d_weights):
-    q, k, v, edge_index, ptr, idx, perm, cptr, cidx, cperm, bias, mask, *terms, lse = ctx.saved_tensors
+def _backward(ctx, d_out, _d_stats, d_weights):
+    q, k, v, edge_index, ptr, idx, perm, cptr, cidx, cperm, bias, mask, *terms, stats = ctx.saved_tensors
     wanted = [ctx.needs_input_grad[i] for i in _GRAD_INPUTS]
     if d_weights is not None and d_weights.numel() == 0:
         d_weights = None
@@ -1001,7 +1034,7 @@ def _backward(ctx, d_out, _d_lse, d_weights):
         d_out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
     needs_terms = [want and t is not None for want, t in zip(wanted[4:], terms)]
     dq, dk, dv, ds, *d_terms = triton_attention_bwd(
-        q, k, v, ptr, idx, perm, cptr, cidx, cperm, bias, mask, *terms, lse, d_out.contiguous(), d_weights,
+        q, k, v, ptr, idx, perm, cptr, cidx, cperm, bias, mask, *terms, stats, d_out.contiguous(), d_weights,
         ctx.scale, ctx.clamp, ctx.launch, needs_terms,
     )  # fmt: skip
     dbias = ds.to(bias.dtype) if bias is not None and wanted[3] else None
