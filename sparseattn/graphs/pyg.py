@@ -117,14 +117,17 @@ def batch_offsets(
     kept); None if neither is given. ValueError naming `{name}ptr` or `{name}batch` otherwise."""
     if ptr is not None:
         if not isinstance(ptr, Tensor) or ptr.dim() != 1 or ptr.numel() == 0 or ptr.is_floating_point():
-            raise ValueError(f"{name}ptr must be a non-empty 1-D integer tensor of node offsets (B + 1,)")
+            got = f"shape {tuple(ptr.shape)}, dtype {ptr.dtype}" if isinstance(ptr, Tensor) else type(ptr).__name__
+            raise ValueError(f"{name}ptr must be a non-empty 1-D integer tensor of node offsets (B + 1,), got {got}")
         offsets = tuple(int(x) for x in ptr.tolist())
         if offsets[0] != 0 or offsets[-1] != n or any(b < a for a, b in zip(offsets[:-1], offsets[1:])):
             raise ValueError(f"{name}ptr must be non-decreasing from 0 to num_nodes={n}, got {list(offsets)[:8]}")
         return offsets
     if batch is None:
         return None
-    if not isinstance(batch, Tensor) or batch.dim() != 1 or batch.is_floating_point() or batch.numel() != n:
+    if isinstance(batch, Tensor) and (batch.is_floating_point() or batch.is_complex() or batch.dtype == torch.bool):
+        raise ValueError(f"{name}batch must be an integer tensor of graph ids (int64 as in PyG), got {batch.dtype}")
+    if not isinstance(batch, Tensor) or batch.dim() != 1 or batch.numel() != n:
         shape = tuple(batch.shape) if isinstance(batch, Tensor) else type(batch).__name__
         raise ValueError(
             f"{name}batch must be a 1-D integer tensor of graph ids, one per node: ({n},) for {n} node rows, got "

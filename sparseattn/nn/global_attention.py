@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +13,7 @@ from ..functional import edge_attention
 from ..graphs import Graph
 from ..graphs.pyg import batch_offsets
 from ._common import NotScriptable, check_backend, check_dropout
+from ._padded import is_mha_call, padded_attention
 
 
 def complete_per_graph(batch: Optional[Tensor] = None, ptr: Optional[Tensor] = None, num_nodes: int = -1) -> Graph:
@@ -57,6 +58,7 @@ class GlobalAttention(NotScriptable, nn.Module):
         dropout: dropout on the normalized attention weights (training mode only), as
             nn.MultiheadAttention's.
         bias: biases in the input and output projections.
+        batch_first: the layout of the nn.MultiheadAttention-style call: (B, L, E), else (L, B, E).
         clamp: None for exact softmax (nn.MultiheadAttention's), or (lo, hi) for clamp mode.
         backend: kernel backend for `edge_attention`. With "auto", batches whose graphs come in at
             most `kernels.DENSE_MAX_SHAPES` sizes run on "dense" (SDPA); others on "csr".
@@ -64,7 +66,15 @@ class GlobalAttention(NotScriptable, nn.Module):
     Shapes:
         x: (N, embed_dim); batch: (N,) sorted graph ids; ptr: (B + 1,) offsets; graph: a prebuilt
         `complete_per_graph(...)` (or any Graph over N nodes) to reuse across layers.
-        Output: (N, embed_dim).
+        Output: (N, embed_dim); with need_weights=True or False, (out, weights) as MHA returns,
+        weights (E, H) per edge of the graph or None.
+
+    Where GraphGPS called `self_attn(h_dense, h_dense, h_dense, key_padding_mask=~mask,
+    need_weights=False)[0]`, the same call works on this layer (MHA's signature and `(out,
+    weights)` return; padded rows attend to their sequence's real rows, as in MHA; a sequence with
+    no real row gets 0 where MHA gives NaN; returned weights are before dropout). Without padding,
+    call `self_attn(h, batch)` (a tensor: do not index it with [0]) or
+    `self_attn(h, batch, need_weights=False)[0]`.
     """
 
     def __init__(
@@ -74,6 +84,7 @@ class GlobalAttention(NotScriptable, nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         *,
+        batch_first: bool = False,
         clamp: Optional[Tuple[float, float]] = None,
         backend: str = "auto",
     ) -> None:
@@ -85,6 +96,7 @@ class GlobalAttention(NotScriptable, nn.Module):
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
         self.dropout = check_dropout(dropout)
+        self.batch_first = batch_first
         self.clamp = clamp
         self.backend = check_backend(backend)
         self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
@@ -103,10 +115,35 @@ class GlobalAttention(NotScriptable, nn.Module):
             nn.init.zeros_(self.out_proj.bias)
 
     def forward(
-        self, x: Tensor, batch: Optional[Tensor] = None, ptr: Optional[Tensor] = None, *, graph: Optional[Graph] = None
-    ) -> Tensor:
+        self,
+        x: Tensor,
+        batch: Optional[Tensor] = None,
+        ptr: Optional[Tensor] = None,
+        *,
+        graph: Optional[Graph] = None,
+        need_weights: Optional[bool] = None,
+        key_padding_mask: Optional[Tensor] = None,
+        attn_mask: Optional[Tensor] = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> Union[Tensor, Tuple[Tensor, Optional[Tensor]]]:
         """x: (N, embed_dim) -> (N, embed_dim), attending within the graphs given by `graph`, else
-        `ptr`, else `batch`, else all of x as one graph."""
+        `ptr`, else `batch`, else all of x as one graph. With need_weights (True or False), returns
+        (out, weights) as nn.MultiheadAttention does: weights (E, H) over the graph's edges, or None.
+
+        Called as nn.MultiheadAttention, layer(x, x, x, key_padding_mask=..., need_weights=...) with x
+        (B, L, embed_dim) (batch_first) or (L, B, embed_dim), each sequence one graph: returns MHA's
+        (out, weights), weights (B, L, L) (per head with average_attn_weights=False) or None."""
+        if is_mha_call(x, batch):
+            return padded_attention(
+                self, x, batch, ptr, key_padding_mask, need_weights is not False, attn_mask, average_attn_weights,
+                is_causal,
+            )  # fmt: skip
+        if key_padding_mask is not None or attn_mask is not None or is_causal:
+            raise ValueError(
+                "key_padding_mask, attn_mask and is_causal belong to the nn.MultiheadAttention-style call "
+                "layer(x_dense, x_dense, x_dense, key_padding_mask=...); with batch, ptr or graph no padding is needed"
+            )
         if graph is None:
             # built for this call: csr skips indexes that pay off only when reused
             graph = complete_per_graph(batch, ptr, num_nodes=x.shape[0]).for_one_call()
@@ -120,9 +157,11 @@ class GlobalAttention(NotScriptable, nn.Module):
             clamp=self.clamp,
             dropout_p=self.dropout if self.training else 0.0,
             backend=self.backend,
+            return_weights=bool(need_weights),
         )
-        assert isinstance(out, Tensor)
-        return self.out_proj(out.reshape(-1, self.embed_dim))  # (N, H, D) -> (N, embed_dim)
+        out, weights = out if isinstance(out, tuple) else (out, None)
+        out = self.out_proj(out.reshape(-1, self.embed_dim))  # (N, H, D) -> (N, embed_dim)
+        return out if need_weights is None else (out, weights)
 
     def extra_repr(self) -> str:
         """The settings `print(module)` shows: width, heads, dropout, clamp."""

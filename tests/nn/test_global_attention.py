@@ -134,3 +134,78 @@ def test_a_graph_built_per_call_trains_csr_in_the_layout_for_one_call_graphs(hea
     kept = layer(x, graph=graph)
     assert head_major_calls == [1]
     assert_close(built, kept, torch.float32, "a graph built per call against one passed in")
+
+
+def padded(sizes, batch_first=True):
+    """x (B, L, E) (or (L, B, E)) float64 and its key padding mask (B, L), True at padding."""
+    batch = batch_of(sizes)
+    dense, real = to_dense_batch(torch.randn(batch.numel(), EMBED, dtype=torch.float64), batch)
+    return (dense if batch_first else dense.transpose(0, 1).contiguous()), ~real
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("need_weights,average", [(False, True), (True, True), (True, False)])
+def test_an_mha_style_call_returns_mhas_out_and_weights(batch_first, need_weights, average):
+    """GraphGPS's self_attn(x, x, x, key_padding_mask=~mask, need_weights=...) on the layer gives
+    nn.MultiheadAttention's (out, weights) on every row, padded ones included, so its [0] is the
+    whole output. Before, a TypeError (no key_padding_mask, no batch_first); a call without them
+    returned a tensor, whose [0] is node 0's row, broadcast by GraphGPS's residual without an error."""
+    mha = nn.MultiheadAttention(EMBED, HEADS, batch_first=batch_first).double()
+    with torch.no_grad():
+        for p in mha.parameters():
+            p.uniform_(-0.7, 0.7)
+    ours = GlobalAttention(EMBED, HEADS, batch_first=batch_first).double()
+    ours.load_state_dict(mha.state_dict())
+    x, mask = padded([3, 8, 1, 5], batch_first)
+    kwargs = dict(key_padding_mask=mask, need_weights=need_weights, average_attn_weights=average)
+    out, weights = ours(x, x, x, **kwargs)
+    ref, ref_weights = mha(x, x, x, **kwargs)
+    assert_close(out, ref, torch.float64, "MHA-style call vs MHA")
+    if need_weights:
+        assert_close(weights, ref_weights, torch.float64, "MHA-style call vs MHA")
+    else:
+        assert weights is None and ref_weights is None
+    one = x[0] if batch_first else x[:, 0]  # unbatched (L, E), no mask
+    assert_close(ours(one, one, one)[0], mha(one, one, one)[0], torch.float64, "MHA-style call vs MHA")
+
+
+def test_graphgps_block_gives_the_native_result():
+    """GraphGPS's `_sa_block(h_dense, None, ~mask)[mask]` with this layer in place of MHA equals the
+    unpadded call `layer(h, batch)`, and `layer(h, batch, need_weights=False)[0]` is that output."""
+    _, ours = make_pair()
+    ours.batch_first = True
+    batch = batch_of([4, 7, 1, 2])
+    h = torch.randn(batch.numel(), EMBED, dtype=torch.float64)
+    dense, real = to_dense_batch(h, batch)
+    sa_block = ours(dense, dense, dense, attn_mask=None, key_padding_mask=~real, need_weights=False)[0][real]
+    native = ours(h, batch)
+    assert_close(sa_block, native, torch.float64, "MHA-style call vs native")
+    out, weights = ours(h, batch, need_weights=False)
+    assert torch.equal(out, native) and weights is None
+    out, weights = ours(h, batch, need_weights=True)
+    assert_close(out, native, torch.float64, "one graph vs its batch")
+    assert weights.shape == (16 + 49 + 1 + 4, HEADS)
+
+
+def test_mismatched_mha_style_calls_name_the_argument():
+    ours = GlobalAttention(EMBED, HEADS, batch_first=True)
+    x, mask = padded([2, 3])
+    x = x.float()
+    with pytest.raises(ValueError, match="one tensor as query, key and value"):
+        ours(x, x.clone(), x)
+    with pytest.raises(ValueError, match="no attn_mask or is_causal"):
+        ours(x, x, x, attn_mask=torch.zeros(3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"key_padding_mask must be a bool tensor \(2, 3\).*got torch.float32"):
+        ours(x, x, x, key_padding_mask=mask.float())
+    with pytest.raises(ValueError, match="key_padding_mask.*belong to the nn.MultiheadAttention-style call"):
+        ours(x[0], torch.zeros(3, dtype=torch.long), key_padding_mask=mask[0])
+
+
+def test_a_float_batch_vector_is_refused_naming_its_dtype():
+    """Before: 'batch must be a 1-D integer tensor ... (37,) for 37 node rows, got (37,)'."""
+    x = torch.randn(37, EMBED)
+    batch = torch.zeros(37)
+    with pytest.raises(ValueError, match=r"^batch must be an integer tensor of graph ids .*got torch\.float32$"):
+        GlobalAttention(EMBED, HEADS)(x, batch)
+    with pytest.raises(ValueError, match=r"ptr must be .* got shape \(2,\), dtype torch\.float32"):
+        GlobalAttention(EMBED, HEADS)(x, ptr=torch.tensor([0.0, 37.0]))
