@@ -122,6 +122,56 @@ def test_raw_destination_major_blocks_are_recognized(spec):
     assert raw.is_sorted_by_dst and raw.blocks == built.blocks
 
 
+class _OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the aten ops run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _ops_of(fn) -> int:
+    with _OpCounter() as counter:
+        fn()
+    return counter.ops
+
+
+def test_from_blocks_equals_its_blocks_batched_one_by_one():
+    """Every kind, empty and one-node blocks, rectangular full blocks: the edges, blocks and node
+    offsets of `batch` over one graph per block."""
+    gen = torch.Generator().manual_seed(0)
+    kinds = ("full", "full_no_self", "causal", "causal_no_self")
+    for _ in range(50):
+        spec = []
+        for _ in range(int(torch.randint(0, 7, (1,), generator=gen))):
+            kind, n, m = (
+                kinds[int(torch.randint(0, 4, (1,), generator=gen))],
+                *torch.randint(0, 6, (2,), generator=gen).tolist(),
+            )
+            spec.append((kind, m if kind == "full" else n, n))
+        built = graphs.from_blocks(spec)
+        one_by_one = graphs.batch([graphs.from_blocks([s]) for s in spec])
+        assert torch.equal(built.edge_index, one_by_one.edge_index), spec
+        assert built.blocks == one_by_one.blocks and built.is_sorted_by_dst, spec
+        assert (built.src_ptr, built.dst_ptr) == (one_by_one.src_ptr, one_by_one.dst_ptr), spec
+
+
+def test_from_blocks_runs_as_many_tensor_ops_for_64_blocks_as_for_2():
+    """A batch of many small graphs (`nn.complete_per_graph`) costs no tensor work per graph (before:
+    a few ops per block and a concatenation)."""
+    few = _ops_of(lambda: graphs.from_blocks([("full", 5, 5), ("full_no_self", 7, 7)]))
+    many = _ops_of(
+        lambda: graphs.from_blocks(
+            [("full", 5 + i % 9, 5 + i % 9) if i % 2 else ("full_no_self", 6, 6) for i in range(64)]
+        )
+    )
+    assert many == few
+
+
 def test_blocks_are_not_claimed_where_edges_do_not_decompose():
     g = graphs.from_blocks([("full", 6, 6)] * 2)
     assert Graph(g.edge_index.flip(1)).blocks is None  # not destination-major: no detection

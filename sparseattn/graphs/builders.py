@@ -7,7 +7,7 @@ causal, bipartite) also record their `Block` so a dense backend can use them.
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import List, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -139,8 +139,9 @@ def batch(graphs: Sequence[Graph]) -> Graph:
 
 def from_blocks(blocks: Sequence[tuple], *, device: Device = None) -> Graph:
     """A block-diagonal graph of dense blocks given as (kind, n_src, n_dst) triples; the fastest
-    way to build a Transformer batch (kinds as in `Block`)."""
-    parts = []
+    way to build a Transformer batch (kinds as in `Block`). The edges of all blocks come from one
+    set of tensor ops, whatever the number of blocks."""
+    specs = []
     for i, spec in enumerate(blocks):
         if not isinstance(spec, (tuple, list)) or len(spec) != 3:
             raise TypeError(f"blocks[{i}] must be a (kind, n_src, n_dst) triple, got {spec!r}")
@@ -150,8 +151,59 @@ def from_blocks(blocks: Sequence[tuple], *, device: Device = None) -> Graph:
         n_src, n_dst = _check_count(f"blocks[{i}] n_src", n_src), _check_count(f"blocks[{i}] n_dst", n_dst)
         if kind != "full" and n_src != n_dst:
             raise ValueError(f"blocks[{i}]: a {kind!r} block must be square, got {n_src} x {n_dst}")
-        parts.append(_dense_graph(kind, n_src, n_dst, device))
-    return batch(parts)
+        specs.append((kind, n_src, n_dst))
+    src_ptr, dst_ptr, edge_start, found = [0], [0], 0, []
+    for kind, n_src, n_dst in specs:
+        found.append(Block(kind, src_ptr[-1], dst_ptr[-1], n_src, n_dst, edge_start))
+        edge_start += block_num_edges(kind, n_src, n_dst)
+        src_ptr.append(src_ptr[-1] + n_src)
+        dst_ptr.append(dst_ptr[-1] + n_dst)
+    edge_index = _block_diagonal_edges(specs, src_ptr, dst_ptr, edge_start, device)
+    return Graph.unchecked(
+        edge_index, src_ptr[-1], dst_ptr[-1], blocks=found, src_ptr=src_ptr, dst_ptr=dst_ptr, sorted_by_dst=True
+    )
+
+
+def _take(x: Tensor, index: Tensor) -> Tensor:
+    """x[index] for 1-D x (index_select: several times faster than advanced indexing on CPU)."""
+    return torch.index_select(x, 0, index)
+
+
+def _block_diagonal_edges(
+    specs: List[Tuple[str, int, int]], src_ptr: List[int], dst_ptr: List[int], num_edges: int, device: Device
+) -> Tensor:
+    """(2, E) edge index of the blocks `specs` placed at node offsets src_ptr, dst_ptr (B + 1,),
+    destination-major, as `block_edges` lists each block: per destination row its degree (n_src,
+    n_src - 1, i + 1 or i for local row i), then each edge's position j in its row gives its source
+    (j, or j + 1 past the diagonal for "full_no_self")."""
+    info = torch.tensor(  # (5, B): kind code, n_src, n_dst, src_start, dst_start
+        [
+            [BLOCK_KINDS.index(k) for k, _, _ in specs],
+            [s[1] for s in specs],
+            [s[2] for s in specs],
+            src_ptr[:-1],
+            dst_ptr[:-1],
+        ],
+        dtype=torch.long,
+        device=device,
+    ).view(5, len(specs))
+    kind, n_src, n_dst, src_start, dst_start = info
+    block = torch.repeat_interleave(torch.arange(len(specs), device=device), n_dst, output_size=dst_ptr[-1])
+    kind, n_src, src_start = (_take(t, block) for t in (kind, n_src, src_start))  # (N_dst,) per destination row
+    local = torch.arange(dst_ptr[-1], device=device) - _take(dst_start, block)  # (N_dst,) row i within its block
+    causal = kind >= BLOCK_KINDS.index("causal")
+    no_self = (kind == BLOCK_KINDS.index("full_no_self")) | (kind == BLOCK_KINDS.index("causal_no_self"))
+    degree = torch.where(causal, local + 1, n_src) - no_self.long()
+    dst = torch.repeat_interleave(torch.arange(dst_ptr[-1], device=device), degree, output_size=num_edges)
+    first = torch.cumsum(degree, 0) - degree  # (N_dst,) position of each row's first edge
+    edge = torch.arange(num_edges, device=device)
+    edge_index = torch.empty(2, num_edges, dtype=torch.long, device=device)
+    edge_index[1] = dst
+    src = torch.add(edge, _take(src_start - first, dst), out=edge_index[0])  # j + src_start, j = edge - first
+    if any(k == "full_no_self" for k, _, _ in specs):  # past the diagonal: one more
+        diagonal = torch.where(causal | ~no_self, num_edges, first + local)  # (N_dst,) position of j = i
+        src += (edge >= _take(diagonal, dst)).long()
+    return edge_index
 
 
 def from_row_pointers(ptr: Tensor, src: Tensor, num_src: int, *, validate: bool = True) -> Graph:
