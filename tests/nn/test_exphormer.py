@@ -93,3 +93,17 @@ def test_edge_attr_of_another_shape_is_refused_naming_it(shape, graph):
     expected = f"edge_attr must have shape (E, dim_edge) = (13, {DIM_EDGE}), one row per edge, got {shape}"
     with pytest.raises(ValueError, match=re.escape(expected)):
         layer(x, sparseattn.Graph(EDGE_INDEX, N, N) if graph else EDGE_INDEX, torch.randn(shape))
+
+
+def test_torch_sparse_adj_t_equals_its_edge_index():
+    """PyG's adj_t (N, N), adj_t[dst, src] per edge, CSR: edge_attr in its stored order. Before, a
+    TypeError about edge_index's dtype."""
+    unique = torch.unique(EDGE_INDEX, dim=1)  # sorted by source, then destination
+    adj_t = torch.sparse_coo_tensor(unique.flip(0), torch.ones(unique.shape[1]), (N, N)).coalesce()
+    ordered = adj_t.indices().flip(0)  # (source, destination) in the stored (destination-major) order
+    layer = ExphormerAttention(IN_DIM, OUT_DIM, HEADS, use_bias=True, dim_edge=DIM_EDGE).double()
+    x = torch.randn(N, IN_DIM, dtype=torch.float64)
+    edge_attr = torch.randn(unique.shape[1], DIM_EDGE, dtype=torch.float64)
+    expected = layer(x, ordered, edge_attr)
+    assert_close(layer(x, adj_t.to_sparse_csr(), edge_attr), expected, torch.float64, "adj_t vs its edge_index")
+    assert_close(layer(x, adj_t, edge_attr), expected, torch.float64, "adj_t vs its edge_index")
