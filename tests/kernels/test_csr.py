@@ -230,6 +230,7 @@ def test_index_built_in_chunks_equals_one_pass(monkeypatch, slots_per_pass):
     duplicates, destinations without edges; values, weights and gradients)."""
     monkeypatch.setattr(csr_index, "_SLOTS_PER_PASS", slots_per_pass)
     monkeypatch.setattr(csr_index, "_MAX_RUNS", 0)  # the chunked walk, not the degree-run broadcasts
+    monkeypatch.setattr(csr_index, "_SMALL_SLOTS", 0)  # nor the one scatter of small patterns
     g, q, k, v, bias, _ = _gradcheck_inputs(None, heads=3)
     out, w = edge_attention(q, k, v, g, bias=bias, backend="csr", return_weights=True)
     ref, ref_w = edge_attention(q, k, v, g, bias=bias, backend="reference", return_weights=True)
@@ -252,6 +253,7 @@ def test_index_from_degree_runs_equals_the_chunked_walk(monkeypatch, graph):
     """Rows in runs of equal degree are filled by broadcasts; the same index as the chunked walk."""
     built = []
     assert csr_index._degree_runs(graph.csr().ptr) is not None  # few enough runs: the broadcast path
+    monkeypatch.setattr(csr_index, "_SMALL_SLOTS", 0)
     for max_runs in (10**6, 0):  # runs always, then never
         monkeypatch.setattr(csr_index, "_MAX_RUNS", max_runs)
         g = Graph(graph.edge_index, num_src=graph.num_src, num_dst=graph.num_dst)
@@ -259,3 +261,32 @@ def test_index_from_degree_runs_equals_the_chunked_walk(monkeypatch, graph):
         built.append([ix.crow, ix.col, ix.row, *ix.transposed(), ix.from_caller, ix.to_caller])
     for a, b in zip(*built):
         assert torch.equal(a, b)
+
+
+def _molecule_like(sizes, seed=0):
+    """A batch of tree-plus-ring graphs of the given sizes, every bond both ways, bonds in random order."""
+    gen, parts, offset = torch.Generator().manual_seed(seed), [], 0
+    for n in sizes:
+        a = torch.cat([torch.arange(1, n), torch.randint(0, n, (n // 4,), generator=gen)])
+        b = torch.cat([(torch.rand(n - 1, generator=gen) * torch.arange(1, n)).long(), (a[n - 1 :] + 1) % n])
+        parts.append(torch.stack([torch.cat([a, b]), torch.cat([b, a])]) + offset)
+        offset += n
+    ei = torch.cat(parts, 1)
+    return Graph(ei[:, torch.randperm(ei.shape[1], generator=gen)], num_src=offset, num_dst=offset)
+
+
+@pytest.mark.parametrize("heads", [1, 3, 4])
+def test_small_patterns_built_in_one_scatter_equal_the_walk_and_the_runs(monkeypatch, heads):
+    """Patterns of at most _SMALL_SLOTS slots are filled from one scatter mapping each slot to its
+    edge and head: the same index as the degree-run broadcasts and the chunked walk, on a batch of
+    many small graphs of mixed degrees (isolated nodes included) and on a window graph."""
+    for graph in (_molecule_like([5, 1, 17, 60, 9, 33]), graphs.window(40, 3)):
+        built = []
+        for small, max_runs in ((1 << 16, 64), (0, 10**6), (0, 0)):
+            monkeypatch.setattr(csr_index, "_SMALL_SLOTS", small)
+            monkeypatch.setattr(csr_index, "_MAX_RUNS", max_runs)
+            g = Graph(graph.edge_index, num_src=graph.num_src, num_dst=graph.num_dst)
+            ix = interleaved_index(g, heads)
+            built.append([ix.crow, ix.col, ix.row, *ix.transposed(), ix.from_caller, ix.to_caller])
+        for parts in zip(*built):
+            assert all(torch.equal(parts[0], p) for p in parts[1:])

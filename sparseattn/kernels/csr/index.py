@@ -28,6 +28,9 @@ from .primitives import take
 
 _SLOTS_PER_PASS = 1 << 20  # index entries built per chunk: 4 MiB temporaries that the allocator reuses
 _MAX_RUNS = 64  # above this many runs of equal degree, the chunked slot walk is faster
+# Up to this many slots, one scatter maps every slot to its edge and head: a handful of ops, where the
+# runs and the chunked walk cost a few ops per run or chunk and host syncs (batches of small graphs)
+_SMALL_SLOTS = 1 << 16
 
 
 def _itype(int32: bool) -> torch.dtype:
@@ -138,6 +141,25 @@ def _head_slots(
         yield s0, s1, e, take(head_of, row)  # a gather beats row % H
 
 
+def _all_slots(ptr: Tensor, heads: int, itype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
+    """Every slot of the head-interleaved CSR of row pointers ptr at once: (e, head, row), each
+    (H * E,) in itype, the sorted edge, head and head row of each slot. Sorted edge e into row t,
+    head h, has slot H * ptr[t] + h * deg[t] + e - ptr[t] (`_head_slots_of`); one scatter inverts it."""
+    nnz, device = int(ptr[-1]), ptr.device
+    deg = ptr.diff()
+    row = torch.repeat_interleave(torch.arange(deg.numel(), device=device), deg, output_size=nnz)  # (E,)
+    heads_ = torch.arange(heads, device=device)
+    slot = (
+        take(ptr, row).mul_(heads - 1).add_(torch.arange(nnz, device=device))[:, None]
+        + take(deg, row)[:, None] * heads_
+    )
+    pair = torch.empty(nnz * heads, dtype=itype, device=device)  # (H * E,) e * H + h of each slot
+    pair.scatter_(0, slot.view(-1), torch.arange(nnz * heads, dtype=itype, device=device))
+    e = torch.div(pair, heads, rounding_mode="floor")
+    head = pair.sub_(e * heads)
+    return e, head, take(row.to(itype), e).mul_(heads).add_(head)
+
+
 def _degree_runs(ptr: Tensor) -> Optional[List[Tuple[int, int, int]]]:
     """Maximal runs (r0, r1, degree) of consecutive rows with equal, nonzero degree, or None when
     there are more than _MAX_RUNS (random graphs). Window graphs have a few, batches of blocks one
@@ -172,6 +194,16 @@ def _fill_slots(
     it), e the sorted edge of each slot and head its head; out (H * E,), value and step (E,) in
     itype. row_out (H * E,), when given, gets the head row of each slot. Runs of rows of equal
     degree are filled by one broadcast each; otherwise by the chunked walk of `_head_slots`."""
+    if int(crow[-1]) <= _SMALL_SLOTS:
+        e, head, row = _all_slots(ptr, heads, itype)
+        for out, value, step in fills:
+            if step is None:
+                torch.index_select(value, 0, e, out=out).add_(head)
+            else:
+                torch.index_select(step, 0, e, out=out).mul_(head).add_(take(value, e))
+        if row_out is not None:
+            row_out.copy_(row)
+        return
     runs = _degree_runs(ptr)
     if runs is None:
         for s0, s1, e, head in _head_slots(ptr, crow, heads, itype, row_out=row_out):
@@ -293,25 +325,44 @@ class InterleavedIndex:
 
     def __init__(self, graph: Graph, heads: int) -> None:
         self._graph, self.heads, self.int32 = graph, heads, fits_int32(graph, heads)
+        # eager code on a small pattern maps every slot once (`_all_slots`): col, row and from_caller
+        # are then a gather each, not a slot walk each (batches of small graphs: ~90 fewer ops)
+        self._small = not tracing() and graph.num_edges * heads <= _SMALL_SLOTS
         csr = graph.csr()
-        self.offsets, col = interleaved_slots(csr.ptr, csr.idx, heads, self.int32)
+        if self._small:
+            e, head, _ = self._slot_map()
+            self.offsets = _head_crow(csr.ptr, heads)
+            col = take(csr.idx.to(_itype(self.int32)), e).mul_(heads).add_(head)
+        else:
+            self.offsets, col = interleaved_slots(csr.ptr, csr.idx, heads, self.int32)
         self.crow, self.col = self.offsets.to(_itype(self.int32)), col
         self.shape = (graph.num_dst * heads, graph.num_src * heads)
 
     def _lazy(self, name: str, build):
         return self._graph.cached(f"csr_pattern_h{self.heads}_{name}", build)
 
+    def _slot_map(self) -> Tuple[Tensor, Tensor, Tensor]:
+        """(sorted edge, head, head row) of every slot, (H * E,) each (`_all_slots`); small patterns only."""
+        return self._lazy("slot_map", lambda: _all_slots(self._graph.csr().ptr, self.heads, _itype(self.int32)))
+
     @property
     def row(self) -> Tensor:
+        if self._small:
+            return self._slot_map()[2]
         csr = self._graph.csr()
         return self._lazy("row", lambda: interleaved_rows(csr.ptr, csr.idx, self.heads, self.int32))
 
     @property
     def from_caller(self) -> Tensor:
         g = self._graph
-        return self._lazy(
-            "from_caller", lambda: interleaved_from_caller(g.csr().ptr, g.csr().perm, self.heads, self.int32)
-        )
+
+        def build() -> Tensor:
+            if not self._small:
+                return interleaved_from_caller(g.csr().ptr, g.csr().perm, self.heads, self.int32)
+            e, head, _ = self._slot_map()
+            return take(g.csr().perm.to(_itype(self.int32)), e).mul_(self.heads).add_(head)
+
+        return self._lazy("from_caller", build)
 
     @property
     def to_caller(self) -> Tensor:
