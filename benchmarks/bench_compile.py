@@ -27,17 +27,8 @@ from torch import Tensor, nn
 
 from sparseattn import EdgeAttention, Graph, edge_attention, graphs
 
-from .harness import (
-    RESULTS,
-    Output,
-    Result,
-    machine_info,
-    measure,
-    profile_lines,
-    profile_top,
-    time_interleaved,
-    write_bars,
-)
+from . import harness
+from .harness import RESULTS, Output, Result, machine_info, measure, time_interleaved, timed_pass
 
 
 class GraphLayer(nn.Module):
@@ -115,14 +106,7 @@ def run_case(case: Case, args, results: List[Result], log: Callable[[str], None]
         xs = [t.clone().requires_grad_(mode == "fwd+bwd") for t in leaves]
 
         def call(m, graph, xs=xs, mode=mode):
-            if mode == "fwd":
-                with torch.no_grad():
-                    return m(*xs, graph)
-            out = m(*xs, graph)
-            out.backward(torch.ones_like(out))
-            for t in (*xs, *params):
-                t.grad = None
-            return out
+            return timed_pass(lambda: m(*xs, graph), mode, [*xs, *params])()
 
         start = time.perf_counter()
         out_c = call(compiled, compiled_graph)
@@ -147,8 +131,8 @@ def run_case(case: Case, args, results: List[Result], log: Callable[[str], None]
         )
         for which, m, graph in (("compiled", compiled, compiled_graph), ("eager", model, eager_graph)):
             if mode == "fwd+bwd":  # its top operators by self CPU time, per step
-                info[f"profile_{which}"], _, _ = profile_top(functools.partial(call, m, graph), runs=2)
-                log(f"    top operators, {which} fwd+bwd step:\n" + profile_lines(info[f"profile_{which}"]))
+                info[f"profile_{which}"], _, _ = harness.profile_top(functools.partial(call, m, graph), runs=2)
+                log(f"    top operators, {which} fwd+bwd step:\n" + harness.profile_lines(info[f"profile_{which}"]))
     return info
 
 
@@ -196,7 +180,7 @@ def plot_ratios(path: str, title: str, cases: Dict[str, dict], target: float = 1
     target marked. False if matplotlib is missing."""
     ratios = {name: {m: c[f"ratio_{m}"] for m in ("fwd", "fwd+bwd")} for name, c in cases.items()}
     lines = [(1.0, "no gain"), (target, f"target {target}x")]
-    return write_bars(
+    return harness.write_bars(
         path, title, {"eager / compiled (> 1: compiled is faster)": ratios}, "eager / compiled", lines=lines
     )
 

@@ -43,7 +43,7 @@ from sparseattn import edge_attention
 from sparseattn.kernels import choose_auto
 
 from .families import families
-from .harness import RESULTS, Output, Result, failure, machine_info, peak_extra_mib, write_png
+from .harness import RESULTS, Output, Result, failure, machine_info, peak_extra_mib, row_line, timed_pass, write_png
 
 DEFAULT_FAMILIES = "window-8192,random-50k,complete-64x32,causal-32x128,bipartite-32x40x40,varlen-5..50-4096"
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dgl_runner.py")
@@ -175,26 +175,6 @@ def run_family(name, fam, args, runner, dgl_note, workdir, results, log) -> None
         os.remove(path)
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
 
-    def ours(kw: dict, mode: str) -> Callable[[int, int], List[float]]:
-        """The timer of one of our contenders: (calls, warm-up calls) -> the calls' ms."""
-
-        def call():
-            with torch.set_grad_enabled(mode != "fwd"):
-                out = edge_attention(*leaves, g, backend="auto", **kw)
-            if mode != "fwd":
-                out.backward(gout)
-                for x in leaves:
-                    x.grad = None
-            return out
-
-        def timer(calls: int, warmup: int) -> List[float]:
-            for _ in range(warmup):
-                call()
-            return [_ms(call) for _ in range(calls)]
-
-        timer.call = call  # type: ignore[attr-defined]
-        return timer
-
     for mode in ("fwd", "fwd+bwd"):
         rows = {c: Result(name, g.num_edges, c, mode) for pair in PAIRS for c in pair}
         results += rows.values()
@@ -208,8 +188,11 @@ def run_family(name, fam, args, runner, dgl_note, workdir, results, log) -> None
                 if not r.max_err_vs_reference <= TOL:
                     raise AssertionError(f"max |err| {r.max_err_vs_reference:.3g}")
                 if c in OURS:
-                    r.note, timer = f"-> {choose_auto(q, g)}", ours(OURS[c], mode)
-                    r.peak_extra_mib = peak_extra_mib(timer.call)  # type: ignore[attr-defined]
+                    call = timed_pass(
+                        lambda kw=OURS[c]: edge_attention(*leaves, g, backend="auto", **kw), mode, leaves, gout
+                    )
+                    r.note, r.peak_extra_mib = f"-> {choose_auto(q, g)}", peak_extra_mib(call)
+                    timer = functools.partial(_times, call)
                 else:
                     r.peak_extra_mib = runner.ask(cmd="mem", contender=c, mode=mode)["peak_extra_mib"]
                     timer = functools.partial(_dgl_times, runner, c, mode)
@@ -230,22 +213,23 @@ def run_family(name, fam, args, runner, dgl_note, workdir, results, log) -> None
         for a, b in PAIRS:
             if rows[a].ms and rows[b].ms:
                 rows[a].speedup_vs_reference = rows[b].ms / rows[a].ms  # here: DGL time / sparseattn time
-        for c, r in rows.items():
-            ms = "-" if r.ms is None else f"{r.ms:9.2f}"
-            mem = "-" if r.peak_extra_mib is None else f"{r.peak_extra_mib:.0f}"
-            err = "-" if r.max_err_vs_reference is None else f"{r.max_err_vs_reference:.1e}"
-            x = f"  {r.speedup_vs_reference:.2f}x faster than DGL" if r.speedup_vs_reference else ""
-            log(f"  {mode:8s} {c:12s} {ms:>9s} ms  peak +{mem} MiB  err {err}  {r.note}{x}")
+        for r in rows.values():
+            log(row_line(r) + (f"  {r.speedup_vs_reference:.2f}x faster than DGL" if r.speedup_vs_reference else ""))
 
 
 def _dgl_times(runner: DGLRunner, contender: str, mode: str, calls: int, warmup: int) -> List[float]:
     return runner.ask(cmd="time", contender=contender, mode=mode, reps=calls, warmup=warmup)["times_ms"]
 
 
-def _ms(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t) * 1e3
+def _times(call: Callable[[], object], calls: int, warmup: int) -> List[float]:
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t) * 1e3)
+    return times
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import torch
 
@@ -40,8 +40,7 @@ EXAMPLE = os.path.join(ROOT, "examples", "distributed_node_classification.py")
 SEED, WIDTH, HEADS, LR = 0, 32, 4, 0.003
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(NamedTuple):
     family: str  # "window" or "knn"
     partition: str  # "whole" (one process), "contiguous" or "metis"
     world: int
@@ -52,13 +51,8 @@ class Config:
 
 
 def configs(world: int) -> List[Config]:
-    return [
-        Config("window", "whole", 1),
-        Config("window", "contiguous", world),
-        Config("knn", "whole", 1),
-        Config("knn", "contiguous", world),
-        Config("knn", "metis", world),
-    ]
+    parts = [("window", "whole"), ("window", "contiguous"), ("knn", "whole"), ("knn", "contiguous"), ("knn", "metis")]
+    return [Config(family, part, 1 if part == "whole" else world) for family, part in parts]
 
 
 @dataclass
@@ -101,9 +95,6 @@ def _example() -> Any:
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
-
-
-# ---- the parent: data, launches, table, files ---------------------------------------------------
 
 
 def knn_edges(n: int, k: int, seed: int) -> torch.Tensor:
@@ -247,25 +238,17 @@ def main(argv: Optional[List[str]] = None) -> None:
     info["load_average_1_5_15_end"] = list(os.getloadavg())
     config = {k: v for k, v in vars(args).items() if k not in ("worker", "data_dir", "out_dir", "out")}
     out.save(config, results, summary=ratios(results))
-    ok = [r for r in results if not r.note]
-    memory = {f"{r.config} r{r.rank}": {"setup": r.setup_peak_mib / 1024, "train": r.train_peak_mib / 1024} for r in ok}
-    steps = {
-        f"{r.config} r{r.rank}": {
-            "compute": max(r.step_s - r.exchange_s - r.wait_s, 0.0),
-            "exchange": r.exchange_s,
-            "wait": r.wait_s,
-        }
-        for r in ok
-    }
+    ok = {f"{r.config} r{r.rank}": r for r in results if not r.note}
+    memory = {k: {"setup": r.setup_peak_mib / 1024, "train": r.train_peak_mib / 1024} for k, r in ok.items()}
+    compute = {k: max(r.step_s - r.exchange_s - r.wait_s, 0.0) for k, r in ok.items()}
+    steps = {k: {"compute": compute[k], "exchange": r.exchange_s, "wait": r.wait_s} for k, r in ok.items()}
     panels = {"peak resident GiB per rank (VmHWM)": memory, "s per step (median)": steps}
     write_bars(out.png, out.header, panels, "GiB / s")
     out.close()
 
 
-# ---- the worker: one rank of one configuration ---------------------------------------------------
-
-
 def worker(args: argparse.Namespace) -> None:
+    """One rank of one configuration (under torchrun): setup, training steps, its RankResult to --out-dir."""
     import torch.distributed as dist
 
     ex = _example()
@@ -296,15 +279,16 @@ def worker(args: argparse.Namespace) -> None:
     _reset_cpu_peak()
     records = ex.train(model, built.data, built.graph, num_nodes, 1 + args.steps, LR, log=False)
     train_peak = _status_kib("VmHWM") or 0
-    med = ex.summary(records)
+    med = ex.summary(records)  # medians over the timed steps, by RankResult's names
+    names = dict(step_s="s", exchange_s="seconds", wait_s="wait_seconds", rows_in="rows_received")
+    names.update(rows_out="rows_sent", bytes_in="bytes_received", bytes_out="bytes_sent")
     r = RankResult(args.worker, family, partition, world, rank, nodes=int(built.data["y"].numel()), edges=built.edges)
     r.halo, r.sent = (built.shard.halo_size, built.shard.num_sent) if built.shard is not None else (0, 0)
     r.setup_s, r.setup_peak_mib, r.rss_after_setup_mib = setup_s, setup_peak / 1024, rss / 1024
     r.train_peak_mib, r.load_average = train_peak / 1024, os.getloadavg()[0]
-    r.step_s, r.exchange_s, r.wait_s = med["s"], med["seconds"], med["wait_seconds"]
     r.exchange_share, r.wait_share = med["exchange_share"], med["wait_share"]
-    r.rows_in, r.rows_out = med["rows_received"], med["rows_sent"]
-    r.bytes_in, r.bytes_out = med["bytes_received"], med["bytes_sent"]
+    for field_name, key in names.items():
+        setattr(r, field_name, med[key])
     r.step_times_s, r.losses = [x["s"] for x in records], [x["loss"] for x in records]
     with open(os.path.join(args.out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(asdict(r), f)

@@ -43,7 +43,7 @@ from .families import Family, families
 from .kernels_report import DEFAULT_SCALE, KernelResult, plotted, ratio_table
 from .limits import limit_ms, measure_rates, must_move
 from .peers import DIM, HEADS
-from .threads import POLICIES, describe, run_setting, setting_label, thread_settings
+from .threads import POLICIES, run_setting, setting_label, thread_settings
 
 GiB = 2**30
 FAMILY_INFO: Dict[str, dict] = {}  # per family: sizes, auto's pick, dense padding, bytes and flops (in the JSON)
@@ -53,32 +53,10 @@ def family_info(g: graphs.Graph, q: torch.Tensor) -> dict:
     """What the JSON records of a family: sizes, degrees, auto's pick, dense padding, and the bytes
     and flops a call must move and run (benchmarks/limits.py)."""
     blocks = plan(g) if g.blocks else None
-    degree = {
-        f"max_{k}_degree": int(torch.bincount(i, minlength=1).max()) if g.num_edges else 0
-        for k, i in (("in", g.dst), ("out", g.src))
-    }
-    return {
-        **dict(num_dst=g.num_dst, num_src=g.num_src, edges=g.num_edges, **degree, auto=choose_auto(q, g)),
-        **dict(dense_waste=blocks.waste if blocks else None, dense_buckets=len(blocks.buckets) if blocks else None),
-        **must_move(g, HEADS, DIM, DIM),
-    }
-
-
-def _timed_call(call, mode: str, gout: torch.Tensor, leaves):
-    """What is timed: the call under no_grad (fwd), or the call and its backward, gradients dropped."""
-
-    def fwd():
-        with torch.no_grad():
-            return call()
-
-    def fwd_bwd():
-        out = call()
-        out.backward(gout)
-        for x in leaves:
-            x.grad = None
-        return out
-
-    return fwd if mode == "fwd" else fwd_bwd
+    degree = {f"max_{k}_degree": int(torch.bincount(i, minlength=1).max()) for k, i in (("in", g.dst), ("out", g.src))}
+    info = dict(num_dst=g.num_dst, num_src=g.num_src, edges=g.num_edges, **degree, auto=choose_auto(q, g))
+    info.update(dense_waste=blocks.waste if blocks else None, dense_buckets=len(blocks.buckets) if blocks else None)
+    return {**info, **must_move(g, HEADS, DIM, DIM)}
 
 
 def print_row(r: KernelResult) -> None:
@@ -135,26 +113,24 @@ def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, re
                         if not err <= 1e-3:
                             against = checker + (" with clamp=None" if name in EXACT else "")
                             raise AssertionError(f"max |err| vs {against} = {err:.3g}")
-                        fn = _timed_call(call, mode, gout, leaves)
+                        fn = harness.timed_pass(call, mode, leaves, gout)
                         r.peak_extra_mib = harness.peak_extra_mib(fn)
                         ready.append((r, fn))
                         continue
             except Exception as exc:  # OOM, unsupported op, wrong answer: a null with the reason
                 r.ms, r.note = None, harness.failure(exc)
             print_row(r)
-        timed = harness.time_interleaved(
-            [fn for _, fn in ready], warmup=args.warmup, reps=args.reps, budget_s=args.budget_s
+        rows = [r for r, _ in ready]
+        harness.measure(
+            rows, [fn for _, fn in ready], memory=False, warmup=args.warmup, reps=args.reps, budget_s=args.budget_s
         )
-        for (r, _), times in zip(ready, timed):
-            if isinstance(times, Exception):
-                r.ms, r.note = None, harness.failure(times)
-            else:
-                r.times_ms, r.ms = times, harness.median(times)
+        for r in rows:
+            if r.ms:
                 r.gb_per_s = fi["bytes"][mode] / (r.ms * 1e-3) / 1e9
                 r.gflop_per_s = fi["flops"][mode] / (r.ms * 1e-3) / 1e9
                 r.limit_fraction, r.load_average = lim / r.ms, os.getloadavg()[0]
             print_row(r)
-        ref_ms = next((r.ms for r, _ in ready if r.contender == "reference" and r.ms), None)
+        ref_ms = next((r.ms for r in rows if r.contender == "reference" and r.ms), None)
         for r in results:
             if (r.family, r.mode, r.input_scale) == (fam.name, mode, scale) and r.ms and ref_ms:
                 r.speedup_vs_reference = ref_ms / r.ms
@@ -276,7 +252,6 @@ def main(argv: Optional[List[str]] = None) -> None:
     results: List[KernelResult] = []
     with tempfile.TemporaryDirectory(prefix="bench_kernels_") as tmp:
         for i, (threads, policy) in enumerate(settings):
-            out.log(f"\n==== {describe(threads, policy)}: a fresh process")
             data, code = run_setting("benchmarks.bench_kernels", argv, threads, policy, os.path.join(tmp, f"{i}.json"))
             data = data or {"setting": {"label": setting_label(threads, policy), "threads": threads}}
             if code:

@@ -6,16 +6,10 @@
     python -m benchmarks.bench_train --data-dir ../shared/data/multi30k --device cuda --threads 16  # bf16 autocast
     python -m benchmarks.bench_train --data-dir ../shared/data/multi30k --tasks multi30k --compile  # + compiled layers
 
-The graph model (the task's `<task>-transformer` preset with each backend of --backends, fed its
-`GraphBatch`) and `torch.nn.Transformer` of the same size with the same embeddings, positions and
-generator (`PaddedTransformer`, fed the sentences padded to (B, L) with key-padding and causal masks,
-so its attention runs in SDPA) take the same training step (forward, label-smoothed cross entropy,
-backward, Adam; dropout 0) on the same batches: the first --batches Multi30k token-budget batches, the
-first --copy-batches copy batches. After a warm-up pass, each round times one step per batch per
-contender, alternating batch by batch; reported: target tokens/s from the median round, the median (and
-range) of the per-round ratios, the peak memory a step on the largest batch adds, the SDPA kernel and a
-profile of the top operators. On --device cuda both run under bfloat16 autocast, each step synchronized.
-What this measures, in full: docs/benchmarks/train.md (benchmarks/templates/train.md).
+The graph model (the task's `<task>-transformer` preset with each backend of --backends) and its padded
+twin `PaddedTransformer` (torch.nn.Transformer with the same embeddings, positions and generator, so
+its attention runs in SDPA) take the same training step on the same batches: the first --batches
+Multi30k batches, the first --copy-batches copy batches; what is measured and how: docs/benchmarks/train.md.
 Writes bench_train_<machine>[_<tag>].{json,png,log} under --out (benchmarks/results).
 """
 
@@ -221,9 +215,7 @@ def run_task(name: str, args, log: Callable[[str], None]) -> List[dict]:
             # one training step on each batch, ranked by self CPU time (self CUDA time on a GPU)
             tops, names, busy = profile_top(lambda s=s: [s(i) for i in range(len(batches))], 1, args.profile_rows, cuda)
             sdpa = sorted({k for k in names if "scaled_dot_product" in k or any(op in k for op in SDPA_OPS)})
-            table = (
-                profile_lines(tops) + f"\n    GPU busy (all kernels) {busy:.1f} ms over the {len(batches)} steps" * cuda
-            )
+            busy_line = f"\n    GPU busy (all kernels) {busy:.1f} ms over the {len(batches)} steps" * cuda
             row = dict(task=name, threads=threads, contender=n, tokens_per_s=tokens / med, seconds_median=med)
             row.update(seconds=[round(x, 4) for x in times[n]], peak_extra_mib=mem, sdpa_kernels=sdpa, top_ops=tops)
             row.update(load_average=load, target_tokens=tokens, batches=len(batches), same_function_max_err=check)
@@ -234,27 +226,17 @@ def run_task(name: str, args, log: Callable[[str], None]) -> List[dict]:
                 f"SDPA: {', '.join(sdpa) or 'none'}  load {load:.1f}"
             )
             what = "CUDA" if cuda else "CPU"
-            log(f"    top operators by self {what} time, one step per batch ({threads} threads):\n{table}")
-        p = next(r for r in rows if (r["task"], r["threads"], r["contender"]) == (name, threads, "nn.Transformer"))
-        for gname in graphs:
-            g = next(r for r in rows if (r["task"], r["threads"], r["contender"]) == (name, threads, gname))
-            g["ratio_vs_nn_transformer"] = g["tokens_per_s"] / p["tokens_per_s"]
-            per_round = sorted(b / a for a, b in zip(times[gname], times["nn.Transformer"]))
-            g["ratio_per_round"] = per_round
-            g["ratio_median_of_rounds"] = statistics.median(per_round)
-            log(
-                f"  {threads}t {gname} / nn.Transformer tokens/s = {g['ratio_vs_nn_transformer']:.2f}x (ratio of "
-                f"medians); per round {g['ratio_median_of_rounds']:.2f}x median, {per_round[0]:.2f}-"
-                f"{per_round[-1]:.2f}x range"
-            )
+            log(f"    top operators by self {what} time, one step per batch ({threads} threads):")
+            log(profile_lines(tops) + busy_line)
+        here = {r["contender"]: r for r in rows if (r["task"], r["threads"]) == (name, threads)}
+        for gname in graphs:  # the ratios the page shows at the end
+            g = here[gname]
+            g["ratio_vs_nn_transformer"] = g["tokens_per_s"] / here["nn.Transformer"]["tokens_per_s"]
+            g["ratio_per_round"] = sorted(b / a for a, b in zip(times[gname], times["nn.Transformer"]))
+            g["ratio_median_of_rounds"] = statistics.median(g["ratio_per_round"])
             eager = gname.removesuffix(" (compiled)")
             if eager != gname:  # compiled vs the same model eager, per round
-                per_round = sorted(e / c for e, c in zip(times[eager], times[gname]))
-                g["compiled_speedup_per_round"] = per_round
-                log(
-                    f"  {threads}t {gname} / {eager} tokens/s = {statistics.median(per_round):.2f}x (median of "
-                    f"rounds, {per_round[0]:.2f}-{per_round[-1]:.2f}x range)"
-                )
+                g["compiled_speedup_per_round"] = sorted(e / c for e, c in zip(times[eager], times[gname]))
     return rows
 
 

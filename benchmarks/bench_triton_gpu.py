@@ -136,7 +136,7 @@ def make_backend(name, backward=None, **settings):
         if name == "auto" and choose_auto(q, g) == "triton":
             raise Skip("auto picks triton here")
         if settings or backward:
-            from sparseattn.kernels.triton_kernel import backward_config, forward_config
+            from sparseattn.kernels.triton import backward_config, forward_config
 
         def fn():
             with contextlib.ExitStack() as stack:
@@ -271,10 +271,7 @@ def reference_chunks(q, k, v, g: Graph, clamp, chunk_edges: int = 2**20):
 
 def reference_output(q, k, v, g: Graph, clamp, chunk_edges: int = 2**20) -> torch.Tensor:
     """`reference_chunks` gathered: (N_dst, H, Dv) float32."""
-    ref = torch.empty(g.num_dst, q.shape[1], v.shape[2], device=q.device)
-    for a, b, chunk in reference_chunks(q, k, v, g, clamp, chunk_edges):
-        ref[a:b] = chunk
-    return ref
+    return torch.cat([chunk for _, _, chunk in reference_chunks(q, k, v, g, clamp, chunk_edges)])
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor, tol: float) -> Tuple[float, int]:
@@ -306,11 +303,17 @@ def measure(name, make, case, mode, g, inputs, check, args, device, warmup: int)
     stage = rows[0]
 
     def timed(stage: Row, fn: Callable) -> None:
+        """Its times, and on CUDA the memory one call adds at its peak and the allocator's peak during
+        it including what was live before (inputs, graph), in MiB (None on CPU: not measured here)."""
         stage.times_ms = harness.time_ms(fn, device, warmup, args.rep, budget_s=args.contender_s)
         stage.ms = harness.median(stage.times_ms)
         for t in inputs:  # the last step's gradients would count as live before the measured one
             t.grad = None
-        stage.peak_extra_mib, stage.peak_total_mib = peak_mib(fn, device)
+        if device == "cuda":
+            gc.collect()  # as harness.peak_extra_mib does first, so that both read the same live memory
+            live = torch.cuda.memory_allocated() / 2**20
+            stage.peak_extra_mib = harness.peak_extra_mib(fn, device)
+            stage.peak_total_mib = None if stage.peak_extra_mib is None else live + stage.peak_extra_mib
 
     try:
         run = make(g, CLAMPS[mode], *inputs)
@@ -365,18 +368,6 @@ def set_rates(rows: List[Row], g: Graph, inputs: Sequence[torch.Tensor], peak: O
             if both.bwd_ms > 0:  # the difference of two medians: noise can make it <= 0 on tiny cases
                 both.bwd_gb_per_s = bwd_bytes / both.bwd_ms / 1e6
                 both.bwd_peak_fraction = both.bwd_gb_per_s / peak if peak else None
-
-
-def peak_mib(fn, device) -> Tuple[Optional[float], Optional[float]]:
-    """(extra, total): the CUDA memory one call of fn adds at its peak, and the allocator's peak during
-    it including what was live before (inputs, graph), in MiB; (None, None) on CPU, where this
-    benchmark does not measure it."""
-    if device != "cuda":
-        return None, None
-    gc.collect()  # as harness.peak_extra_mib does first, so that both read the same live memory
-    live = torch.cuda.memory_allocated()
-    extra = harness.peak_extra_mib(fn, device)
-    return extra, None if extra is None else live / 2**20 + extra
 
 
 def machine(args, device) -> dict:

@@ -37,12 +37,9 @@ STATE: dict = {}
 def _status_kib(key: str):
     try:
         with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
+            return next((int(line.split()[1]) for line in f if line.startswith(key + ":")), None)
     except OSError:
         return None
-    return None
 
 
 def _graph(src, dst, n_src, n_dst):
@@ -104,15 +101,10 @@ def handle(msg: dict) -> dict:
     if cmd == "load":
         data = np.load(msg["path"])
         g = _graph(data["src"], data["dst"], int(data["num_src"]), int(data["num_dst"]))
-        q, k, v = (torch.from_numpy(data[n]) for n in ("q", "k", "v"))
-        STATE.update(
-            g=g, leaves=[x.clone().requires_grad_(True) for x in (q, k, v)], gout=torch.from_numpy(data["gout"])
-        )
-        ref = torch.from_numpy(data["ref"])
-        errs = {}
-        for name, f in RECIPES.items():
-            with torch.no_grad():
-                errs[name] = (f(g, q, k, v) - ref).abs().max().item()
+        q, k, v, ref, gout = (torch.from_numpy(data[n]) for n in ("q", "k", "v", "ref", "gout"))
+        STATE.update(g=g, leaves=[x.clone().requires_grad_(True) for x in (q, k, v)], gout=gout)
+        with torch.no_grad():
+            errs = {name: (f(g, q, k, v) - ref).abs().max().item() for name, f in RECIPES.items()}
         return {"family": msg["family"], "edges": g.num_edges(), "max_err": errs}
     if cmd == "time":
         for _ in range(msg.get("warmup", 0)):
@@ -123,7 +115,7 @@ def handle(msg: dict) -> dict:
             _call(msg["contender"], msg["mode"])
             times.append((time.perf_counter() - t) * 1e3)
         return {"times_ms": times}
-    if cmd == "mem":
+    if cmd == "mem":  # as the harness measures it: peak resident set during a call minus the one before it
         gc.collect()
         before = _status_kib("VmRSS")
         try:

@@ -88,6 +88,24 @@ def time_interleaved(
     return times
 
 
+def timed_pass(call: Callable[[], torch.Tensor], mode: str, leaves: Sequence[torch.Tensor], grad=None) -> Callable:
+    """What a pass times: call() under no_grad ("fwd"), or call() and its backward (grad, or ones),
+    the leaves' gradients dropped after it, so that every call starts from none held."""
+
+    def fwd() -> torch.Tensor:
+        with torch.no_grad():
+            return call()
+
+    def fwd_bwd() -> torch.Tensor:
+        out = call()
+        out.backward(torch.ones_like(out) if grad is None else grad)
+        for x in leaves:
+            x.grad = None
+        return out
+
+    return fwd if mode == "fwd" else fwd_bwd
+
+
 def failure(exc: BaseException) -> str:
     """A row's note for a contender that raised: "failed: <type>: <first line of the message>"."""
     return f"failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
@@ -202,11 +220,6 @@ def profile_lines(tops: List[dict]) -> str:
 # ---- what a result records ----------------------------------------------------------------------
 
 
-def cpu_model() -> str:
-    model = re.search(r"^model name\s*:\s*(.*)$", _read("/proc/cpuinfo"), re.M)
-    return model.group(1).strip() if model else platform.processor() or platform.machine()
-
-
 def _read(path: str) -> str:
     try:
         with open(path) as f:
@@ -232,20 +245,14 @@ def machine_info(device: str = "cpu") -> dict:
     import sparseattn
 
     cuda = device.startswith("cuda")
-    info = {
-        "sparseattn": sparseattn.__version__,
-        "torch": torch.__version__,
-        "cpu": cpu_model(),
-        "threads": torch.get_num_threads(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the vector ISA torch's CPU kernels use
-        "env": {k: os.environ[k] for k in _ENV_NOTED if k in os.environ},
-        "gpu": torch.cuda.get_device_name(0) if cuda else "no GPU",
-        "python": platform.python_version(),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "load_average": _load(),
-        "torch_threads": torch.get_num_threads(),
-        "thread_env": openmp_settings()["env"],
-    }
+    model = re.search(r"^model name\s*:\s*(.*)$", _read("/proc/cpuinfo"), re.M)
+    cpu = model.group(1).strip() if model else platform.processor() or platform.machine()
+    info = dict(sparseattn=sparseattn.__version__, torch=torch.__version__, cpu=cpu, threads=torch.get_num_threads())
+    info.update(cpu_capability=torch.backends.cpu.get_cpu_capability())  # the vector ISA torch's CPU kernels use
+    info.update(env={k: os.environ[k] for k in _ENV_NOTED if k in os.environ})
+    info.update(gpu=torch.cuda.get_device_name(0) if cuda else "no GPU", python=platform.python_version())
+    info.update(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), load_average=_load())
+    info.update(torch_threads=torch.get_num_threads(), thread_env=openmp_settings()["env"])
     info.update({name: _version(name) for name in ("triton", "torch_geometric")})
     return dict(info, cuda=torch.version.cuda if cuda else None)
 
@@ -362,8 +369,8 @@ class Result:
 
 
 def fmt(x: Optional[float], spec: str) -> str:
-    """x formatted by spec, "-" for None."""
-    return "-" if x is None else format(x, spec)
+    """x formatted by spec, "-" for None (as wide as the spec's width)."""
+    return format(x, spec) if x is not None else "-".rjust(int(re.match(r"\d*", spec).group() or 0))
 
 
 def row_line(r: Result, extra: str = "") -> str:
@@ -448,9 +455,10 @@ def _save(fig, plt, path: str, title: str) -> bool:
 
 
 def write_png(path: str, title: str, results: List[Result]) -> bool:
-    """Time vs edges, one line per contender, one panel per pass. False if matplotlib is missing."""
+    """Time vs edges, one line per contender, one panel per pass. False if matplotlib is missing or no
+    row has a time."""
     plt = _pyplot()
-    if plt is None:
+    if plt is None or not any(r.ms is not None for r in results):
         return False
     modes = sorted({r.mode for r in results}, key=lambda m: m != "fwd")
     names = list(dict.fromkeys(r.contender for r in results if r.ms is not None))

@@ -30,13 +30,13 @@ warm-up.
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Dict
 
 import torch
 
 from sparseattn import graphs
+
+from . import harness
 
 
 def must_move(g: graphs.Graph, heads: int, dim: int, dim_v: int) -> Dict[str, Dict[str, float]]:
@@ -58,15 +58,8 @@ def limit_ms(bytes_: float, flops: float, copy_gb_per_s: float, gemm_gflop_per_s
     return max(bytes_ / (copy_gb_per_s * 1e9), flops / (gemm_gflop_per_s * 1e9)) * 1e3
 
 
-def _median_s(fn, reps: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+def _median_s(fn, reps: int) -> float:
+    return harness.median(harness.time_ms(fn, warmup=2, reps=reps, budget_s=float("inf"))) / 1e3
 
 
 def _copy_s(mib: int, reps: int) -> float:

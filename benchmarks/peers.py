@@ -146,34 +146,25 @@ def make_pyg(g: graphs.Graph, q, k, v, clamp=None):
 
 
 def make_flex(fam, g: graphs.Graph, q, k, v):
+    """Compiled FlexAttention with a block mask: one sequence with |i - j| <= 8 (window families), or a
+    uniform batch of complete or causal blocks."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     compiled = torch.compile(flex_attention, dynamic=False)
     if fam.lengths is None:  # window: one sequence, |i - j| <= radius
-        n, radius = g.num_dst, 8
+        n, radius, b, length = g.num_dst, 8, 1, g.num_dst
+        bm = create_block_mask(
+            lambda b_, h, qi, ki: (qi - ki <= radius) & (ki - qi <= radius), 1, 1, n, n, device="cpu"
+        )
+    else:
+        b, length = len(fam.lengths), fam.lengths[0][0]
+        if not all(x == (length, length) for x in fam.lengths):
+            raise ValueError("flex benchmark implemented for uniform batches only")
+        causal = fam.kind == "causal"
+        bm = create_block_mask(lambda b_, h, qi, ki: qi >= ki, b, 1, length, length, device="cpu") if causal else None
 
-        def mask_mod(b, h, qi, ki):
-            return (qi - ki <= radius) & (ki - qi <= radius)
-
-        bm = create_block_mask(mask_mod, 1, 1, n, n, device="cpu")
-
-        def fn():
-            o = compiled(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=bm)
-            return o[0].transpose(0, 1)
-
-        return fn
-    b, length = len(fam.lengths), fam.lengths[0][0]
-    if not all(x == (length, length) for x in fam.lengths):
-        raise ValueError("flex benchmark implemented for uniform batches only")
-
-    def causal(b_, h, qi, ki):
-        return qi >= ki
-
-    bm = create_block_mask(causal, b, 1, length, length, device="cpu") if fam.kind == "causal" else None
-
-    def fn():
-        qb, kb, vb = (x.view(b, length, HEADS, DIM).transpose(1, 2) for x in (q, k, v))
-        o = compiled(qb, kb, vb, block_mask=bm)
-        return o.transpose(1, 2).reshape(-1, HEADS, DIM)
+    def fn():  # (N, H, D) -> (B, H, L, D) and back
+        qb, kb, vb = (x.view(b, length, x.shape[1], x.shape[2]).transpose(1, 2) for x in (q, k, v))
+        return compiled(qb, kb, vb, block_mask=bm).transpose(1, 2).reshape(-1, q.shape[1], v.shape[2])
 
     return fn

@@ -16,27 +16,21 @@ The tables print to stdout; the runs behind the shipped settings are in benchmar
 from __future__ import annotations
 
 import argparse
-import contextlib
+import functools
 from typing import Callable, Tuple
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
 from sparseattn import edge_attention, graphs
-from sparseattn.kernels import triton_blocks as tb
 from sparseattn.kernels.dense import dispatch as dense
+from sparseattn.kernels.triton import blocks as tb
 
 CLAMP = (-5.0, 5.0)
 SHAPES = [("full", 16, 512), ("full", 4, 2048), ("full", 32, 128), ("causal", 32, 128), ("causal", 8, 512)]
-TILES = [  # BLOCK_M, BLOCK_N, num_warps, num_stages (None: Triton's default)
-    (64, 64, 4, None),
-    (128, 64, 4, None),
-    (128, 64, 8, None),
-    (64, 32, 4, None),
-    (128, 128, 8, None),
-    (64, 64, 4, 3),
-    (128, 64, 8, 3),
-]
+TILES = [(64, 64, 4, None), (128, 64, 4, None), (128, 64, 8, None), (64, 32, 4, None), (128, 128, 8, None)]
+TILES += [(64, 64, 4, 3), (128, 64, 8, 3)]  # BLOCK_M, BLOCK_N, num_warps, num_stages (None: Triton's default)
 
 
 def median_ms(fn: Callable[[], object], reps: int = 20) -> float:
@@ -58,21 +52,13 @@ def fwd_and_bwd(fn: Callable[[], torch.Tensor]) -> Tuple[float, float]:
     return median_ms(fn), median_ms(lambda: fn().float().sum().backward())
 
 
-@contextlib.contextmanager
-def materialized():
-    saved, dense.FUSED_CLAMP_DTYPES = dense.FUSED_CLAMP_DTYPES, ()
-    try:
-        yield
-    finally:
-        dense.FUSED_CLAMP_DTYPES = saved
-
-
-def auto_call(g, q, k, v) -> Callable[[], torch.Tensor]:
-    return lambda: edge_attention(q, k, v, g, clamp=CLAMP, backend="auto")
-
-
-def sdpa_call(qb, kb, vb, causal: bool) -> Callable[[], torch.Tensor]:
-    return lambda: F.scaled_dot_product_attention(qb, kb, vb, is_causal=causal)
+def fused_and_materialized(g, q, k, v) -> Tuple[Tuple[float, float], Tuple[float, float]]:
+    """`auto` in clamp mode, fwd and fwd+bwd ms, as shipped and with the fused kernel switched off
+    (`dense.FUSED_CLAMP_DTYPES = ()`: the materialized batched-matmul path)."""
+    auto = lambda: edge_attention(q, k, v, g, clamp=CLAMP, backend="auto")  # noqa: E731
+    fused = fwd_and_bwd(auto)
+    with mock.patch.object(dense, "FUSED_CLAMP_DTYPES", ()):
+        return fused, fwd_and_bwd(auto)
 
 
 def inputs(kind: str, b: int, length: int, heads: int, d: int, dtype: torch.dtype):
@@ -84,12 +70,9 @@ def inputs(kind: str, b: int, length: int, heads: int, d: int, dtype: torch.dtyp
 def compare(dtype: torch.dtype) -> None:
     for kind, b, length in SHAPES:
         g, q, k, v = inputs(kind, b, length, 8, 64, dtype)
-        auto = auto_call(g, q, k, v)
-        fused = fwd_and_bwd(auto)
-        with materialized():
-            mat = fwd_and_bwd(auto)
+        fused, mat = fused_and_materialized(g, q, k, v)
         qb, kb, vb = (t.detach().view(b, length, 8, 64).transpose(1, 2).requires_grad_() for t in (q, k, v))
-        floor = fwd_and_bwd(sdpa_call(qb, kb, vb, kind == "causal"))
+        floor = fwd_and_bwd(functools.partial(F.scaled_dot_product_attention, qb, kb, vb, is_causal=kind == "causal"))
         print(
             f"{str(dtype)[6:]:9s} {kind:6s} {b:3d}x{length:<5d} fused {fused[0]:7.3f} / {fused[1]:7.3f}  "
             f"materialized {mat[0]:7.3f} / {mat[1]:7.3f}  sdpa (exact) {floor[0]:7.3f} / {floor[1]:7.3f} ms",
@@ -99,24 +82,17 @@ def compare(dtype: torch.dtype) -> None:
 
 def sweep() -> None:
     print("\ntile sweep (bf16, H=8, D=64): fwd / fwd+bwd ms")
-    shipped = tb._tiles
-    try:
-        for bm, bn, warps, stages in TILES:
-            setting = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, **({"num_stages": stages} if stages else {}))
-            tb._tiles = lambda d, dv, s=setting: s  # type: ignore[assignment]
-            cells = []
+    for bm, bn, warps, stages in TILES:
+        setting = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, **({"num_stages": stages} if stages else {}))
+        cells = []
+        with mock.patch.object(tb, "_tiles", lambda d, dv, s=setting: s):
             for kind, b, length in [("full", 16, 512), ("full", 4, 2048), ("causal", 8, 512)]:
                 g, q, k, v = inputs(kind, b, length, 8, 64, torch.bfloat16)
-                f, fb = fwd_and_bwd(auto_call(g, q, k, v))
+                f, fb = fwd_and_bwd(lambda g=g, q=q, k=k, v=v: edge_attention(q, k, v, g, clamp=CLAMP, backend="auto"))
                 cells.append(f"{kind} {b}x{length}: {f:.3f}/{fb:.3f}")
-            print(f"  BLOCK_M {bm:3d} BLOCK_N {bn:3d} warps {warps} stages {stages}: " + "; ".join(cells), flush=True)
-    finally:
-        tb._tiles = shipped
+        print(f"  BLOCK_M {bm:3d} BLOCK_N {bn:3d} warps {warps} stages {stages}: " + "; ".join(cells), flush=True)
     for d in (32, 128, 256):
-        auto = auto_call(*inputs("full", 8, 512, 4, d, torch.bfloat16))
-        fused = fwd_and_bwd(auto)
-        with materialized():
-            mat = fwd_and_bwd(auto)
+        fused, mat = fused_and_materialized(*inputs("full", 8, 512, 4, d, torch.bfloat16))
         print(f"H=4 D={d} full 8x512 bf16: fused {fused[0]:.3f}/{fused[1]:.3f} materialized {mat[0]:.3f}/{mat[1]:.3f}")
 
 

@@ -31,12 +31,6 @@ def setting_label(threads: int, policy: str) -> str:
     return str(threads) + ("" if policy == "default" else f" {policy}")
 
 
-def describe(threads: int, policy: str) -> str:
-    """The environment of a setting, for a progress line: 'OMP_NUM_THREADS=2, OMP_WAIT_POLICY=PASSIVE'."""
-    wait = "OMP_WAIT_POLICY unset" if policy == "default" else f"OMP_WAIT_POLICY={policy.upper()}"
-    return f"OMP_NUM_THREADS={threads}, {wait}"
-
-
 def setting_env(threads: int, policy: str) -> Dict[str, str]:
     """This process's environment with one setting's OpenMP variables (policy "default": unset),
     and the repository on PYTHONPATH so that `python -m benchmarks...` imports from any folder."""
@@ -51,8 +45,9 @@ def setting_env(threads: int, policy: str) -> Dict[str, str]:
 def run_setting(module: str, argv: List[str], threads: int, policy: str, path: str) -> Tuple[Optional[dict], int]:
     """Run `module` as a worker for one setting in a fresh process (its output goes to this one's);
     returns what it wrote to `path` (None if nothing) and its exit code."""
+    wait = "OMP_WAIT_POLICY unset" if policy == "default" else f"OMP_WAIT_POLICY={policy.upper()}"
+    print(f"\n==== OMP_NUM_THREADS={threads}, {wait}: a fresh process", flush=True)
     cmd = [sys.executable, "-m", module, *argv, "--threads", str(threads), "--omp-wait-policy", policy]
-    sys.stdout.flush()
     code = subprocess.run(cmd + ["--worker", path], env=setting_env(threads, policy)).returncode
     if not os.path.exists(path):
         return None, code

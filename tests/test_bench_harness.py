@@ -128,3 +128,11 @@ def test_bars_nest_rows_by_field_and_draw_each_panel(tmp_path):
     assert panels == {"fwd": {"a": {"csr": 2.0}, "b": {"csr": 3.0}}, "fwd+bwd": {"a": {"auto": 5.0}}}  # no pyg: no ms
     assert harness.write_bars(str(tmp_path / "b.png"), "title", panels, "ms", log=True)
     assert (tmp_path / "b.png").stat().st_size > 1000
+
+
+def test_a_plot_without_timed_rows_is_not_drawn(tmp_path):
+    """bench_layers --skip-layers plots no row (its edge-term rows are left out): no figure, no crash."""
+    pytest.importorskip("matplotlib")
+    untimed = [harness.Result("a", 1, "pyg", "fwd", note="failed: x")]
+    assert not harness.write_png(str(tmp_path / "p.png"), "title", []) and not (tmp_path / "p.png").exists()
+    assert not harness.write_png(str(tmp_path / "p.png"), "title", untimed)

@@ -10,15 +10,11 @@ package's page modules from the JSON), `{{ headlines }}` (index.md) and `{{ log:
 probe log, `benchmarks/results/<stem>.log`, quoted as it is); `snippet(name)` gives a page module
 the text of `templates/<name>.md`. Every number on the pages comes from the JSON files, and so do
 each run's commit, command and remarks (`commit`, `dirty`, `command`, `commit_note`, `about`).
+File names: <machine> is the harness's `machine_tag` (CPU model, threads, GPU or "cpu"), <variant> a run
+with other settings than the default (`--tag`); probes keep a log only, `probe_<name>_<machine>[_<variant>].log`.
 
     python -m benchmarks.pages            # write the pages and images
     python -m benchmarks.pages --check    # exit 1 if the committed pages or images differ
-
-File names: `<bench>_<machine>[_<variant>].{json,png,log}`, where <machine> is the harness's
-`machine_tag` (CPU model, threads, GPU or "cpu"), <variant> a run with other settings than the
-default (`--tag`), and `probe_<name>_<machine>[_<variant>].log` for probe logs (no JSON).
-`tests/test_bench_pages.py` checks that the committed pages equal what this package renders, that
-every stored result is on a page, and that every file follows the convention.
 """
 
 from __future__ import annotations
@@ -27,6 +23,7 @@ import argparse
 import json
 import os
 import re
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from ..harness import RESULTS, ROOT
@@ -53,8 +50,7 @@ PLACEHOLDER = re.compile(r"\{\{ *([a-z_]+)(?::([^ }]+))? *\}\}")
 
 def snippet(name: str) -> str:
     """The text of `templates/<name>.md`."""
-    with open(os.path.join(TEMPLATES, name + ".md")) as f:
-        return f.read().strip("\n")
+    return Path(TEMPLATES, name + ".md").read_text().strip("\n")
 
 
 def title(page: str) -> str:
@@ -71,8 +67,7 @@ def fill(text: str, values: Dict[str, str], results: str) -> str:
         if name == "log" and arg:
             if not os.path.exists(os.path.join(results, arg + ".log")):
                 return f"`{RESULTS_REL}/{arg}.log`: not stored."
-            with open(os.path.join(results, arg + ".log")) as f:
-                return f"`{RESULTS_REL}/{arg}.log`:\n\n```text\n{f.read().rstrip()}\n```"
+            return f"`{RESULTS_REL}/{arg}.log`:\n\n```text\n{Path(results, arg + '.log').read_text().rstrip()}\n```"
         if name not in values or arg:
             raise KeyError(f"template placeholder {m.group(0)} has no value (known: {sorted(values)}, log:<stem>)")
         return values[name].strip("\n")
@@ -113,10 +108,7 @@ def generate(results: str = RESULTS) -> Tuple[Dict[str, bytes], List[str]]:
         parts, heads[page] = render(page, [r for r in runs if r.page == page])
         out[f"{page}.md"] = fill(snippet(page), {"runs": join(parts)}, results).encode()
     out["index.md"] = index_page(heads, runs, results).encode()
-    for run in runs:
-        if run.png:
-            with open(os.path.join(results, run.stem + ".png"), "rb") as f:
-                out[f"img/{run.stem}.png"] = f.read()
+    out.update({f"img/{run.stem}.png": Path(results, run.stem + ".png").read_bytes() for run in runs if run.png})
     return out, [r.stem for r in runs]
 
 
@@ -125,22 +117,14 @@ def preview(path: str) -> str:
     what a benchmark prints at its end, the tables its page will show."""
     stem = os.path.basename(path)[: -len(".json")]
     bench = next(b for b in BENCHES if stem.startswith(f"bench_{b}_"))
-    with open(path) as f:
-        run = Run(stem, bench, "", "", json.load(f), png=False, log=False)
+    run = Run(stem, bench, "", "", json.loads(Path(path).read_text()), png=False, log=False)
     return join(render(run.page, [run])[0])
 
 
 def existing(docs: str = DOCS) -> Dict[str, bytes]:
     """What is in docs/benchmarks now: its pages and images."""
-    found: Dict[str, bytes] = {}
-    for sub in ("", "img"):
-        folder = os.path.join(docs, sub)
-        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-            path = os.path.join(folder, name)
-            if os.path.isfile(path) and (name.endswith(".md") or sub == "img"):
-                with open(path, "rb") as f:
-                    found[os.path.join(sub, name) if sub else name] = f.read()
-    return found
+    files = [p for p in sorted(Path(docs).glob("*.md")) + sorted(Path(docs, "img").glob("*")) if p.is_file()]
+    return {str(p.relative_to(docs)): p.read_bytes() for p in files}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -157,8 +141,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1 if changed or stale else 0
     os.makedirs(os.path.join(DOCS, "img"), exist_ok=True)
     for p in changed:
-        with open(os.path.join(DOCS, p), "wb") as f:
-            f.write(pages[p])
+        Path(DOCS, p).write_bytes(pages[p])
     for p in stale:
         os.remove(os.path.join(DOCS, p))
     print(f"docs/benchmarks: {len(changed)} written, {len(stale)} removed, {len(pages) - len(changed)} unchanged")

@@ -32,7 +32,8 @@ def parse_name(filename: str) -> Optional[Dict[str, str]]:
 
 @dataclass
 class Run:
-    """A stored run: `<bench>_<machine>[_<variant>].json`, and whether a .png and .log lie beside it."""
+    """A stored run: `<bench>_<machine>[_<variant>].json` and whether a .png and .log lie beside it;
+    its machine `info`, `config` and `results` from the JSON, and the `page` it goes on."""
 
     stem: str
     bench: str  # "kernels", "train", ...
@@ -42,21 +43,11 @@ class Run:
     png: bool
     log: bool
 
-    @property
-    def info(self) -> Dict[str, Any]:
-        return self.data["machine"]
-
-    @property
-    def results(self) -> List[Dict[str, Any]]:
-        return self.data.get("results", [])
-
-    @property
-    def config(self) -> Dict[str, Any]:
-        return self.data.get("config", {})
-
-    @property
-    def page(self) -> str:
-        return "compile" if self.bench == "train" and self.config.get("compile") else self.bench
+    def __post_init__(self) -> None:
+        self.info: Dict[str, Any] = self.data["machine"]
+        self.config: Dict[str, Any] = self.data.get("config", {})
+        self.results: List[Dict[str, Any]] = self.data.get("results", [])
+        self.page = "compile" if self.bench == "train" and self.config.get("compile") else self.bench
 
 
 def load_runs(results: str = RESULTS) -> List[Run]:
@@ -81,15 +72,11 @@ def load_runs(results: str = RESULTS) -> List[Run]:
 
 def f_ms(x: Optional[float]) -> str:
     """Milliseconds to about three significant digits."""
-    if x is None:
-        return DASH
-    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}" if x >= 1 else f"{x:.3f}"
+    return DASH if x is None else f"{x:,.{0 if x >= 100 else 1 if x >= 10 else 2 if x >= 1 else 3}f}"
 
 
 def f_x(r: Optional[float]) -> str:
-    if r is None:
-        return DASH
-    return f"{r:.0f}x" if r >= 100 else f"{r:.1f}x" if r >= 10 else f"{r:.2f}x"
+    return DASH if r is None else f"{r:.{0 if r >= 100 else 1 if r >= 10 else 2}f}x"
 
 
 def f_int(x: Optional[float]) -> str:
@@ -145,9 +132,11 @@ def machine_desc(info: Dict[str, Any]) -> str:
 
 def versions(info: Dict[str, Any]) -> str:
     out = [f"sparseattn {info['sparseattn']}", f"torch {info['torch']}"]
-    if info.get("cuda"):
-        out.append(f"CUDA {info['cuda']}")
-    out += [f"{name} {info[name]}" for name in ("triton", "torch_geometric") if info.get(name)]
+    out += [
+        f"{name} {info[key]}"
+        for key, name in (("cuda", "CUDA"), ("triton", "triton"), ("torch_geometric",) * 2)
+        if info.get(key)
+    ]
     dgl = info.get("dgl")
     if isinstance(dgl, dict):
         out.append(f"DGL {dgl['dgl']} on torch {dgl['torch']} (own process)")
@@ -203,9 +192,7 @@ def ordered(values: Iterable[Any], first: Sequence[Any] = ()) -> List[Any]:
 
 
 def median_range(values: Sequence[float]) -> str:
-    if not values:
-        return DASH
-    return f"{f_x(statistics.median(values))} ({f_x(min(values))[:-1]}-{f_x(max(values))})"
+    return f"{f_x(statistics.median(values))} ({span(values)})" if values else DASH
 
 
 def span(values: Sequence[float]) -> str:

@@ -109,39 +109,37 @@ def page_triton_gpu(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]
 
 # ---- distributed --------------------------------------------------------------------------------
 
+PER_CONFIG = (  # head, the field (its largest value over the ranks), its format
+    *(("nodes", "nodes", f_int), ("in-edges", "edges", f_int), ("halo rows", "halo", f_int)),
+    ("MiB in", "bytes_in", lambda b: f"{b / 2**20:,.1f}"),
+    *(("train peak MiB", "train_peak_mib", f_int), ("step s", "step_s", lambda s: f"{s:.2f}")),
+    *(("exchange", "exchange_share", f_pct), ("wait", "wait_share", f_pct)),
+)
+AGAINST_ONE = (  # head, the summary's field, its format
+    *(("train peak / one process", "peak_ratio", f_x), ("setup peak / one process", "setup_peak_ratio", f_x)),
+    *(("exchange share", "exchange_share", f_pct), ("wait share", "wait_share", f_pct)),
+    ("slowest step / one process", "step_ratio", f_x),
+    ("step-1 loss difference", "step1_loss_diff", lambda d: DASH if d is None else f"{d:.1e}"),
+)
+
 
 def distributed_tables(run: Run) -> List[str]:
-    rows, per = run.results, []
-    for name in ordered(r.get("config", "?") for r in rows):
-        group = [r for r in rows if r.get("config") == name]
-        failed = [r for r in group if r.get("note")]
-        if failed:
-            per.append([f"`{name}`", str(len(group))] + ["failed: " + failed[0]["note"]] + [""] * 7)
-            continue
-        keys = ("nodes", "edges", "halo", "bytes_in", "train_peak_mib", "step_s", "exchange_share", "wait_share")
-        top = {k: max(r.get(k, 0) for r in group) for k in keys}
-        per.append(
-            [f"`{name}`", str(len(group))]
-            + [f_int(top[k]) for k in ("nodes", "edges", "halo")]
-            + [f"{top['bytes_in'] / 2**20:,.1f}", f_int(top["train_peak_mib"]), f"{top['step_s']:.2f}"]
-            + [f_pct(top["exchange_share"]), f_pct(top["wait_share"])]
-        )
-    head = ["configuration", "ranks", "nodes", "in-edges", "halo rows", "MiB in", "train peak MiB", "step s"]
+    per = []
+    for name in ordered(r.get("config", "?") for r in run.results):
+        group = [r for r in run.results if r.get("config") == name]
+        failed = [r["note"] for r in group if r.get("note")]
+        top = [fmt(max(r.get(k, 0) for r in group)) for _, k, fmt in PER_CONFIG]
+        per.append([f"`{name}`", str(len(group)), *(["failed: " + failed[0]] + [""] * 7 if failed else top)])
     out = [
         "Per configuration, the largest value over its ranks; MiB in: halo rows received per step (forward and"
-        " backward), step: median of the timed steps:\n\n" + table(head + ["exchange", "wait"], per, right=1)
+        " backward), step: median of the timed steps:\n\n"
+        + table(["configuration", "ranks", *(h for h, _, _ in PER_CONFIG)], per, right=1)
     ]
     summary = run.data.get("summary") or {}
     if summary:
-        srows = [
-            [f"`{name}`", f_x(s.get("peak_ratio")), f_x(s.get("setup_peak_ratio")), f_pct(s.get("exchange_share"))]
-            + [f_pct(s.get("wait_share")), f_x(s.get("step_ratio"))]
-            + [DASH if s.get("step1_loss_diff") is None else f"{s['step1_loss_diff']:.1e}"]
-            for name, s in summary.items()
-        ]
-        head = ["configuration", "train peak / one process", "setup peak / one process", "exchange share"]
-        head += ["wait share", "slowest step / one process", "step-1 loss difference"]
-        out.append("Against one process on the whole graph (largest rank):\n\n" + table(head, srows, right=1))
+        rows = [[f"`{name}`", *(fmt(s.get(k)) for _, k, fmt in AGAINST_ONE)] for name, s in summary.items()]
+        head = ["configuration", *(h for h, _, _ in AGAINST_ONE)]
+        out.append("Against one process on the whole graph (largest rank):\n\n" + table(head, rows, right=1))
     return out
 
 

@@ -5,29 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..kernels_report import CSR_FWD_BWD, LIMIT_TARGETS, RATIOS, THREAD_GAIN, KernelResult, ratio_table
+from ..kernels_report import SHARE_TARGETS, TARGETS, KernelResult, ratio_table
 from . import common
-from .common import DASH, Run, cell, f_int, f_ms, f_pct, f_x, header, joined, ordered, plot, table
+from .common import DASH, Run, by_key, cell, f_int, f_ms, f_pct, f_x, header, joined, ordered, plot, table
 
 KERNEL_ORDER = ("csr", "dense", "auto", "auto (raw)", "auto (compiled)", "sdpa", "sdpa-masked", "dense bmm", "pyg")
 Bound = Optional[Tuple[str, float]]
-
-
-def _bound(text: Optional[str]) -> Bound:
-    """A kernels_report target, "<= 1.15" -> ("<=", 1.15); None stays None."""
-    return None if text is None else (text.split()[0], float(text.split()[1]))
-
-
-KERNEL_TARGETS = (  # the ratio names of kernels_report.ratio_table, the column head, its target there
-    ("auto/sdpa", "clamp-mode `auto` / `sdpa`", _bound(RATIOS["auto/sdpa"][2])),
-    ("raw/Graph", "`auto (raw)` / `auto`", _bound(RATIOS["raw/Graph"][2])),
-    ("csr fwd+bwd/fwd", "`csr` fwd+bwd / fwd", _bound(CSR_FWD_BWD)),
-    ("pyg/auto", "`pyg` / `auto`", _bound(RATIOS["pyg/auto"][2])),
-    ("compiled/eager", "`auto (compiled)` / `auto`", None),
-    ("auto limit share", "`auto` fwd, share of the limit (≥ 25% on window-65536)", None),  # per family: below
-    ("auto 1 thread/this", "`auto` at 1 thread / here", _bound(THREAD_GAIN[1])),
-)
-SHARE_TARGETS = {family: _bound(target) for family, target in LIMIT_TARGETS.items()}  # on "auto limit share"
 GROUP_HEAD = ["family", "threads", "input σ"]  # each table line: a family at a thread setting and input scale
 MOVED = (("bytes", 1e6, 0), ("flops", 1e9, 2))  # must_move's bytes in MB and flops in GFLOP, with decimals
 
@@ -78,7 +61,7 @@ def _ratio_lines(run: Run) -> List[Tuple[List[str], Dict[str, List[Optional[floa
 def kernel_ratios(run: Run) -> Tuple[str, int, int]:
     """The target-ratio table, and how many of its ratios meet their target, of how many."""
     lines = _ratio_lines(run)
-    present = [(k, head, t) for k, head, t in KERNEL_TARGETS if any(k in ratios for _, ratios in lines)]
+    present = [(k, head, t) for k, (head, t) in TARGETS.items() if any(k in ratios for _, ratios in lines)]
     rows, met, total = [], 0, 0
     for first, ratios in lines:
         row = list(first)
@@ -186,10 +169,7 @@ def kernels_headline(run: Run) -> str:
 
 
 def thp_table(off: Run, on: Run) -> str:
-    a, b = (
-        common.by_key(off.results, "family", "mode", "contender"),
-        common.by_key(on.results, "family", "mode", "contender"),
-    )
+    a, b = (by_key(run.results, "family", "mode", "contender") for run in (off, on))
     rows = []
     for fam in ordered(r["family"] for r in off.results):
         for c in ordered(r["contender"] for r in off.results):
@@ -203,10 +183,7 @@ def thp_table(off: Run, on: Run) -> str:
 
 
 def thp_headline(off: Run, on: Run) -> str:
-    a, b = (
-        common.by_key(off.results, "family", "mode", "contender"),
-        common.by_key(on.results, "family", "mode", "contender"),
-    )
+    a, b = (by_key(run.results, "family", "mode", "contender") for run in (off, on))
     gains = [(a[k]["ms"] / b[k]["ms"], k) for k in a if k in b and a[k]["ms"] and b[k]["ms"] and k[2] == "auto"]
     if not gains:
         return ""
@@ -241,7 +218,7 @@ def page_kernels(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
 
 
 def dgl_table(run: Run) -> List[str]:
-    cells = common.by_key(run.results, "family", "mode", "contender")
+    cells = by_key(run.results, "family", "mode", "contender")
     rows = []
     for fam in ordered(r["family"] for r in run.results):
         for mode in ordered(r["mode"] for r in run.results):
@@ -249,17 +226,15 @@ def dgl_table(run: Run) -> List[str]:
             ours_c, theirs_c = cells.get((fam, mode, "auto clamp")), cells.get((fam, mode, "dgl builtin"))
             row = [f"`{fam}`", f_int((ours_e or ours_c or {}).get("edges")), mode]
             for ours, theirs in ((ours_e, theirs_e), (ours_c, theirs_c)):
-                a = ours["ms"] if ours else None
-                b = theirs["ms"] if theirs else None
-                row += [f_ms(a), f_ms(b) if theirs is None or b is not None else common.skipped(theirs["note"])]
-                row.append(f_x(b / a) if a and b else DASH)
+                a, b = (ours or {}).get("ms"), (theirs or {}).get("ms")
+                row += [f_ms(a), cell(theirs), f_x(b / a) if a and b else DASH]
             rows.append(row)
     head = ["family", "edges", "pass", "`auto exact`", "DGL fused", "DGL / auto", "`auto clamp`", "DGL tutorial"]
     return ["ms (median of rounds):\n\n" + table(head + ["DGL / auto"], rows, right=(1, 3, 4, 5, 6, 7, 8))]
 
 
 def dgl_headline(group: List[Run]) -> str:
-    cells = common.by_key(group[0].results, "family", "mode", "contender")
+    cells = by_key(group[0].results, "family", "mode", "contender")
     ratios = [
         cells[(f, m, "dgl fused")]["ms"] / r["ms"]
         for (f, m, c), r in cells.items()
@@ -268,7 +243,3 @@ def dgl_headline(group: List[Run]) -> str:
     if not ratios:
         return "DGL not measured"
     return f"`auto` {common.span(ratios)} faster than DGL fused forward+backward ({len(ratios)} families)"
-
-
-def page_dgl(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
-    return common.sections(runs, dgl_table, dgl_headline)
