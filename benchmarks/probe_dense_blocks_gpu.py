@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from sparseattn import edge_attention, graphs
+from sparseattn.kernels import triton_blocks as tb
 from sparseattn.kernels.dense import dispatch as dense
-from sparseattn.kernels.triton import blocks as tb
 
 CLAMP = (-5.0, 5.0)
 SHAPES = [("full", 16, 512), ("full", 4, 2048), ("full", 32, 128), ("causal", 32, 128), ("causal", 8, 512)]
