@@ -1,10 +1,20 @@
 """Layers of graph-learning libraries rebuilt on `edge_attention`, with the originals' parameter
-names so state dicts load both ways: PyG's `TransformerConv`, Exphormer's attention, and GraphGPS's
-global attention over batches of graphs (no padding); `to_hetero` for heterogeneous graphs."""
+names so state dicts load both ways: PyG's `TransformerConv`, `GATConv` and `GATv2Conv`,
+Exphormer's attention, and GraphGPS's global attention over batches of graphs (no padding);
+`to_hetero` for heterogeneous graphs."""
 
 from .exphormer import ExphormerAttention
+from .gat import GATConv, GATv2Conv
 from .global_attention import GlobalAttention, complete_per_graph
 from .hetero import to_hetero
 from .transformer_conv import TransformerConv
 
-__all__ = ["TransformerConv", "ExphormerAttention", "GlobalAttention", "complete_per_graph", "to_hetero"]
+__all__ = [
+    "TransformerConv",
+    "GATConv",
+    "GATv2Conv",
+    "ExphormerAttention",
+    "GlobalAttention",
+    "complete_per_graph",
+    "to_hetero",
+]

@@ -7,19 +7,20 @@ from typing import Any, Optional
 from torch import nn
 
 from .exphormer import ExphormerAttention
+from .gat import GATConv, GATv2Conv
 from .transformer_conv import TransformerConv
 
 # layers that take an edge index and return one row per destination node, as PyG's MessagePassing
-EDGE_LAYERS = (TransformerConv, ExphormerAttention)
+EDGE_LAYERS = (TransformerConv, GATConv, GATv2Conv, ExphormerAttention)
 
 
 def to_hetero(
     module: nn.Module, metadata: Any, aggr: str = "sum", input_map: Optional[dict] = None, debug: bool = False
 ) -> nn.Module:
     """`torch_geometric.nn.to_hetero(module, metadata, aggr, input_map, debug)`, with the
-    `sparseattn.nn` edge layers (TransformerConv, ExphormerAttention) treated as PyG treats its
-    MessagePassing layers: one copy per edge type, outputs summed (or `aggr`) per destination node
-    type. The result and its state dict keys are those PyG's `to_hetero` gives for PyG's layers.
+    `sparseattn.nn` edge layers (TransformerConv, GATConv, GATv2Conv, ExphormerAttention) treated
+    as PyG treats its MessagePassing layers: one copy per edge type, outputs summed (or `aggr`) per
+    destination node type. The result and its state dict keys are those PyG's `to_hetero` gives for PyG's layers.
 
     PyG's own `to_hetero` recognizes message passing by `isinstance(layer, MessagePassing)` only, so
     on sparseattn layers it returns, without an error, outputs keyed by edge type instead of node
