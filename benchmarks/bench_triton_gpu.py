@@ -1,6 +1,5 @@
 """The triton backend against its peers on the graphs of issues 16 and 30 (a GPU; --smoke checks the script on CPU).
 
-    python benchmarks/bench_triton_gpu.py --scale --out $OUT                  # issue 30: every target, one call
     python benchmarks/bench_triton_gpu.py --out $OUT --budget 400             # the table, both clamp modes
     python benchmarks/bench_triton_gpu.py --cases random,window8 --contenders triton,pyg --no-backward
     python benchmarks/bench_triton_gpu.py --sweep --cases random,window8 --out $OUT  # forward layouts x tiles
@@ -11,15 +10,13 @@ Cases (CASES: H=8, D=Dv=64, bfloat16 on a GPU, float32 in --smoke; clamp (-5, 5)
 device with benchmarks/families.py's builders, contenders (CONTENDERS: the backends; pyg and sdpa from
 benchmarks/peers.py; flex, FlexAttention with a BlockMask from the graph's CSR, `graph_block_mask`) and the
 GB/s: docs/benchmarks/triton_gpu.md (benchmarks/templates/triton_gpu.md). --sweep and --sweep-backward time
-triton under each SWEEP / SWEEP_BACKWARD setting instead. SCALE_CASE (with --scale; not subject to --budget):
-N=2^24, E=2^28, H=2, clamp, triton only, at most 1 warmup, its output checked range by range; its record
-holds one fwd+bwd step's peak CUDA memory against `step_minimum_bytes` (N=16 on CPU in --smoke, no peak).
+triton under each SWEEP / SWEEP_BACKWARD setting instead.
 Each output, computed while new memory is NaN (`poisoned_memory`), must be within TOL of the float32
 reference on ALL destinations, or it is marked WRONG, not timed, and the exit status is 1. Times: inputs
 require grad, median of --rep runs after --warmup; the backward's time is fwd+bwd ms - fwd ms; GB/s:
 `moved_bytes` over the time, and its share of the peak (--peak-gbs, or PEAK_GBS by name). --budget skips the
 cases that would start after it. Writes bench_triton_gpu_<machine>[_sweep|_sweep-backward][_smoke].{json,png,log}
-into --out: the harness's JSON with targets (issue 30's, by name with the bound), scale and wrong.
+into --out: the harness's JSON with targets (issue 30's, by name with the bound) and wrong.
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import gc
 import itertools
 import os
 import sys
@@ -41,7 +37,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
 from benchmarks import harness  # noqa: E402
-from benchmarks.families import powerlaw_edges, random_edges  # noqa: E402
+from benchmarks.families import powerlaw_edges  # noqa: E402
 from benchmarks.peers import make_pyg, make_sdpa_exact, sdpa_kernel_name  # noqa: E402
 from sparseattn import Graph, edge_attention, graphs  # noqa: E402
 
@@ -74,9 +70,6 @@ CASES = {  # name: (graph builder (size, device) -> Graph, size on a GPU, size i
     "complete512": (complete, (16, 512), (2, 32)),
     "complete2048": (complete, (4, 2048), (1, 96)),
 }
-SCALE_CASE = "random-2^28"  # --scale: a random graph of SCALE_NODES nodes of in-degree SCALE_DEGREE, H*D = 128
-SCALE_NODES = (2**24, 16)  # on a GPU (E = 2^28), in --smoke
-SCALE_DEGREE, SCALE_HEADS = 16, 2
 
 
 def moved_bytes(num_dst: int, num_src: int, num_edges: int, heads: int, dim: int, elem: int) -> Tuple[int, int]:
@@ -92,12 +85,6 @@ def moved_bytes(num_dst: int, num_src: int, num_edges: int, heads: int, dim: int
     return fwd, dq_pass + dkdv_pass
 
 
-def step_minimum_bytes(num_dst: int, num_src: int, num_edges: int, heads: int, dim: int, elem: int) -> int:
-    """The least memory a fwd+bwd step holds at its peak: q, out, grad_out, dq (num_dst, heads, dim) and
-    k, v, dk, dv (num_src, heads, dim) of elem bytes each, and one int64 edge index (2, num_edges)."""
-    return (4 * num_dst + 4 * num_src) * heads * dim * elem + 2 * 8 * num_edges
-
-
 class Skip(Exception):
     """The contender does not apply to this case; the message says why."""
 
@@ -106,8 +93,7 @@ class Skip(Exception):
 class Row(harness.Result):
     """A harness.Result with the rates of both passes. A "fwd" row: gb_per_s = fwd_bytes / ms, its
     fraction of the peak. A "fwd+bwd" row: the backward, bwd_ms = its ms - the fwd row's ms, bwd_bytes /
-    bwd_ms and its fraction of the peak (gb_per_s None). peak_total_mib: the allocator's peak during one
-    call, including what was live before it (CUDA only)."""
+    bwd_ms and its fraction of the peak (gb_per_s None)."""
 
     fwd_bytes: Optional[int] = None
     fwd_peak_fraction: Optional[float] = None
@@ -115,7 +101,6 @@ class Row(harness.Result):
     bwd_ms: Optional[float] = None
     bwd_gb_per_s: Optional[float] = None
     bwd_peak_fraction: Optional[float] = None
-    peak_total_mib: Optional[float] = None
 
 
 @dataclass
@@ -282,19 +267,6 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: float) -> Tuple[float, in
     return (err.nan_to_num(float("inf")).max().item() if err.numel() else 0.0), bad
 
 
-def chunked_check(inputs: Sequence[torch.Tensor], g: Graph, clamp, tol: float) -> Callable:
-    """A check (out -> (max |err|, bad rows)) against `reference_chunks`, holding no full float32 copy."""
-
-    def check(out):
-        worst, bad = 0.0, 0
-        for a, b, ref in reference_chunks(*inputs, g, clamp):
-            err, n = compare(out[a:b], ref, tol)
-            worst, bad = max(worst, err), bad + n
-        return worst, bad
-
-    return check
-
-
 def measure(name, make, case, mode, g, inputs, check, args, device, warmup: int) -> Tuple[List[Row], bool]:
     """The rows (fwd, fwd+bwd) of one contender: its output checked (check: out -> (max |err|, bad rows)),
     then timed after `warmup` runs, with their peak memory. Returns the rows and whether the output was wrong."""
@@ -303,17 +275,12 @@ def measure(name, make, case, mode, g, inputs, check, args, device, warmup: int)
     stage = rows[0]
 
     def timed(stage: Row, fn: Callable) -> None:
-        """Its times, and on CUDA the memory one call adds at its peak and the allocator's peak during
-        it including what was live before (inputs, graph), in MiB (None on CPU: not measured here)."""
+        """Its times, and on CUDA the memory one call adds at its peak, in MiB."""
         stage.times_ms = harness.time_ms(fn, device, warmup, args.rep, budget_s=args.contender_s)
         stage.ms = harness.median(stage.times_ms)
         for t in inputs:  # the last step's gradients would count as live before the measured one
             t.grad = None
-        if device == "cuda":
-            gc.collect()  # as harness.peak_extra_mib does first, so that both read the same live memory
-            live = torch.cuda.memory_allocated() / 2**20
-            stage.peak_extra_mib = harness.peak_extra_mib(fn, device)
-            stage.peak_total_mib = None if stage.peak_extra_mib is None else live + stage.peak_extra_mib
+        stage.peak_extra_mib = harness.peak_extra_mib(fn, device) if device == "cuda" else None
 
     try:
         run = make(g, CLAMPS[mode], *inputs)
@@ -387,12 +354,9 @@ def machine(args, device) -> dict:
     return info
 
 
-MEMORY_TARGET = f"{SCALE_CASE} clamp: triton fwd+bwd peak memory / minimum (<= 1.25)"
-
-
-def targets(rows: List[Row], scale: Optional[dict] = None) -> Dict[str, Optional[float]]:
-    """Issue 30's targets (and issue 16's that still hold) per clamp mode, from the timed rows and the
-    scale record, by a name that states the bound (None where a side is missing)."""
+def targets(rows: List[Row]) -> Dict[str, Optional[float]]:
+    """Issue 30's targets (and issue 16's that still hold) per clamp mode, from the timed rows, by a
+    name that states the bound (None where a side is missing)."""
     by = {(r.family, r.mode, r.contender): r for r in rows if r.ms is not None}
 
     def ratio(case, mode, a, b):
@@ -410,7 +374,6 @@ def targets(rows: List[Row], scale: Optional[dict] = None) -> Dict[str, Optional
         for case in ("window8", "window64"):
             out[f"{case} {mode}: triton / flex fwd+bwd time (<= 1.1)"] = ratio(case, mode, "triton", "flex")
         out[f"complete512 {mode}: auto / sdpa fwd+bwd time (<= 1.3)"] = ratio("complete512", mode, "auto", "sdpa")
-    out[MEMORY_TARGET] = scale["peak_over_minimum"] if scale else None
     return out
 
 
@@ -457,56 +420,15 @@ def run_cases(args, cases, contenders, device, dtype, info, say, t0: float) -> T
     return rows, wrong
 
 
-def run_scale(args, contenders, device, dtype, info, say) -> Tuple[List[Row], dict, List[str]]:
-    """SCALE_CASE: triton's fwd and fwd+bwd in clamp mode, its output checked in destination ranges,
-    at most 1 warmup; the other contenders get a "skipped" row. Returns the rows, the scale record
-    (`scale_record`) and the wrong list."""
-    n = SCALE_NODES[1] if args.smoke else SCALE_NODES[0]
-    g = Graph(random_edges(n, SCALE_DEGREE * n, device=device), n, n)
-    g.csr(), g.csc()  # cached before the step, as in training
-    inputs = make_inputs(g, SCALE_HEADS, dtype, device)
-    say(f"\n{SCALE_CASE} clamp: N_dst={n}, E={g.num_edges}, H={SCALE_HEADS}, D={D}: triton only, peak memory")
-    check = chunked_check(inputs, g, CLAMPS["clamp"], TOL[dtype])
-    warmup = min(args.warmup, 1)  # one compiles the H=2 kernels; more only lengthen the run
-    rows, bad = measure("triton", CONTENDERS["triton"], SCALE_CASE, "clamp", g, inputs, check, args, device, warmup)
-    set_rates(rows, g, inputs, info["peak_gb_s"])
-    for name in contenders:
-        if name != "triton":
-            rows.append(Row(SCALE_CASE, g.num_edges, name, "fwd clamp", note="skipped: this case times triton only"))
-    for r in rows:
-        say(row_line(r))
-    step = next((r for r in rows if r.mode == "fwd+bwd clamp" and r.contender == "triton"), None)
-    record = scale_record(g, inputs, step)
-    say(
-        f"peak {harness.fmt(record['peak_gib'], '.2f')} GiB during one fwd+bwd step, minimum "
-        f"{record['minimum_gib']:.2f} GiB (inputs, out, grad_out, gradients, one edge index): "
-        f"ratio {harness.fmt(record['peak_over_minimum'], '.3f')} (target <= 1.25)"
-    )
-    return rows, record, [f"{SCALE_CASE} clamp triton"] if bad else []
-
-
-def scale_record(g: Graph, inputs: Sequence[torch.Tensor], step: Optional[Row]) -> dict:
-    """SCALE_CASE's sizes, its fwd+bwd ms, the step's peak memory (None on CPU or without a step),
-    `step_minimum_bytes` and their ratio."""
-    q = inputs[0]
-    minimum = step_minimum_bytes(g.num_dst, g.num_src, g.num_edges, q.shape[1], q.shape[2], q.element_size())
-    peak = None if step is None or step.peak_total_mib is None else round(step.peak_total_mib * 2**20)
-    record = dict(case=SCALE_CASE, nodes=g.num_dst, edges=g.num_edges, heads=q.shape[1], dim=q.shape[2])
-    record.update(dtype=str(q.dtype), fwd_bwd_ms=step.ms if step else None, peak_bytes=peak, minimum_bytes=minimum)
-    record.update(peak_gib=None if peak is None else peak / 2**30, minimum_gib=minimum / 2**30)
-    return dict(record, peak_over_minimum=None if peak is None else peak / minimum)
-
-
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", default=harness.RESULTS)
-    parser.add_argument("--cases", default=",".join(CASES), help=", ".join([*CASES, SCALE_CASE]))
+    parser.add_argument("--cases", default=",".join(CASES), help=", ".join(CASES))
     parser.add_argument("--modes", default=",".join(CLAMPS), help=", ".join(CLAMPS))
     parser.add_argument("--contenders", default="triton,csr,auto,pyg,flex,sdpa", help=", ".join(CONTENDERS))
     parser.add_argument("--sweep", action="store_true", help="time the triton forward under each SWEEP setting")
     parser.add_argument("--sweep-backward", action="store_true", help="triton fwd+bwd under each SWEEP_BACKWARD one")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes in float32 on CPU")
-    parser.add_argument("--scale", action="store_true", help=f"also run {SCALE_CASE} (triton, clamp, peak memory)")
     parser.add_argument("--no-backward", action="store_true", help="time the forward only")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rep", type=int, default=10)
@@ -515,20 +437,16 @@ def parse_args(argv):
     parser.add_argument("--peak-gbs", type=float, default=None, help="peak HBM GB/s (default: PEAK_GBS by name)")
     args = parser.parse_args(argv)
     names = args.cases.split(",") + args.modes.split(",") + args.contenders.split(",")
-    unknown = [x for x in names if x not in {**CASES, SCALE_CASE: None, **CLAMPS, **CONTENDERS}]
+    unknown = [x for x in names if x not in {**CASES, **CLAMPS, **CONTENDERS}]
     if unknown:
         parser.error(f"unknown {unknown}")
     if args.sweep and args.sweep_backward:
         parser.error("--sweep and --sweep-backward are separate runs")
-    args.scale = args.scale or SCALE_CASE in args.cases.split(",")
-    if args.scale and (args.sweep or args.sweep_backward or args.no_backward):
-        parser.error(f"{SCALE_CASE} times forward+backward at the default settings: no sweep, no --no-backward")
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cases = [c for c in args.cases.split(",") if c != SCALE_CASE]
     device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
     if device == "cpu":  # triton on CPU runs interpreted; read when triton (PyG imports it) and the kernels load
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -549,16 +467,12 @@ def main(argv=None) -> int:
         f"H={H}, D=Dv={D}, {str(dtype)[6:]}, median of up to {args.rep} runs after {args.warmup} warmup; "
         f"outputs checked on all destinations against the float32 reference (tolerance {TOL[dtype]:g})"
     )
-    rows, wrong = run_cases(args, cases, contenders, device, dtype, info, out.log, time.time())
-    record = None
-    if args.scale:
-        new, record, bad = run_scale(args, contenders, device, dtype, info, out.log)
-        rows, wrong = rows + new, wrong + bad
-    goals = {} if args.sweep or args.sweep_backward else targets(rows, record)
+    rows, wrong = run_cases(args, args.cases.split(","), contenders, device, dtype, info, out.log, time.time())
+    goals = {} if args.sweep or args.sweep_backward else targets(rows)
     out.log("\ntargets: " + "; ".join(f"{k}: {harness.fmt(v, '.2f')}" for k, v in goals.items()))
     out.log(f"wrong: {', '.join(wrong) or 'none'}")
     config = dict(vars(args), out="OUT", dtype=str(dtype), H=H, D=D, tol=TOL[dtype])  # no machine path
-    out.save(config, rows, targets=goals, scale=record, wrong=wrong)
+    out.save(config, rows, targets=goals, wrong=wrong)
     panels = harness.nest(rows, "mode", "family", "contender", "ms")
     harness.write_bars(out.png, out.header, panels, "ms (median)", log=True)
     out.close()
