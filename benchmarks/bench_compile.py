@@ -4,13 +4,9 @@ recompilations, and where the compiled step spends its time (docs/benchmarks/com
     python -m benchmarks.bench_compile                    # every case, 1 thread (~5 min on 2 cores)
     python -m benchmarks.bench_compile --cases attention-window-8192 --threads 2
 
-Each case of CASES runs eagerly and compiled (inductor, fullgraph=True, no eager warm-up of the graph
-the compiled code gets), forward (no_grad) and forward+backward, in interleaved rounds, outputs checked
-against eager first; per case the compilation time of the first call, graph breaks
-(torch._dynamo.explain) and the top operators of each step by self CPU time (torch.profiler). "dynamic
-sizes": the layer under dynamic=True on ten window graphs of different N and E, its compiled entries
-(1 = no recompilation) and the time summed over the ten. Writes bench_compile_<machine>.{json,png,log}
-under --out (benchmarks/results); the PNG draws eager/compiled per case and pass against the 1.15x target.
+"dynamic sizes": the layer under dynamic=True on ten window graphs of different N and E, its compiled
+entries (1 = no recompilation) and the time summed over the ten. The PNG draws eager/compiled per case
+and pass against the 1.15x target.
 """
 
 from __future__ import annotations

@@ -11,16 +11,9 @@ packages, a few GB):
     DGL_VENV/bin/pip install torch==2.2.1 torchdata==0.7.1 "pandas<2.2" "numpy<2" dgl==2.1.0
 
 `--dgl-python` (or $DGL_PYTHON) names that environment's Python. Without it, or when DGL does not
-import there, DGL is listed as skipped with the reason and only sparseattn is timed.
-
-Per family (benchmarks/families.py) this process draws q/k/v (N(0, 0.25), seed 0, H=8, D=64, float32),
-the output gradient and the exact-softmax reference, and hands them (.npz) to benchmarks/dgl_runner.py,
-a long-lived subprocess in the DGL environment (one JSON command per line; its docstring has the two
-DGL recipes). Every output is checked (max |err| <= 1e-3) before timing; each interleaved round takes
-one sample per contender (the median of --reps calls, 1 when a call takes over 0.3 s; DGL's timed
-inside its process), the result is the median over --rounds; peak memory is measured in the process
-that ran the call. Writes bench_dgl_<machine>[_<tag>].{json,png,log} under --out ("nodgl" joins the tag
-when DGL did not run). What it measures: docs/benchmarks/dgl.md.
+import there, DGL is listed as skipped with the reason and only sparseattn is timed ("nodgl" joins the
+file names' tag). The inputs go (.npz) to benchmarks/dgl_runner.py, a long-lived subprocess in the DGL
+environment; what is measured and how: docs/benchmarks/dgl.md.
 """
 
 from __future__ import annotations

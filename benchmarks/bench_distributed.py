@@ -6,16 +6,9 @@ examples/distributed_node_classification.py (what the tables mean: docs/benchmar
     python -m benchmarks.bench_distributed --quick             # 20K-node graphs, 2 steps: a smoke run
     python -m benchmarks.bench_distributed --nodes 500000 --knn-nodes 250000 --world 2
 
-Each configuration (`configs`) is one torchrun launch of this script in worker mode, one at a time. The
-window graph (--nodes, radius 8, ~34M edges at 2M): every rank builds its own in-edges and calls
-`local_shard(ranges=)`. The knn graph (--knn-nodes random points in the unit square, in-edges from the
-k = 16 nearest, self included; scipy's cKDTree; ids in random spatial order) is built once here and split
-by contiguous id ranges and by METIS (`partition(..., method="metis")`); this process writes each rank's
-in-edges and the ownership to temporary files, and a rank loads only its own (`local_shard(ranges=)` or
-`local_shard(owner=)`). Each run: setup, one warm-up step and --steps timed steps with
-`HaloExchange(timed=True)` (exchange: time inside all_to_all_single; wait: at the barrier before it);
-memory: the peak resident set (VmHWM) after setup and, reset then, after training. Writes
-bench_distributed_<machine>.{json,png,log} under --out (benchmarks/results).
+Each configuration (`configs`) is one torchrun launch of this script in worker mode. Window ranks build
+their own in-edges; the knn graph (scipy's cKDTree) is built once here and written per rank and
+partition to temporary files, and a rank loads only its own (`local_shard(ranges=)` or `owner=`).
 """
 
 from __future__ import annotations

@@ -4,22 +4,14 @@ at each thread setting and input scale, with each time's distance to the machine
     python -m benchmarks.bench_kernels                      # every family at 1, 2, 2 passive threads (~1.5 h)
     python -m benchmarks.bench_kernels --threads 1          # one setting (~30 min)
     python -m benchmarks.bench_kernels --input-scale 0.5,1  # also N(0, 1) inputs (twice as long)
-    python -m benchmarks.bench_kernels --quick              # small graphs (~2 min per setting and scale)
     python -m benchmarks.bench_kernels --quick --threads 1 --reps 1 --contenders csr,auto  # seconds
     python -m benchmarks.bench_kernels --families window-8192,causal-32x128 --flex all
 
-The contenders (benchmarks/contenders.py, peers.py), the inputs, the thread settings (each in a fresh
-process started with its OpenMP environment: benchmarks/threads.py) and the physical limit
-(benchmarks/limits.py) are described on docs/benchmarks/kernels.md (benchmarks/templates/kernels.md).
-Every output is checked before it is timed (the exact-softmax peers, EXACT, against clamp=None); a
-contender whose estimated memory exceeds --budget-gib, or that fails, gets a null time and the reason.
-
-JSON (config["format"] = 2): each row also holds threads, omp_wait_policy, input_scale, limit_ms,
-limit_fraction, gflop_per_s and the load average when it was timed; config holds input_scales,
-settings (per thread setting: its environment, parallel_info, rates, load), family_info (sizes,
-degrees, bytes and flops per pass) and ratios, a list of {threads, input_scale, family, ratio,
-values}. Earlier files (no "format") hold one setting, s = 0.5, and ratios as {"<family> <ratio>":
-values}; benchmarks/pages renders the format-2 runs (and the THP pair of format 1).
+Contenders (benchmarks/contenders.py, peers.py), inputs, thread settings (benchmarks/threads.py) and the
+physical limit (benchmarks/limits.py): docs/benchmarks/kernels.md (benchmarks/templates/kernels.md).
+JSON config["format"] = 2: rows add threads, omp_wait_policy, input_scale, limit_ms, limit_fraction,
+gflop_per_s and load; config adds input_scales, settings, family_info and ratios. Earlier files (no
+"format") hold one setting, s = 0.5, and ratios as {"<family> <ratio>": values}.
 """
 
 from __future__ import annotations

@@ -5,17 +5,8 @@
     python -m benchmarks.bench_layers --nodes 5000 --threads 2
     python -m benchmarks.bench_layers --molecules              # only the molecule batches (~1 min)
 
-Warm rows: forward (no_grad) and forward+backward of the output's sum (gradients of every parameter),
-timed in interleaved rounds after one warm-up call with a reused `Graph` (PyG: its int64 edge_index),
-outputs checked against PyG's first. "fwd+bwd cold": one call in a fresh process per contender (this
-script with --cold) on the raw edge_index as a user holds it (int64, or int32 stored transposed: (E, 2)
-pairs viewed as (2, E)); index building, first page faults and lazy initialisation included, imports
-and the model's construction not. Edge terms: `edge_attention` on csr (`auto` with --device cuda),
-exact softmax, forward+backward without terms, with (E, H, D) edge_key and edge_value, and with one
-(E, 1, D) row shared by the heads as both (TransformerConv's form).
-Molecule batches: fwd+bwd per PyG batch of 32 small graphs never seen before, graph building included
-(`_molecule_cases`), against PyG eager and compiled.
-Writes bench_layers_<machine>.{json,png,log} under --out (benchmarks/results).
+Warm, cold (this script with --cold in a fresh process), edge-term and molecule-batch rows
+(`_molecule_cases`); what each measures: benchmarks/templates/layers.md.
 """
 
 from __future__ import annotations

@@ -6,11 +6,7 @@
     python -m benchmarks.bench_train --data-dir ../shared/data/multi30k --device cuda --threads 16  # bf16 autocast
     python -m benchmarks.bench_train --data-dir ../shared/data/multi30k --tasks multi30k --compile  # + compiled layers
 
-The graph model (the task's `<task>-transformer` preset with each backend of --backends) and its padded
-twin `PaddedTransformer` (torch.nn.Transformer with the same embeddings, positions and generator, so
-its attention runs in SDPA) take the same training step on the same batches: the first --batches
-Multi30k batches, the first --copy-batches copy batches; what is measured and how: docs/benchmarks/train.md.
-Writes bench_train_<machine>[_<tag>].{json,png,log} under --out (benchmarks/results).
+What is measured and how: docs/benchmarks/train.md (benchmarks/templates/train.md).
 """
 
 from __future__ import annotations

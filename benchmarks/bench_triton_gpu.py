@@ -6,17 +6,10 @@
     python benchmarks/bench_triton_gpu.py --sweep-backward --cases random,window8 --modes clamp --out $OUT
     python benchmarks/bench_triton_gpu.py --smoke --contenders csr,reference,pyg --out /tmp/b  # tiny, CPU
 
-Cases (CASES: H=8, D=Dv=64, bfloat16 on a GPU, float32 in --smoke; clamp (-5, 5) and exact), drawn on the
-device with benchmarks/families.py's builders, contenders (CONTENDERS: the backends; pyg and sdpa from
-benchmarks/peers.py; flex, FlexAttention with a BlockMask from the graph's CSR, `graph_block_mask`) and the
-GB/s: docs/benchmarks/triton_gpu.md (benchmarks/templates/triton_gpu.md). --sweep and --sweep-backward time
-triton under each SWEEP / SWEEP_BACKWARD setting instead.
-Each output, computed while new memory is NaN (`poisoned_memory`), must be within TOL of the float32
-reference on ALL destinations, or it is marked WRONG, not timed, and the exit status is 1. Times: inputs
-require grad, median of --rep runs after --warmup; the backward's time is fwd+bwd ms - fwd ms; GB/s:
-`moved_bytes` over the time, and its share of the peak (--peak-gbs, or PEAK_GBS by name). --budget skips the
-cases that would start after it. Writes bench_triton_gpu_<machine>[_sweep|_sweep-backward][_smoke].{json,png,log}
-into --out: the harness's JSON with targets (issue 30's, by name with the bound) and wrong.
+Cases (CASES), contenders (CONTENDERS) and what the tables mean: docs/benchmarks/triton_gpu.md
+(benchmarks/templates/triton_gpu.md). An output computed while new memory is NaN (`poisoned_memory`) must
+be within TOL of the float32 reference on all destinations, or it is marked WRONG, not timed, and the exit
+status is 1. The backward's time is fwd+bwd ms - fwd ms; GB/s: `moved_bytes` over the time.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
-"""Benchmark plumbing shared by the benchmark scripts: one warmup + synchronized timing loop for
-every contender, peak-memory measurement, the machine and provenance every result records
-(`provenance`, `machine_info`), and the JSON, PNG and log writers (`Output`).
+"""Benchmark plumbing shared by the benchmark scripts: interleaved, synchronized timing, peak memory,
+the machine and provenance every result records (`machine_info`, `provenance`), and a run's JSON,
+PNG and log (`Output`).
 
-Peak memory: on CUDA, `torch.cuda.max_memory_allocated` over one call minus the memory allocated
-before it. On CPU, the process's peak resident set (VmHWM in /proc/self/status, reset by writing
-"5" to /proc/self/clear_refs) during one call minus the resident set (VmRSS) just before it: what
-the call added on top of its inputs, including allocator and cached-index overhead. So that the
-resident set follows what is live, glibc is told to serve allocations above 64 KiB with mmap
-(returned to the OS on free) while memory is measured, and free heap pages are trimmed before each
-measurement. Where the kernel cannot reset the peak, memory is reported as null.
-
-Timing runs with glibc's mmap threshold fixed at 32 MiB, the value its dynamic threshold settles
-at in a long-running process (it grows to the largest block freed, up to 32 MiB on 64-bit):
-blocks below it are reused from the heap, as in a training loop. Timing under the 64 KiB setting
-would charge every contender page faults on each large tensor (a 16 MiB copy: ~12 ms instead of
-~2 ms here), which no default process pays.
+Peak memory on CPU is the peak resident set (VmHWM, reset through /proc/self/clear_refs) during one
+call minus the resident set before it (null where the kernel cannot reset it); glibc serves blocks
+above 64 KiB with mmap while it is measured, so the resident set follows what is live. Timing runs at
+a 32 MiB mmap threshold, where glibc's dynamic threshold settles in a long-running process: timing
+under 64 KiB would charge every contender page faults on each large tensor, which no default process pays.
 """
 
 from __future__ import annotations

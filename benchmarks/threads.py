@@ -1,11 +1,8 @@
 """Thread settings for a CPU benchmark, each measured in a fresh process of its own.
 
-OpenMP reads OMP_NUM_THREADS and OMP_WAIT_POLICY once, when the process starts (libgomp: how long
-an idle thread spins before it sleeps; ACTIVE spins, PASSIVE sleeps at once, unset lets it spin a
-while), so a benchmark that compares settings runs each in a process started with that environment:
-`run_setting` starts `python -m <module> <argv> --threads T --omp-wait-policy P --worker PATH` and
-reads back the JSON the worker wrote at PATH. The worker calls torch.set_num_threads(T) itself and
-records `harness.openmp_settings()`, so each setting's rows say what they ran with.
+OpenMP reads OMP_NUM_THREADS and OMP_WAIT_POLICY once, at start, so `run_setting` starts
+`python -m <module> <argv> --threads T --omp-wait-policy P --worker PATH` with that environment and
+reads back the JSON the worker wrote at PATH; the worker records `harness.openmp_settings()`.
 """
 
 from __future__ import annotations

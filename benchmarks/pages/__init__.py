@@ -1,17 +1,13 @@
 """The benchmark pages, rendered from the stored results: python -m benchmarks.pages [--check]
 
-Reads every `benchmarks/results/<bench>_<machine>[_<variant>].json` and writes
-`docs/benchmarks/<page>.md`, one page per benchmark, and `docs/benchmarks/index.md`, one line per
-benchmark and machine with its headline figure; each run's PNG is copied to
-`docs/benchmarks/img/`, so the documentation site serves it. The prose is in markdown templates,
-`benchmarks/templates/<page>.md` (its first line the page's title), with placeholders the renderer
-fills: `{{ runs }}` (a section per machine: each run's header, tables and plot, made by this
-package's page modules from the JSON), `{{ headlines }}` (index.md) and `{{ log:<stem> }}` (a kept
-probe log, `benchmarks/results/<stem>.log`, quoted as it is); `snippet(name)` gives a page module
-the text of `templates/<name>.md`. Every number on the pages comes from the JSON files, and so do
-each run's commit, command and remarks (`commit`, `dirty`, `command`, `commit_note`, `about`).
-File names: <machine> is the harness's `machine_tag` (CPU model, threads, GPU or "cpu"), <variant> a run
-with other settings than the default (`--tag`); probes keep a log only, `probe_<name>_<machine>[_<variant>].log`.
+Each `benchmarks/results/<bench>_<machine>[_<variant>].json` goes on `docs/benchmarks/<page>.md` (its
+PNG copied to `docs/benchmarks/img/`), and `docs/benchmarks/index.md` gets one headline per benchmark and
+machine. The prose is in `benchmarks/templates/<page>.md` (first line: the title), with placeholders:
+`{{ runs }}` (per machine, each run's header, tables and plot, from this package's page modules),
+`{{ headlines }}` (index.md) and `{{ log:<stem> }}` (a kept probe log, quoted as it is); `snippet(name)`
+gives a page module `templates/<name>.md`. Every number, commit and command comes from the JSON files.
+<machine> is the harness's `machine_tag`, <variant> a run's `--tag`; probes keep a log only,
+`probe_<name>_<machine>[_<variant>].log`.
 
     python -m benchmarks.pages            # write the pages and images
     python -m benchmarks.pages --check    # exit 1 if the committed pages or images differ
