@@ -11,7 +11,6 @@ and pass against the 1.15x target.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import statistics
 import time
@@ -24,7 +23,7 @@ from torch import Tensor, nn
 from sparseattn import EdgeAttention, Graph, edge_attention, graphs
 
 from . import harness
-from .harness import RESULTS, Output, Result, machine_info, measure, time_interleaved, timed_pass
+from .harness import Output, Result, machine_info, measure, time_interleaved, timed_pass
 
 
 class GraphLayer(nn.Module):
@@ -182,15 +181,12 @@ def plot_ratios(path: str, title: str, cases: Dict[str, dict], target: float = 1
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, type=int, default=1)
     ap.add_argument("--cases", default="", help=f"comma-separated names (default: all): {', '.join(CASES)}")
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--budget-s", type=float, default=20.0)
     ap.add_argument("--no-dynamic", action="store_true", help="skip the ten-sizes dynamic=True run")
-    ap.add_argument("--out", default=RESULTS)
-    ap.add_argument("--tag", default="")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     names = [c for c in args.cases.split(",") if c] or list(CASES)

@@ -18,7 +18,6 @@ environment; what is measured and how: docs/benchmarks/dgl.md.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -26,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Callable, Dict, List, Tuple
 
 import numpy as np
@@ -35,8 +33,9 @@ import torch
 from sparseattn import edge_attention
 from sparseattn.kernels import choose_auto
 
+from . import harness
 from .families import families
-from .harness import RESULTS, Output, Result, failure, machine_info, peak_extra_mib, row_line, timed_pass, write_png
+from .harness import Output, Result, failure, machine_info, peak_extra_mib, row_line, timed_pass
 
 DEFAULT_FAMILIES = "window-8192,random-50k,complete-64x32,causal-32x128,bipartite-32x40x40,varlen-5..50-4096"
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dgl_runner.py")
@@ -97,16 +96,13 @@ def start_dgl(python: str, threads: int, workdir: str):
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap = harness.parser(__doc__, type=int, default=1)
     ap.add_argument("--dgl-python", default=os.environ.get("DGL_PYTHON", ""), help="Python of the DGL environment")
     ap.add_argument("--families", default=DEFAULT_FAMILIES, help="comma-separated bench_kernels family names, or all")
     ap.add_argument("--quick", action="store_true", help="bench_kernels' small graphs (a smoke test)")
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=3, help="calls per sample (1 when a call takes over 0.3 s)")
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--out", default=RESULTS)
-    ap.add_argument("--tag", default="")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     fams = families(args.quick)
@@ -138,7 +134,7 @@ def main(argv=None) -> None:
     finally:
         if runner is not None:
             runner.close()
-    write_png(out.png, out.header + f"\n{theirs}; ms, median of interleaved rounds", results)
+    harness.write_times(out.png, out.header + f"\n{theirs}; ms, median of interleaved rounds", results)
     out.close()
 
 
@@ -171,7 +167,7 @@ def run_family(name, fam, args, runner, dgl_note, workdir, results, log) -> None
     for mode in ("fwd", "fwd+bwd"):
         rows = {c: Result(name, g.num_edges, c, mode) for pair in PAIRS for c in pair}
         results += rows.values()
-        samples: Dict[str, Tuple[Callable[[int, int], List[float]], int]] = {}  # contender -> (timer, calls)
+        samples: Dict[str, Tuple[Callable[..., List[float]], int]] = {}  # contender -> (timer, calls)
         for c, r in rows.items():
             if c not in errs:  # DGL did not run
                 r.note = dgl_note or "skipped"
@@ -185,17 +181,17 @@ def run_family(name, fam, args, runner, dgl_note, workdir, results, log) -> None
                         lambda kw=OURS[c]: edge_attention(*leaves, g, backend="auto", **kw), mode, leaves, gout
                     )
                     r.note, r.peak_extra_mib = f"-> {choose_auto(q, g)}", peak_extra_mib(call)
-                    timer = functools.partial(_times, call)
+                    timer = functools.partial(harness.time_ms, call, budget_s=float("inf"))
                 else:
                     r.peak_extra_mib = runner.ask(cmd="mem", contender=c, mode=mode)["peak_extra_mib"]
                     timer = functools.partial(_dgl_times, runner, c, mode)
-                samples[c] = timer, args.reps if timer(1, args.warmup - 1)[0] < 300 else 1
+                samples[c] = timer, args.reps if timer(reps=1, warmup=args.warmup - 1)[0] < 300 else 1
             except Exception as exc:
                 r.note = failure(exc)
         for i in range(args.rounds):  # one sample of each per round, every other round in reverse order
             for c in list(samples) if i % 2 == 0 else reversed(list(samples)):
                 try:
-                    rows[c].times_ms.append(statistics.median(samples[c][0](samples[c][1], 0)))
+                    rows[c].times_ms.append(statistics.median(samples[c][0](reps=samples[c][1], warmup=0)))
                 except Exception as exc:
                     rows[c].note = failure(exc)
         load = os.getloadavg()[0]
@@ -210,19 +206,8 @@ def run_family(name, fam, args, runner, dgl_note, workdir, results, log) -> None
             log(row_line(r) + (f"  {r.speedup_vs_reference:.2f}x faster than DGL" if r.speedup_vs_reference else ""))
 
 
-def _dgl_times(runner: DGLRunner, contender: str, mode: str, calls: int, warmup: int) -> List[float]:
-    return runner.ask(cmd="time", contender=contender, mode=mode, reps=calls, warmup=warmup)["times_ms"]
-
-
-def _times(call: Callable[[], object], calls: int, warmup: int) -> List[float]:
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - t) * 1e3)
-    return times
+def _dgl_times(runner: DGLRunner, contender: str, mode: str, reps: int, warmup: int) -> List[float]:
+    return runner.ask(cmd="time", contender=contender, mode=mode, reps=reps, warmup=warmup)["times_ms"]
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import torch
 
-from .harness import _LIBC, RESULTS, ROOT, Output, _reset_cpu_peak, _status_kib, machine_info, write_bars
+from .harness import _LIBC, ROOT, Output, _reset_cpu_peak, _status_kib, machine_info, parser, write_bars
 
 EXAMPLE = os.path.join(ROOT, "examples", "distributed_node_classification.py")
 SEED, WIDTH, HEADS, LR = 0, 32, 4, 0.003
@@ -181,19 +181,16 @@ def ratios(results: List[RankResult]) -> Dict[str, Dict[str, Optional[float]]]:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__, type=int, default=1, help="torch threads per process")
     p.add_argument("--nodes", type=int, default=2_000_000, help="window graph nodes")
     p.add_argument("--radius", type=int, default=8, help="window radius")
     p.add_argument("--knn-nodes", type=int, default=2_000_000, help="knn graph points")
     p.add_argument("--k", type=int, default=16, help="in-edges per knn node (self included)")
     p.add_argument("--world", type=int, default=4, help="processes of the distributed runs")
     p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--families", default="window,knn")
     p.add_argument("--quick", action="store_true", help="20K-node graphs, 2 timed steps")
     p.add_argument("--timeout", type=int, default=1200, help="seconds per configuration")
-    p.add_argument("--out", default=RESULTS)
-    p.add_argument("--tag", default="", help="appended to the file names")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # a configuration's name: run as one of its ranks
     p.add_argument("--data-dir", help=argparse.SUPPRESS)
     p.add_argument("--out-dir", help=argparse.SUPPRESS)

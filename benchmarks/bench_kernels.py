@@ -176,7 +176,7 @@ def run_worker(args, fams: Dict[str, Family], path: str) -> None:
 
 
 def parse_args(argv: List[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = harness.parser(__doc__, default="1,2", help="comma-separated thread counts, each run in its own process")
     ap.add_argument("--quick", action="store_true", help="small graphs, few repetitions (a smoke test)")
     ap.add_argument("--families", default="", help="comma-separated family names (default: all)")
     ap.add_argument("--reps", type=int, default=5, help="timed runs per contender (median reported)")
@@ -184,14 +184,11 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     ap.add_argument("--budget-s", type=float, default=8.0, help="max seconds of timed runs per contender")
     ap.add_argument("--budget-gib", type=float, default=8.0, help="skip contenders estimated to need more")
     ap.add_argument("--flex", choices=["none", "default", "all"], default="default")
-    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts, each run in its own process")
     policy = "comma-separated OMP_WAIT_POLICY settings (default = unset, passive, active); 1 thread: the first"
     ap.add_argument("--omp-wait-policy", default="default,passive", help=policy)
     scale = "comma-separated standard deviations of q, k, v (0.5: no score reaches the clamp; 1: N(0, 1))"
     ap.add_argument("--input-scale", default=str(DEFAULT_SCALE), help=scale)
-    ap.add_argument("--out", default=harness.RESULTS)
     ap.add_argument("--contenders", default="", help="comma-separated contender names (default: all)")
-    ap.add_argument("--tag", default="", help="suffix for the result file names (e.g. a re-run of some families)")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)  # internal: run one setting, write here
     args = ap.parse_args(argv)
     args.thread_counts = [int(x) for x in args.threads.split(",") if x]
@@ -255,7 +252,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             out.save(config, results)  # partial results survive
     config["ratios"] = ratio_table(results)
     out.save(config, results)
-    harness.write_png(out.png, out.header, plotted(results))
+    harness.write_times(out.png, out.header, plotted(results))
     out.close()
 
 

@@ -22,7 +22,7 @@ import torch
 from sparseattn import edge_attention, graphs
 from sparseattn.nn import TransformerConv
 
-from .harness import RESULTS, ROOT, Output, Result, fmt, machine_info, measure, write_png
+from .harness import ROOT, Output, Result, fmt, machine_info, measure, parser, timed_pass, write_times
 
 HEADS, CHANNELS, EDGE_DIM = 8, 64, 16
 COLD = {  # contender -> (layer, edge_index layout)
@@ -69,24 +69,13 @@ def _layer_cases(name: str, g, device: str, log: Callable[[str], None]) -> List[
     results: List[Result] = []
     for mode in ("fwd", "fwd+bwd"):
         rows = [Result(name, g.num_edges, label, mode, max_err_vs_reference=c[2]) for label, c in contenders.items()]
-        fns = [_call(module, graph, x, edge_attr, mode) for module, graph, _ in contenders.values()]
+        fns = [
+            timed_pass(lambda m=module, gr=graph: m(x, gr, edge_attr), mode, list(module.parameters()))
+            for module, graph, _ in contenders.values()
+        ]
         measure(rows, fns, device, warmup=1, reps=5, budget_s=60)
         results += rows
     return results
-
-
-def _call(module, graph, x, edge_attr, mode: str) -> Callable[[], None]:
-    """One call; forward+backward leaves no gradient held, so each call is measured from none."""
-
-    def fwd() -> None:
-        with torch.no_grad():
-            module(x, graph, edge_attr)
-
-    def fwd_bwd() -> None:
-        module(x, graph, edge_attr).sum().backward()
-        module.zero_grad(set_to_none=True)
-
-    return fwd if mode == "fwd" else fwd_bwd
 
 
 def _cold_cases(name: str, nodes: int, threads: int, device: str, log: Callable[[str], None]) -> List[Result]:
@@ -216,11 +205,9 @@ def _molecule_cases(device: str, log: Callable[[str], None]) -> List[Result]:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__, tag=False, type=int, default=1)
     p.add_argument("--nodes", type=int, default=50_000, help="nodes (tokens) of each graph")
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--out", default=RESULTS)
     p.add_argument("--skip-layers", action="store_true", help="only the edge-term cases (no torch_geometric)")
     p.add_argument("--molecules", action="store_true", help="only the molecule-batch case")
     p.add_argument("--cold", choices=list(COLD), help=argparse.SUPPRESS)  # the child of a cold case
@@ -239,7 +226,7 @@ def main(argv=None) -> None:
             results += _cold_cases(name, args.nodes, args.threads, args.device, out.log)
         results += _edge_term_cases(name, g, args.device)
     out.save(dict(vars(args), out="OUT"), results)
-    write_png(out.png, out.header, [r for r in results if "csr" not in r.contender])
+    write_times(out.png, out.header, [r for r in results if "csr" not in r.contender])
     out.close()
 
 

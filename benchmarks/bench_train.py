@@ -11,7 +11,6 @@ What is measured and how: docs/benchmarks/train.md (benchmarks/templates/train.m
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import os
@@ -28,7 +27,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from sparseattn.models import sinusoid
 
-from .harness import RESULTS, Output, machine_info, nest, peak_extra_mib, profile_lines, profile_top, write_bars
+from .harness import Output, machine_info, nest, parser, peak_extra_mib, profile_lines, profile_top, write_bars
 
 SDPA_OPS = ("flash_attention", "efficient_attention", "cudnn_attention", "attention_math", "_fused_sdp")
 
@@ -237,20 +236,17 @@ def run_task(name: str, args, log: Callable[[str], None]) -> List[dict]:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap = parser(__doc__, nargs="+", type=int, default=[1, 2])
     ap.add_argument("--data-dir", default="", help="Multi30k-format folder (train/val/test_2016_flickr.{en,de})")
     ap.add_argument("--run", default="", help="folder holding (or receiving) the BPE tokenizer.json (default: temp)")
     ap.add_argument("--backends", nargs="+", default=["auto"], help="edge-attention backends of the graph model")
     ap.add_argument("--tasks", nargs="+", default=["multi30k", "copy"], choices=["multi30k", "copy"])
-    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--batches", type=int, default=2, help="multi30k token-budget batches per round")
     ap.add_argument("--copy-batches", type=int, default=16, help="copy batches (16 sequences each) per round")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (bf16 autocast, as sparseattn train runs there)")
     ap.add_argument("--profile-rows", type=int, default=12)
     ap.add_argument("--compile", action="store_true", help="also time each graph model with its layers torch.compile'd")
-    ap.add_argument("--out", default=RESULTS)
-    ap.add_argument("--tag", default="", help="suffix for the result file names")
     args = ap.parse_args(argv)
     if not args.data_dir and "multi30k" in args.tasks:
         ap.error("--data-dir is required for the multi30k task")

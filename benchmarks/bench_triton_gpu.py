@@ -14,7 +14,6 @@ status is 1. The backward's time is fwd+bwd ms - fwd ms; GB/s: `moved_bytes` ove
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import itertools
@@ -414,8 +413,7 @@ def run_cases(args, cases, contenders, device, dtype, info, say, t0: float) -> T
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--out", default=harness.RESULTS)
+    parser = harness.parser(__doc__, tag=False)
     parser.add_argument("--cases", default=",".join(CASES), help=", ".join(CASES))
     parser.add_argument("--modes", default=",".join(CLAMPS), help=", ".join(CLAMPS))
     parser.add_argument("--contenders", default="triton,csr,auto,pyg,flex,sdpa", help=", ".join(CONTENDERS))
@@ -466,8 +464,7 @@ def main(argv=None) -> int:
     out.log(f"wrong: {', '.join(wrong) or 'none'}")
     config = dict(vars(args), out="OUT", dtype=str(dtype), H=H, D=D, tol=TOL[dtype])  # no machine path
     out.save(config, rows, targets=goals, wrong=wrong)
-    panels = harness.nest(rows, "mode", "family", "contender", "ms")
-    harness.write_bars(out.png, out.header, panels, "ms (median)", log=True)
+    harness.write_times(out.png, out.header, rows)
     out.close()
     return 1 if wrong else 0
 

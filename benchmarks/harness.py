@@ -11,6 +11,7 @@ under 64 KiB would charge every contender page faults on each large tensor, whic
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import functools
 import gc
@@ -31,6 +32,18 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
+
+
+def parser(doc: Optional[str], tag: bool = True, **threads: Any) -> argparse.ArgumentParser:
+    """A bench's parser: its docstring's first paragraph, --out (default RESULTS), --tag (a suffix of the
+    result file names) unless tag=False, and --threads with add_argument's `threads` keywords if given."""
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    ap.add_argument("--out", default=RESULTS, help="folder of the run's JSON, PNG and log")
+    if tag:
+        ap.add_argument("--tag", default="", help="suffix of the result file names")
+    if threads:
+        ap.add_argument("--threads", **threads)
+    return ap
 
 
 def _sync(device: str) -> None:
@@ -446,29 +459,6 @@ def _save(fig, plt, path: str, title: str) -> bool:
     return True
 
 
-def write_png(path: str, title: str, results: List[Result]) -> bool:
-    """Time vs edges, one line per contender, one panel per pass. False if matplotlib is missing or no
-    row has a time."""
-    plt = _pyplot()
-    if plt is None or not any(r.ms is not None for r in results):
-        return False
-    modes = sorted({r.mode for r in results}, key=lambda m: m != "fwd")
-    names = list(dict.fromkeys(r.contender for r in results if r.ms is not None))
-    colors = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}  # one color per contender
-    fig, axes = plt.subplots(1, len(modes), figsize=(7 * len(modes), 5.5), squeeze=False)
-    for ax, mode in zip(axes[0], modes):
-        rows = [r for r in results if r.mode == mode and r.ms is not None]
-        for name in dict.fromkeys(r.contender for r in rows):
-            pts = sorted((r.edges, r.ms, r.family) for r in rows if r.contender == name)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name, alpha=0.8, color=colors[name])
-        for e, fam in sorted({(r.edges, r.family) for r in rows}):
-            ax.annotate(fam, (e, 1.0), fontsize=6, rotation=90, alpha=0.5, xycoords=("data", "axes fraction"), va="top")
-        ax.set(xscale="log", yscale="log", xlabel="edges E", ylabel="ms (median)", title=mode)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    return _save(fig, plt, path, title)
-
-
 def nest(rows: Sequence[Any], panel: str, group: str, series: str, value: str) -> Dict[Any, Dict[Any, Dict[Any, Any]]]:
     """{panel: {group: {series: value}}} of the rows (dicts or dataclasses) that have a value, by field names."""
     out: Dict[Any, Dict[Any, Dict[Any, Any]]] = {}
@@ -504,3 +494,9 @@ def write_bars(
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=6, ncol=1 + len(here) // 12)
     return _save(fig, plt, path, title)
+
+
+def write_times(path: str, title: str, rows: Sequence[Any]) -> bool:
+    """The rows' median ms, a panel per pass, per family a bar per contender (log scale). False if
+    matplotlib is missing or no row has a time."""
+    return write_bars(path, title, nest(rows, "mode", "family", "contender", "ms"), "ms (median)", log=True)

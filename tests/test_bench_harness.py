@@ -134,5 +134,7 @@ def test_a_plot_without_timed_rows_is_not_drawn(tmp_path):
     """bench_layers --skip-layers plots no row (its edge-term rows are left out): no figure, no crash."""
     pytest.importorskip("matplotlib")
     untimed = [harness.Result("a", 1, "pyg", "fwd", note="failed: x")]
-    assert not harness.write_png(str(tmp_path / "p.png"), "title", []) and not (tmp_path / "p.png").exists()
-    assert not harness.write_png(str(tmp_path / "p.png"), "title", untimed)
+    assert not harness.write_times(str(tmp_path / "p.png"), "title", []) and not (tmp_path / "p.png").exists()
+    assert not harness.write_times(str(tmp_path / "p.png"), "title", untimed)
+    timed = [*untimed, harness.Result("a", 1, "csr", "fwd", ms=2.0)]
+    assert harness.write_times(str(tmp_path / "p.png"), "title", timed) and (tmp_path / "p.png").exists()
