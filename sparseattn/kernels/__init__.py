@@ -119,7 +119,7 @@ def reference_backend() -> Backend:
 
 def _triton_attention(inputs: AttentionInputs):
     # Imported on first use: Triton reads TRITON_INTERPRET when the kernels are defined.
-    from .triton_kernel import triton_attention
+    from .triton import triton_attention
 
     return triton_attention(inputs)
 

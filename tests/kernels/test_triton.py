@@ -17,9 +17,11 @@ triton = pytest.importorskip("triton", reason="triton is not importable (pip ins
 tl = triton.language
 
 from sparseattn import Graph, edge_attention, graphs  # noqa: E402
-from sparseattn.kernels import triton_kernel as tk  # noqa: E402
+from sparseattn.kernels import kernel_options  # noqa: E402
+from sparseattn.kernels import triton as tk  # noqa: E402
 from sparseattn.kernels.contract import AttentionInputs  # noqa: E402
-from sparseattn.kernels.triton_kernel import triton_attention  # noqa: E402
+from sparseattn.kernels.options import as_kernel_options  # noqa: E402
+from sparseattn.kernels.triton import launch, policy, triton_attention  # noqa: E402
 
 from ..dense import dense_attention  # noqa: E402
 from ..tolerances import assert_close, assert_within_reference_error  # noqa: E402
@@ -168,61 +170,69 @@ def test_heads_backward_matches_references(dtype, clamp):
 @pytest.mark.parametrize(
     "bwd_layout, block_e, num_warps, num_stages", [("tile", 2, 1, None), ("tile", 16, 2, 2), ("heads", 2, 4, 3)]
 )
-def test_backward_tiles_set_at_forward_time(bwd_layout, block_e, num_warps, num_stages):
-    """backward_config's settings, in force when the forward ran, drive its backward kernels even
-    though backward runs outside the block: gradients still equal the references' (H=3: the heads
-    layout pads to 4 heads; several edge tiles per node)."""
+def test_backward_tiles_set_at_forward_time(bwd_layout, block_e, num_warps, num_stages, monkeypatch):
+    """A call's kernel_options triton_backward, read when the forward ran, drive its backward kernels
+    (backward runs after the call returned): gradients still equal the references' (H=3: the heads
+    layout pads to 4 heads; several edge tiles per node). The context manager sets the same through
+    the default."""
     ei, n_src, n_dst = awkward_graph(num_edges=80)
     base = inputs(n_src, n_dst, 3, 5, 4)
     grad_out = torch.randn(n_dst, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     settings = dict(layout=bwd_layout, BLOCK_E=block_e, num_warps=num_warps, num_stages=num_stages)
+    q, k, v, table = (t.to(DEVICE).clone().requires_grad_() for t in base)
+    ei_d = ei.to(DEVICE)
+    bias = lambda: table[ei_d[1], ei_d[0]]  # noqa: E731
+    out = edge_attention(q, k, v, ei_d, bias=bias(), backend="triton", kernel_options={"triton_backward": settings})
     with tk.backward_config(**settings):
-        q, k, v, table = (t.to(DEVICE).clone().requires_grad_() for t in base)
-        ei_d = ei.to(DEVICE)
-        out = edge_attention(q, k, v, ei_d, bias=table[ei_d[1], ei_d[0]], backend="triton")
-    assert tk._bwd_overrides == {}
+        again = edge_attention(q, k, v, ei_d, bias=bias(), backend="triton")
+    assert as_kernel_options(None).triton_backward == {}  # restored on exit
     launched = []
-    real = tk._triton_backward
-    tk._triton_backward = lambda *a: launched.append(a[-1]) or real(*a)
-    try:
-        grads = torch.autograd.grad(out, (q, k, v, table), grad_out.to(DEVICE))
-    finally:
-        tk._triton_backward = real
-    tiles = launched[0]
-    assert (tiles["BLOCK_E"], tiles["num_warps"], tiles["NUM_STAGES"]) == (block_e, num_warps, num_stages)
-    assert tiles["BLOCK_H"] == (4 if bwd_layout == "heads" else 1)
+    real = launch.backward
+    monkeypatch.setattr(launch, "backward", lambda *a, **kw: launched.append(kw["tiles"]) or real(*a, **kw))
+    grads = torch.autograd.grad(out, (q, k, v, table), grad_out.to(DEVICE))
+    torch.autograd.grad(again, (q, k, v, table), grad_out.to(DEVICE))
+    for tiles in launched:
+        assert (tiles["BLOCK_E"], tiles["num_warps"], tiles["NUM_STAGES"]) == (block_e, num_warps, num_stages)
+        assert tiles["BLOCK_H"] == (4 if bwd_layout == "heads" else 1)
+    assert len(launched) == 2
     grads = [g.cpu() for g in grads]
     assert_matches_references(out.detach().cpu(), grads, base, ei, torch.float64, grad_out, (-5.0, 5.0))
     for bad in (dict(BLOCK_H=2), dict(layout="lanes")):
         with pytest.raises(ValueError, match="bad backward settings"):
             with tk.backward_config(**bad):
                 pass
+        with pytest.raises(ValueError, match="bad backward settings"):
+            edge_attention(q, k, v, ei_d, backend="triton", kernel_options={"triton_backward": bad})
 
 
-def test_forward_config_presets_and_overrides():
-    default = tk._config(64, 64, 8, 16.0)  # the heads layout: all 8 heads, 4 edges: 2048-element tiles
+def test_forward_settings_presets_and_overrides():
+    fs = policy.forward_settings
+    default = fs(64, 64, 8, 16.0)  # the heads layout: all 8 heads, 4 edges: 2048-element tiles
     assert default == dict(
-        tk._tiles(64, 64, 16.0), BLOCK_H=8, BLOCK_E=4, num_warps=4, NUM_STAGES=2, LANES=False, V_EARLY=True
+        policy.tiles(64, 64, 16.0), BLOCK_H=8, BLOCK_E=4, num_warps=4, NUM_STAGES=2, LANES=False, V_EARLY=True
     )
+    heads = fs(64, 64, 6, 16.0, dict(layout="heads", num_stages=3))
     with tk.forward_config(layout="heads", num_stages=3):
-        heads = tk._config(64, 64, 6, 16.0)
         with tk.forward_config(BLOCK_E=2):  # nested: merged with the outer settings
-            assert tk._config(64, 64, 6, 16.0) == dict(heads, BLOCK_E=2)
+            assert fs(64, 64, 6, 16.0, as_kernel_options(None).triton_forward) == dict(heads, BLOCK_E=2)
+    assert as_kernel_options(None).triton_forward == {}  # restored on exit
     assert heads["BLOCK_H"] == 8 and heads["BLOCK_E"] * 8 * 64 == 2048 and heads["NUM_STAGES"] == 3
-    with tk.forward_config(layout="tile"):
-        tile = tk._config(64, 64, 8, 16.0)
-    assert tile == dict(tk._tiles(64, 64, 16.0), BLOCK_H=1, NUM_STAGES=None, LANES=False, V_EARLY=False)
-    with tk.forward_config(layout="lanes"):
-        assert tk._config(64, 64, 8, 16.0)["LANES"] and tk._config(64, 64, 8, 16.0)["NUM_STAGES"] == 2
-    assert tk._config(64, 64, 8, 16.0) == default  # restored on exit
-    assert tk._config(256, 256, 16, 16.0)["BLOCK_H"] == 16  # wide head sets: one program for all heads
-    assert tk._config(64, 64, 4, 16.0)["BLOCK_H"] == 1  # narrower than 512: per-head programs (tile)
-    with tk.forward_config(layout="heads"):
-        assert tk._config(64, 64, 4, 16.0)["BLOCK_H"] == 4  # a forced layout is kept
-    for bad in (dict(layout="rows"), dict(BLOCK_D=8)):
+    tile = fs(64, 64, 8, 16.0, dict(layout="tile"))
+    assert tile == dict(policy.tiles(64, 64, 16.0), BLOCK_H=1, NUM_STAGES=None, LANES=False, V_EARLY=False)
+    lanes = fs(64, 64, 8, 16.0, dict(layout="lanes"))
+    assert lanes["LANES"] and lanes["NUM_STAGES"] == 2
+    assert fs(256, 256, 16, 16.0)["BLOCK_H"] == 16  # wide head sets: one program for all heads
+    assert fs(64, 64, 4, 16.0)["BLOCK_H"] == 1  # narrower than 512: per-head programs (tile)
+    assert fs(64, 64, 4, 16.0, dict(layout="heads"))["BLOCK_H"] == 4  # a given layout is kept
+    for bad in (dict(layout="rows"), dict(BLOCK_D=8), dict(num_warps=0), dict(BLOCK_E="4")):
+        with pytest.raises(ValueError, match="bad forward settings"):
+            fs(64, 64, 4, 16.0, bad)
         with pytest.raises(ValueError, match="bad forward settings"):
             with tk.forward_config(**bad):
                 pass
+        with kernel_options(triton_forward=bad), pytest.raises(ValueError, match="bad forward settings"):
+            q = torch.zeros(3, 1, 4, device=DEVICE)
+            edge_attention(q, q, q, torch.tensor([[0, 1], [1, 2]], device=DEVICE), backend="triton")
 
 
 def test_hand_computed_two_edges():
@@ -550,7 +560,10 @@ _COMPILE = textwrap.dedent("""
     import triton, triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from sparseattn.kernels import triton_kernel as tk
+    from sparseattn.kernels import triton as tk
+    from sparseattn.kernels.triton import policy
+    from sparseattn.kernels.triton.backward_kernels import dkdv_kernel, dq_kernel
+    from sparseattn.kernels.triton.forward_kernel import forward_kernel
     dtype, d = sys.argv[1], int(sys.argv[2])
     acc, ACC = ("fp64", tl.float64) if dtype == "fp64" else ("fp32", tl.float32)
     def signature(kernel, constexprs):
@@ -558,7 +571,7 @@ _COMPILE = textwrap.dedent("""
         for name in kernel.arg_names:
             if name in constexprs: sig[name] = "constexpr"
             elif name in ("PTR", "IDX", "PERM"): sig[name] = "*i64"
-            elif name in ("LSE", "DELTA", "DS", "SCALARS"): sig[name] = "*" + acc
+            elif name in ("STATS", "DELTA", "DS", "SCALARS"): sig[name] = "*" + acc
             elif name in ("H", "D", "DV"): sig[name] = "i32"
             elif name.isupper(): sig[name] = "*" + dtype
             else: sig[name] = "i64"  # strides
@@ -573,16 +586,14 @@ _COMPILE = textwrap.dedent("""
         terms = dict(HAS_EDGE_KEY=clamp, HAS_EDGE_VALUE=clamp, HAS_EDGE_SCALE=clamp)  # with and without
         grads = dict(GRAD_EDGE_KEY=clamp, GRAD_EDGE_VALUE=clamp, GRAD_EDGE_SCALE=clamp)
         for layout in tk.LAYOUTS:
-            with tk.forward_config(layout=layout):
-                cfg = tk._config(d, d, 8, 16.0)
+            cfg = policy.forward_settings(d, d, 8, 16.0, dict(layout=layout))
             num_warps = cfg.pop("num_warps")
-            build(tk._fwd_kernel, dict(RETURN_WEIGHTS=True, HAS_EPS=clamp, **flags, **terms, **cfg), num_warps)
+            build(forward_kernel, dict(RETURN_WEIGHTS=True, HAS_EPS=clamp, **flags, **terms, **cfg), num_warps)
         for layout in tk.BACKWARD_LAYOUTS:
-            with tk.backward_config(layout=layout):
-                cfg = tk._bwd_config(d, d, 8)
+            cfg = policy.backward_settings(d, d, 8, dict(layout=layout))
             num_warps = cfg.pop("num_warps")
-            build(tk._bwd_dq_kernel, dict(HAS_DW=True, **flags, **terms, **cfg), num_warps)
-            build(tk._bwd_dkdv_kernel, dict(**flags, **terms, **grads, **cfg), num_warps)
+            build(dq_kernel, dict(HAS_DW=True, **flags, **terms, **cfg), num_warps)
+            build(dkdv_kernel, dict(**flags, **terms, **grads, **cfg), num_warps)
     print("compiled")
 """)
 
@@ -650,10 +661,10 @@ def test_scalars_are_made_once_per_setting_and_kept_exact():
     values, float64 ones in float64, and one made under inference_mode serves outside it too."""
     q = torch.zeros(3, 2, 4, dtype=torch.float64, device=DEVICE)
     with torch.inference_mode():
-        first = tk._shared_args(q, q, 0.1, (-5.0, 5.0), None, None)[2][3]
-    again = tk._shared_args(q, q, 0.1, (-5.0, 5.0), None, None)[2][3]
-    other = tk._shared_args(q, q, 0.1, (-4.0, 5.0), None, None)[2][3]
-    half = tk._shared_args(q.half(), q.half(), 0.1, (-5.0, 5.0), None, None)[2][3]
+        first = launch.shared_args(q, q, 0.1, (-5.0, 5.0), None, None)["SCALARS"]
+    again = launch.shared_args(q, q, 0.1, (-5.0, 5.0), None, None)["SCALARS"]
+    other = launch.shared_args(q, q, 0.1, (-4.0, 5.0), None, None)["SCALARS"]
+    half = launch.shared_args(q.half(), q.half(), 0.1, (-5.0, 5.0), None, None)["SCALARS"]
     assert first is again and not first.is_inference()
     assert other is not first and other.tolist() == [0.1, -4.0, 5.0]
     assert first.dtype == torch.float64 and first[0].item() == 0.1

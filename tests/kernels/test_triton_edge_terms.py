@@ -13,7 +13,8 @@ import torch
 triton = pytest.importorskip("triton", reason="triton is not importable (pip install triton)")
 
 from sparseattn import Graph, edge_attention  # noqa: E402
-from sparseattn.kernels import triton_kernel as tk  # noqa: E402
+from sparseattn.kernels import triton as tk  # noqa: E402
+from sparseattn.kernels.triton import policy  # noqa: E402
 
 from ..tolerances import assert_close, assert_within_reference_error  # noqa: E402
 from .test_csr import _LargestIntermediate  # noqa: E402
@@ -220,16 +221,24 @@ def test_opcheck_of_both_ops_with_edge_terms():
     x = {n: t.to(DEVICE).requires_grad_() for n, t in x.items()}
     g = Graph(ei.to(DEVICE), 4, 5)
     terms = [x[n] for n in TERMS]
-    index = (*g.csr(), *g.csc())
-    fwd = (x["q"], x["k"], x["v"], g.edge_index, *index, x["bias"], None, *terms, 1e-3, 0.5, [-2.0, 2.0], True)
+    ptr, idx, perm = g.csr()
+    cptr, cidx, cperm = g.csc()
+    fwd = tk.TRITON_OP.forward.bind(
+        q=x["q"], k=x["k"], v=x["v"], edge_index=g.edge_index, bias=x["bias"], mask=None,
+        **dict(zip(TERMS, terms)), eps=1e-3, scale=0.5, clamp=[-2.0, 2.0], return_weights=True,
+        ptr=ptr, idx=idx, perm=perm, cptr=cptr, cidx=cidx, cperm=cperm, forward_settings=policy.forward_ints({}),
+        backward_launch=policy.launch_ints(policy.backward_settings(4, 3, 2)),
+    )  # fmt: skip
     checks = ("test_schema", "test_faketensor", "test_autograd_registration")
     torch.library.opcheck(tk.triton_attention_fwd, fwd, test_utils=checks)
-    _, lse, _ = tk.triton_attention_fwd(*fwd)
+    _, _, stats = tk.triton_attention_fwd(*fwd)
     d_out, d_w = (torch.randn(*shape, dtype=torch.float64, device=DEVICE) for shape in ((5, 2, 3), (ei.shape[1], 2)))
-    plain = [t.detach() for t in (x["q"], x["k"], x["v"])]
-    bwd = (*plain, *index, x["bias"].detach(), None, *(t.detach() for t in terms), lse, d_out, d_w, 0.5, [-2.0, 2.0])
+    named = {n: t.detach() if isinstance(t, torch.Tensor) else t for n, t in zip(tk.TRITON_OP.forward.names, fwd)}
+    given = {n: named[n] for n in tk.TRITON_OP.backward.names if n in named}
     for layout in tk.BACKWARD_LAYOUTS:
-        with tk.backward_config(layout=layout):
-            launch = tk._launch_ints(tk._bwd_config(4, 3, 2))
-        for needs in ([True, True, True], [False, True, False]):  # an unwanted gradient comes back empty
-            torch.library.opcheck(tk.triton_attention_bwd, (*bwd, launch, needs), test_utils=checks[:2])
+        given["backward_launch"] = policy.launch_ints(policy.backward_settings(4, 3, 2, {"layout": layout}))
+        for needs in ([True] * 7, [True, True, True, False, False, True, False]):  # unwanted: empty
+            bwd = tk.TRITON_OP.backward.bind(**given, stats=stats, grad_out=d_out, grad_weights=d_w, needs=needs)
+            grads = tk.triton_attention_bwd(*bwd)
+            assert [t.numel() > 0 for t in grads] == needs
+            torch.library.opcheck(tk.triton_attention_bwd, bwd, test_utils=checks[:2])

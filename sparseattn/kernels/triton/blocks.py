@@ -30,9 +30,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .triton_kernel import _logit, _on  # clamp keeping NaN; launch on the inputs' GPU
+from .common import MAX_HEAD_DIM, logit, on, padded_dims, strides
 
-MAX_HEAD_DIM = 256
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -66,7 +65,7 @@ def _recompute(q, k, do, v, z, live, scale, lo, hi, IEEE: tl.constexpr):
     """Backward's view of one (queries x keys) tile: p = w / z (0 off the edges), dp = <do, v>,
     and where clamp passes the gradient (lo <= score <= hi)."""
     s = _dot(q, tl.trans(k), IEEE) * scale
-    p = tl.where(live, tl.exp(_logit(s, lo, hi, True)) / z[:, None], 0.0)
+    p = tl.where(live, tl.exp(logit(s, lo, hi, True)) / z[:, None], 0.0)
     return p, _dot(do, tl.trans(v), IEEE), (s >= lo) & (s <= hi)
 
 
@@ -92,7 +91,7 @@ def _fwd_kernel(
         k = _tile(K + b * s_kb + h * s_kh, s_kn, cols, LK, offs_d, D)
         v = _tile(V + b * s_vb + h * s_vh, s_vn, cols, LK, offs_dv, DV)
         s = _dot(q, tl.trans(k), IEEE) * scale
-        w = tl.where(_live(rows, cols, LK, CAUSAL), tl.exp(_logit(s, lo, hi, True)), 0.0)
+        w = tl.where(_live(rows, cols, LK, CAUSAL), tl.exp(logit(s, lo, hi, True)), 0.0)
         z += tl.sum(w, 1)
         acc += _dot(w, v, IEEE)
     z = tl.where(z == 0.0, 1.0, z)  # only rows past LQ: every block row has an edge
@@ -173,17 +172,13 @@ def _dkdv_kernel(
     tl.store(dv_ptr, dv.to(DVG.dtype.element_ty), mask=(cols[:, None] < LK) & (offs_dv[None, :] < DV))
 
 
-def _dims(d: int, dv: int) -> Tuple[int, int]:
-    return max(16, triton.next_power_of_2(d)), max(16, triton.next_power_of_2(dv))
-
-
 def _tiles(d: int, dv: int) -> dict:
     """Query/key tiles, warps and pipeline stages. Up to 64-wide heads: 64 x 64 with 4 warps and 3
     stages, the fastest of 7 settings swept on an H100 in 5 of 6 timings (bf16, H=8, D=64, fwd and
     fwd+bwd on complete 512/2048 and causal 512 blocks; 128 x 128 tiles were 19% faster on causal
     fwd+bwd); wider heads take 32-key tiles and 8 warps (the float32 accumulators share the
     registers; D=128 and 256 ran 1.3-2.4x faster fwd+bwd than the materialized path in two runs)."""
-    block_d, block_dv = _dims(d, dv)
+    block_d, block_dv = padded_dims(d, dv, least=16)
     if max(block_d, block_dv) <= 64:
         return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
     return dict(BLOCK_M=64, BLOCK_N=32, num_warps=8)
@@ -195,9 +190,9 @@ def _like_rows(x: Tensor, width: int) -> Tensor:
     return torch.empty(b, n, h, width, dtype=x.dtype, device=x.device).transpose(1, 2)
 
 
-def _strides(t: Tensor) -> Tuple[int, int, int]:
+def _strides(t: Tensor) -> Tuple[int, ...]:
     assert t.stride(-1) == 1, "the head dimension must be contiguous"
-    return t.stride(0), t.stride(1), t.stride(2)
+    return strides(t, 3)
 
 
 def _forward(qb, kb, vb, scale, lo, hi, causal):
@@ -205,7 +200,7 @@ def _forward(qb, kb, vb, scale, lo, hi, causal):
     lk, dv = kb.shape[2], vb.shape[3]
     out = _like_rows(qb, dv)
     z = torch.empty(bsz * heads, lq, dtype=torch.float32, device=qb.device)
-    block_d, block_dv = _dims(d, dv)
+    block_d, block_dv = padded_dims(d, dv, least=16)
     t = _tiles(d, dv)
     grid = (triton.cdiv(lq, t["BLOCK_M"]), bsz * heads)
     _fwd_kernel[grid](
@@ -222,7 +217,7 @@ def _backward(qb, kb, vb, z, d_out, scale, lo, hi, causal):
     d_out = d_out if d_out.stride(-1) == 1 else d_out.contiguous()
     dq, dk, dvv = _like_rows(qb, d), _like_rows(kb, d), _like_rows(vb, dv)
     delta = torch.empty_like(z)
-    block_d, block_dv = _dims(d, dv)
+    block_d, block_dv = padded_dims(d, dv, least=16)
     t = _tiles(d, dv)
     common = dict(CAUSAL=causal, IEEE=qb.dtype == torch.float32, BLOCK_D=block_d, BLOCK_DV=block_dv, **t)
     _dq_kernel[(triton.cdiv(lq, t["BLOCK_M"]), bsz * heads)](
@@ -249,7 +244,7 @@ def recompute(qb: Tensor, kb: Tensor, vb: Tensor, scale: float, lo: float, hi: f
 class _FusedBlockClamp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qb, kb, vb, scale: float, lo: float, hi: float, causal: bool):
-        with _on(qb.device):
+        with on(qb.device):
             out, z = _forward(qb, kb, vb, scale, lo, hi, causal)
         ctx.save_for_backward(qb, kb, vb, z)
         ctx.args = (scale, lo, hi, causal)
@@ -263,7 +258,7 @@ class _FusedBlockClamp(torch.autograd.Function):
                 again = recompute(qb, kb, vb, *ctx.args)
                 grads = torch.autograd.grad(again, (qb, kb, vb), d_out, create_graph=True)
             return (*grads, None, None, None, None)
-        with _on(qb.device):
+        with on(qb.device):
             grads = _backward(qb, kb, vb, z, d_out, *ctx.args)
         return (*grads, None, None, None, None)
 

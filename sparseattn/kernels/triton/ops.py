@@ -1,0 +1,135 @@
+"""The triton backend's forward and backward ops, derived from one description
+(`attention_op.define_attention_op`), and `triton_attention`, the backend's entry.
+
+    sparseattn::triton_attention_fwd(<ATTENTION_ARGS>, ptr, idx, perm, cptr, cidx, cperm,
+                                     forward_settings, backward_launch) -> out, weights, stats
+    sparseattn::triton_attention_bwd(grad_out, grad_weights, <saved>, stats, <options>, needs)
+                                     -> dq, dk, dv, dbias, dedge_key, dedge_value, dedge_scale
+
+ptr, idx, perm: the destination-sorted CSR; cptr, cidx, cperm: the source-sorted one, for the
+backward (None when no gradient is wanted). stats (N_dst, H, 2) in the accumulation dtype: (m, z)
+per destination and head, saved for the backward. forward_settings: the call's
+`KernelOptions.triton_forward` (`policy.forward_ints`; the forward's launch follows from it and
+the shapes inside the op); backward_launch: `policy.launch_ints` of the backward's settings as they
+were when the forward ran (`KernelOptions.triton_backward`). The settings are ints, not a string:
+dynamo cannot trace json, and the edge count (mean degree) stays inside the op, so a dynamic shape
+is not specialized on."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+import triton
+from torch import Tensor
+
+from ..attention_op import define_attention_op
+from ..contract import AttentionInputs
+from ..op_spec import Arg, Saved
+from ..reference import accumulation_dtype
+from . import launch, policy
+from .common import MAX_HEAD_DIM, on
+from .forward_kernel import forward_kernel
+
+INDEX_ARGS = (
+    Arg("ptr", "Tensor", saved=True),
+    Arg("idx", "Tensor", saved=True),
+    Arg("perm", "Tensor", saved=True),
+    Arg("cptr", "Tensor?", saved=True),
+    Arg("cidx", "Tensor?", saved=True),
+    Arg("cperm", "Tensor?", saved=True),
+    Arg("forward_settings", "int[]"),
+    Arg("backward_launch", "int[]"),
+)
+
+
+def _pair(clamp: Optional[List[float]]) -> Optional[Tuple[float, float]]:
+    return None if clamp is None else (clamp[0], clamp[1])
+
+
+def _forward(a: Saved) -> Tuple[Tensor, ...]:
+    q, v = a.q, a.v
+    mean_degree = a.idx.shape[0] / max(q.shape[0], 1)
+    given = policy.forward_from_ints(a.forward_settings)
+    cfg = policy.forward_settings(q.shape[2], v.shape[2], q.shape[1], mean_degree, given)
+    with on(q.device):
+        out, stats, weights = launch.forward(
+            q, a.k, v, (a.ptr, a.idx, a.perm), a.scale, _pair(a.clamp), a.bias, a.mask, a.return_weights,
+            (a.edge_key, a.edge_value, a.edge_scale), a.eps, cfg=cfg,
+        )  # fmt: skip
+    return out, weights if weights is not None else q.new_empty(0), stats
+
+
+def _saved_fake(a: Saved) -> Tuple[Tensor, ...]:
+    q = a.q
+    return (q.new_empty(q.shape[0], q.shape[1], 2, dtype=accumulation_dtype(q.dtype)),)
+
+
+def _backward(a: Saved) -> Tuple[Tensor, ...]:
+    """dq, dk, dv, dbias ((E, H) in caller order, bias's dtype) and the edge terms' gradients
+    (shaped as they are); an empty tensor where `needs` (q, k, v, bias, edge_key, edge_value,
+    edge_scale) says no gradient is wanted."""
+    q, v, needs = a.q, a.v, [bool(n) for n in a.needs]
+    tiles = policy.launch_settings(a.backward_launch, q.shape[2], v.shape[2])
+    with on(q.device):
+        dq, dk, dv, ds, *d_terms = launch.backward(
+            q, a.k, v, (a.ptr, a.idx, a.perm), (a.cptr, a.cidx, a.cperm), a.scale, _pair(a.clamp), a.bias, a.mask,
+            a.stats, a.grad_out, a.grad_weights, (a.edge_key, a.edge_value, a.edge_scale), needs[4:], tiles=tiles,
+        )  # fmt: skip
+    dbias = ds.to(a.bias.dtype) if needs[3] and a.bias is not None else None
+    grads = (dq, dk, dv, dbias, *d_terms)
+    return tuple(g if need and g is not None else q.new_empty(0) for g, need in zip(grads, needs))
+
+
+# what triton_attention calls (`TRITON_OP.call(*TRITON_OP.forward.bind(...))`)
+TRITON_OP = define_attention_op("triton_attention", INDEX_ARGS, ("stats",), _forward, _saved_fake, _backward)
+triton_attention_fwd, triton_attention_bwd = TRITON_OP.forward_op.op, TRITON_OP.backward_op.op  # the custom ops
+
+
+def _check_runnable(q: Tensor) -> None:
+    interpreted = not isinstance(forward_kernel, triton.runtime.jit.JITFunction)  # TRITON_INTERPRET=1 at import
+    if q.device.type != "cuda" and not (q.device.type == "cpu" and interpreted):
+        raise RuntimeError(
+            f"the triton backend needs CUDA tensors, got {q.device.type} (on CPU it runs only in "
+            "Triton's interpreter: set TRITON_INTERPRET=1 before the backend is first used)"
+        )
+
+
+def _last_dim_contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
+    """An edge term as the kernels read it: rows with unit stride (other strides are passed)."""
+    return t if t is None or t.stride(2) == 1 else t.contiguous()
+
+
+def triton_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
+    """The fused Triton backend (the contract in contract.py): D, Dv <= 256; float16/bfloat16/float32
+    accumulate in float32, float64 in float64. Takes the edge terms and eps (`Backend.edge_terms`)
+    and, from `inputs.options`, the launch settings triton_forward and triton_backward (`policy`)."""
+    q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights = inputs[:9]
+    _check_runnable(q)
+    if max(q.shape[2], v.shape[2]) > MAX_HEAD_DIM:
+        raise ValueError(
+            f"the triton backend supports head dims up to {MAX_HEAD_DIM}, got D={q.shape[2]}, "
+            f"Dv={v.shape[2]}; use another backend"
+        )
+    forward_settings = policy.forward_ints(inputs.options.triton_forward)
+    backward = policy.backward_settings(q.shape[2], v.shape[2], q.shape[1], inputs.options.triton_backward)
+    terms = tuple(_last_dim_contiguous(t) for t in (inputs.edge_key, inputs.edge_value, inputs.edge_scale))
+    differentiable = (q, k, v, bias, *terms)
+    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in differentiable)
+    ptr, idx, perm = graph.csr()
+    cptr, cidx, cperm = graph.csc() if wants_grad else (None, None, None)  # the backward walks both orders
+    out, weights, _ = TRITON_OP.call(
+        *TRITON_OP.forward.bind(
+            q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), edge_index=graph.edge_index,
+            bias=bias, mask=None if dropout_mask is None else dropout_mask.detach(),
+            edge_key=terms[0], edge_value=terms[1], edge_scale=terms[2], eps=float(inputs.eps), scale=scale,
+            clamp=None if clamp is None else list(clamp), return_weights=return_weights,
+            ptr=ptr, idx=idx, perm=perm, cptr=cptr, cidx=cidx, cperm=cperm,
+            forward_settings=forward_settings,
+            backward_launch=policy.launch_ints(backward),
+        )
+    )  # fmt: skip
+    return out, weights if return_weights else None
+
+
+__all__ = ["TRITON_OP", "INDEX_ARGS", "triton_attention", "triton_attention_fwd", "triton_attention_bwd"]
