@@ -20,7 +20,7 @@ from ._common import NotScriptable, check_backend, check_dropout, edge_count, gr
 PairTensor = Tuple[Tensor, Tensor]
 FillValue = Union[float, Tensor, str]
 FILL_REDUCTIONS = ("add", "sum", "mean", "min", "max", "mul")
-EDGE_CHUNK = 1 << 16
+CHUNK_ELEMENTS = 1 << 22  # GATv2's default chunk: this many (edge, head, channel) values (16 MiB in float32)
 
 
 class _GlorotLazyLinear(nn.LazyLinear):
@@ -402,8 +402,9 @@ class GATv2Conv(NotScriptable, nn.Module):
     Args: as `GATConv`, plus
         share_weights: one linear map for sources and destinations (lin_r is lin_l).
         bias: biases in lin_l and lin_r (as PyG) and on the output.
-        edge_chunk: edges per chunk of the score computation (keyword only; not in PyG): peak
-            memory of the scores is about edge_chunk * H * C values.
+        edge_chunk: edges per chunk of the score computation (keyword only; not in PyG): each of
+            the chunk's few temporaries holds edge_chunk * H * C values. None: 2^22 // (H * C)
+            (16 MiB per temporary in float32).
 
     Shapes, return value, differences from PyG: as `GATConv`.
     """
@@ -424,13 +425,15 @@ class GATv2Conv(NotScriptable, nn.Module):
         residual: bool = False,
         *,
         backend: str = "auto",
-        edge_chunk: int = EDGE_CHUNK,
+        edge_chunk: Optional[int] = None,
     ) -> None:
         """Build the layer; the arguments are described in the class docstring."""
         super().__init__()
         _check_common(out_channels, heads, negative_slope, fill_value)
-        if isinstance(edge_chunk, bool) or not isinstance(edge_chunk, int) or edge_chunk <= 0:
-            raise ValueError(f"edge_chunk must be a positive int, got {edge_chunk!r}")
+        if edge_chunk is not None and (
+            isinstance(edge_chunk, bool) or not isinstance(edge_chunk, int) or edge_chunk <= 0
+        ):
+            raise ValueError(f"edge_chunk must be a positive int or None, got {edge_chunk!r}")
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.heads = heads
@@ -443,7 +446,7 @@ class GATv2Conv(NotScriptable, nn.Module):
         self.residual = residual
         self.share_weights = share_weights
         self.backend = check_backend(backend)
-        self.edge_chunk = edge_chunk
+        self.edge_chunk = edge_chunk if edge_chunk is not None else max(1, CHUNK_ELEMENTS // (heads * out_channels))
         width = heads * out_channels
         src_dim, dst_dim = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels
         # registration order = PyG's

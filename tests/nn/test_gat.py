@@ -102,6 +102,9 @@ def test_gatv2_edge_chunks_give_one_result():
     theirs, ours = make_pair("GATv2Conv", True, heads=2, edge_dim=EDGE_DIM)
     ours.edge_chunk = 3
     compare(theirs, ours, *make_inputs(True, EDGE_DIM))
+    assert GATv2Conv(4, 64, heads=4).edge_chunk == 2**22 // 256  # default: 2^22 values per chunk tensor
+    with pytest.raises(ValueError, match="edge_chunk must be a positive int or None, got 0"):
+        GATv2Conv(4, 64, edge_chunk=0)
 
 
 @pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
