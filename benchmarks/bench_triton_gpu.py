@@ -28,7 +28,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
-from benchmarks import harness  # noqa: E402
+from benchmarks import (
+    harness,  # noqa: E402
+    peers,  # noqa: E402
+)
 from benchmarks.families import powerlaw_edges  # noqa: E402
 from benchmarks.peers import make_pyg, make_sdpa_exact, sdpa_kernel_name  # noqa: E402
 from sparseattn import Graph, edge_attention, graphs  # noqa: E402
@@ -146,52 +149,15 @@ def sdpa(g, clamp, q, k, v):
     return Run(fn, "SDPA kernel: " + sdpa_kernel_name(fn))
 
 
-def graph_block_mask(g: Graph, block: int = 128):
-    """FlexAttention BlockMask from the CSR, for graphs where destination t attends to exactly the
-    sources lo[t]..hi[t]: the (q block, kv block) tiles that hold edges, full where every pair in the
-    tile is an edge, and a mask_mod that looks the range up. Returns the mask and a description."""
-    from torch.nn.attention.flex_attention import BlockMask
-
-    ptr, idx, _ = g.csr()
-    deg = ptr.diff()
-    lo = torch.where(deg > 0, idx[ptr[:-1].clamp(max=g.num_edges - 1)], 1)  # (N_dst,); no in-edges: lo > hi
-    hi = torch.where(deg > 0, idx[(ptr[1:] - 1).clamp(min=0)], 0)
-    if not bool(((deg == 0) | (hi - lo + 1 == deg)).all()):  # idx is sorted within a row
-        raise Skip("some destination's sources are not one contiguous range (no graph lookup for that)")
-    nq, nk = -(-g.num_dst // block), -(-g.num_src // block)
-    tiles, count = torch.unique(g.dst // block * nk + g.src // block, return_counts=True)  # sorted
-    qb, kb = tiles // nk, tiles % nk
-    full = count == (g.num_dst - qb * block).clamp(max=block) * (g.num_src - kb * block).clamp(max=block)
-
-    def blocks(sel):  # kv_num_blocks (1, 1, nq), kv_indices (1, 1, nq, nk): the kv blocks of each q block
-        num = torch.bincount(qb[sel], minlength=nq)
-        slot = torch.arange(int(sel.sum()), device=qb.device) - (num.cumsum(0) - num)[qb[sel]]
-        ind = torch.zeros(nq, nk, dtype=torch.int32, device=qb.device).index_put_((qb[sel], slot), kb[sel].int())
-        return num.int()[None, None], ind[None, None]
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return (lo[q_idx] <= kv_idx) & (kv_idx <= hi[q_idx])
-
-    mask = BlockMask.from_kv_blocks(
-        *blocks(~full), *blocks(full), BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(g.num_dst, g.num_src)
-    )
-    return mask, f"{int((~full).sum())} partial + {int(full.sum())} full {block}x{block} blocks of {nq * nk}"
-
-
 def make_flex(g, clamp, q, k, v):
-    from torch.nn.attention.flex_attention import flex_attention
-
-    mask, detail = graph_block_mask(g)
+    """peers.make_flex: compiled on a GPU, eager on CPU (dense math, forward only)."""
     torch._dynamo.config.recompile_limit = 64  # one compile per case and mode; not eager after the 8th
-    run = torch.compile(flex_attention) if q.is_cuda else flex_attention  # eager on CPU: dense math
     if not q.is_cuda:  # FlexAttention has no backward on CPU, nor a forward for inputs that require grad
         q, k, v = (x.detach() for x in (q, k, v))
-    score_mod = None if clamp is None else (lambda s, b, h, q_idx, kv_idx: s.clamp(*clamp))
-
-    def fn():  # (N, H, D) -> (1, H, N, D) and back
-        out = run(*(x.transpose(0, 1)[None] for x in (q, k, v)), score_mod=score_mod, block_mask=mask, scale=SCALE)
-        return out[0].transpose(0, 1)
-
+    try:
+        fn, detail = peers.make_flex(g, q, k, v, clamp, compiled=q.is_cuda, scale=SCALE)
+    except ValueError as e:
+        raise Skip(str(e)) from None
     return Run(fn, detail, poison=False, backward=q.is_cuda)
 
 
@@ -228,27 +194,22 @@ def poisoned_memory():
         torch.utils.deterministic.fill_uninitialized_memory = fill
 
 
-def reference_chunks(q, k, v, g: Graph, clamp, chunk_edges: int = 2**20):
-    """The reference backend in float32 on the same inputs, over consecutive destination ranges a..b-1
-    of about chunk_edges in-edges each (it gathers (E, H, D) tensors), each as a graph of its own over
-    only the sources it reads. Yields (a, b, ref), ref (b - a, H, Dv) float32."""
+def reference_output(q, k, v, g: Graph, clamp, chunk_edges: int = 2**20) -> torch.Tensor:
+    """The reference backend in float32 on the same inputs, (N_dst, H, Dv), computed over consecutive
+    destination ranges a..b-1 of about chunk_edges in-edges each (it gathers (E, H, D) tensors), each
+    as a graph of its own over only the sources it reads."""
     ptr, idx, _ = g.csr()
     starts = ptr.cpu()
-    a = 0
+    chunks, a = [], 0
     while a < g.num_dst:
         b = min(g.num_dst, max(a + 1, int(torch.searchsorted(starts, starts[a] + chunk_edges, right=True)) - 1))
         src, local = torch.unique(idx[int(starts[a]) : int(starts[b])], return_inverse=True)  # (S,), (E_ab,)
         dst = torch.repeat_interleave(torch.arange(b - a, device=q.device), ptr[a + 1 : b + 1] - ptr[a:b])
         sub = Graph(torch.stack([local, dst]), len(src), b - a)
-        k32, v32 = k.detach()[src].float(), v.detach()[src].float()  # (S, H, D), (S, H, Dv)
-        q32 = q[a:b].detach().float()
-        yield a, b, edge_attention(q32, k32, v32, sub, scale=SCALE, clamp=clamp, backend="reference")
+        q32, k32, v32 = q[a:b].detach().float(), k.detach()[src].float(), v.detach()[src].float()  # k, v: (S, H, D)
+        chunks.append(edge_attention(q32, k32, v32, sub, scale=SCALE, clamp=clamp, backend="reference"))
         a = b
-
-
-def reference_output(q, k, v, g: Graph, clamp, chunk_edges: int = 2**20) -> torch.Tensor:
-    """`reference_chunks` gathered: (N_dst, H, Dv) float32."""
-    return torch.cat([chunk for _, _, chunk in reference_chunks(q, k, v, g, clamp, chunk_edges)])
+    return torch.cat(chunks)
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor, tol: float) -> Tuple[float, int]:

@@ -92,7 +92,7 @@ def contenders_for(fam: Family, g: graphs.Graph, q: torch.Tensor, args, info: di
     except ImportError:
         out["pyg"] = (None, "skipped: torch_geometric is not installed", 0)
     if args.flex == "all" or (args.flex == "default" and fam.name in FLEX_FAMILIES):
-        flex: Build = lambda *leaves: (peers.make_flex(fam, g, *leaves), 0.0, "")
+        flex: Build = lambda *leaves: (peers.make_flex(g, *leaves)[0], 0.0, "")
         out["flex_attention"] = (flex, "torch.compile(flex_attention) + block mask", 0)
     else:
         note = "skipped: compiling takes ~1 min per shape and pass on this machine; run with --flex all"

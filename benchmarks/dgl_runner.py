@@ -2,7 +2,8 @@
 
     /path/to/dgl-venv/bin/python benchmarks/dgl_runner.py
 
-Imports only dgl, torch and numpy (never sparseattn). Reads one JSON command per line on stdin and
+Imports only dgl, torch, numpy and benchmarks/harness.py (never sparseattn), and times and
+measures a call as the harness does in the caller's process. Reads one JSON command per line on stdin and
 answers one JSON line on stdout, so the caller can interleave its own timings with these:
 
     {"cmd": "hello"}                                  -> versions and thread count
@@ -23,23 +24,15 @@ Recipes, both on (N, H, D) q/k/v with edges src -> dst:
 
 from __future__ import annotations
 
-import gc
+import functools
 import json
 import sys
-import time
 
+import harness  # benchmarks/harness.py, beside this script: torch and the standard library only
 import numpy as np
 import torch
 
 STATE: dict = {}
-
-
-def _status_kib(key: str):
-    try:
-        with open("/proc/self/status") as f:
-            return next((int(line.split()[1]) for line in f if line.startswith(key + ":")), None)
-    except OSError:
-        return None
 
 
 def _graph(src, dst, n_src, n_dst):
@@ -106,40 +99,17 @@ def handle(msg: dict) -> dict:
         with torch.no_grad():
             errs = {name: (f(g, q, k, v) - ref).abs().max().item() for name, f in RECIPES.items()}
         return {"family": msg["family"], "edges": g.num_edges(), "max_err": errs}
-    if cmd == "time":
-        for _ in range(msg.get("warmup", 0)):
-            _call(msg["contender"], msg["mode"])
-        times = []
-        for _ in range(msg["reps"]):
-            t = time.perf_counter()
-            _call(msg["contender"], msg["mode"])
-            times.append((time.perf_counter() - t) * 1e3)
-        return {"times_ms": times}
-    if cmd == "mem":  # as the harness measures it: peak resident set during a call minus the one before it
-        gc.collect()
-        before = _status_kib("VmRSS")
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            return {"peak_extra_mib": None}
-        _call(msg["contender"], msg["mode"])
-        peak = _status_kib("VmHWM")
-        return {"peak_extra_mib": None if peak is None or before is None else max(0.0, (peak - before) / 1024)}
+    call = functools.partial(_call, msg.get("contender"), msg.get("mode"))
+    if cmd == "time":  # timed and measured as the harness does for sparseattn, under the same malloc settings
+        return {"times_ms": harness.time_ms(call, "cpu", msg.get("warmup", 0), msg["reps"], budget_s=float("inf"))}
+    if cmd == "mem":
+        return {"peak_extra_mib": harness.peak_extra_mib(call)}
     raise ValueError(f"unknown command {cmd!r}")
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1].isdigit():
         torch.set_num_threads(int(sys.argv[1]))
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 64 * 1024)  # as the harness does: big blocks via mmap, so RSS follows what is live
-        libc.mallopt(-1, 64 * 1024)
-    except OSError:
-        pass
     replies, sys.stdout = sys.stdout, sys.stderr  # whatever a library prints goes to stderr, not the replies
     for line in sys.stdin:
         msg = json.loads(line)

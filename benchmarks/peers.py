@@ -1,8 +1,7 @@
-"""The peers bench_kernels compares against, each built from the same (N, H, D) inputs and
-returning (N_dst, H, Dv): masked SDPA on a padded batch, the plain dense bmm floor, the real
-torch_geometric (TransformerConv's `utils.softmax` + `utils.scatter`), and compiled FlexAttention.
-Every builder returns a no-argument callable (plus, where it can be large, a byte estimate used to
-skip runs that would not fit)."""
+"""The peers the benchmarks compare against, each built from the same (N, H, D) inputs and returning
+(N_dst, H, Dv): masked SDPA on a padded batch, the plain dense bmm floor, the real torch_geometric
+(TransformerConv's `utils.softmax` + `utils.scatter`), and FlexAttention with a block mask from the
+graph. Each builder returns a no-argument callable, with a byte estimate where it can be large."""
 
 from __future__ import annotations
 
@@ -145,26 +144,49 @@ def make_pyg(g: graphs.Graph, q, k, v, clamp=None):
     return fn, g.num_edges * HEADS * DIM * 4 * 4, label
 
 
-def make_flex(fam, g: graphs.Graph, q, k, v):
-    """Compiled FlexAttention with a block mask: one sequence with |i - j| <= 8 (window families), or a
-    uniform batch of complete or causal blocks."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+def graph_block_mask(g: graphs.Graph, block: int = 128):
+    """FlexAttention BlockMask from the CSR, for graphs where destination t attends to exactly the
+    sources lo[t]..hi[t]: the (q block, kv block) tiles that hold edges, full where every pair in the
+    tile is an edge, and a mask_mod that looks the range up. Returns the mask and a description."""
+    from torch.nn.attention.flex_attention import BlockMask
 
-    compiled = torch.compile(flex_attention, dynamic=False)
-    if fam.lengths is None:  # window: one sequence, |i - j| <= radius
-        n, radius, b, length = g.num_dst, 8, 1, g.num_dst
-        bm = create_block_mask(
-            lambda b_, h, qi, ki: (qi - ki <= radius) & (ki - qi <= radius), 1, 1, n, n, device="cpu"
-        )
-    else:
-        b, length = len(fam.lengths), fam.lengths[0][0]
-        if not all(x == (length, length) for x in fam.lengths):
-            raise ValueError("flex benchmark implemented for uniform batches only")
-        causal = fam.kind == "causal"
-        bm = create_block_mask(lambda b_, h, qi, ki: qi >= ki, b, 1, length, length, device="cpu") if causal else None
+    ptr, idx, _ = g.csr()
+    deg = ptr.diff()
+    lo = torch.where(deg > 0, idx[ptr[:-1].clamp(max=g.num_edges - 1)], 1)  # (N_dst,); no in-edges: lo > hi
+    hi = torch.where(deg > 0, idx[(ptr[1:] - 1).clamp(min=0)], 0)
+    if not bool(((deg == 0) | (hi - lo + 1 == deg)).all()):  # idx is sorted within a row
+        raise ValueError("some destination's sources are not one contiguous range (no graph lookup for that)")
+    nq, nk = -(-g.num_dst // block), -(-g.num_src // block)
+    tiles, count = torch.unique(g.dst // block * nk + g.src // block, return_counts=True)  # sorted
+    qb, kb = tiles // nk, tiles % nk
+    full = count == (g.num_dst - qb * block).clamp(max=block) * (g.num_src - kb * block).clamp(max=block)
 
-    def fn():  # (N, H, D) -> (B, H, L, D) and back
-        qb, kb, vb = (x.view(b, length, x.shape[1], x.shape[2]).transpose(1, 2) for x in (q, k, v))
-        return compiled(qb, kb, vb, block_mask=bm).transpose(1, 2).reshape(-1, q.shape[1], v.shape[2])
+    def blocks(sel):  # kv_num_blocks (1, 1, nq), kv_indices (1, 1, nq, nk): the kv blocks of each q block
+        num = torch.bincount(qb[sel], minlength=nq)
+        slot = torch.arange(int(sel.sum()), device=qb.device) - (num.cumsum(0) - num)[qb[sel]]
+        ind = torch.zeros(nq, nk, dtype=torch.int32, device=qb.device).index_put_((qb[sel], slot), kb[sel].int())
+        return num.int()[None, None], ind[None, None]
 
-    return fn
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (lo[q_idx] <= kv_idx) & (kv_idx <= hi[q_idx])
+
+    mask = BlockMask.from_kv_blocks(
+        *blocks(~full), *blocks(full), BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(g.num_dst, g.num_src)
+    )
+    return mask, f"{int((~full).sum())} partial + {int(full.sum())} full {block}x{block} blocks of {nq * nk}"
+
+
+def make_flex(g: graphs.Graph, q, k, v, clamp=None, compiled: bool = True, scale=None):
+    """FlexAttention over `graph_block_mask(g)` (compiled, or eager: dense math), scores clamped to `clamp`
+    if given; returns (fn, the mask's description). ValueError where the mask cannot express g."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    mask, detail = graph_block_mask(g)
+    run = torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+    score_mod = None if clamp is None else (lambda s, b, h, q_idx, kv_idx: s.clamp(*clamp))
+
+    def fn():  # (N, H, D) -> (1, H, N, D) and back
+        out = run(*(x.transpose(0, 1)[None] for x in (q, k, v)), score_mod=score_mod, block_mask=mask, scale=scale)
+        return out[0].transpose(0, 1)
+
+    return fn, detail

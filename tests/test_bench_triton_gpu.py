@@ -15,6 +15,7 @@ if not torch.cuda.is_available():  # as tests/kernels/conftest.py: before anythi
     os.environ["TRITON_INTERPRET"] = "1"
 
 from benchmarks import bench_triton_gpu as bench
+from benchmarks import peers
 from benchmarks.families import random_edges
 from sparseattn import Graph, edge_attention, graphs
 
@@ -169,14 +170,16 @@ def test_poisoned_memory_fills_new_tensors_with_nan_and_restores_the_mode():
 
 
 def test_flex_block_mask_is_built_from_the_graph():
-    mask, detail = bench.graph_block_mask(bench.complete((2, 256), "cpu"))  # each graph: 2 x 2 full blocks
+    mask, detail = peers.graph_block_mask(bench.complete((2, 256), "cpu"))  # each graph: 2 x 2 full blocks
     assert detail.startswith("0 partial + 8 full")
     assert torch.equal(mask.to_dense()[0, 0], torch.block_diag(torch.ones(2, 2), torch.ones(2, 2)).int())
-    mask, detail = bench.graph_block_mask(graphs.window(512, 8))  # 4 x 4 blocks, a band: all partial
+    mask, detail = peers.graph_block_mask(graphs.window(512, 8))  # 4 x 4 blocks, a band: all partial
     band = torch.ones(4, 4).triu(-1).tril(1).int()
     assert detail.startswith("10 partial + 0 full") and torch.equal(mask.to_dense()[0, 0], band)
+    with pytest.raises(ValueError, match="contiguous"):
+        peers.graph_block_mask(graphs.random(64, 64, 300))
     with pytest.raises(bench.Skip, match="contiguous"):
-        bench.graph_block_mask(graphs.random(64, 64, 300))
+        bench.make_flex(graphs.random(64, 64, 300), None, *(torch.randn(64, 1, 8) for _ in range(3)))
 
 
 def test_flex_contender_with_the_graph_mask_matches_the_reference():
@@ -206,8 +209,7 @@ def test_without_cuda_it_exits_cleanly(capsys, tmp_path):
 def test_backward_sweep_covers_both_layouts_and_each_setting_reaches_the_kernels(monkeypatch):
     """--sweep-backward's contenders: the default, then every SWEEP_BACKWARD setting of each backward
     layout; a contender's settings reach the backward launch (read when its forward ran)."""
-    from sparseattn.kernels import triton as tk
-    from sparseattn.kernels.triton import launch
+    from sparseattn.kernels import triton_kernel as tk
 
     contenders = bench.sweep_contenders(backward=True)
     layouts = {name.split()[1] for name in contenders if name != "triton"}
@@ -215,8 +217,8 @@ def test_backward_sweep_covers_both_layouts_and_each_setting_reaches_the_kernels
     sizes = [math.prod(len(v) for v in axes.values()) for axes in bench.SWEEP_BACKWARD.values()]
     assert len(contenders) == 1 + sum(sizes)
     launched = []
-    real = launch.backward
-    monkeypatch.setattr(launch, "backward", lambda *a, **kw: launched.append(kw["tiles"]) or real(*a, **kw))
+    real = tk._triton_backward
+    monkeypatch.setattr(tk, "_triton_backward", lambda *a: launched.append(a[-1]) or real(*a))
     g = graphs.window(12, radius=2)
     q, k, v = (torch.randn(12, 3, 8, requires_grad=True) for _ in range(3))
     contenders["bwd heads E2 w8 s1"](g, (-5.0, 5.0), q, k, v).fn().sum().backward()
