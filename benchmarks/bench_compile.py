@@ -194,7 +194,6 @@ def main(argv=None) -> None:
     if unknown:
         raise SystemExit(f"unknown cases {unknown}; choose from {list(CASES)}")
     out = Output("benchmarks.bench_compile", argv, args.out, machine_info(), args.tag)
-    out.log(out.header)
     out.log("compiled: torch.compile(model, fullgraph=True), inductor; median of interleaved rounds; times in ms")
     results: List[Result] = []
     per_case: Dict[str, dict] = {name: run_case(CASES[name], args, results, out.log) for name in names}

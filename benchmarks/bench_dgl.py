@@ -117,7 +117,6 @@ def main(argv=None) -> None:
     info = dict(machine_info(), dgl=d)  # DGL's and its torch's versions are in the JSON, not in the name
     tag = "-".join(([args.tag] if args.tag else []) + ([] if runner else ["nodgl"]))  # a run without DGL says so
     out = Output("benchmarks.bench_dgl", argv, args.out, info, tag, quick=args.quick)
-    out.log(out.header)
     dgl_note = d if isinstance(d, str) else ""
     theirs = dgl_note or f"dgl {d['dgl']} on torch {d['torch']}"
     own = "" if dgl_note else f", numpy {d['numpy']}, {d['threads']} thread(s), own process"

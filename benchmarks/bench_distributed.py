@@ -203,7 +203,6 @@ def main(argv: Optional[List[str]] = None) -> None:
         args.nodes, args.knn_nodes, args.steps = 20_000, 20_000, 2
     info = dict(machine_info(), load_average_1_5_15=list(os.getloadavg()))
     out = Output("benchmarks.bench_distributed", argv, args.out, info, args.tag)
-    out.log(out.header)
     out.log(
         f"window: {args.nodes} nodes, radius {args.radius} | knn: {args.knn_nodes} points, k={args.k} | width "
         f"{WIDTH}, {HEADS} heads, 2 layers, float32 | {args.world} processes vs 1 | 1 warm-up + {args.steps} "

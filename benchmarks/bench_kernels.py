@@ -222,7 +222,6 @@ def main(argv: Optional[List[str]] = None) -> None:
     info["threads"] = counts[0] if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     # the workers print to this process's output: no log file, the output is the log
     out = harness.Output("benchmarks.bench_kernels", argv, args.out, info, args.tag, args.quick, log_file=False)
-    out.log(out.header)
     out.log(
         f"H={HEADS}, D={DIM}, float32; inputs N(0, s^2) for s in {args.scales}; thread settings "
         f"{[setting_label(*s) for s in settings]}, each in a fresh process; median of up to {args.reps} runs "

@@ -217,7 +217,6 @@ def main(argv=None) -> None:
     if args.cold:
         return _cold_child(args.cold, args.cold_graph, args.nodes, args.device)
     out = Output("benchmarks.bench_layers", argv, args.out, machine_info(args.device))
-    out.log(out.header)
     out.log(f"nodes {args.nodes}, H={HEADS}, C={CHANNELS}, edge_dim={EDGE_DIM}")
     results: List[Result] = [] if args.skip_layers else _molecule_cases(args.device, out.log)
     for name, g in _graphs(args.nodes, args.device).items() if not args.molecules else ():

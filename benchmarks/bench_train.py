@@ -255,7 +255,6 @@ def main(argv=None) -> None:
     out = Output("benchmarks.bench_train", argv, args.out, info, args.tag)  # versions are in the JSON
     out.header += f" | {out.provenance['command']}"
     config = {**vars(args), "data_dir": os.path.basename(os.path.normpath(args.data_dir)), "run": "RUN", "out": "OUT"}
-    out.log(out.header)
     rows: List[dict] = []
     for name in args.tasks:
         rows += run_task(name, args, out.log)

@@ -414,7 +414,6 @@ def main(argv=None) -> int:
     tag = "_".join(["sweep"] * args.sweep + ["sweep-backward"] * args.sweep_backward + ["smoke"] * args.smoke)
     out = harness.Output("benchmarks.bench_triton_gpu", argv, args.out, info, tag)
     out.header = info["header"]
-    out.log(out.header)
     out.log(
         f"H={H}, D=Dv={D}, {str(dtype)[6:]}, median of up to {args.rep} runs after {args.warmup} warmup; "
         f"outputs checked on all destinations against the float32 reference (tolerance {TOL[dtype]:g})"

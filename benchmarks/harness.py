@@ -400,7 +400,8 @@ class Output:
     """A run's files, `<out>/<bench>[_quick]_<machine>[_<tag>].{json,png,log}` (`path` without the
     ending, `png` the plot's), named from `info` (`machine_tag`), with `header` its machine line.
     `log` prints a line and, unless log_file=False, appends it to the .log (written as it goes, so a
-    run cut short keeps its log; its first lines name the command and commit); `save` writes the JSON
+    run cut short keeps its log; its first lines name the command and commit, then `header`, which the
+    first call prints before its line); `save` writes the JSON
     with `info` and the provenance taken when the Output was made, at the run's start; `close` prints
     (and logs) the tables its page will show."""
 
@@ -411,17 +412,19 @@ class Output:
         self.png, self.info, self.header = self.path + ".png", info, machine_header(info)
         self.provenance = provenance(module, argv)
         self._log: Optional[Any] = None
-        self._log_file = log_file
+        self._log_file, self._started = log_file, False
 
     def log(self, line: str = "") -> None:
-        print(line, flush=True)
         if self._log is None and self._log_file:
             self._log = open(self.path + ".log", "w")
             commit, dirty = self.provenance["commit"], self.provenance["dirty"]
             self._log.write(f"$ {self.provenance['command']}\n# commit {commit}{' (dirty)' * bool(dirty)}\n")
-        if self._log is not None:
-            self._log.write(line + "\n")
-            self._log.flush()
+        lines, self._started = [line] if self._started else [self.header, line], True
+        for text in lines:
+            print(text, flush=True)
+            if self._log is not None:
+                self._log.write(text + "\n")
+                self._log.flush()
 
     def save(self, config: dict, results: Sequence[Any], **extra: Any) -> None:
         write_json(self.path + ".json", self.provenance, self.info, config, results, **extra)

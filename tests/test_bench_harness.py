@@ -93,7 +93,8 @@ def test_output_names_its_files_and_logs_command_and_commit_first_and_the_page_l
     stem = f"bench_layers_{machine_tag(info)}_x"
     lines = (tmp_path / f"{stem}.log").read_text().splitlines()
     assert lines[0] == "$ python -m benchmarks.bench_layers --nodes 16" and lines[1].startswith("# commit ")
-    assert lines[2] == "a line" and "a line" in capsys.readouterr().out
+    assert lines[2] == out.header and lines[3] == "a line"  # the header before the first line
+    assert capsys.readouterr().out.startswith(out.header + "\na line\n")
     assert "- Command: `python -m benchmarks.bench_layers --nodes 16`" in lines  # the page's section, at the end
     assert "| `random-16` | 1.50 | – | – | – | – | – | – | – |" in lines
     data = json.loads((tmp_path / f"{stem}.json").read_text())
