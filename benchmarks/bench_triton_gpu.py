@@ -116,7 +116,7 @@ def make_backend(name, backward=None, **settings):
         if name == "auto" and choose_auto(q, g) == "triton":
             raise Skip("auto picks triton here")
         if settings or backward:
-            from sparseattn.kernels.triton_kernel import backward_config, forward_config
+            from sparseattn.kernels.triton import backward_config, forward_config
 
         def fn():
             with contextlib.ExitStack() as stack:

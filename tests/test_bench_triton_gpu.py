@@ -209,7 +209,8 @@ def test_without_cuda_it_exits_cleanly(capsys, tmp_path):
 def test_backward_sweep_covers_both_layouts_and_each_setting_reaches_the_kernels(monkeypatch):
     """--sweep-backward's contenders: the default, then every SWEEP_BACKWARD setting of each backward
     layout; a contender's settings reach the backward launch (read when its forward ran)."""
-    from sparseattn.kernels import triton_kernel as tk
+    from sparseattn.kernels import triton as tk
+    from sparseattn.kernels.triton import launch
 
     contenders = bench.sweep_contenders(backward=True)
     layouts = {name.split()[1] for name in contenders if name != "triton"}
@@ -217,8 +218,8 @@ def test_backward_sweep_covers_both_layouts_and_each_setting_reaches_the_kernels
     sizes = [math.prod(len(v) for v in axes.values()) for axes in bench.SWEEP_BACKWARD.values()]
     assert len(contenders) == 1 + sum(sizes)
     launched = []
-    real = tk._triton_backward
-    monkeypatch.setattr(tk, "_triton_backward", lambda *a: launched.append(a[-1]) or real(*a))
+    real = launch.backward
+    monkeypatch.setattr(launch, "backward", lambda *a, **kw: launched.append(kw["tiles"]) or real(*a, **kw))
     g = graphs.window(12, radius=2)
     q, k, v = (torch.randn(12, 3, 8, requires_grad=True) for _ in range(3))
     contenders["bwd heads E2 w8 s1"](g, (-5.0, 5.0), q, k, v).fn().sum().backward()
