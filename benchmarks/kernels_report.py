@@ -1,6 +1,6 @@
 """What bench_kernels stores besides its rows: the row type (a Result with its thread setting, input
 scale and physical limit), the target ratios per setting (the kernels page renders them), and the
-lines of its plot."""
+bars of its plot."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def ratio_table(results: List[KernelResult]) -> List[dict]:
 
 
 def plotted(results: List[KernelResult]) -> List[Result]:
-    """The PNG's lines: every contender at the first setting and scale; `auto` at the others."""
+    """The PNG's bars: every contender at the first setting and scale; `auto` at the others."""
     first = group_of(results[0]) if results else None
     out: List[Result] = []
     for r in results:
