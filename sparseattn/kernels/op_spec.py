@@ -122,10 +122,6 @@ class OpSpec:
                 raise TypeError(f"{self.qualname}: missing argument {a.name!r}")
         return tuple(values)
 
-    def value(self, inputs: Sequence[Any], name: str) -> Any:
-        """The argument `name` of a positional input tuple."""
-        return inputs[self._position[name]]
-
     def with_autograd(self, op: TraceableOp, backward: Backward) -> Callable:
         """Register op's autograd rule, derived from the spec around `backward`, and return the
         op's differentiable entry (see `autograd_entry`)."""
