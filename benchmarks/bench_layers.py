@@ -4,6 +4,7 @@
     python -m benchmarks.bench_layers                        # 50K-node graphs, 1 thread (~10 min on 2 cores)
     python -m benchmarks.bench_layers --nodes 5000 --threads 2
     python -m benchmarks.bench_layers --molecules              # only the molecule batches (~1 min)
+    python -m benchmarks.bench_layers --device cuda --big-layers --nodes 1048576 --dtype bfloat16  # a GPU
 
 Warm, cold (this script with --cold in a fresh process), edge-term and molecule-batch rows
 (`_molecule_cases`); what each measures: benchmarks/templates/layers.md.
@@ -12,6 +13,7 @@ Warm, cold (this script with --cold in a fresh process), edge-term and molecule-
 from __future__ import annotations
 
 import argparse
+import gc
 import subprocess
 import sys
 import time
@@ -23,6 +25,7 @@ from sparseattn import edge_attention, graphs
 from sparseattn.nn import TransformerConv
 
 from .harness import ROOT, Output, Result, fmt, machine_info, measure, parser, timed_pass, write_times
+from .harness import failure as harness_failure
 
 HEADS, CHANNELS, EDGE_DIM = 8, 64, 16
 COLD = {  # contender -> (layer, edge_index layout)
@@ -204,12 +207,72 @@ def _molecule_cases(device: str, log: Callable[[str], None]) -> List[Result]:
     return rows
 
 
+BIG_LAYERS = ("TransformerConv", "GATv2Conv", "GATConv")
+
+
+def _layer_pair(name: str, device: str, dtype: torch.dtype):
+    """sparseattn.nn's and PyG's `name`(512, 64, heads=8, edge_dim=16), the same weights."""
+    import torch_geometric.nn
+
+    import sparseattn.nn
+
+    torch.manual_seed(0)
+    pyg = getattr(torch_geometric.nn, name)(HEADS * CHANNELS, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM)
+    ours = getattr(sparseattn.nn, name)(HEADS * CHANNELS, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM)
+    ours.load_state_dict(pyg.state_dict())
+    return ours.to(device, dtype), pyg.to(device, dtype)
+
+
+def _big_layer_cases(nodes: int, dtype: torch.dtype, device: str, log: Callable[[str], None]) -> List[Result]:
+    """Each BIG_LAYERS layer fwd+bwd on a random graph of in-degree 16 in dtype: sparseattn, PyG eager
+    and PyG under torch.compile (static shapes; its compile, the first fwd+bwd, logged apart), with
+    peak memory. Each pair is first checked on a 4,096-node graph in float32."""
+    small = graphs.random(4096, 4096, 16 * 4096, seed=1, device=device)
+    xs, es = _features(4096, small.num_edges, device)
+    g = graphs.random(nodes, nodes, 16 * nodes, seed=0, device=device)
+    x, edge_attr = (t.to(dtype) for t in _features(nodes, g.num_edges, device))
+    name_of = f"random-{nodes}-{str(dtype)[6:]}"
+    results: List[Result] = []
+    for name in BIG_LAYERS:
+        ours, pyg = _layer_pair(name, device, torch.float32)
+        with torch.no_grad():
+            err = (ours(xs, small, es) - pyg(xs, small.edge_index, es)).abs().max().item()
+        ours, pyg = ours.to(dtype), pyg.to(dtype)
+        compiled = torch.compile(pyg, dynamic=False)
+        t = time.perf_counter()
+        try:
+            compiled(x, g.edge_index, edge_attr).float().sum().backward()
+            note = f"first fwd+bwd (compile) {time.perf_counter() - t:.1f} s"
+        except Exception as e:  # out of memory, in the compiler's own benchmarking too
+            compiled, note = None, harness_failure(e)
+        pyg.zero_grad(set_to_none=True)
+        gc.collect()
+        torch.cuda.empty_cache() if device == "cuda" else None
+        log(f"{name_of} {name}: max |sparseattn - PyG| float32, 4,096 nodes: {err:.2e}; PyG compiled: {note}")
+        contenders = {f"sparseattn.nn.{name}": (ours, g), f"PyG {name}": (pyg, g.edge_index)}
+        contenders.update({f"PyG {name} compiled": (compiled, g.edge_index)} if compiled is not None else {})
+        rows = [Result(name_of, g.num_edges, label, "fwd+bwd") for label in contenders]
+        rows[0].max_err_vs_reference = err
+        params = list(pyg.parameters()) + list(ours.parameters())
+        fns = [timed_pass(lambda m=m, gr=gr: m(x, gr, edge_attr), "fwd+bwd", params) for m, gr in contenders.values()]
+        measure(rows, fns, device, warmup=1, reps=5, budget_s=20)
+        for r in rows:
+            r.speedup_vs_reference = r.ms and rows[-1].ms and rows[-1].ms / r.ms  # over PyG's best form here
+            log(f"{name_of} {r.contender}: {fmt(r.ms, '.2f')} ms, peak +{fmt(r.peak_extra_mib, '.0f')} MiB {r.note}")
+        results += rows
+        del ours, pyg, compiled
+        torch.cuda.empty_cache() if device == "cuda" else None
+    return results
+
+
 def main(argv=None) -> None:
     p = parser(__doc__, tag=False, type=int, default=1)
     p.add_argument("--nodes", type=int, default=50_000, help="nodes (tokens) of each graph")
     p.add_argument("--device", default="cpu")
     p.add_argument("--skip-layers", action="store_true", help="only the edge-term cases (no torch_geometric)")
     p.add_argument("--molecules", action="store_true", help="only the molecule-batch case")
+    p.add_argument("--big-layers", action="store_true", help="only BIG_LAYERS on one random graph, PyG compiled too")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="of the --big-layers case")
     p.add_argument("--cold", choices=list(COLD), help=argparse.SUPPRESS)  # the child of a cold case
     p.add_argument("--cold-graph", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -218,8 +281,11 @@ def main(argv=None) -> None:
         return _cold_child(args.cold, args.cold_graph, args.nodes, args.device)
     out = Output("benchmarks.bench_layers", argv, args.out, machine_info(args.device))
     out.log(f"nodes {args.nodes}, H={HEADS}, C={CHANNELS}, edge_dim={EDGE_DIM}")
-    results: List[Result] = [] if args.skip_layers else _molecule_cases(args.device, out.log)
-    for name, g in _graphs(args.nodes, args.device).items() if not args.molecules else ():
+    if args.big_layers:
+        results = _big_layer_cases(args.nodes, getattr(torch, args.dtype), args.device, out.log)
+    else:
+        results = [] if args.skip_layers else _molecule_cases(args.device, out.log)
+    for name, g in _graphs(args.nodes, args.device).items() if not (args.molecules or args.big_layers) else ():
         if not args.skip_layers:
             results += _layer_cases(name, g, args.device, out.log)
             results += _cold_cases(name, args.nodes, args.threads, args.device, out.log)

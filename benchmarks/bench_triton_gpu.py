@@ -139,6 +139,17 @@ def pyg(g, clamp, q, k, v):
     return Run(fn, label)
 
 
+def pyg_compiled(g, clamp, q, k, v):
+    """make_pyg's recipe under torch.compile (static shapes); its compile, the first fwd+bwd, timed apart."""
+    fn = torch.compile(pyg(g, clamp, q, k, v).fn, dynamic=False)
+    t = time.perf_counter()
+    fn().float().sum().backward()
+    torch.cuda.synchronize() if q.is_cuda else None
+    for x in (q, k, v):
+        x.grad = None
+    return Run(fn, f"torch.compile; first fwd+bwd (compile) {time.perf_counter() - t:.1f} s", poison=False)
+
+
 def sdpa(g, clamp, q, k, v):
     if clamp is not None:
         raise Skip("SDPA computes the exact softmax only")
@@ -162,7 +173,8 @@ def make_flex(g, clamp, q, k, v):
 
 
 CONTENDERS = {name: make_backend(name) for name in ("triton", "csr", "reference", "auto")}
-CONTENDERS.update(pyg=pyg, flex=make_flex, sdpa=sdpa)
+CONTENDERS["triton-tile-bwd"] = make_backend("triton", backward=dict(layout="tile"))  # the backward's other layout
+CONTENDERS.update(pyg=pyg, **{"pyg-compiled": pyg_compiled}, flex=make_flex, sdpa=sdpa)
 
 
 def sweep_contenders(backward: bool) -> dict:
@@ -323,7 +335,10 @@ def targets(rows: List[Row]) -> Dict[str, Optional[float]]:
         out[f"random {mode}: triton fwd+bwd ms (<= 40)"] = both.ms if both else None
         bwd_ms = both.bwd_ms if both else None
         out[f"random {mode}: triton bwd / fwd time (<= 2)"] = bwd_ms / fwd.ms if fwd and fwd.ms and bwd_ms else None
-        out[f"random {mode}: pyg / triton fwd+bwd time (>= 3)"] = ratio("random", mode, "pyg", "triton")
+        out[f"random {mode}: pyg / triton fwd+bwd time"] = ratio("random", mode, "pyg", "triton")
+        out[f"random {mode}: pyg-compiled / triton fwd+bwd time (>= 3)"] = ratio(
+            "random", mode, "pyg-compiled", "triton"
+        )
         for case in ("window8", "window64"):
             out[f"{case} {mode}: triton / flex fwd+bwd time (<= 1.1)"] = ratio(case, mode, "triton", "flex")
         out[f"complete512 {mode}: auto / sdpa fwd+bwd time (<= 1.3)"] = ratio("complete512", mode, "auto", "sdpa")
@@ -377,7 +392,9 @@ def parse_args(argv):
     parser = harness.parser(__doc__, tag=False)
     parser.add_argument("--cases", default=",".join(CASES), help=", ".join(CASES))
     parser.add_argument("--modes", default=",".join(CLAMPS), help=", ".join(CLAMPS))
-    parser.add_argument("--contenders", default="triton,csr,auto,pyg,flex,sdpa", help=", ".join(CONTENDERS))
+    parser.add_argument(
+        "--contenders", default="triton,csr,auto,pyg,pyg-compiled,flex,sdpa", help=", ".join(CONTENDERS)
+    )
     parser.add_argument("--sweep", action="store_true", help="time the triton forward under each SWEEP setting")
     parser.add_argument("--sweep-backward", action="store_true", help="triton fwd+bwd under each SWEEP_BACKWARD one")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes in float32 on CPU")

@@ -89,7 +89,7 @@ def check_size(size: int, expected: int, message: Callable[[], str], requirement
     values (unbacked) cannot be compared while tracing: the trace keeps a run-time check instead,
     whose message is `requirement`, without sizes (torch.compile takes only a constant message).
     """
-    if not tracing():
+    if not tracing() or (type(size) is int and type(expected) is int):  # plain ints: nothing to trace
         if size != expected:
             raise ValueError(message())
         return
@@ -99,7 +99,15 @@ def check_size(size: int, expected: int, message: Callable[[], str], requirement
     guard_or_false: Callable[[object], bool] = getattr(symbolic_shapes, "guard_or_false", bool)
     if guard_or_false(size != expected):
         raise ValueError(message())
-    torch._check(size == expected, lambda: requirement)
+    if _CHECK_READS_CLOSURES:
+        torch._check(size == expected, lambda: requirement)
+    else:
+        torch._check(size == expected)
+
+
+# torch.compile reads a torch._check message from a closure on torch 2.13; on 2.11 it stops with
+# "Can't extract message from torch._check()" (both seen; 2.12 is not known, so it goes without).
+_CHECK_READS_CLOSURES = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 13)
 
 
 def node_count_message(name: str, have: int, want: int, num_src: int, num_dst: int) -> str:

@@ -10,17 +10,16 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
-from torch.utils.checkpoint import checkpoint
 
 from .._checks import check_edge_attr
 from ..functional import edge_attention
 from ..graphs import Graph
 from ._common import NotScriptable, check_backend, check_dropout, edge_count, graph_of_adj_t
+from .gatv2_scores import default_edge_chunk, v2_scores
 
 PairTensor = Tuple[Tensor, Tensor]
 FillValue = Union[float, Tensor, str]
 FILL_REDUCTIONS = ("add", "sum", "mean", "min", "max", "mul")
-CHUNK_ELEMENTS = 1 << 22  # GATv2's default chunk: this many (edge, head, channel) values (16 MiB in float32)
 
 
 class _GlorotLazyLinear(nn.LazyLinear):
@@ -337,52 +336,6 @@ class GATConv(NotScriptable, nn.Module):
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
 
 
-def _v2_scores_chunk(
-    x_l: Tensor,
-    x_r: Tensor,
-    src: Tensor,
-    dst: Tensor,
-    edge_attr: Optional[Tensor],
-    edge_weight: Optional[Tensor],
-    att: Tensor,
-    negative_slope: float,
-) -> Tensor:
-    """att . LeakyReLU(x_l[src] + x_r[dst] (+ W_e edge_attr)) per edge and head, (n, H), through an
-    (n, H, C) intermediate (n = the chunk's edges)."""
-    s = x_l.index_select(0, src) + x_r.index_select(0, dst)  # (n, H, C)
-    if edge_attr is not None and edge_weight is not None:
-        s = s + F.linear(edge_attr, edge_weight).view_as(s)
-    return (F.leaky_relu(s, negative_slope) * att).sum(-1)
-
-
-def _v2_scores(
-    x_l: Tensor,
-    x_r: Tensor,
-    index: Tensor,
-    edge_attr: Optional[Tensor],
-    edge_weight: Optional[Tensor],
-    att: Tensor,
-    negative_slope: float,
-    chunk: int,
-) -> Tensor:
-    """GATv2's scores (E, H) in chunks of `chunk` edges, each under torch.utils.checkpoint when
-    autograd records: only one chunk's (chunk, H, C) tensors live at a time, in forward and in
-    backward (which recomputes them), and none is saved."""
-    parts = []
-    record = torch.is_grad_enabled()
-    for start in range(0, index.shape[1], chunk):
-        src, dst = index[0, start : start + chunk], index[1, start : start + chunk]
-        ea = None if edge_attr is None else edge_attr[start : start + chunk]
-        args = (x_l, x_r, src, dst, ea, edge_weight, att, negative_slope)
-        if record:
-            parts.append(checkpoint(_v2_scores_chunk, *args, use_reentrant=False))
-        else:
-            parts.append(_v2_scores_chunk(*args))
-    if not parts:
-        return x_l.new_zeros(0, x_l.shape[1])
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
 class GATv2Conv(NotScriptable, nn.Module):
     """GATv2 attention, as `torch_geometric.nn.GATv2Conv`, with the same constructor, parameter
     names and state-dict keys (`load_state_dict(pyg_conv.state_dict())` works both ways).
@@ -403,8 +356,8 @@ class GATv2Conv(NotScriptable, nn.Module):
         share_weights: one linear map for sources and destinations (lin_r is lin_l).
         bias: biases in lin_l and lin_r (as PyG) and on the output.
         edge_chunk: edges per chunk of the score computation (keyword only; not in PyG): each of
-            the chunk's few temporaries holds edge_chunk * H * C values. None: 2^22 // (H * C)
-            (16 MiB per temporary in float32).
+            the chunk's few temporaries holds edge_chunk * H * C values. None: `default_edge_chunk`,
+            2^22 // (H * C) on a CPU (16 MiB per temporary in float32), 2^27 // (H * C) on a GPU.
 
     Shapes, return value, differences from PyG: as `GATConv`.
     """
@@ -446,7 +399,7 @@ class GATv2Conv(NotScriptable, nn.Module):
         self.residual = residual
         self.share_weights = share_weights
         self.backend = check_backend(backend)
-        self.edge_chunk = edge_chunk if edge_chunk is not None else max(1, CHUNK_ELEMENTS // (heads * out_channels))
+        self.edge_chunk = edge_chunk
         width = heads * out_channels
         src_dim, dst_dim = (in_channels, in_channels) if isinstance(in_channels, int) else in_channels
         # registration order = PyG's
@@ -487,7 +440,8 @@ class GATv2Conv(NotScriptable, nn.Module):
             edge_index, edge_attr, self.edge_dim, self.add_self_loops, self.fill_value, x_l.shape[0], x_r.shape[0]
         )
         edge_weight = self.lin_edge.weight if self.lin_edge is not None and edge_attr is not None else None
-        scores = _v2_scores(x_l, x_r, index, edge_attr, edge_weight, self.att, self.negative_slope, self.edge_chunk)
+        chunk = self.edge_chunk or default_edge_chunk(self.heads, self.out_channels, x_l.device)
+        scores = v2_scores(x_l, x_r, index, edge_attr, edge_weight, self.att, self.negative_slope, chunk)
         want_alpha = isinstance(return_attention_weights, bool)
         result = _attend(self, scores, x_l, graph, x_r.shape[0], want_alpha)
         return _finish(self, result, res, index, want_alpha)
