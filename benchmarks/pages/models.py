@@ -92,7 +92,9 @@ def layers_headline(group: List[Run]) -> str:
         if a and b and a["ms"]:
             mem = b["peak_extra_mib"] / a["peak_extra_mib"]
             out.append(f"{f_x(b['ms'] / a['ms'])} faster at 1/{mem:.1f} of the peak memory on `{fam}`")
-    return "TransformerConv forward+backward against PyG's faster form: " + ", ".join(out[:2]) if out else ""
+    compiled = any(r["contender"] == THEIRS + " compiled" for r in group[0].results)
+    against = "the faster of eager and compiled PyG" if compiled else "eager PyG (no compiled PyG in this run)"
+    return f"TransformerConv forward+backward against {against}: " + ", ".join(out[:2]) if out else ""
 
 
 # ---- training step ------------------------------------------------------------------------------
