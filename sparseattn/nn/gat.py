@@ -135,15 +135,20 @@ def _edges(
         return graph, index, edge_attr  # type: ignore[return-value]
     if index.dim() != 2 or index.shape[0] != 2 or index.dtype.is_floating_point:
         raise ValueError(f"edge_index must be a (2, E) integer tensor, got {index.dtype} {tuple(index.shape)}")
-    keep = index[0] != index[1]
-    index = index[:, keep]
     num_nodes = min(num_src, num_dst)
-    loops = torch.arange(num_nodes, device=index.device, dtype=index.dtype).view(1, -1).expand(2, -1)
+
+    def looped() -> Tuple[Tensor, Graph]:
+        keep = index[0] != index[1]
+        loops = torch.arange(num_nodes, device=index.device, dtype=index.dtype).view(1, -1).expand(2, -1)
+        with_loops = torch.cat([index[:, keep], loops], dim=1)
+        return keep, Graph(with_loops, num_src=num_src, num_dst=num_dst)
+
+    # a Graph the caller keeps keeps its looped Graph (and that one's kernel structure) too
+    keep, out = graph.cached(f"gat_self_loops_{num_src}_{num_dst}", looped) if isinstance(graph, Graph) else looped()
     if edge_attr is not None:
         edge_attr = edge_attr[keep]
-        edge_attr = torch.cat([edge_attr, _loop_attr(edge_attr, index[1], num_nodes, fill_value)])
-    index = torch.cat([index, loops], dim=1)
-    return Graph(index, num_src=num_src, num_dst=num_dst), index, edge_attr
+        edge_attr = torch.cat([edge_attr, _loop_attr(edge_attr, index[1][keep], num_nodes, fill_value)])
+    return out, out.edge_index, edge_attr
 
 
 def _attend(

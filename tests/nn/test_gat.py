@@ -152,6 +152,31 @@ def test_a_graph_or_adj_t_equals_its_edge_index(name):
 
 
 @pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_a_kept_graph_keeps_its_self_looped_graph(name):
+    """With add_self_loops, the Graph with loops added is built once per caller's Graph: the second
+    call attends over the same Graph object (its kernel structure kept), with the same result."""
+    torch.manual_seed(4)
+    theirs, ours = make_pair(name, True, heads=2, edge_dim=EDGE_DIM, add_self_loops=True)
+    graph = sparseattn.Graph(EDGE_INDEX, num_src=N_SRC, num_dst=N_DST)
+    x, edge_attr, _ = make_inputs(True, EDGE_DIM)
+    seen = []
+    real = sparseattn.nn.gat.edge_attention
+
+    def spy(*args, **kwargs):
+        seen.append(args[3])
+        return real(*args, **kwargs)
+
+    sparseattn.nn.gat.edge_attention = spy
+    try:
+        first, second = ours(x, graph, edge_attr), ours(x, graph, edge_attr)
+    finally:
+        sparseattn.nn.gat.edge_attention = real
+    assert len(seen) == 2 and seen[0] is seen[1] and isinstance(seen[0], sparseattn.Graph)
+    assert torch.equal(first, second)
+    assert_close(first, theirs(x, EDGE_INDEX, edge_attr), torch.float64, "kept graph vs PyG", "GAT output")
+
+
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
 def test_state_dicts_load_both_ways_and_lazy_widths(name):
     torch.manual_seed(4)
     theirs = getattr(pyg_nn, name)((-1, -1), C, heads=2, edge_dim=EDGE_DIM, residual=True).double()
