@@ -9,11 +9,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import graphs
+from .._tracing import tracing
 from ..functional import edge_attention
 from ..graphs import Graph
 from ..graphs.pyg import batch_offsets
 from ._common import NotScriptable, check_backend, check_dropout
-from ._padded import is_mha_call, padded_attention
+from ._padded import is_mha_call, padded_attention, padded_batch_attention
 
 
 def complete_per_graph(batch: Optional[Tensor] = None, ptr: Optional[Tensor] = None, num_nodes: int = -1) -> Graph:
@@ -60,8 +61,11 @@ class GlobalAttention(NotScriptable, nn.Module):
         bias: biases in the input and output projections.
         batch_first: the layout of the nn.MultiheadAttention-style call: (B, L, E), else (L, B, E).
         clamp: None for exact softmax (nn.MultiheadAttention's), or (lo, hi) for clamp mode.
-        backend: kernel backend for `edge_attention`. With "auto", batches whose graphs come in at
-            most `kernels.DENSE_MAX_SHAPES` sizes run on "dense" (SDPA); others on "csr".
+        backend: kernel backend for `edge_attention`. With "auto" (exact softmax, no weights asked
+            for), a `batch` or `ptr` of graphs small enough that padding them all to the largest
+            costs at most `_padded.PADDED_MAX_WASTE` times their edges runs as one padded SDPA with a
+            key mask, no graph built (`padded_batch_attention`); otherwise batches whose graphs come
+            in at most `kernels.DENSE_MAX_SHAPES` sizes run on "dense" (SDPA), others on "csr".
 
     Shapes:
         x: (N, embed_dim); batch: (N,) sorted graph ids; ptr: (B + 1,) offsets; graph: a prebuilt
@@ -144,6 +148,10 @@ class GlobalAttention(NotScriptable, nn.Module):
                 "key_padding_mask, attn_mask and is_causal belong to the nn.MultiheadAttention-style call "
                 "layer(x_dense, x_dense, x_dense, key_padding_mask=...); with batch, ptr or graph no padding is needed"
             )
+        if graph is None and self.backend == "auto" and self.clamp is None and not need_weights and not tracing():
+            padded = padded_batch_attention(self, x, batch, ptr)  # many small graphs: one SDPA, no graph built
+            if padded is not None:
+                return padded if need_weights is None else (padded, None)
         if graph is None:
             # built for this call: csr skips indexes that pay off only when reused
             graph = complete_per_graph(batch, ptr, num_nodes=x.shape[0]).for_one_call()

@@ -10,6 +10,7 @@ from torch import nn
 import sparseattn
 from sparseattn.kernels import choose_auto
 from sparseattn.nn import GlobalAttention, complete_per_graph
+from sparseattn.nn._padded import PADDED_MAX_WASTE, padded_batch_attention
 
 from .helpers import assert_close, grads_of
 
@@ -77,7 +78,8 @@ def test_batch_ptr_and_graph_spellings_agree():
     x = torch.randn(11, EMBED, dtype=torch.float64)
     by_batch = ours(x, batch)
     assert torch.equal(ours(x, ptr=ptr), by_batch)
-    assert torch.equal(ours(x, graph=complete_per_graph(ptr=ptr)), by_batch)
+    # a prebuilt graph takes the graph path, batch and ptr the padded one (`padded_batch_attention`)
+    assert_close(ours(x, graph=complete_per_graph(ptr=ptr)), by_batch, torch.float64, "graph vs padded path")
     one = ours(x[3:8])  # no batch: one graph
     assert_close(one, by_batch[3:8], torch.float64, "one graph vs its batch")
     # an empty graph in the middle of the batch holds no nodes and changes nothing
@@ -209,3 +211,48 @@ def test_a_float_batch_vector_is_refused_naming_its_dtype():
         GlobalAttention(EMBED, HEADS)(x, batch)
     with pytest.raises(ValueError, match=r"ptr must be .* got shape \(2,\), dtype torch\.float32"):
         GlobalAttention(EMBED, HEADS)(x, ptr=torch.tensor([0.0, 37.0]))
+
+
+@pytest.mark.parametrize("sizes", [[3, 8, 1, 3, 8], [5, 0, 4, 6], [7]])
+def test_the_padded_path_equals_the_graph_path_and_trains_alike(sizes):
+    """backend "auto" runs a batch of small graphs as one padded SDPA: the same output and gradients
+    as the block graph on csr, by batch and by ptr (an empty graph included)."""
+    _, ours = make_pair()
+    ptr = torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()])
+    batch = batch_of(sizes)
+    x = torch.randn(batch.numel(), EMBED, dtype=torch.float64, requires_grad=True)
+    assert padded_batch_attention(ours, x, batch, None) is not None
+    assert padded_batch_attention(ours, x, None, ptr) is not None
+    got = ours(x, batch)
+    assert torch.equal(ours(x, ptr=ptr), got)
+    ours.backend = "csr"
+    expected = ours(x, batch)
+    assert_close(got, expected, torch.float64, "padded path vs csr")
+    w = torch.randn_like(expected)
+    g_got = grads_of((got * w).sum(), {"x": x, **dict(ours.named_parameters())})
+    g_ref = grads_of((expected * w).sum(), {"x": x, **dict(ours.named_parameters())})
+    for name in g_ref:
+        assert_close(g_got[name], g_ref[name], torch.float64, f"grad of {name}", "padded path vs csr")
+
+
+def test_the_padded_path_is_left_for_wasteful_or_unusual_batches():
+    """None (the graph path) when padding would cost more than PADDED_MAX_WASTE times the edges, for an
+    unsorted batch, a ptr not starting at 0, clamp mode or need_weights."""
+    _, ours = make_pair()
+    sizes = [1] * 12 + [8]
+    batch = batch_of(sizes)
+    assert len(sizes) * 64 > PADDED_MAX_WASTE * sum(n * n for n in sizes)
+    x = torch.randn(batch.numel(), EMBED, dtype=torch.float64)
+    assert padded_batch_attention(ours, x, batch, None) is None
+    assert padded_batch_attention(ours, x[:4], torch.tensor([0, 1, 0, 1]), None) is None
+    assert padded_batch_attention(ours, x[:4], None, torch.tensor([1, 3, 5])) is None
+    small = batch_of([2, 2])
+    assert padded_batch_attention(ours, x[:4], small, None) is not None
+    out, weights = ours(x[:4], small, need_weights=True)  # weights per edge: the graph path
+    assert weights is not None and weights.shape == (8, HEADS)
+    exact = ours(x[:4], small)
+    ours.clamp = (-0.01, 0.01)  # binds: clamp mode runs on the graph, not in SDPA
+    clamped = ours(x[:4], small)
+    assert not torch.allclose(clamped, exact)
+    ours.backend = "csr"
+    assert_close(clamped, ours(x[:4], small), torch.float64, "clamp mode on auto vs csr")
