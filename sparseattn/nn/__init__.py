@@ -1,8 +1,9 @@
 """Layers of graph-learning libraries rebuilt on `edge_attention`, with the originals' parameter
 names so state dicts load both ways: PyG's `TransformerConv`, `GATConv` and `GATv2Conv`,
-Exphormer's attention, and GraphGPS's global attention over batches of graphs (no padding);
-`to_hetero` for heterogeneous graphs."""
+Exphormer's attention, anemoi's `GraphTransformerConv`, and GraphGPS's global attention over
+batches of graphs (no padding); `to_hetero` for heterogeneous graphs."""
 
+from .anemoi import GraphTransformerConv
 from .exphormer import ExphormerAttention
 from .gat import GATConv, GATv2Conv
 from .global_attention import GlobalAttention, complete_per_graph
@@ -14,6 +15,7 @@ __all__ = [
     "GATConv",
     "GATv2Conv",
     "ExphormerAttention",
+    "GraphTransformerConv",
     "GlobalAttention",
     "complete_per_graph",
     "to_hetero",
