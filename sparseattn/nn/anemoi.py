@@ -54,6 +54,7 @@ class GraphTransformerConv(NotScriptable, nn.Module):
         edge_index: Union[Tensor, Graph],
         size: Optional[Tuple[int, int]] = None,
     ) -> Tensor:
+        """out (N_dst, H, C) of the class docstring's formula; keeps alpha with keep_alpha."""
         if query.dim() != 3 or query.shape[-1] != self.out_channels:
             raise ValueError(
                 f"query must be (N_dst, H, {self.out_channels}) (out_channels={self.out_channels}), "
@@ -84,4 +85,5 @@ class GraphTransformerConv(NotScriptable, nn.Module):
         return result
 
     def extra_repr(self) -> str:
+        """out_channels and dropout, as printed in the module's repr."""
         return f"{self.out_channels}, dropout={self.dropout}"
