@@ -302,3 +302,48 @@ def test_torch_jit_script_fails_in_one_line_naming_torch_compile():
     for layer in (sparseattn.nn.ExphormerAttention(4, 4, 2, True), sparseattn.nn.GlobalAttention(4, 2)):
         with pytest.raises(RuntimeError, match=f"{type(layer).__name__} does not support torch.jit.script"):
             torch.jit.script(layer)
+
+
+@pytest.mark.parametrize("edge_dim", [None, EDGE_DIM])
+def test_small_graph_path_equals_the_csr_path_with_weights_and_their_gradients(edge_dim):
+    """backend "auto" on small graphs runs `small_graph_attention` (the direct per-edge term, one
+    autograd Function); it gives csr's output, weights and gradients, through the weights too, and
+    its backward can run twice (retain_graph)."""
+    from sparseattn.nn._small_graph import SMALL_GRAPH_MAX_SLOTS, takes_small_path
+
+    torch.manual_seed(0)
+    ours = TransformerConv(N_SRC - 1, C, heads=3, edge_dim=edge_dim).double()
+    x, edge_attr, leaves = make_inputs(torch.float64, False, edge_dim)
+    assert takes_small_path(x, EDGE_INDEX.shape[1] * 3, "auto")
+    assert not takes_small_path(x, SMALL_GRAPH_MAX_SLOTS + 1, "auto")
+    assert not takes_small_path(x, EDGE_INDEX.shape[1] * 3, "csr")
+    results = {}
+    for backend in ("auto", "csr"):
+        ours.backend = backend
+        out, (_, alpha) = ours(x, EDGE_INDEX, edge_attr, return_attention_weights=True)
+        loss = (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum() + (alpha * alpha).sum()
+        named = {**leaves, **dict(ours.named_parameters())}
+        first = torch.autograd.grad(loss, list(named.values()), retain_graph=True, allow_unused=True)
+        again = torch.autograd.grad(loss, list(named.values()), allow_unused=True)
+        grads = {n: torch.zeros_like(named[n]) if g is None else g for n, g in zip(named, first)}
+        for name, g in zip(named, again):
+            assert torch.equal(grads[name], torch.zeros_like(named[name]) if g is None else g), name
+        results[backend] = (out, alpha, grads)
+    (out, alpha, grads), (out_csr, alpha_csr, grads_csr) = results["auto"], results["csr"]
+    assert_close(out, out_csr, torch.float64, "small-graph path vs csr")
+    assert_close(alpha, alpha_csr, torch.float64, "small-graph path vs csr")
+    for name in grads_csr:
+        assert_close(grads[name], grads_csr[name], torch.float64, f"grad of {name}", "small-graph path vs csr")
+
+
+def test_small_graph_path_dropout_draws_edge_attentions_mask():
+    """In training mode the small-graph path drops the weights edge_attention would drop under the
+    same seed: the same output as csr."""
+    ours = TransformerConv(N_SRC - 1, C, heads=2, edge_dim=EDGE_DIM, dropout=0.5).double().train()
+    x, edge_attr, _ = make_inputs(torch.float64, False, EDGE_DIM)
+    outs = []
+    for backend in ("auto", "csr"):
+        ours.backend = backend
+        torch.manual_seed(3)
+        outs.append(ours(x, EDGE_INDEX, edge_attr))
+    assert_close(outs[0], outs[1], torch.float64, "small-graph path vs csr")
