@@ -121,25 +121,27 @@ def node_count_message(name: str, have: int, want: int, num_src: int, num_dst: i
     )
 
 
-def check_edge_attr(edge_attr: object, num_edges: Optional[int], width: int, width_name: str) -> Tensor:
+def check_edge_attr(
+    edge_attr: object, num_edges: Optional[int], width: int, width_name: str, name: str = "edge_attr"
+) -> Tensor:
     """Check a layer's edge features: a floating-point (E, width) tensor, one row per edge
     (num_edges; None when the edge index is malformed, which edge_attention reports) and `width`
     columns, the layer's `width_name` (such as edge_dim). Nothing broadcasts: a (E, 1) column
     or a 1-D (E,) tensor is refused like any other shape."""
-    _check_floating(edge_attr, "edge_attr", f"(E, {width_name})")
+    _check_floating(edge_attr, name, f"(E, {width_name})")
     assert isinstance(edge_attr, Tensor)
 
     def message() -> str:  # int(): sizes may be symbolic in a trace, where only this error path runs
         e = "E" if num_edges is None else int(num_edges)
         return (
-            f"edge_attr must have shape (E, {width_name}) = ({e}, {width}), one row per edge, "
+            f"{name} must have shape (E, {width_name}) = ({e}, {width}), one row per edge, "
             f"got {tuple(int(n) for n in edge_attr.shape)}"
         )
 
     if edge_attr.dim() != 2 or edge_attr.shape[1] != width:
         raise ValueError(message())
     if num_edges is not None:
-        check_size(edge_attr.shape[0], num_edges, message, f"edge_attr must have one row per edge (E, {width_name})")
+        check_size(edge_attr.shape[0], num_edges, message, f"{name} must have one row per edge (E, {width_name})")
     return edge_attr
 
 
@@ -164,7 +166,8 @@ def check_node_ids(ids: Tensor, num_nodes: int, name: str, count: Optional[str] 
 
 
 def check_qkv(q: object, k: object, v: object) -> None:
-    """Check q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv) agree in shape, dtype and device."""
+    """Check q: (N_dst, H, D), k: (N_src, H_kv, D), v: (N_src, H_kv, Dv) agree in shape, dtype and device;
+    H_kv divides H (grouped-query attention, H_kv = H without it)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -173,10 +176,16 @@ def check_qkv(q: object, k: object, v: object) -> None:
         if t.dim() != 3:
             raise ValueError(f"{name} must have 3 dimensions (nodes, heads, dim), got shape {tuple(t.shape)}")
     assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
-    if not (q.shape[1] == k.shape[1] == v.shape[1]):
+    if k.shape[1] != v.shape[1]:
         raise ValueError(
-            f"q, k and v must have the same number of heads (dim 1), got "
-            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+            f"k and v must have the same number of heads H_kv (dim 1), got k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads != kv_heads and (kv_heads == 0 or heads % kv_heads != 0):
+        raise ValueError(
+            f"q's heads H (dim 1) must be a multiple of k's and v's heads H_kv (grouped-query attention: query "
+            f"head h reads kv head h // (H / H_kv)), got H={heads} and H_kv={kv_heads}: q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"q and k must have the same head dim D (dim 2), got q {tuple(q.shape)}, k {tuple(k.shape)}")
@@ -220,13 +229,22 @@ def check_bias(bias: Optional[Tensor], num_edges: int, num_heads: int) -> Option
     )
 
 
-def check_edge_term(t: Optional[Tensor], name: str, shape: Tuple[int, int, int], width: str) -> Optional[Tensor]:
+def check_edge_term(
+    t: Optional[Tensor], name: str, shape: Tuple[int, int, int], width: str, kv_heads: Optional[int] = None
+) -> Optional[Tensor]:
     """Check an edge term of shape (E, H, width) = shape, or (E, 1, width) shared by the heads: a
-    floating-point tensor or None."""
+    floating-point tensor or None. With grouped-query heads (kv_heads = H_kv < H) edge terms stay per
+    query head; one of (E, H_kv, width), per kv head, is refused with the repeat that makes it one."""
     if t is None:
         return None
     _check_floating(t, name, f"(E, H, {width})")
     num_edges, heads, w = shape
+    if kv_heads is not None and 1 < kv_heads < heads and t.dim() == 3 and t.shape[1] == kv_heads:
+        raise ValueError(
+            f"{name} must have shape (E, H, {width}) = {tuple(shape)}, one row per query head, or "
+            f"(E, 1, {width}), got {tuple(t.shape)}: per kv head (H_kv={kv_heads}) is not taken; repeat it "
+            f"per query head with {name}.repeat_interleave({heads // kv_heads}, dim=1)"
+        )
     if t.dim() != 3 or t.shape[0] != num_edges or t.shape[1] not in (heads, 1) or t.shape[2] != w:
         raise ValueError(
             f"{name} must have shape (E, H, {width}) = {tuple(shape)} or (E, 1, {width}) = {(num_edges, 1, w)} "
