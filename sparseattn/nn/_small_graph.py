@@ -62,7 +62,7 @@ def small_graph_attention(
 
 class _SmallGraphAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, edge_term, src, dst, scale, mask):  # type: ignore[override]
+    def forward(ctx, q, k, v, edge_term, src, dst, scale, mask):
         num_dst, heads = q.shape[0], q.shape[1]
         q_e = q.index_select(0, dst)  # (E, H, C)
         k_e = k.index_select(0, src)
@@ -84,7 +84,7 @@ class _SmallGraphAttention(torch.autograd.Function):
         return out, p
 
     @staticmethod
-    def backward(ctx, grad_out, grad_p):  # type: ignore[override]
+    def backward(ctx, grad_out, grad_p):
         q_e, k_e, v_e, p, mask, out, src, dst = ctx.saved_tensors
         need_q, need_k, need_v, need_e = ctx.needs_input_grad[:4]
         scale, num_src = ctx.scale, ctx.num_src
