@@ -6,6 +6,7 @@ at each thread setting and input scale, with each time's distance to the machine
     python -m benchmarks.bench_kernels --input-scale 0.5,1  # also N(0, 1) inputs (twice as long)
     python -m benchmarks.bench_kernels --quick --threads 1 --reps 1 --contenders csr,auto  # seconds
     python -m benchmarks.bench_kernels --families window-8192,causal-32x128 --flex all
+    python -m benchmarks.bench_kernels --gqa --threads 1    # grouped-query heads vs repeated k, v (~3 min)
 
 Contenders (benchmarks/contenders.py, peers.py), inputs, thread settings (benchmarks/threads.py) and the
 physical limit (benchmarks/limits.py): docs/benchmarks/kernels.md (benchmarks/templates/kernels.md).
@@ -175,6 +176,41 @@ def run_worker(args, fams: Dict[str, Family], path: str) -> None:
     write()
 
 
+def run_gqa(args, argv: List[str]) -> None:
+    """--gqa: a random 50K-node graph (in-degree 16), H=8, D=64, float32: k and v of H_kv heads passed as
+    they are ("gqa") against repeated to H heads at the call ("repeat"), csr and auto, both passes."""
+    torch.set_num_threads(args.thread_counts[0])
+    info = dict(harness.machine_info(), threads=args.thread_counts[0])
+    out = harness.Output("benchmarks.bench_kernels", argv, args.out, info, args.tag or "gqa", log_file=True)
+    n, g = 50_000, graphs.random(50_000, 50_000, 50_000 * 16, seed=0)
+    out.log(f"random-50k, E={g.num_edges}, H={HEADS}, D={DIM}, float32, median of {args.reps} in interleaved rounds")
+    rows: List[harness.Result] = []
+    for kv_heads in (8, 2, 1):
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(n, h, DIM) * DEFAULT_SCALE for h in (HEADS, kv_heads, kv_heads))
+        groups, kv_mib = HEADS // kv_heads, 2 * k.nbytes / 2**20
+        for mode in ("fwd", "fwd+bwd"):
+            leaves = [x.clone().requires_grad_(mode == "fwd+bwd") for x in (q, k, v)]
+            fns, here = [], []
+            for backend in ("csr", "auto"):
+                for kind in ("gqa", "repeat") if groups > 1 else ("gqa",):
+
+                    def call(b=backend, r=groups if kind == "repeat" else 1, x=leaves):
+                        kv = [t.repeat_interleave(r, 1) if r > 1 else t for t in x[1:]]  # "repeat": H heads
+                        return edge_attention(x[0], *kv, g, backend=b)
+
+                    here.append(harness.Result(f"H_kv={kv_heads}", g.num_edges, f"{backend} {kind}", mode))
+                    here[-1].note = f"k+v {kv_mib * (groups if kind == 'repeat' else 1):.0f} MiB"
+                    fns.append(harness.timed_pass(call, mode, leaves))
+            harness.measure(here, fns, warmup=1, reps=args.reps, budget_s=args.budget_s)
+            rows += here
+            for r in here:
+                print(harness.row_line(r), flush=True)
+        out.save(dict(graph="random-50k", heads=HEADS, dim=DIM, dtype="float32", load=os.getloadavg()), rows)
+    harness.write_times(out.png, out.header + " (grouped-query heads)", rows)
+    out.close(preview=False)
+
+
 def parse_args(argv: List[str]) -> argparse.Namespace:
     ap = harness.parser(__doc__, default="1,2", help="comma-separated thread counts, each run in its own process")
     ap.add_argument("--quick", action="store_true", help="small graphs, few repetitions (a smoke test)")
@@ -189,6 +225,7 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     scale = "comma-separated standard deviations of q, k, v (0.5: no score reaches the clamp; 1: N(0, 1))"
     ap.add_argument("--input-scale", default=str(DEFAULT_SCALE), help=scale)
     ap.add_argument("--contenders", default="", help="comma-separated contender names (default: all)")
+    ap.add_argument("--gqa", action="store_true", help="grouped-query heads against repeated k, v (run_gqa)")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)  # internal: run one setting, write here
     args = ap.parse_args(argv)
     args.thread_counts = [int(x) for x in args.threads.split(",") if x]
@@ -206,6 +243,8 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    if args.gqa:
+        return run_gqa(args, argv)
     fams = families(args.quick)
     if args.families:
         unknown = [f for f in args.families.split(",") if f not in fams]

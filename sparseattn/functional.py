@@ -75,8 +75,11 @@ def edge_attention(
 
     Args:
         q: (N_dst, H, D) queries, one row per destination node.
-        k: (N_src, H, D) keys, one row per source node.
-        v: (N_src, H, Dv) values.
+        k: (N_src, H_kv, D) keys, one row per source node; H_kv = H, or any divisor of H
+            (grouped-query attention: query head h reads kv head h // (H / H_kv), as SDPA's
+            enable_gqa). "reference" and "csr" read each kv row once per edge for its group of
+            query heads; "dense", "scatter" and "triton" get k and v repeated to H heads.
+        v: (N_src, H_kv, Dv) values, with k's heads.
         graph: (2, E) integer tensor (row 0 source, row 1 destination; N_src and N_dst are
             taken from k and q; a torch_geometric.EdgeIndex is taken as its plain tensor) or a
             `Graph` with matching node counts (a PyG Data/Batch: `graphs.from_pyg(data)` first).
@@ -94,6 +97,8 @@ def edge_attention(
         edge_value: optional (E, H, Dv) added to the value of each edge's source; differentiable.
         edge_scale: optional (E, H, D) multiplied per channel into the query-key product
             (Exphormer, the Dwivedi-Bresson graph transformer); differentiable.
+            Edge terms and bias are per query head (H) also when k and v have H_kv < H heads;
+            a term of (E, H_kv, .) heads is refused (repeat_interleave it to H heads).
             Each edge term may also be (E, 1, .), one row shared by the heads: "csr" then reads it
             once per edge and returns its gradient without any (E, H, .) tensor (edge_key,
             edge_value; `sparseattn.nn.TransformerConv` builds on this).
@@ -129,9 +134,10 @@ def edge_attention(
     num_heads = q.shape[1]
     bias = check_bias(bias, g.num_edges, num_heads)
     num_edges, d, dv = g.num_edges, q.shape[2], v.shape[2]
-    edge_key = check_edge_term(edge_key, "edge_key", (num_edges, num_heads, d), "D")
-    edge_value = check_edge_term(edge_value, "edge_value", (num_edges, num_heads, dv), "Dv")
-    edge_scale = check_edge_term(edge_scale, "edge_scale", (num_edges, num_heads, d), "D")
+    kv_heads = k.shape[1]
+    edge_key = check_edge_term(edge_key, "edge_key", (num_edges, num_heads, d), "D", kv_heads)
+    edge_value = check_edge_term(edge_value, "edge_value", (num_edges, num_heads, dv), "Dv", kv_heads)
+    edge_scale = check_edge_term(edge_scale, "edge_scale", (num_edges, num_heads, d), "D", kv_heads)
     check_same_device(q=q, bias=bias, edge_key=edge_key, edge_value=edge_value, edge_scale=edge_scale)
     clamp = check_clamp(clamp, q.dtype)
     eps = check_eps(eps, clamp)
@@ -148,6 +154,8 @@ def edge_attention(
     chosen = get_backend(backend, q, g, edge_terms=has_edge_terms)
     if g.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):
         chosen = reference_backend()  # the definition gives zeros (or empty tensors); kernels reject empty shapes
+    if kv_heads != num_heads and not chosen.grouped_kv:  # this backend reads H heads of k and v: repeat them
+        k, v = (t.repeat_interleave(num_heads // kv_heads, dim=1) for t in (k, v))
     dtype = q.dtype
     work = chosen.compute_dtype(dtype, q.device.type)  # half types run in float32 where a backend lacks them
     q, k, v = (t.to(work) for t in (q, k, v))

@@ -52,11 +52,21 @@ class EdgeAttention(nn.Module):
         backend: kernel backend passed to `edge_attention`.
         kdim, vdim: feature sizes of the key and value inputs (default embed_dim).
         eps: added to each destination's normalizer (clamp mode only; see `edge_attention`).
+        num_kv_heads: heads H_kv of the keys and values (grouped-query attention), a divisor of
+            num_heads; default num_heads. The key and value projections then have
+            num_kv_heads * D outputs: `in_proj_weight` (embed_dim + 2 * num_kv_heads * D, embed_dim),
+            or `k_proj_weight` (num_kv_heads * D, kdim) and `v_proj_weight` (num_kv_heads * D, vdim),
+            and `in_proj_bias` (embed_dim + 2 * num_kv_heads * D,); query head h reads kv head
+            h // (num_heads / num_kv_heads). The result equals a num_heads module whose key and value
+            projections repeat each kv head's rows for its query heads; "reference" and "csr" never
+            repeat k and v in memory, the other backends get them repeated (`edge_attention`).
+            Below num_heads the state dict no longer loads into nn.MultiheadAttention.
 
     Shapes:
         x_dst: (N_dst, embed_dim); x_src: (N_src, kdim) (None: self-attention, x_src = x_dst);
         x_value: (N_src, vdim), default x_src; edge_bias: (E, H) or (E,); edge_key, edge_value,
-        edge_scale: (E, H, D) or (E, embed_dim), the latter split into heads as the projections are.
+        edge_scale: (E, H, D) or (E, embed_dim), the latter split into heads as the projections are
+        (per query head, also with num_kv_heads < num_heads).
         Output: (N_dst, embed_dim); with return_weights also (E, H) weights.
 
     Beyond the plain call, as incremental decoders and adaptive-depth models need:
@@ -80,6 +90,7 @@ class EdgeAttention(nn.Module):
         kdim: Optional[int] = None,
         vdim: Optional[int] = None,
         eps: float = 0.0,
+        num_kv_heads: Optional[int] = None,
     ) -> None:
         """Build the layer; the arguments are described in the class docstring."""
         super().__init__()
@@ -94,6 +105,15 @@ class EdgeAttention(nn.Module):
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
+        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if isinstance(self.num_kv_heads, bool) or not isinstance(self.num_kv_heads, int) or self.num_kv_heads <= 0:
+            raise ValueError(f"num_kv_heads must be a positive int or None, got {num_kv_heads!r}")
+        if num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads must be a multiple of num_kv_heads (each kv head serves num_heads / num_kv_heads "
+                f"query heads), got num_heads={num_heads}, num_kv_heads={num_kv_heads}"
+            )
+        kv_dim = self.num_kv_heads * self.head_dim  # width of the key and value projections
         self.kdim = kdim if kdim is not None else embed_dim
         self.vdim = vdim if vdim is not None else embed_dim
         self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
@@ -102,17 +122,17 @@ class EdgeAttention(nn.Module):
         self.eps = check_eps(eps, self.clamp)
         self.backend = backend
         if self._qkv_same_embed_dim:
-            self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
+            self.in_proj_weight = nn.Parameter(torch.empty(embed_dim + 2 * kv_dim, embed_dim))
             self.register_parameter("q_proj_weight", None)
             self.register_parameter("k_proj_weight", None)
             self.register_parameter("v_proj_weight", None)
         else:
             self.q_proj_weight = nn.Parameter(torch.empty(embed_dim, embed_dim))
-            self.k_proj_weight = nn.Parameter(torch.empty(embed_dim, self.kdim))
-            self.v_proj_weight = nn.Parameter(torch.empty(embed_dim, self.vdim))
+            self.k_proj_weight = nn.Parameter(torch.empty(kv_dim, self.kdim))
+            self.v_proj_weight = nn.Parameter(torch.empty(kv_dim, self.vdim))
             self.register_parameter("in_proj_weight", None)
         if bias:
-            self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim))
+            self.in_proj_bias = nn.Parameter(torch.empty(embed_dim + 2 * kv_dim))
         else:
             self.register_parameter("in_proj_bias", None)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
@@ -134,12 +154,14 @@ class EdgeAttention(nn.Module):
 
     def _weights(self, which: int) -> Tuple[Tensor, Optional[Tensor]]:
         """Weight and bias of projection `which` (0 = query, 1 = key, 2 = value)."""
-        e = self.embed_dim
+        e, kv_dim = self.embed_dim, self.num_kv_heads * self.head_dim
+        lo = (0, e, e + kv_dim)[which]
+        hi = lo + (e if which == 0 else kv_dim)
         if self._qkv_same_embed_dim:
-            w = self.in_proj_weight[which * e : (which + 1) * e]
+            w = self.in_proj_weight[lo:hi]
         else:
             w = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)[which]
-        b = None if self.in_proj_bias is None else self.in_proj_bias[which * e : (which + 1) * e]
+        b = None if self.in_proj_bias is None else self.in_proj_bias[lo:hi]
         return w, b
 
     def project_q(self, x_dst: Tensor) -> Tensor:
@@ -149,8 +171,8 @@ class EdgeAttention(nn.Module):
 
     def project_kv(self, x_src: Tensor, x_value: Optional[Tensor] = None) -> KeyValue:
         """Keys and values: x_src (N_src, kdim) and x_value (N_src, vdim), default x_src, -> two
-        (N_src, H, D). Project a fixed source set once (an encoder's memory) and pass the result
-        as `kv=` to every later call."""
+        (N_src, H_kv, D) (H_kv = num_kv_heads). Project a fixed source set once (an encoder's
+        memory) and pass the result as `kv=` to every later call."""
         _check_rows("x_src", x_src, self.kdim, "kdim", "N_src")
         if x_value is None:
             if self.kdim != self.vdim:
@@ -160,7 +182,7 @@ class EdgeAttention(nn.Module):
                 )
             x_value = x_src
         _check_rows("x_value", x_value, self.vdim, "vdim", "N_src", num_rows=x_src.shape[0])
-        h, d = self.num_heads, self.head_dim
+        h, d = self.num_kv_heads, self.head_dim
         return KeyValue(
             F.linear(x_src, *self._weights(1)).reshape(-1, h, d), F.linear(x_value, *self._weights(2)).reshape(-1, h, d)
         )
@@ -255,9 +277,11 @@ class EdgeAttention(nn.Module):
         arguments). packed: self-attention may take one packed matmul (no cache, no dst_rows)."""
         if packed and kv is None and x_src is None and x_value is None and self._qkv_same_embed_dim:
             # one packed matmul, as nn.MultiheadAttention does for self-attention
-            q, k, v = F.linear(x_dst, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
-            h, d = self.num_heads, self.head_dim
-            return q.reshape(-1, h, d), KeyValue(k.reshape(-1, h, d), v.reshape(-1, h, d))  # (N, H, D)
+            kv_dim, d = self.num_kv_heads * self.head_dim, self.head_dim
+            qkv = F.linear(x_dst, self.in_proj_weight, self.in_proj_bias)
+            q, k, v = qkv.split([self.embed_dim, kv_dim, kv_dim], dim=-1)
+            h, h_kv = self.num_heads, self.num_kv_heads
+            return q.reshape(-1, h, d), KeyValue(k.reshape(-1, h_kv, d), v.reshape(-1, h_kv, d))  # (N, H or H_kv, D)
         q = self.project_q(x_dst)
         if kv is None:
             return q, self.project_kv(x_dst if x_src is None else x_src, x_value)
@@ -336,7 +360,9 @@ class EdgeAttention(nn.Module):
         """The settings `print(module)` shows: widths, heads, dropout, clamp, backend (and eps)."""
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, "
-            f"clamp={self.clamp}, backend={self.backend!r}" + (f", eps={self.eps}" if self.eps else "")
+            f"clamp={self.clamp}, backend={self.backend!r}"
+            + (f", num_kv_heads={self.num_kv_heads}" if self.num_kv_heads != self.num_heads else "")
+            + (f", eps={self.eps}" if self.eps else "")
         )
 
 

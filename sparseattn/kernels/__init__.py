@@ -134,9 +134,16 @@ def _probe_triton() -> Optional[str]:
 
 # gather, clamp-exp, index_add: the definition; half types accumulate in float32 inside it
 register_backend(
-    Backend("reference", reference_attention, dtypes={"cpu": ALL_FLOATS, "cuda": ALL_FLOATS}, edge_terms=True)
+    Backend(
+        "reference",
+        reference_attention,
+        dtypes={"cpu": ALL_FLOATS, "cuda": ALL_FLOATS},
+        edge_terms=True,
+        grouped_kv=True,
+    )
 )
-register_backend(Backend("csr", csr_attention, edge_terms=True))  # SDDMM + CSR SpMM with a hand-written backward
+# SDDMM + CSR SpMM with a hand-written backward
+register_backend(Backend("csr", csr_attention, edge_terms=True, grouped_kv=True))
 # batched matmuls (or SDPA) over the graph's dense blocks; CUDA's SDPA and fused kernels take half types
 register_backend(Backend("dense", dense_attention, dtypes={"cpu": (torch.float32, torch.float64), "cuda": ALL_FLOATS}))
 # the reference on torch_scatter

@@ -24,7 +24,9 @@ from .options import KernelOptions
 class AttentionInputs(NamedTuple):
     """What a backend computes attention of.
 
-    q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv), one dtype and device; graph: N_src
+    q: (N_dst, H, D), k: (N_src, H_kv, D), v: (N_src, H_kv, Dv), one dtype and device, where
+    H_kv = H unless the backend declares `Backend.grouped_kv` (then H_kv divides H, and query head h
+    reads kv head h // (H / H_kv)); graph: N_src
     sources into N_dst destinations along E edges; scale: score scale; clamp: (lo, hi) bounds on
     the scaled score, or None for exact softmax; bias: (E, H) additive scores or None; dropout_mask:
     (E, H) multipliers of the normalized weights (0 or 1/(1 - p)) or None; return_weights: also
@@ -95,7 +97,9 @@ class Backend:
     computes in per device type (others are cast to float32 by `edge_attention`), and a probe of
     its optional dependencies (returns why it is unavailable, or None), run once when first asked.
     edge_terms: whether it computes edge_key, edge_value, edge_scale and eps (`AttentionInputs`);
-    `edge_attention` refuses those inputs for a backend that does not, and "auto" avoids it."""
+    `edge_attention` refuses those inputs for a backend that does not, and "auto" avoids it.
+    grouped_kv: whether it takes k and v with H_kv < H heads (grouped-query attention);
+    `edge_attention` repeats them to H heads for a backend that does not."""
 
     name: str
     fn: BackendFn
@@ -103,6 +107,7 @@ class Backend:
     devices: Tuple[str, ...] = ("cpu", "cuda")
     dtypes: Dict[str, Tuple[torch.dtype, ...]] = field(default_factory=lambda: {"cpu": FLOATS, "cuda": FLOATS})
     edge_terms: bool = False
+    grouped_kv: bool = False
     _unavailable: Optional[str] = field(default=None, init=False)
     _probed: bool = field(default=False, init=False)
 

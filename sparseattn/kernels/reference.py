@@ -30,16 +30,26 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 def reference_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     """The "reference" backend (the contract in contract.py): out (N_dst, H, Dv) in q's dtype and, if
     asked, the weights (E, H) in the graph's edge order. Any float dtype; half types accumulate in
-    float32. Degenerate shapes (E = 0; H, D or Dv = 0) give their defined result."""
+    float32. k and v may have H_kv < H heads (grouped-query attention). Degenerate shapes (E = 0;
+    H, D or Dv = 0) give their defined result."""
     q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights = inputs[:9]
     src, dst = graph.src, graph.dst
     acc = accumulation_dtype(q.dtype)
-    keys = k[src].to(acc)  # (E, H, D)
+    num_edges, heads, kv_heads = src.shape[0], q.shape[1], k.shape[1]
+    groups = heads // kv_heads if kv_heads else 1
+
+    def grouped(t: Tensor) -> Tensor:
+        """A per-edge (E, H or 1, width) tensor as (E, H_kv or 1, G or 1, width), to broadcast against
+        the kv rows (E, H_kv, 1, width) that each edge gathers once for its G query heads."""
+        per_head = t.shape[1] == heads
+        return t.to(acc).view(num_edges, kv_heads if per_head else 1, groups if per_head else 1, t.shape[2])
+
+    keys = k[src].to(acc)[:, :, None]  # (E, H_kv, 1, D)
     if inputs.edge_key is not None:
-        keys = keys + inputs.edge_key.to(acc)
+        keys = keys + grouped(inputs.edge_key)
     if inputs.edge_scale is not None:
-        keys = keys * inputs.edge_scale.to(acc)
-    score = (keys * q[dst].to(acc)).sum(-1) * scale  # (E, H)
+        keys = keys * grouped(inputs.edge_scale)
+    score = (keys * grouped(q[dst])).sum(-1).reshape(num_edges, heads) * scale  # (E, H)
     if bias is not None:
         score = score + bias.to(acc)
     if clamp is not None:
@@ -53,9 +63,12 @@ def reference_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tenso
         w = torch.exp(score - m[dst])
     z = torch.zeros(graph.num_dst, w.shape[1], dtype=acc, device=q.device).index_add_(0, dst, w)
     w_v = w if dropout_mask is None else w * dropout_mask.to(acc)
-    wv = torch.zeros(graph.num_dst, *v.shape[1:], dtype=acc, device=q.device)
-    values = v[src].to(acc) if inputs.edge_value is None else v[src].to(acc) + inputs.edge_value.to(acc)
-    wv = wv.index_add_(0, dst, w_v[..., None] * values)  # (N_dst, H, Dv)
+    wv = torch.zeros(graph.num_dst, heads, v.shape[2], dtype=acc, device=q.device)
+    values = v[src].to(acc)[:, :, None]  # (E, H_kv, 1, Dv)
+    if inputs.edge_value is not None:
+        values = values + grouped(inputs.edge_value)
+    w_values = grouped(w_v[..., None]) * values  # (E, H_kv, G, Dv)
+    wv = wv.index_add_(0, dst, w_values.reshape(num_edges, heads, v.shape[2]))  # (N_dst, H, Dv)
     if inputs.eps:
         z_safe = z + inputs.eps
     else:

@@ -24,6 +24,13 @@ the interleaved backward would build an H * E transposed index), interleaved oth
 1.5-1.7x faster forward on window graphs of 8K and 65K tokens, level on a 50K-node random graph).
 Both run through the same custom ops (ops.py), whose index arguments index.py builds.
 
+Grouped-query heads (k, v: (N_src, H_kv, .) with G = H / H_kv query heads per kv head) run
+natively in both layouts, with no (N_src, H, .) copy of k or v: the interleaved pattern keeps its
+H * E slots and its columns point at kv rows s * H_kv + h // G (`InterleavedIndex.kv_col`); its
+transposed pattern, whose rows s * H + h of one group are consecutive, becomes the kv rows' by
+taking every G-th row pointer, so dk and dv come out summed over each group. The head-major
+layout reads kv head h // G for query head h and adds each group's dk and dv.
+
 Edge terms (edge_key, edge_value, edge_scale: the formulas in interleaved.py) run in the
 interleaved layout, whose caller map (`from_caller`) lets sddmm and spmm read them in the
 caller's order where they lie; eps (added to the normalizer) runs in both.
@@ -60,6 +67,7 @@ def csr_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     grad = torch.is_grad_enabled()
     wants_grad = grad and any(t is not None and t.requires_grad for t in (q, k, v, bias, *terms))
     kv_grad = grad and (k.requires_grad or v.requires_grad)
+    groups = q.shape[1] // k.shape[1]  # query heads per kv head (grouped-query attention; 1 without)
     if has_terms:
         if layout == "head-major":
             raise ValueError("edge terms (edge_key, edge_value, edge_scale) run in the interleaved layout only")
@@ -76,12 +84,16 @@ def csr_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
         ix = interleaved_index(graph, q.shape[1])
         row = ix.row if clamp is None or return_weights or wants_grad else None  # a clamp-mode forward needs none
         transposed = ix.transposed() if kv_grad else (None, None, None)
+        # grouped kv heads: the columns read kv rows; a kv row's transposed row is its G head rows'
+        col = ix.col if groups == 1 else ix.kv_col(k.shape[1])
+        if groups > 1 and transposed[0] is not None:
+            transposed = (transposed[0][::groups].contiguous(), *transposed[1:])
         # (E, H) arriving in the caller's order; edge terms are read through the caller map both ways
         caller_in = bias is not None or mask is not None or (return_weights and wants_grad) or has_terms
         from_caller = ix.from_caller if caller_in else None
         bias_grad = bias is not None and bias.requires_grad and grad
         to_caller = ix.to_caller if return_weights or bias_grad or has_terms else None
-        index = (ix.crow, ix.col, ix.offsets, row, *transposed, from_caller, to_caller)
+        index = (ix.crow, col, ix.offsets, row, *transposed, from_caller, to_caller)
         q, k, v = (t.contiguous() for t in (q, k, v))
     index_names = ("crow", "col", "offsets", "row", "ccrow", "ccol", "to_csc", "from_caller", "to_caller")
     args = CSR_OP.forward.bind(

@@ -96,7 +96,8 @@ def forward(
     mask: Optional[Tensor],
     eps: float = 0.0,
 ):
-    """q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv); bias, mask: (H, E) sorted or None;
+    """q: (N_dst, H, D), k: (N_src, H_kv, D), v: (N_src, H_kv, Dv) (query head h reads kv head
+    h // (H / H_kv)); bias, mask: (H, E) sorted or None;
     eps: added to the normalizer. Returns out (N_dst, H, Dv), w and score ((H, E); score None in
     exact mode), z_safe (H, N_dst)."""
     heads, num_edges, shape = q.shape[1], pat.col.numel(), (q.shape[0], k.shape[0])
@@ -105,9 +106,13 @@ def forward(
     score = q.new_empty(heads, num_edges) if clamp is not None else None
     z_safe = q.new_empty(heads, q.shape[0])
     qh, kh, vh = _rows(q), _rows(k), _rows(v)
+    groups = heads // k.shape[1]  # query heads per kv head (grouped-query attention)
+    k_h = v_h = k  # (the current kv head's rows, copied once per group)
     for h in range(heads):
         s = w[h] if score is None else score[h]
-        sddmm(pat.crow, pat.col, _head(q, h, qh), _head(k, h, kh), alpha=scale, out=s.zero_())  # (E,)
+        if h % groups == 0:
+            k_h = _head(k, h // groups, kh)
+        sddmm(pat.crow, pat.col, _head(q, h, qh), k_h, alpha=scale, out=s.zero_())  # (E,)
         if bias is not None:
             s += bias[h]
         if clamp is not None:
@@ -121,7 +126,9 @@ def forward(
         if mask is not None:
             p *= mask[h]
         # each head's sources are copied just before the call that gathers them, so they are in cache
-        spmm(pat.crow, pat.col, p, _head(v, h, vh), shape, out=out[:, h])
+        if h % groups == 0:
+            v_h = _head(v, h // groups, vh)
+        spmm(pat.crow, pat.col, p, v_h, shape, out=out[:, h])
     return out, w, score, z_safe
 
 
@@ -150,15 +157,20 @@ def backward(
     need_ds = need[0] or need[1] or need[3]
     a, buf = w.new_empty(num_edges), w.new_empty(num_edges)
     gh, qh, kh, vh = _rows(grad_out), _rows(q), _rows(k), _rows(v)
+    groups = heads // k.shape[1]  # query heads per kv head: dk and dv sum over each group
+    k_h = v_h = k
     for h in range(heads):
+        j, first = h // groups, h % groups == 0
         g = _head(grad_out, h, gh)
         p = w[h] / take(z_safe[h], pat.row)  # (E,) normalized weights
         if dv is not None:
             torch.index_select(p if mask is None else p * mask[h], 0, pat.to_csc, out=buf)
-            spmm(pat.ccrow, pat.ccol, buf, g, transposed, out=dv[:, h])
+            _add_spmm(pat.ccrow, pat.ccol, buf, g, transposed, 1.0, dv[:, j], first)
         if not need_ds:
             continue
-        sddmm(pat.crow, pat.col, g, _head(v, h, vh), out=a.zero_())  # <grad_out[t], v[s]>
+        if first:
+            k_h, v_h = (_head(k, j, kh) if dq is not None else k), _head(v, j, vh)
+        sddmm(pat.crow, pat.col, g, v_h, out=a.zero_())  # <grad_out[t], v[s]>
         if mask is not None:
             a *= mask[h]
         if grad_weights is not None:
@@ -170,11 +182,19 @@ def backward(
         if ds_all is not None:
             ds_all[h] = ds
         if dq is not None:
-            spmm(pat.crow, pat.col, ds, _head(k, h, kh), shape, alpha=scale, out=dq[:, h])
+            spmm(pat.crow, pat.col, ds, k_h, shape, alpha=scale, out=dq[:, h])
         if dk is not None:
             torch.index_select(ds, 0, pat.to_csc, out=buf)
-            spmm(pat.ccrow, pat.ccol, buf, _head(q, h, qh), transposed, alpha=scale, out=dk[:, h])
+            _add_spmm(pat.ccrow, pat.ccol, buf, _head(q, h, qh), transposed, scale, dk[:, j], first)
     return dq, dk, dv, ds_all
+
+
+def _add_spmm(crow, col, values, x, shape, alpha: float, out: Tensor, first: bool) -> None:
+    """out = spmm(...) for the first query head of a kv head's group, out += spmm(...) after it."""
+    if first:
+        spmm(crow, col, values, x, shape, alpha=alpha, out=out)
+    else:
+        out += spmm(crow, col, values, x, shape, alpha=alpha)
 
 
 __all__ = [

@@ -374,6 +374,18 @@ class InterleavedIndex:
 
         return self._lazy("to_caller", build)
 
+    def kv_col(self, kv_heads: int) -> Tensor:
+        """`col` for keys and values of kv_heads = H / G heads (grouped-query attention): slot
+        (t * H + h, s * H + h) reads kv row s * H_kv + h // G, so each row of the pattern keeps its
+        slots and only the columns change (H * E entries, cached per kv_heads)."""
+        heads, groups = self.heads, self.heads // kv_heads
+
+        def build() -> Tensor:
+            src, head = torch.div(self.col, heads, rounding_mode="floor"), torch.remainder(self.col, heads)
+            return src.mul_(kv_heads).add_(torch.div(head, groups, rounding_mode="floor"))
+
+        return self._lazy(f"col_kv{kv_heads}", build)
+
     def transposed(self) -> Tuple[Tensor, Tensor, Tensor]:
         def build() -> Tuple[Tensor, Tensor, Tensor]:
             g = self._graph

@@ -57,10 +57,15 @@ class EdgeTerms(NamedTuple):
     to_caller: Tensor
     src: Tensor
     dst: Tensor
+    groups: int = 1  # query heads per kv head (grouped-query attention): k2 has heads / groups heads
 
     @property
     def heads(self) -> int:
         return self.from_caller.shape[0] // max(self.src.shape[0], 1)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.heads // self.groups
 
     def cols(self, i: int) -> Tensor:
         """The column of each slot in term i's rows (0 key, 1 value, 2 scale)."""
@@ -71,8 +76,11 @@ class EdgeTerms(NamedTuple):
 
 
 def _edge_keys(k2: Tensor, terms: EdgeTerms) -> Tensor:
-    """(E, H, D) keys k[s] + edge_key[e] of the caller's edges (a new tensor)."""
-    keys = k2.view(-1, terms.heads, k2.shape[1]).index_select(0, terms.src)
+    """(E, H, D) keys k[s] + edge_key[e] of the caller's edges (a new tensor; each kv head's row
+    repeated for its query heads)."""
+    keys = k2.view(-1, terms.kv_heads, k2.shape[1]).index_select(0, terms.src)
+    if terms.groups > 1:
+        keys = keys.repeat_interleave(terms.groups, dim=1)
     if terms.key is not None:
         keys += terms.key.view(keys.shape[0], -1, keys.shape[2])  # (a shared row broadcasts over the heads)
     return keys
@@ -119,7 +127,8 @@ def forward(
     terms: Optional[EdgeTerms] = None,
     eps: float = 0.0,
 ):
-    """q2: (N_dst * H, D), k2: (N_src * H, D), v2: (N_src * H, Dv); bias, mask: slot order or None;
+    """q2: (N_dst * H, D), k2: (N_src * H_kv, D), v2: (N_src * H_kv, Dv) (idx's columns read kv rows);
+    bias, mask: slot order or None;
     terms: edge terms or None; eps: added to the normalizer. Returns out (N_dst * H, Dv), w and
     score (slot order; score None in exact mode), z_safe (N_dst * H,)."""
     if terms is not None and terms.scale is not None:  # keys differ per edge: one (E, H, D) gather
@@ -228,8 +237,9 @@ def _edge_key_grads(ds, q2, k2, terms: EdgeTerms, scale: float, need, dk, d_valu
         d_key = (g.view(num_edges, heads, d) * terms.scale.view(num_edges, -1, d)).view(-1, d)
     if need[1]:
         assert d_key is not None
-        dk = k2.new_zeros(k2.shape[0] // heads, heads, d)
-        dk = dk.index_add_(0, terms.src, d_key.view(num_edges, heads, d)).view(k2.shape)
+        kv_heads = terms.kv_heads
+        d_kv = d_key.view(num_edges, kv_heads, terms.groups, d).sum(2)  # summed over each kv head's query heads
+        dk = k2.new_zeros(k2.shape[0] // kv_heads, kv_heads, d).index_add_(0, terms.src, d_kv).view(k2.shape)
     d_scale = None
     if need[6]:
         d_scale = _head_sum(g.mul_(_edge_keys(k2, terms).view(-1, d)), terms, terms.shared[2])

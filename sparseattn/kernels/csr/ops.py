@@ -10,11 +10,12 @@ and exported code (the flash-attention pattern: op -> autograd rule -> thin func
 <index> is crow, col, offsets, row, ccrow, ccol, to_csc, from_caller, to_caller of one layout
 (index.py; optional parts None when not needed: row in a clamp-mode inference of the interleaved
 layout, the transposed half when no gradient of k or v is wanted, the caller maps when nothing
-arrives or leaves in the caller's edge order). Shapes: q (N_dst, H, D), k (N_src, H, D),
-v (N_src, H, Dv), edge_index (2, E), bias and mask (E, H), edge_key and edge_scale (E, H, D),
-edge_value (E, H, Dv) in the caller's edge order (edge terms: interleaved layout only); out
-(N_dst, H, Dv), weights (E, H) (empty unless return_weights); w and score (H * E,) in the layout's
-edge order (score empty in exact mode) and z (N_dst * H,) are saved for the backward. Under
+arrives or leaves in the caller's edge order). Shapes: q (N_dst, H, D), k (N_src, H_kv, D),
+v (N_src, H_kv, Dv) (H_kv divides H: grouped-query heads, see the package docstring),
+edge_index (2, E), bias and mask (E, H), edge_key and edge_scale (E, H, D), edge_value
+(E, H, Dv) in the caller's edge order (edge terms: interleaved layout only); out (N_dst, H, Dv),
+weights (E, H) (empty unless return_weights); w and score (H * E,) in the layout's edge order
+(score empty in exact mode) and z (N_dst * H,) are saved for the backward. Under
 create_graph=True (double backward) the backward recomputes through the reference instead.
 """
 
@@ -52,6 +53,7 @@ def _edge_terms(
     terms: Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]],
     from_caller: Optional[Tensor],
     to_caller: Optional[Tensor],
+    groups: int = 1,
 ) -> Optional[EdgeTerms]:
     """The interleaved kernels' view of the edge terms ((E, H, .) -> (E * H, .) rows; (E, 1, .),
     shared by the heads, -> (E, .) rows), or None without any."""
@@ -74,6 +76,7 @@ def _edge_terms(
         to_caller.reshape(-1),
         edge_index[0],
         edge_index[1],
+        groups,
     )
 
 
@@ -105,8 +108,7 @@ def _index(a: Saved) -> HeadMajorIndex:
 
 
 def _slots(a: Saved) -> interleaved.Slots:
-    heads = a.q.shape[1]
-    shape = (a.q.shape[0] * heads, a.k.shape[0] * heads)
+    shape = (a.q.shape[0] * a.q.shape[1], a.k.shape[0] * a.k.shape[1])  # (k: H_kv heads, grouped-query)
     return interleaved.Slots(a.crow, a.col, a.offsets, a.row, a.ccrow, a.ccol, a.to_csc, shape)
 
 
@@ -114,7 +116,8 @@ def _forward(a: Saved) -> Tuple[Tensor, ...]:
     q, k, v, heads, head_major_layout = a.q, a.k, a.v, a.q.shape[1], a.head_major_layout
     lo_hi = _clamp(a.clamp)
     bias_l, mask_l = (_to_layout(x, a.from_caller, heads, head_major_layout) for x in (a.bias, a.mask))
-    terms = _edge_terms(a.edge_index, (a.edge_key, a.edge_value, a.edge_scale), a.from_caller, a.to_caller)
+    groups = heads // a.k.shape[1]
+    terms = _edge_terms(a.edge_index, (a.edge_key, a.edge_value, a.edge_scale), a.from_caller, a.to_caller, groups)
     if head_major_layout:
         assert a.row is not None and terms is None, "edge terms run in the interleaved layout"
         out, w, score, z = head_major.forward(q, k, v, _index(a), a.scale, lo_hi, bias_l, mask_l, a.eps)
@@ -166,11 +169,11 @@ def _backward(a: Saved) -> Tuple[Tensor, ...]:
         q2, k2, v2 = (t.contiguous().view(-1, t.shape[2]) for t in (q, k, v))
         g2 = a.grad_out.reshape(q2.shape[0], v.shape[2])  # (N_dst * H, Dv)
         given = (a.edge_key, a.edge_value, a.edge_scale)
-        terms = _edge_terms(a.edge_index, given, a.from_caller, a.to_caller)
+        terms = _edge_terms(a.edge_index, given, a.from_caller, a.to_caller, heads // k.shape[1])
         dq, dk, dv, ds, *d_terms = interleaved.backward(
             g2, gw, q2, k2, v2, a.w, sc, a.z, mask_l, _slots(a), a.scale, lo_hi, need, terms
         )
-        dq, dk, dv = (None if t is None else t.view(-1, heads, t.shape[1]) for t in (dq, dk, dv))
+        dq, dk, dv = (None if t is None else t.view(x.shape) for t, x in zip((dq, dk, dv), (q, k, v)))
         d_terms = tuple(None if d is None else d.view(t.shape) for d, t in zip(d_terms, given))
     dbias = _to_caller(ds, a.to_caller, heads, head_major_layout) if need[3] and ds is not None else None
     grads = (dq, dk, dv, dbias, *d_terms)
