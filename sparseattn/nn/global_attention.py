@@ -126,6 +126,7 @@ class GlobalAttention(NotScriptable, nn.Module):
         *,
         graph: Optional[Graph] = None,
         need_weights: Optional[bool] = None,
+        attn_bias: Optional[Tensor] = None,
         key_padding_mask: Optional[Tensor] = None,
         attn_mask: Optional[Tensor] = None,
         average_attn_weights: bool = True,
@@ -134,11 +135,16 @@ class GlobalAttention(NotScriptable, nn.Module):
         """x: (N, embed_dim) -> (N, embed_dim), attending within the graphs given by `graph`, else
         `ptr`, else `batch`, else all of x as one graph. With need_weights (True or False), returns
         (out, weights) as nn.MultiheadAttention does: weights (E, H) over the graph's edges, or None.
+        attn_bias: an additive score per edge and head, (E, H) or (E,), over the edges of `graph`
+        (else of `complete_per_graph(batch, ptr)`: destination-major, each graph's block in turn;
+        differentiable), as `edge_attention`'s bias (GraphGPS's attention bias, Graphormer-style).
 
         Called as nn.MultiheadAttention, layer(x, x, x, key_padding_mask=..., need_weights=...) with x
         (B, L, embed_dim) (batch_first) or (L, B, embed_dim), each sequence one graph: returns MHA's
         (out, weights), weights (B, L, L) (per head with average_attn_weights=False) or None."""
         if is_mha_call(x, batch):
+            if attn_bias is not None:
+                raise ValueError("attn_bias (E, H) is per edge of the graph: pass it with batch, ptr or graph")
             return padded_attention(
                 self, x, batch, ptr, key_padding_mask, need_weights is not False, attn_mask, average_attn_weights,
                 is_causal,
@@ -148,7 +154,8 @@ class GlobalAttention(NotScriptable, nn.Module):
                 "key_padding_mask, attn_mask and is_causal belong to the nn.MultiheadAttention-style call "
                 "layer(x_dense, x_dense, x_dense, key_padding_mask=...); with batch, ptr or graph no padding is needed"
             )
-        if graph is None and self.backend == "auto" and self.clamp is None and not need_weights and not tracing():
+        padded_ok = attn_bias is None and self.backend == "auto" and self.clamp is None and not need_weights
+        if graph is None and padded_ok and not tracing():
             padded = padded_batch_attention(self, x, batch, ptr)  # many small graphs: one SDPA, no graph built
             if padded is not None:
                 return padded if need_weights is None else (padded, None)
@@ -164,6 +171,7 @@ class GlobalAttention(NotScriptable, nn.Module):
             graph,
             clamp=self.clamp,
             dropout_p=self.dropout if self.training else 0.0,
+            bias=attn_bias,
             backend=self.backend,
             return_weights=bool(need_weights),
         )

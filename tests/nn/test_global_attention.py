@@ -256,3 +256,28 @@ def test_the_padded_path_is_left_for_wasteful_or_unusual_batches():
     assert not torch.allclose(clamped, exact)
     ours.backend = "csr"
     assert_close(clamped, ours(x[:4], small), torch.float64, "clamp mode on auto vs csr")
+
+
+def test_attn_bias_per_edge_and_head_equals_mha_with_that_additive_mask():
+    """attn_bias (E, H) over complete_per_graph's edges (destination-major per graph) equals MHA run
+    graph by graph with the same scores as its float attn_mask (H, n, n); its gradient flows, and the
+    weights come back with it."""
+    mha, ours = make_pair()
+    sizes = [3, 5, 2]
+    batch = batch_of(sizes)
+    x = torch.randn(batch.numel(), EMBED, dtype=torch.float64)
+    bias = torch.randn(sum(n * n for n in sizes), HEADS, dtype=torch.float64, requires_grad=True)
+    out, weights = ours(x, batch, attn_bias=bias, need_weights=True)
+    assert weights.shape == bias.shape
+    expected, node, edge = [], 0, 0
+    for n in sizes:
+        mask = bias[edge : edge + n * n].detach().view(n, n, HEADS).permute(2, 0, 1)  # (H, dst, src)
+        xg = x[node : node + n].unsqueeze(0)
+        expected.append(mha(xg, xg, xg, attn_mask=mask, need_weights=False)[0][0])
+        node, edge = node + n, edge + n * n
+    assert_close(out, torch.cat(expected), torch.float64, "global attention with bias vs MHA with attn_mask")
+    out.sum().backward()
+    assert bias.grad is not None and bias.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="attn_bias"):
+        xd = x[:4].view(1, 4, EMBED)
+        ours(xd, xd, xd, attn_bias=bias[:16])
