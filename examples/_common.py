@@ -72,10 +72,13 @@ class Contender(NamedTuple):
     step: Callable[[], object]
 
 
-def run_side_by_side(contenders: List[Contender], epochs: int, seed: int) -> None:
+def run_side_by_side(contenders: List[Contender], epochs: int, seed: int, metric: str = "acc") -> None:
     """Train the contenders epoch by epoch, each epoch under the same seed (same feature dropout and
-    batch order), print a progress line per epoch, then the results table."""
-    stats = {c.name: {"times": [], "best_val": -1.0, "test_acc": float("nan")} for c in contenders}
+    batch order), print a progress line per epoch, then the results table. evaluate() gives
+    accuracy (metric "acc", higher is better) or an error (metric "rmse", lower is better); the
+    test score is taken at the best validation epoch."""
+    sign = -1.0 if metric == "rmse" else 1.0
+    stats = {c.name: {"times": [], "best_val": -float("inf"), "test_acc": float("nan")} for c in contenders}
     for epoch in range(1, epochs + 1):
         parts = []
         for c in contenders:
@@ -86,8 +89,8 @@ def run_side_by_side(contenders: List[Contender], epochs: int, seed: int) -> Non
             s["times"].append(time.perf_counter() - start)
             with torch.no_grad():
                 val = c.evaluate("val")
-                if val > s["best_val"]:
-                    s["best_val"], s["test_acc"] = val, c.evaluate("test")
+                if sign * val > s["best_val"]:
+                    s["best_val"], s["test_acc"] = sign * val, c.evaluate("test")
             parts.append(f"{c.name} loss {loss:.4f} val {val:.4f} ({s['times'][-1]:.3f} s)")
         print(f"epoch {epoch:3d} | " + " | ".join(parts), flush=True)
     rows = []
@@ -98,22 +101,22 @@ def run_side_by_side(contenders: List[Contender], epochs: int, seed: int) -> Non
             dict(
                 name=c.name,
                 test_acc=s["test_acc"],
-                best_val=s["best_val"],
+                best_val=sign * s["best_val"],
                 s_per_epoch=mean_epoch_seconds(s["times"]),
                 peak_mib=peak_step_mib(c.step),
             )
         )
-    print_results(rows)
+    print_results(rows, metric)
 
 
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return (logits.argmax(-1) == labels).float().mean().item() if labels.numel() else float("nan")
 
 
-def print_results(rows: List[Dict[str, object]]) -> None:
-    """One row per model: name, test accuracy (at the best validation epoch), best validation
-    accuracy, mean seconds per training epoch (first epoch excluded when there are more), peak MiB."""
-    print(f"{'model':<12} {'test_acc':>8} {'best_val':>8} {'s/epoch':>9} {'peak_MiB':>9}")
+def print_results(rows: List[Dict[str, object]], metric: str = "acc") -> None:
+    """One row per model: name, test score (at the best validation epoch), best validation score,
+    mean seconds per training epoch (first epoch excluded when there are more), peak MiB."""
+    print(f"{'model':<12} {'test_' + metric:>8} {'best_val':>8} {'s/epoch':>9} {'peak_MiB':>9}")
     for r in rows:
         peak = r["peak_mib"]
         mem = f"{peak:9.2f}" if isinstance(peak, float) else f"{'n/a':>9}"
