@@ -111,10 +111,8 @@ def run_case(case: Case, args, results: List[Result], log: Callable[[str], None]
         if not err <= 1e-3:
             raise AssertionError(f"{case.name} {mode}: compiled differs from eager by {err:.3g}")
         fns = [lambda: call(model, eager_graph), lambda: call(compiled, compiled_graph)]
-        rows = [
-            Result(case.name, g.num_edges, name, mode, max_err_vs_reference=e)
-            for name, e in (("eager", 0.0), ("compiled", err))
-        ]
+        errs = (("eager", 0.0), ("compiled", err))
+        rows = [Result(case.name, g.num_edges, c, mode, max_err_vs_reference=e) for c, e in errs]
         measure(rows, fns, memory=False, warmup=args.warmup, reps=args.reps, budget_s=args.budget_s)
         assert rows[0].ms and rows[1].ms, [r.note for r in rows]
         results += rows
@@ -153,14 +151,8 @@ def dynamic_sizes(args, log: Callable[[str], None]) -> dict:
 
     timed = time_interleaved([lambda: run(model), lambda: run(compiled)], warmup=1, reps=args.reps, budget_s=60)
     eager_ms, compiled_ms = (statistics.median(t) for t in timed)  # type: ignore[arg-type]
-    info = dict(
-        sizes=sizes,
-        compiled_entries=entries,
-        first_pass_s=round(first_pass, 1),
-        eager_ms=round(eager_ms, 1),
-        compiled_ms=round(compiled_ms, 1),
-        ratio=round(eager_ms / compiled_ms, 3),
-    )
+    info = dict(sizes=sizes, compiled_entries=entries, first_pass_s=round(first_pass, 1), eager_ms=round(eager_ms, 1))
+    info.update(compiled_ms=round(compiled_ms, 1), ratio=round(eager_ms / compiled_ms, 3))
     log(
         f"\ndynamic sizes: GraphLayer(128, 8), dynamic=True, ten window graphs N {sizes[0][0]}..{sizes[-1][0]}: "
         f"{entries} compiled entr{'y' if entries == 1 else 'ies'}, first pass {info['first_pass_s']} s "
@@ -171,13 +163,11 @@ def dynamic_sizes(args, log: Callable[[str], None]) -> dict:
 
 
 def plot_ratios(path: str, title: str, cases: Dict[str, dict], target: float = 1.15) -> bool:
-    """eager/compiled per case, bars for fwd and fwd+bwd, with 1.0 (no gain) and the issue's
-    target marked. False if matplotlib is missing."""
+    """eager/compiled per case and pass, 1.0 and the target marked; False without matplotlib."""
     ratios = {name: {m: c[f"ratio_{m}"] for m in ("fwd", "fwd+bwd")} for name, c in cases.items()}
     lines = [(1.0, "no gain"), (target, f"target {target}x")]
-    return harness.write_bars(
-        path, title, {"eager / compiled (> 1: compiled is faster)": ratios}, "eager / compiled", lines=lines
-    )
+    panels = {"eager / compiled (> 1: compiled is faster)": ratios}
+    return harness.write_bars(path, title, panels, "eager / compiled", lines=lines)
 
 
 def main(argv=None) -> None:

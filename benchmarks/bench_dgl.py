@@ -10,10 +10,8 @@ packages, a few GB):
     python -m venv DGL_VENV
     DGL_VENV/bin/pip install torch==2.2.1 torchdata==0.7.1 "pandas<2.2" "numpy<2" dgl==2.1.0
 
-`--dgl-python` (or $DGL_PYTHON) names that environment's Python. Without it, or when DGL does not
-import there, DGL is listed as skipped with the reason and only sparseattn is timed ("nodgl" joins the
-file names' tag). The inputs go (.npz) to benchmarks/dgl_runner.py, a long-lived subprocess in the DGL
-environment; what is measured and how: docs/benchmarks/dgl.md.
+`--dgl-python` (or $DGL_PYTHON) names its Python, which runs benchmarks/dgl_runner.py; without it DGL is
+listed as skipped and only sparseattn is timed ("nodgl" joins the tag). What is measured: docs/benchmarks/dgl.md.
 """
 
 from __future__ import annotations
@@ -121,9 +119,7 @@ def main(argv=None) -> None:
     theirs = dgl_note or f"dgl {d['dgl']} on torch {d['torch']}"
     own = "" if dgl_note else f", numpy {d['numpy']}, {d['threads']} thread(s), own process"
     out.log(f"DGL: {theirs}{own}")
-    out.log(
-        f"H={HEADS}, D={DIM}, float32; median over {args.rounds} interleaved rounds of the median of {args.reps} calls"
-    )
+    out.log(f"H={HEADS}, D={DIM}, float32; median of {args.rounds} interleaved rounds of {args.reps}-call medians")
     results: List[Result] = []
     config = {**vars(args), "dgl_python": "DGL_PYTHON" if args.dgl_python else "", "out": "OUT"}  # no machine paths
     try:

@@ -6,10 +6,8 @@
     python benchmarks/bench_triton_gpu.py --sweep-backward --cases random,window8 --modes clamp --out $OUT
     python benchmarks/bench_triton_gpu.py --smoke --contenders csr,reference,pyg --out /tmp/b  # tiny, CPU
 
-Cases (CASES), contenders (CONTENDERS) and what the tables mean: docs/benchmarks/triton_gpu.md
-(benchmarks/templates/triton_gpu.md). An output computed while new memory is NaN (`poisoned_memory`) must
-be within TOL of the float32 reference on all destinations, or it is marked WRONG, not timed, and the exit
-status is 1. The backward's time is fwd+bwd ms - fwd ms; GB/s: `moved_bytes` over the time.
+Cases, contenders and the tables: docs/benchmarks/triton_gpu.md. An output (computed in NaN-poisoned
+memory) off the float32 reference by more than TOL is marked WRONG, not timed, and the exit status is 1.
 """
 
 from __future__ import annotations
@@ -28,10 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
-from benchmarks import (
-    harness,  # noqa: E402
-    peers,  # noqa: E402
-)
+from benchmarks import harness, peers  # noqa: E402
 from benchmarks.families import powerlaw_edges  # noqa: E402
 from benchmarks.peers import make_pyg, make_sdpa_exact, sdpa_kernel_name  # noqa: E402
 from sparseattn import Graph, edge_attention, graphs  # noqa: E402
@@ -68,12 +63,9 @@ CASES = {  # name: (graph builder (size, device) -> Graph, size on a GPU, size i
 
 
 def moved_bytes(num_dst: int, num_src: int, num_edges: int, heads: int, dim: int, elem: int) -> Tuple[int, int]:
-    """The bytes the forward and the backward must move at least, (fwd, bwd), D = Dv = dim, elem = s
-    the size of an element of q, k, v. Forward: q and out once per destination, k, v and the int64
-    index once per edge, (N_dst + E) H 2D s + 8 E. Backward: a dq pass (q, out, grad_out per
-    destination, k, v per edge, dq written, the index) N_dst H 4D s + E H 2D s + 8 E, and a dk/dv pass
-    (k, v per source, q, grad_out and the float32 lse and delta per edge, dk, dv written, the index)
-    N_src H 4D s + E H 2D s + 8 E H + 8 E."""
+    """The bytes (fwd, bwd) must move at least, D = Dv = dim, elem bytes per value. Forward: q, out per
+    destination, k, v and the int64 index per edge. Backward: a dq pass (q, out, grad_out, dq per destination,
+    k, v, index per edge) and a dk/dv pass (k, v, dk, dv per source, q, grad_out, float32 lse and delta per edge)."""
     fwd = (num_dst + num_edges) * heads * 2 * dim * elem + 8 * num_edges
     dq_pass = num_dst * heads * 4 * dim * elem + num_edges * heads * 2 * dim * elem + 8 * num_edges
     dkdv_pass = (num_src * heads * 4 * dim + num_edges * heads * 2 * dim) * elem + 8 * num_edges * heads + 8 * num_edges
@@ -86,9 +78,8 @@ class Skip(Exception):
 
 @dataclass
 class Row(harness.Result):
-    """A harness.Result with the rates of both passes. A "fwd" row: gb_per_s = fwd_bytes / ms, its
-    fraction of the peak. A "fwd+bwd" row: the backward, bwd_ms = its ms - the fwd row's ms, bwd_bytes /
-    bwd_ms and its fraction of the peak (gb_per_s None)."""
+    """A harness.Result with the rates of both passes: a "fwd" row's gb_per_s and fraction of the peak, a
+    "fwd+bwd" row's backward (bwd_ms = its ms - the fwd row's ms) rate and fraction (gb_per_s None)."""
 
     fwd_bytes: Optional[int] = None
     fwd_peak_fraction: Optional[float] = None
@@ -239,8 +230,7 @@ def measure(name, make, case, mode, g, inputs, check, args, device, warmup: int)
     rows = [Row(case, g.num_edges, name, f"{p} {mode}") for p in ("fwd", "fwd+bwd")[: 2 - args.no_backward]]
     stage = rows[0]
 
-    def timed(stage: Row, fn: Callable) -> None:
-        """Its times, and on CUDA the memory one call adds at its peak, in MiB."""
+    def timed(stage: Row, fn: Callable) -> None:  # its times, and on CUDA its peak extra MiB
         stage.times_ms = harness.time_ms(fn, device, warmup, args.rep, budget_s=args.contender_s)
         stage.ms = harness.median(stage.times_ms)
         for t in inputs:  # the last step's gradients would count as live before the measured one
@@ -263,13 +253,7 @@ def measure(name, make, case, mode, g, inputs, check, args, device, warmup: int)
         elif len(rows) > 1:
             stage = rows[1]
             grad = torch.randn(g.num_dst, inputs[0].shape[1], inputs[2].shape[2], dtype=dtype, device=device)
-
-            def step():
-                for t in inputs:
-                    t.grad = None
-                run.fn().backward(grad)
-
-            timed(stage, step)
+            timed(stage, harness.timed_pass(run.fn, "fwd+bwd", inputs, grad))
     except Skip as e:
         rows = rows[:1]
         rows[0].note = f"skipped: {e}"
@@ -319,6 +303,11 @@ def machine(args, device) -> dict:
     return info
 
 
+RATIO_TARGETS = [("random", "pyg", "triton", ""), ("random", "pyg-compiled", "triton", " (>= 3)")]
+RATIO_TARGETS += [(case, "triton", "flex", " (<= 1.1)") for case in ("window8", "window64")]
+RATIO_TARGETS += [("complete512", "auto", "sdpa", " (<= 1.3)")]
+
+
 def targets(rows: List[Row]) -> Dict[str, Optional[float]]:
     """Issue 30's targets (and issue 16's that still hold) per clamp mode, from the timed rows, by a
     name that states the bound (None where a side is missing)."""
@@ -335,13 +324,8 @@ def targets(rows: List[Row]) -> Dict[str, Optional[float]]:
         out[f"random {mode}: triton fwd+bwd ms (<= 40)"] = both.ms if both else None
         bwd_ms = both.bwd_ms if both else None
         out[f"random {mode}: triton bwd / fwd time (<= 2)"] = bwd_ms / fwd.ms if fwd and fwd.ms and bwd_ms else None
-        out[f"random {mode}: pyg / triton fwd+bwd time"] = ratio("random", mode, "pyg", "triton")
-        out[f"random {mode}: pyg-compiled / triton fwd+bwd time (>= 3)"] = ratio(
-            "random", mode, "pyg-compiled", "triton"
-        )
-        for case in ("window8", "window64"):
-            out[f"{case} {mode}: triton / flex fwd+bwd time (<= 1.1)"] = ratio(case, mode, "triton", "flex")
-        out[f"complete512 {mode}: auto / sdpa fwd+bwd time (<= 1.3)"] = ratio("complete512", mode, "auto", "sdpa")
+        for case, a, b, bound in RATIO_TARGETS:
+            out[f"{case} {mode}: {a} / {b} fwd+bwd time{bound}"] = ratio(case, mode, a, b)
     return out
 
 
@@ -392,9 +376,8 @@ def parse_args(argv):
     parser = harness.parser(__doc__, tag=False)
     parser.add_argument("--cases", default=",".join(CASES), help=", ".join(CASES))
     parser.add_argument("--modes", default=",".join(CLAMPS), help=", ".join(CLAMPS))
-    parser.add_argument(
-        "--contenders", default="triton,csr,auto,pyg,pyg-compiled,flex,sdpa", help=", ".join(CONTENDERS)
-    )
+    contenders = "triton,csr,auto,pyg,pyg-compiled,flex,sdpa"
+    parser.add_argument("--contenders", default=contenders, help=", ".join(CONTENDERS))
     parser.add_argument("--sweep", action="store_true", help="time the triton forward under each SWEEP setting")
     parser.add_argument("--sweep-backward", action="store_true", help="triton fwd+bwd under each SWEEP_BACKWARD one")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes in float32 on CPU")

@@ -1,30 +1,14 @@
 """DGL side of bench_dgl.py, run with the DGL environment's Python (DGL 2.1 needs torch 2.2):
-
-    /path/to/dgl-venv/bin/python benchmarks/dgl_runner.py
-
-Imports only dgl, torch, numpy and benchmarks/harness.py (never sparseattn), and times and
-measures a call as the harness does in the caller's process. Reads one JSON command per line on stdin and
-answers one JSON line on stdout, so the caller can interleave its own timings with these:
-
-    {"cmd": "hello"}                                  -> versions and thread count
-    {"cmd": "load", "family": F, "path": P}           -> graph + q/k/v/reference from P (.npz); max |err|
-                                                         of each recipe's output vs the saved reference
-    {"cmd": "time", "contender": C, "mode": M, "reps": n, "warmup": w}
-                                                      -> per-call milliseconds of C ("dgl fused" or
-                                                         "dgl builtin") in M ("fwd" or "fwd+bwd")
-    {"cmd": "mem", "contender": C, "mode": M}         -> peak RSS one call adds (MiB) or null
-    {"cmd": "quit"}
-
-Recipes, both on (N, H, D) q/k/v with edges src -> dst:
-    dgl fused    score = dgl.ops.u_dot_v(g, k, q) / sqrt(D); a = dgl.ops.edge_softmax(g, score);
-                 out = dgl.ops.u_mul_e_sum(g, v, a)                      (exact softmax)
-    dgl builtin  the DGL Transformer tutorial: apply_edges(fn.u_dot_v), exp(clamp(score / sqrt(D), -5, 5)),
-                 update_all(fn.u_mul_e, fn.sum) and update_all(fn.copy_e, fn.sum), out = wv / z
+`DGL_VENV/bin/python benchmarks/dgl_runner.py [threads]`. Imports only dgl, torch, numpy and
+benchmarks/harness.py (never sparseattn), and times and measures a call as the harness does. One JSON
+command per stdin line, one JSON reply per stdout line, so the caller interleaves its timings with these:
+hello (versions), load {family, path: an .npz of the graph, q, k, v, reference} (each recipe's max |err|),
+time {contender, mode, reps, warmup} (ms per call), mem {contender, mode} (peak extra MiB), quit.
+Recipes (`fused`, `builtin`): docs/benchmarks/dgl.md.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 
@@ -68,16 +52,8 @@ RECIPES = {"dgl fused": fused, "dgl builtin": builtin}
 
 
 def _call(contender: str, mode: str):
-    g, leaves, gout = STATE["g"], STATE["leaves"], STATE["gout"]
-    f = RECIPES[contender]
-    if mode == "fwd":
-        with torch.no_grad():
-            return f(g, *leaves)
-    out = f(g, *leaves)
-    out.backward(gout)
-    for x in leaves:
-        x.grad = None
-    return out
+    g, leaves = STATE["g"], STATE["leaves"]
+    return harness.timed_pass(lambda: RECIPES[contender](g, *leaves), mode, leaves, STATE["gout"])
 
 
 def handle(msg: dict) -> dict:
@@ -85,12 +61,7 @@ def handle(msg: dict) -> dict:
     if cmd == "hello":
         import dgl
 
-        return {
-            "dgl": dgl.__version__,
-            "torch": torch.__version__,
-            "numpy": np.__version__,
-            "threads": torch.get_num_threads(),
-        }
+        return dict(dgl=dgl.__version__, torch=torch.__version__, numpy=np.__version__, threads=torch.get_num_threads())
     if cmd == "load":
         data = np.load(msg["path"])
         g = _graph(data["src"], data["dst"], int(data["num_src"]), int(data["num_dst"]))
@@ -99,7 +70,7 @@ def handle(msg: dict) -> dict:
         with torch.no_grad():
             errs = {name: (f(g, q, k, v) - ref).abs().max().item() for name, f in RECIPES.items()}
         return {"family": msg["family"], "edges": g.num_edges(), "max_err": errs}
-    call = functools.partial(_call, msg.get("contender"), msg.get("mode"))
+    call = _call(msg.get("contender"), msg.get("mode"))
     if cmd == "time":  # timed and measured as the harness does for sparseattn, under the same malloc settings
         return {"times_ms": harness.time_ms(call, "cpu", msg.get("warmup", 0), msg["reps"], budget_s=float("inf"))}
     if cmd == "mem":

@@ -1,12 +1,9 @@
 """Benchmark plumbing shared by the benchmark scripts: interleaved, synchronized timing, peak memory,
-the machine and provenance every result records (`machine_info`, `provenance`), and a run's JSON,
-PNG and log (`Output`).
+the machine and provenance every result records, and a run's JSON, PNG and log (`Output`).
 
-Peak memory on CPU is the peak resident set (VmHWM, reset through /proc/self/clear_refs) during one
-call minus the resident set before it (null where the kernel cannot reset it); glibc serves blocks
-above 64 KiB with mmap while it is measured, so the resident set follows what is live. Timing runs at
-a 32 MiB mmap threshold, where glibc's dynamic threshold settles in a long-running process: timing
-under 64 KiB would charge every contender page faults on each large tensor, which no default process pays.
+Peak memory on CPU: the peak resident set (VmHWM, reset through /proc/self/clear_refs) during a call
+minus the resident set before it, with glibc's mmap threshold at 64 KiB so that freed blocks leave it.
+Timing runs at 32 MiB, where glibc's dynamic threshold settles in a long-running process.
 """
 
 from __future__ import annotations
@@ -54,12 +51,10 @@ def _sync(device: str) -> None:
 def time_interleaved(
     fns: List[Callable[[], object]], device: str = "cpu", warmup: int = 3, reps: int = 10, budget_s: float = 20.0
 ) -> List[Any]:
-    """Run each fn `warmup` times (once when the first run takes over budget_s / 4), then up to
-    `reps` synchronized timed runs of each in rounds (one run of each per round, fewer rounds for a
-    contender that has spent `budget_s`), so that load changes on a shared machine hit every
-    contender alike; every other round runs them in reverse order, so that none always follows the
-    same neighbour (one that frees large blocks leaves the next to fault its pages in again).
-    Returns per contender its list of times in ms, or the exception it raised."""
+    """Each fn `warmup` times (once if that run takes over budget_s / 4), then up to `reps` synchronized
+    timed runs of each in rounds (fewer for one that has spent `budget_s`), every other round in reverse
+    order, so that load changes hit every contender alike and none always follows the same neighbour.
+    Returns per contender its times in ms, or the exception it raised."""
     times: List[Any] = [[] for _ in fns]
     for i, fn in enumerate(fns):
         try:
@@ -117,9 +112,8 @@ def failure(exc: BaseException) -> str:
 
 
 def measure(rows: Sequence[Any], fns: Sequence[Callable[[], object]], device: str = "cpu", memory=True, **timing):
-    """Times fns in interleaved rounds (`time_interleaved`; timing: warmup, reps, budget_s) into their
-    rows (`Result`s: times_ms, ms their median), then, with `memory`, each timed one's peak extra
-    memory (`peak_extra_mib`); a contender that raised gets `failure` as its note."""
+    """`time_interleaved` (timing: warmup, reps, budget_s) into the rows' times_ms and ms, then with
+    `memory` each one's `peak_extra_mib`; a contender that raised gets `failure` as its note."""
     for r, fn, times in zip(rows, fns, time_interleaved(list(fns), device, **timing)):
         if isinstance(times, Exception):
             r.note = failure(times)
@@ -146,8 +140,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
 def _malloc_for(measuring_memory: bool) -> None:
-    """glibc's thresholds for measuring memory (big blocks via mmap, unmapped on free) or for timing
-    (the steady state of its default dynamic threshold)."""
+    """glibc's thresholds for measuring memory (big blocks mmapped) or for timing (its steady state)."""
     if _LIBC is not None:
         mmap = 64 * 1024 if measuring_memory else 32 * 2**20
         _LIBC.mallopt(_M_MMAP_THRESHOLD, mmap)
@@ -163,7 +156,7 @@ def _status_kib(key: str) -> Optional[int]:
 
 
 def _reset_cpu_peak() -> bool:
-    """Reset the process's peak resident set (VmHWM); False where the kernel does not let it."""
+    """Reset VmHWM; False where the kernel does not let it."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             return f.write("5") == 1
@@ -198,10 +191,9 @@ def peak_extra_mib(fn: Callable[[], object], device: str = "cpu") -> Optional[fl
 def profile_top(
     fn: Callable[[], object], runs: int = 1, rows: int = 8, cuda: bool = False
 ) -> Tuple[List[dict], List[str], float]:
-    """The `rows` operators with the most self time over `runs` calls of fn: self CPU time, or with
-    `cuda` self CUDA time as a share of the device events' total (an operator's self CUDA time is its
-    kernels' time again). Returns [{"op", "self_ms" (per call), "share", "calls"}], every operator's
-    name, and that total in ms."""
+    """The `rows` operators with the most self CPU time (with `cuda`: self CUDA time, as a share of the
+    device events' total) over `runs` calls of fn: [{"op", "self_ms" (per call), "share", "calls"}],
+    every operator's name, and the total in ms."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda) as prof:
@@ -268,10 +260,8 @@ _OPENMP_ENV = ("OMP_", "GOMP_", "KMP_", "MKL_")  # what OpenMP and MKL read at s
 
 
 def openmp_settings() -> dict:
-    """This process's OpenMP-related environment and a summary of torch.__config__.parallel_info():
-    {"env": {name: value}, "parallel_info": {"backend": "OpenMP", "OpenMP": "201511 ...",
-    "at::get_num_threads()": "2", "omp_get_max_threads()": "2", ...}} (its environment section left
-    out: "env" holds it)."""
+    """{"env": this process's OpenMP and MKL variables, "parallel_info": torch.__config__.parallel_info()'s
+    lines above its environment section as {"backend": "OpenMP", "at::get_num_threads()": "2", ...}}."""
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(_OPENMP_ENV)}
     text = torch.__config__.parallel_info()
     summary = {}
@@ -289,9 +279,8 @@ def openmp_settings() -> dict:
 
 @functools.lru_cache(maxsize=None)
 def git_state() -> tuple:
-    """(commit, dirty) of the checkout, once per process (so at the run's start): dirty when
-    tracked files outside benchmarks/results/ differ from the commit; (None, None) outside a
-    checkout, unless $SPARSEATTN_COMMIT names the commit."""
+    """(commit, dirty) of the checkout at the run's start (dirty: tracked files outside benchmarks/results/
+    differ); outside a checkout ($SPARSEATTN_COMMIT or None, None)."""
 
     def git(*args: str) -> Optional[str]:
         try:
@@ -308,8 +297,7 @@ def git_state() -> tuple:
 
 
 def _shown(arg: str) -> str:
-    """A command-line argument as a result records it: paths in the repository relative to it, the
-    home folder as ~ (no machine path beyond that)."""
+    """An argument as a result records it: paths in the repository relative to it, the home folder as ~."""
     flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
     if os.path.isabs(value):
         absolute = os.path.normpath(value)
@@ -321,9 +309,8 @@ def _shown(arg: str) -> str:
 
 
 def command(module: str, argv: Optional[Sequence[str]] = None) -> str:
-    """The command line of this run: the timing-relevant environment settings that are set, then
-    `python -m <module>`, or `python <path>` where the script was run as a file, and argv
-    (sys.argv[1:] by default)."""
+    """This run's command line: the timing-relevant environment settings, `python -m <module>` (or
+    `python <path>` for a script run as a file) and argv (sys.argv[1:] by default)."""
     argv = sys.argv[1:] if argv is None else argv
     main = sys.modules.get("__main__")
     path = module.replace(".", "/") + ".py"
@@ -357,8 +344,7 @@ def machine_tag(info: dict) -> str:
 
 @dataclass
 class Result:
-    """One contender on one graph and pass ("fwd" or "fwd+bwd"). ms is None when it was skipped
-    or failed, with the reason in `note`."""
+    """One contender on one graph and pass ("fwd" or "fwd+bwd"); ms None: skipped or failed (`note` says why)."""
 
     family: str
     edges: int
@@ -387,8 +373,7 @@ def row_line(r: Result, extra: str = "") -> str:
 
 
 def write_json(path: str, provenance: dict, info: dict, config: dict, results: Sequence[Any], **extra: Any) -> None:
-    """{commit, dirty, command, machine, config, results, **extra}; results are dataclasses or dicts.
-    The machine's load average at the end is taken now."""
+    """{commit, dirty, command, machine (load average at the end added), config, results, **extra}."""
     info = dict(info, load_average_end=_load())
     rows = [asdict(r) if is_dataclass(r) else r for r in results]
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -397,13 +382,10 @@ def write_json(path: str, provenance: dict, info: dict, config: dict, results: S
 
 
 class Output:
-    """A run's files, `<out>/<bench>[_quick]_<machine>[_<tag>].{json,png,log}` (`path` without the
-    ending, `png` the plot's), named from `info` (`machine_tag`), with `header` its machine line.
-    `log` prints a line and, unless log_file=False, appends it to the .log (written as it goes, so a
-    run cut short keeps its log; its first lines name the command and commit, then `header`, which the
-    first call prints before its line); `save` writes the JSON
-    with `info` and the provenance taken when the Output was made, at the run's start; `close` prints
-    (and logs) the tables its page will show."""
+    """A run's files, `<out>/<bench>[_quick]_<machine>[_<tag>].{json,png,log}` (`path` without the ending,
+    `png` the plot's), `header` its machine line. `log` prints a line and, unless log_file=False, appends it
+    to the .log as it goes (first lines: command, commit, header); `save` writes the JSON with the provenance
+    taken at the start; `close` prints (and logs) the tables its page will show."""
 
     def __init__(self, module: str, argv, out: str, info: dict, tag: str = "", quick: bool = False, log_file=True):
         os.makedirs(out, exist_ok=True)
@@ -453,15 +435,6 @@ def _pyplot():
     return plt
 
 
-def _save(fig, plt, path: str, title: str) -> bool:
-    fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
 def nest(rows: Sequence[Any], panel: str, group: str, series: str, value: str) -> Dict[Any, Dict[Any, Dict[Any, Any]]]:
     """{panel: {group: {series: value}}} of the rows (dicts or dataclasses) that have a value, by field names."""
     out: Dict[Any, Dict[Any, Dict[Any, Any]]] = {}
@@ -475,9 +448,8 @@ def nest(rows: Sequence[Any], panel: str, group: str, series: str, value: str) -
 def write_bars(
     path: str, title: str, panels: Dict[str, Dict[str, Dict[str, float]]], ylabel: str, log: bool = False, lines=()
 ) -> bool:
-    """One bar chart per panel ({panel: {group: {series: value}}}): per group one bar per series,
-    a series in the same color on every panel; `lines`: (value, label) reference lines. False if
-    matplotlib is missing."""
+    """A bar chart per panel ({panel: {group: {series: value}}}), a series in one color on every panel;
+    `lines`: (value, label) reference lines. False if matplotlib is missing."""
     plt = _pyplot()
     if plt is None or not panels:
         return False
@@ -496,10 +468,14 @@ def write_bars(
         ax.set(yscale="log" if log else "linear", ylabel=ylabel, title=panel)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=6, ncol=1 + len(here) // 12)
-    return _save(fig, plt, path, title)
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def write_times(path: str, title: str, rows: Sequence[Any]) -> bool:
-    """The rows' median ms, a panel per pass, per family a bar per contender (log scale). False if
-    matplotlib is missing or no row has a time."""
+    """The rows' ms, a panel per pass, per family a bar per contender (log scale); False if none drawn."""
     return write_bars(path, title, nest(rows, "mode", "family", "contender", "ms"), "ms (median)", log=True)

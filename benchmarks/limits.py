@@ -18,14 +18,10 @@ row pointers), 0 for a graph made only of dense blocks (block bounds, no per-edg
 
     limit_ms = max(bytes / copy bandwidth, flops / GEMM rate) * 1e3,   fraction = limit_ms / measured ms
 
-Each tensor moves once (perfect reuse through the caches), exp and the normalization are free, and
-no (E, H) intermediate goes to memory: a lower bound no real kernel reaches, so a fraction near 1 is
-not expected; it says how far a contender is from what the hardware allows. The rates are measured
-in the process that times the contenders, at its thread setting, by `measure_rates`:
-copy bandwidth = 2 * buffer bytes / time of `dst.copy_(src)` (read + write, as STREAM counts a copy;
-the buffers are preallocated and written first, so no page is faulted in while timed), GEMM rate =
-2 * n^3 / time of `torch.mm(a, b, out=c)` on (n, n) float32; each the median of `reps` runs after
-warm-up.
+A lower bound no real kernel reaches (each tensor moves once, exp is free, no (E, H) intermediate goes to
+memory): it says how far a contender is from what the hardware allows. `measure_rates` measures the rates
+in the process that times the contenders: copy bandwidth = 2 * bytes / time of a preallocated
+`dst.copy_(src)` (read + write, as STREAM counts it), GEMM rate = 2 n^3 / time of an (n, n) float32 mm.
 """
 
 from __future__ import annotations
@@ -58,28 +54,19 @@ def limit_ms(bytes_: float, flops: float, copy_gb_per_s: float, gemm_gflop_per_s
     return max(bytes_ / (copy_gb_per_s * 1e9), flops / (gemm_gflop_per_s * 1e9)) * 1e3
 
 
-def _median_s(fn, reps: int) -> float:
-    return harness.median(harness.time_ms(fn, warmup=2, reps=reps, budget_s=float("inf"))) / 1e3
-
-
-def _copy_s(mib: int, reps: int) -> float:
-    src = torch.ones(mib * 2**20 // 4)
-    dst = torch.zeros_like(src)  # written once here, so its pages are in before the timed copies
-    return _median_s(lambda: dst.copy_(src), reps)
-
-
-def _gemm_s(n: int, reps: int) -> float:
-    a, b, c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
-    return _median_s(lambda: torch.mm(a, b, out=c), reps)
-
-
 def measure_rates(copy_mib: int = 256, gemm_n: int = 2048, reps: int = 9) -> Dict[str, float]:
-    """This process's copy bandwidth (GB/s) and float32 GEMM rate (GFLOP/s), at its current thread
-    setting, with the sizes used."""
-    copy_s, gemm_s = _copy_s(copy_mib, reps), _gemm_s(gemm_n, max(3, reps // 2))
+    """This process's copy bandwidth (GB/s) and float32 GEMM rate (GFLOP/s), each the median of its runs
+    after warm-up, at its current thread setting, with the sizes used."""
+    src = torch.ones(copy_mib * 2**20 // 4)
+    dst = torch.zeros_like(src)  # written once here, so its pages are in before the timed copies
+    a, b, c = torch.randn(gemm_n, gemm_n), torch.randn(gemm_n, gemm_n), torch.empty(gemm_n, gemm_n)
+    copy_ms, gemm_ms = (
+        harness.median(harness.time_ms(fn, warmup=2, reps=n, budget_s=float("inf")))
+        for fn, n in ((lambda: dst.copy_(src), reps), (lambda: torch.mm(a, b, out=c), max(3, reps // 2)))
+    )
     return {
-        "copy_gb_per_s": 2 * copy_mib * 2**20 / copy_s / 1e9,
-        "gemm_gflop_per_s": 2 * gemm_n**3 / gemm_s / 1e9,
+        "copy_gb_per_s": 2 * copy_mib * 2**20 / copy_ms / 1e6,
+        "gemm_gflop_per_s": 2 * gemm_n**3 / gemm_ms / 1e6,
         "copy_mib": copy_mib,
         "gemm_n": gemm_n,
     }

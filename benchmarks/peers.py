@@ -1,7 +1,6 @@
-"""The peers the benchmarks compare against, each built from the same (N, H, D) inputs and returning
-(N_dst, H, Dv): masked SDPA on a padded batch, the plain dense bmm floor, the real torch_geometric
-(TransformerConv's `utils.softmax` + `utils.scatter`), and FlexAttention with a block mask from the
-graph. Each builder returns a no-argument callable, with a byte estimate where it can be large."""
+"""The peers the benchmarks compare against, each a no-argument callable on the same (N, H, D) inputs
+returning (N_dst, H, Dv), with a byte estimate where it can be large: masked SDPA on a padded batch, the
+dense bmm floor, torch_geometric's TransformerConv recipe, and FlexAttention with a block mask from the graph."""
 
 from __future__ import annotations
 
@@ -76,12 +75,8 @@ def sdpa_kernel_name(fn) -> str:
 
     with profile() as prof, torch.no_grad():
         fn()
-    names = {
-        e.key
-        for e in prof.key_averages()
-        if "scaled_dot_product" in e.key and e.key != "aten::scaled_dot_product_attention"
-    }
-    return ", ".join(sorted(names)) or "none"
+    names = {e.key for e in prof.key_averages() if "scaled_dot_product" in e.key}
+    return ", ".join(sorted(names - {"aten::scaled_dot_product_attention"})) or "none"
 
 
 def make_dense_bmm(fam, g: graphs.Graph, q, k, v, clamp=(-5.0, 5.0)):
@@ -124,12 +119,9 @@ def pyg_label() -> str:
 
 
 def make_pyg(g: graphs.Graph, q, k, v, clamp=None):
-    """torch_geometric's TransformerConv message passing on (N, H, D) q/k/v: gather k[src] and
-    q[dst], alpha = <q_i, k_j> / sqrt(D) (clamped to `clamp`, if given), `torch_geometric.utils.softmax`
-    over each destination's in-edges, messages v[src] * alpha, `torch_geometric.utils.scatter(reduce="sum")`
-    into the destinations. Exact softmax (max-subtracted), so it matches the reference with clamp=None and,
-    on inputs whose scores stay inside the clamp, the clamp-mode kernels too.
-    Returns (fn, bytes estimate, label); ImportError when torch_geometric is not installed."""
+    """TransformerConv's message passing on (N, H, D) q/k/v: alpha = <q[dst], k[src]> / sqrt(D) (clamped
+    to `clamp` if given), `torch_geometric.utils.softmax` per destination (exact, max-subtracted), then
+    `utils.scatter` of v[src] * alpha. Returns (fn, bytes estimate, label); ImportError without PyG."""
     from torch_geometric.utils import scatter, softmax
 
     label = pyg_label()

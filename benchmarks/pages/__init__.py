@@ -1,16 +1,11 @@
 """The benchmark pages, rendered from the stored results: python -m benchmarks.pages [--check]
 
-Each `benchmarks/results/<bench>_<machine>[_<variant>].json` goes on `docs/benchmarks/<page>.md` (its
-PNG copied to `docs/benchmarks/img/`), and `docs/benchmarks/index.md` gets one headline per benchmark and
-machine. The prose is in `benchmarks/templates/<page>.md` (first line: the title), with placeholders:
-`{{ runs }}` (per machine, each run's header, tables and plot, from this package's page modules),
-`{{ headlines }}` (index.md) and `{{ log:<stem> }}` (a kept probe log, quoted as it is); `snippet(name)`
-gives a page module `templates/<name>.md`. Every number, commit and command comes from the JSON files.
-<machine> is the harness's `machine_tag`, <variant> a run's `--tag`; probes keep a log only,
-`probe_<name>_<machine>[_<variant>].log`.
-
-    python -m benchmarks.pages            # write the pages and images
-    python -m benchmarks.pages --check    # exit 1 if the committed pages or images differ
+Each `benchmarks/results/<bench>_<machine>[_<variant>].json` (machine: the harness's `machine_tag`,
+variant: a run's `--tag`) goes on `docs/benchmarks/<page>.md`, its PNG into `docs/benchmarks/img/`, and
+`index.md` gets one headline per benchmark and machine. The prose is in `benchmarks/templates/<page>.md`
+(first line: the title; `snippet(name)` reads one) with placeholders `{{ runs }}` (this package's tables),
+`{{ headlines }}` (index.md) and `{{ log:<stem> }}` (a kept probe log, `probe_<name>_<machine>[_<variant>].log`,
+quoted). Every number, commit and command comes from the JSON files. --check: exit 1 if a page differs.
 """
 
 from __future__ import annotations

@@ -60,10 +60,8 @@ def load_runs(results: str = RESULTS) -> List[Run]:
         stem = name[: -len(".json")]
         with open(os.path.join(results, name)) as f:
             data = json.load(f)
-        bench = parsed["bench"][len("bench_") :]
-        runs.append(
-            Run(stem, bench, parsed["machine"], parsed["variant"], data, stem + ".png" in names, stem + ".log" in names)
-        )
+        bench, has = parsed["bench"][len("bench_") :], (stem + ".png" in names, stem + ".log" in names)
+        runs.append(Run(stem, bench, parsed["machine"], parsed["variant"], data, *has))
     return runs
 
 
@@ -132,11 +130,8 @@ def machine_desc(info: Dict[str, Any]) -> str:
 
 def versions(info: Dict[str, Any]) -> str:
     out = [f"sparseattn {info['sparseattn']}", f"torch {info['torch']}"]
-    out += [
-        f"{name} {info[key]}"
-        for key, name in (("cuda", "CUDA"), ("triton", "triton"), ("torch_geometric",) * 2)
-        if info.get(key)
-    ]
+    names = (("cuda", "CUDA"), ("triton", "triton"), ("torch_geometric",) * 2)
+    out += [f"{name} {info[key]}" for key, name in names if info.get(key)]
     dgl = info.get("dgl")
     if isinstance(dgl, dict):
         out.append(f"DGL {dgl['dgl']} on torch {dgl['torch']} (own process)")

@@ -8,6 +8,7 @@ from typing import Dict, List, Tuple
 from .common import DASH, Run, by_key, cell, f_int, f_ms, f_pct, f_x, joined, ordered, sections, table
 
 TRITON_ORDER = ("triton", "auto", "csr", "pyg", "flex", "sdpa")
+PASSES = ("fwd", "fwd+bwd")
 
 
 def triton_tables(run: Run) -> List[str]:
@@ -22,43 +23,31 @@ def triton_tables(run: Run) -> List[str]:
         for fam in families:
             row = [f"`{fam}`", f_int(next(r["edges"] for r in run.results if r["family"] == fam))]
             for c in contenders:
-                vals = [cell(cells.get((fam, f"{mode} {kind}", c))) for mode in ("fwd", "fwd+bwd")]
+                vals = [cell(cells.get((fam, f"{mode} {kind}", c))) for mode in PASSES]
                 row.append(vals[0] if vals[1] in (DASH, vals[0]) else " / ".join(vals))
             t = cells.get((fam, f"fwd {kind}", "triton"))
             gbs = t.get("gb_per_s") if t else None
             rows.append(row + [f"{gbs:,.0f} ({100 * gbs / peak:.0f}%)" if gbs and peak else DASH])
         head = ["graph", "edges"] + [f"`{c}`" for c in contenders] + ["`triton` fwd GB/s (of peak)"]
         out.append(f"**{kind}**, ms fwd / fwd+bwd (median):\n\n" + table(head, rows, right=1))
-    mem = [
-        [f"`{fam}`"]
-        + [
-            joined(
-                [cells.get((fam, f"{m} {kinds[0]}", c), {}).get("peak_extra_mib") for m in ("fwd", "fwd+bwd")], f_int
-            )
-            for c in contenders
-        ]
-        for fam in families
-    ]
+
+    def mib(fam: str, c: str) -> str:
+        return joined([cells.get((fam, f"{m} {kinds[0]}", c), {}).get("peak_extra_mib") for m in PASSES], f_int)
+
+    mem = [[f"`{fam}`"] + [mib(fam, c) for c in contenders] for fam in families]
     head = ["graph"] + [f"`{c}`" for c in contenders]
     out.append(f"Peak extra GPU memory, MiB fwd / fwd+bwd ({kinds[0]}):\n\n" + table(head, mem, right=1))
     rows = []
     for name, value in (run.data.get("targets") or {}).items():
         what, _, bound = name.partition(" (")
         bound = bound.rstrip(")").replace(">=", "≥").replace("<=", "≤")
-        if value is None:
-            shown = DASH
-        elif "GB/s" in what:
-            shown = f"{value:.2f}"
-        else:  # a time ("... ms") or a ratio of two
-            shown = f"{f_ms(value)} ms" if what.endswith(" ms") else f_x(value)
-        rows.append([what, bound, shown])
+        ms = f"{f_ms(value)} ms" if what.endswith(" ms") else f_x(value)  # a time or a ratio of two
+        rows.append([what, bound, DASH if value is None else f"{value:.2f}" if "GB/s" in what else ms])
     if rows:
         head = ["ratio", "target", "measured"]
         out.append(f"Targets ({DASH}: a contender of the ratio did not run):\n\n" + table(head, rows, right=(2,)))
     wrong = run.data.get("wrong") or []
-    out.append(
-        "Every contender's output matched the reference." if not wrong else f"Outputs off the reference: {wrong}."
-    )
+    out.append(f"Outputs off the reference: {wrong}." if wrong else "Every contender's output matched the reference.")
     return out
 
 
@@ -69,12 +58,8 @@ def sweep_table(run: Run) -> str:
     contenders = ordered(r["contender"] for r in run.results if r["mode"] == mode)
     times = {f: [cells.get((f, mode, c), {}).get("ms") for c in contenders] for f in families}
     best = {f: min((ms for ms in times[f] if ms), default=None) for f in families}
-    rows = []
-    for i, c in enumerate(contenders):
-        ms = [times[f][i] for f in families]
-        rows.append(
-            [f"`{c}`"] + [f"**{f_ms(t)}**" if t is not None and t == best[f] else f_ms(t) for f, t in zip(families, ms)]
-        )
+    bold = lambda t, f: f"**{f_ms(t)}**" if t is not None and t == best[f] else f_ms(t)
+    rows = [[f"`{c}`"] + [bold(times[f][i], f) for f in families] for i, c in enumerate(contenders)]
     head = ["setting"] + [f"`{f}`" for f in families]
     return f"{mode}, ms (median); bold: the fastest per graph:\n\n" + table(head, rows, right=1)
 

@@ -13,6 +13,11 @@ KERNEL_ORDER = ("csr", "dense", "auto", "auto (raw)", "auto (compiled)", "sdpa",
 Bound = Optional[Tuple[str, float]]
 GROUP_HEAD = ["family", "threads", "input σ"]  # each table line: a family at a thread setting and input scale
 MOVED = (("bytes", 1e6, 0), ("flops", 1e9, 2))  # must_move's bytes in MB and flops in GFLOP, with decimals
+RATES = (("copy_gb_per_s", 1), ("gemm_gflop_per_s", 0))
+SETTINGS = (
+    "Thread settings, each run in a process of its own started with this environment; the rates, measured"
+    " in that process at its start and end (the higher is used), set each row's physical limit:\n\n"
+)
 
 
 def _misses(value: Optional[float], target: Bound) -> bool:
@@ -103,18 +108,11 @@ def settings_table(run: Run) -> str:
     for s in run.config.get("settings", []):
         load = "-".join(dict.fromkeys(f"{s[k]:.1f}" for k in ("load_average_start", "load_average_end") if k in s))
         env = " ".join(f"`{k}={v}`" for k, v in s.get("env", {}).items()) or DASH
-        rates = [
-            DASH if s.get(k) is None else f"{s[k]:.{p}f}" for k, p in (("copy_gb_per_s", 1), ("gemm_gflop_per_s", 0))
-        ]
-        rows.append(
-            [s.get("label", "?"), env, str(s.get("torch_threads", DASH)), *rates, load or DASH, s.get("error", "")]
-        )
+        rates = [DASH if s.get(k) is None else f"{s[k]:.{p}f}" for k, p in RATES]
+        rows.append([s.get("label", "?"), env, str(s.get("torch_threads", DASH)), *rates, load or DASH])
+        rows[-1].append(s.get("error", ""))
     head = ["threads", "environment", "torch threads", "copy GB/s", "GEMM GFLOP/s", "load", "note"]
-    return (
-        "Thread settings, each run in a process of its own started with this environment; the rates, measured"
-        " in that process at its start and end (the higher is used), set each row's physical limit:\n\n"
-        + table(head, rows, right=(2, 3, 4, 5))
-    )
+    return SETTINGS + table(head, rows, right=(2, 3, 4, 5))
 
 
 def kernel_sections(run: Run) -> List[str]:
