@@ -205,7 +205,7 @@ def run_gqa(args, argv: List[str]) -> None:
             harness.measure(here, fns, warmup=1, reps=args.reps, budget_s=args.budget_s)
             rows += here
             for r in here:
-                print(harness.row_line(r), flush=True)
+                print(f"  {r.family:7s}" + harness.row_line(r), flush=True)
         out.save(dict(graph="random-50k", heads=HEADS, dim=DIM, dtype="float32", load=os.getloadavg()), rows)
     harness.write_times(out.png, out.header + " (grouped-query heads)", rows)
     out.close(preview=False)
