@@ -133,9 +133,11 @@ def padded_batch_attention(layer, x: Tensor, batch: Optional[Tensor], ptr: Optio
     dense = qkv.new_zeros(b * length, 3 * e).index_copy_(0, slot, qkv)  # (B * L, 3E), padding rows 0
     q, k, v = dense.view(b, length, 3, h, d).permute(2, 0, 3, 1, 4)  # (B, H, L, D) each
     # keys past a graph's size are masked; an empty graph's rows are all padding, so keep its first key
-    real = torch.arange(length, device=x.device) < sizes.clamp(min=1).unsqueeze(1)  # (B, L)
+    pad = torch.arange(length, device=x.device) >= sizes.clamp(min=1).unsqueeze(1)  # (B, L)
+    # an additive float mask: measured faster in CPU SDPA than a bool one
+    mask = torch.zeros(b, 1, 1, length, dtype=x.dtype, device=x.device).masked_fill_(pad[:, None, None], float("-inf"))
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=real[:, None, None, :], dropout_p=layer.dropout if layer.training else 0.0
+        q, k, v, attn_mask=mask, dropout_p=layer.dropout if layer.training else 0.0
     )  # (B, H, L, D)
     out = out.transpose(1, 2).reshape(b * length, e).index_select(0, slot)  # (N, E)
     return layer.out_proj(out)
