@@ -4,10 +4,11 @@
     python -m benchmarks.bench_layers                        # 50K-node graphs, 1 thread (~10 min on 2 cores)
     python -m benchmarks.bench_layers --nodes 5000 --threads 2
     python -m benchmarks.bench_layers --molecules              # only the molecule batches (~1 min)
+    python -m benchmarks.bench_layers --molecules --global-attention --tag small-graphs  # both small-graph cases
     python -m benchmarks.bench_layers --device cuda --big-layers --nodes 1048576 --dtype bfloat16  # a GPU
 
-Warm, cold (this script with --cold in a fresh process), edge-term and molecule-batch rows
-(`_molecule_cases`); what each measures: benchmarks/templates/layers.md.
+Warm, cold (this script with --cold in a fresh process), edge-term, molecule-batch (`_molecule_cases`)
+and GraphGPS global-attention rows (`_global_cases`); what each measures: benchmarks/templates/layers.md.
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ def _molecule_cases(device: str, log: Callable[[str], None]) -> List[Result]:
         compiled(b.x, b.edge_index, b.edge_attr).sum().backward()
     log(f"molecules: PyG torch.compile(dynamic=True) first 2 batches (compile) {time.perf_counter() - t:.1f} s")
     contenders = {
-        "sparseattn.nn.TransformerConv + from_pyg": (ours, graphs.from_pyg),
+        "sparseattn.nn.TransformerConv": (ours, graphs.from_pyg),
         "PyG TransformerConv": (pyg, lambda b: b.edge_index),
         "PyG TransformerConv compiled": (compiled, lambda b: b.edge_index),
     }
@@ -197,7 +198,7 @@ def _molecule_cases(device: str, log: Callable[[str], None]) -> List[Result]:
 
     edges = sum(b.num_edges for b in batches) // len(batches)
     rows = [Result("molecules-32x5-60", edges, label, "fwd+bwd") for label in contenders]
-    measure(rows, [run(*c) for c in contenders.values()], device, memory=False, warmup=1, reps=15, budget_s=60)
+    measure(rows, [run(*c) for c in contenders.values()], device, warmup=1, reps=15, budget_s=60)
     for r in rows:  # per batch
         r.times_ms = [t / len(batches) for t in r.times_ms]
         r.ms = r.ms / len(batches) if r.ms else None
@@ -205,6 +206,48 @@ def _molecule_cases(device: str, log: Callable[[str], None]) -> List[Result]:
         r.speedup_vs_reference = rows[1].ms / r.ms if rows[1].ms and r.ms else None
         log(f"molecules: {r.contender}: {fmt(r.ms, '.2f')} ms per batch, {fmt(r.speedup_vs_reference, '.2f')}x PyG's")
     return rows
+
+
+GRAPHGPS = "GraphGPS to_dense_batch + nn.MultiheadAttention"
+
+
+def _global_cases(device: str, log: Callable[[str], None]) -> List[Result]:
+    """`GlobalAttention(64, 4)(x, batch)` against GraphGPS's global branch (`to_dense_batch`,
+    `nn.MultiheadAttention(64, 4, batch_first=True)` with the key padding mask, unpad), one state
+    dict, on 128 seeded graphs of 20-40 nodes, x requiring grad; fwd and fwd+bwd."""
+    from torch_geometric.utils import to_dense_batch
+
+    from sparseattn.nn import GlobalAttention
+
+    gen = torch.Generator().manual_seed(0)
+    sizes = torch.randint(20, 41, (128,), generator=gen)
+    batch = torch.repeat_interleave(torch.arange(128), sizes).to(device)
+    x = torch.randn(batch.numel(), 64, generator=gen).to(device).requires_grad_()
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(64, 4, batch_first=True).to(device)
+    ours = GlobalAttention(64, 4).to(device)
+    ours.load_state_dict(mha.state_dict())
+
+    def graphgps() -> torch.Tensor:
+        h, mask = to_dense_batch(x, batch)
+        return mha(h, h, h, key_padding_mask=~mask, need_weights=False)[0][mask]
+
+    with torch.no_grad():
+        err = (ours(x, batch) - graphgps()).abs().max().item()
+    log(f"graphgps-128x20-40: max |sparseattn - GraphGPS| = {err:.2e}")
+    contenders = {"sparseattn.nn.GlobalAttention": lambda: ours(x, batch), GRAPHGPS: graphgps}
+    leaves = [x, *mha.parameters(), *ours.parameters()]
+    edges = int((sizes * sizes).sum())
+    results: List[Result] = []
+    for mode in ("fwd", "fwd+bwd"):
+        rows = [Result("graphgps-128x20-40", edges, label, mode, max_err_vs_reference=err) for label in contenders]
+        measure(rows, [timed_pass(f, mode, leaves) for f in contenders.values()], device, warmup=2, reps=15)
+        for r in rows:
+            r.speedup_vs_reference = rows[1].ms / r.ms if rows[1].ms and r.ms else None
+            speed = fmt(r.speedup_vs_reference, ".2f")
+            log(f"graphgps-128x20-40 {mode}: {r.contender}: {fmt(r.ms, '.2f')} ms, {speed}x GraphGPS's")
+        results += rows
+    return results
 
 
 BIG_LAYERS = ("TransformerConv", "GATv2Conv", "GATConv")
@@ -266,11 +309,12 @@ def _big_layer_cases(nodes: int, dtype: torch.dtype, device: str, log: Callable[
 
 
 def main(argv=None) -> None:
-    p = parser(__doc__, tag=False, type=int, default=1)
+    p = parser(__doc__, type=int, default=1)
     p.add_argument("--nodes", type=int, default=50_000, help="nodes (tokens) of each graph")
     p.add_argument("--device", default="cpu")
     p.add_argument("--skip-layers", action="store_true", help="only the edge-term cases (no torch_geometric)")
     p.add_argument("--molecules", action="store_true", help="only the molecule-batch case")
+    p.add_argument("--global-attention", action="store_true", help="only GlobalAttention against GraphGPS's")
     p.add_argument("--big-layers", action="store_true", help="only BIG_LAYERS on one random graph, PyG compiled too")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="of the --big-layers case")
     p.add_argument("--cold", choices=list(COLD), help=argparse.SUPPRESS)  # the child of a cold case
@@ -279,13 +323,15 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     if args.cold:
         return _cold_child(args.cold, args.cold_graph, args.nodes, args.device)
-    out = Output("benchmarks.bench_layers", argv, args.out, machine_info(args.device))
+    out = Output("benchmarks.bench_layers", argv, args.out, machine_info(args.device), tag=args.tag)
     out.log(f"nodes {args.nodes}, H={HEADS}, C={CHANNELS}, edge_dim={EDGE_DIM}")
+    small = args.molecules or args.global_attention  # only the small-graph cases named
     if args.big_layers:
         results = _big_layer_cases(args.nodes, getattr(torch, args.dtype), args.device, out.log)
     else:
-        results = [] if args.skip_layers else _molecule_cases(args.device, out.log)
-    for name, g in _graphs(args.nodes, args.device).items() if not (args.molecules or args.big_layers) else ():
+        results = [] if args.skip_layers or (small and not args.molecules) else _molecule_cases(args.device, out.log)
+        results += _global_cases(args.device, out.log) if args.global_attention else []
+    for name, g in _graphs(args.nodes, args.device).items() if not (small or args.big_layers) else ():
         if not args.skip_layers:
             results += _layer_cases(name, g, args.device, out.log)
             results += _cold_cases(name, args.nodes, args.threads, args.device, out.log)

@@ -13,18 +13,25 @@ OURS, THEIRS = "sparseattn.nn.TransformerConv", "PyG TransformerConv"
 TERMS = ("csr, edge_key + edge_value (E,H,D)", "csr, one shared (E,1,D) row as both")
 
 
+PEERS = {"GlobalAttention": "GraphGPS to_dense_batch + nn.MultiheadAttention"}  # layer -> its "PyG" contender
+
+
 def _layer_rows(rows: List[Dict[str, Any]]) -> List[List[str]]:
-    """bench_layers --big-layers: per graph and layer, sparseattn against PyG eager and compiled."""
+    """bench_layers --big-layers: per graph and layer, sparseattn against PyG eager and compiled (each
+    pass; a forward-only row names its pass)."""
     cells = by_key(rows, "family", "contender", "mode")
     out = []
     for r in rows:
         if not r["contender"].startswith("sparseattn.nn."):
             continue
         name = r["contender"][len("sparseattn.nn.") :]
-        eager, comp = (cells.get((r["family"], f"PyG {name}{s}", "fwd+bwd")) for s in ("", " compiled"))
+        peer = PEERS.get(name, f"PyG {name}")
+        eager, comp = (cells.get((r["family"], f"{peer}{s}", r["mode"])) for s in ("", " compiled"))
+        name += f" ({r['mode']})" if r["mode"] != "fwd+bwd" else ""
         best = min((x for x in (eager, comp) if x and x["ms"]), key=lambda x: x["ms"], default=None)
         pyg = [v for x in (eager, comp) for v in ((f_ms(x["ms"]), f_int(x["peak_extra_mib"])) if x else (DASH,) * 2)]
-        ratio = [f_x(best["ms"] / r["ms"]), f"1/{best['peak_extra_mib'] / r['peak_extra_mib']:.1f}"] if best else []
+        mem = best and best["peak_extra_mib"] and r["peak_extra_mib"] and best["peak_extra_mib"] / r["peak_extra_mib"]
+        ratio = [f_x(best["ms"] / r["ms"]), f"1/{mem:.1f}" if mem else DASH] if best else []
         out.append([f"`{r['family']}`", name, f_ms(r["ms"]), f_int(r["peak_extra_mib"]), *pyg, *(ratio or [DASH] * 2)])
     return out
 
@@ -51,9 +58,7 @@ def layers_tables(run: Run) -> List[str]:
         if base is not None:
             row = [f"`{fam}`", f_ms(base["ms"]), f_int(base["peak_extra_mib"])]
             for t in (cells.get((fam, name, "fwd+bwd")) for name in TERMS):
-                row += (
-                    [DASH] * 3 if t is None else [f_ms(t["ms"]), f_int(t["peak_extra_mib"]), f_x(t["ms"] / base["ms"])]
-                )
+                row += [f_ms(t["ms"]), f_int(t["peak_extra_mib"]), f_x(t["ms"] / base["ms"])] if t else [DASH] * 3
             terms.append(row)
     errs = [r["max_err_vs_reference"] for r in rows if r["contender"] == OURS and r.get("max_err_vs_reference")]
     out = []
@@ -113,15 +118,11 @@ def train_table(run: Run) -> List[str]:
         for threads in ordered(r["threads"] for r in rows if r["task"] == task):
             group = [r for r in rows if r["task"] == task and r["threads"] == threads]
             ref = next((r for r in group if r["contender"] == "nn.Transformer"), None) or {}
-            for r in group:
-                if r is not ref:
-                    out.append(
-                        [task, str(threads), f_pct(ref.get("padding")), f"`{r['contender'].replace('graph ', '')}`"]
-                        + [f_int(r["tokens_per_s"]), f_int(ref.get("tokens_per_s"))]
-                        + [median_range(r.get("ratio_per_round") or [])]
-                        + [f"{f_int(r['peak_extra_mib'])} / {f_int(ref.get('peak_extra_mib'))}"]
-                        + [_sdpa(ref) if ref else DASH]
-                    )
+            for r in (r for r in group if r is not ref):
+                row = [task, str(threads), f_pct(ref.get("padding")), f"`{r['contender'].replace('graph ', '')}`"]
+                ratio, mib = median_range(r.get("ratio_per_round") or []), f_int(r["peak_extra_mib"])
+                row += [f_int(r["tokens_per_s"]), f_int(ref.get("tokens_per_s")), ratio]
+                out.append(row + [f"{mib} / {f_int(ref.get('peak_extra_mib'))}", _sdpa(ref) if ref else DASH])
     head = ["task", "threads", "padding", "graph model", "graph tok/s", "nn.Transformer tok/s"]
     head += ["graph / nn.Transformer", "peak extra MiB, graph / nn", "SDPA"]
     err = max((r.get("same_function_max_err") or 0.0 for r in rows), default=0.0)
@@ -187,11 +188,9 @@ def compile_train_table(runs: List[Run]) -> str:
             eager, compiled = group.get("graph auto"), group.get("graph auto (compiled)")
             if eager is not None and compiled is not None:
                 per_round = compiled.get("compiled_speedup_per_round", [])
-                rows.append(
-                    [f"`{run.variant}`", task, str(len(per_round)), f_int(eager["tokens_per_s"])]
-                    + [f_int(compiled["tokens_per_s"]), median_range(per_round)]
-                    + [f"{f_int(compiled['peak_extra_mib'])} / {f_int(eager['peak_extra_mib'])}"]
-                )
+                row = [f"`{run.variant}`", task, str(len(per_round)), f_int(eager["tokens_per_s"])]
+                mib = f"{f_int(compiled['peak_extra_mib'])} / {f_int(eager['peak_extra_mib'])}"
+                rows.append(row + [f_int(compiled["tokens_per_s"]), median_range(per_round), mib])
     head = ["run", "task", "rounds", "eager tok/s", "compiled tok/s", "compiled / eager"]
     return table(head + ["peak extra MiB, compiled / eager"], rows, right=(2, 3, 4))
 
@@ -202,14 +201,9 @@ def compile_headline(group: List[Run]) -> str:
         ratios = [c[f"ratio_{m}"] for c in run.config.get("cases", {}).values() for m in ("fwd", "fwd+bwd")]
         if run.bench == "compile" and ratios:
             out.append(f"eager / compiled {span(ratios)} ({len(run.config['cases'])} cases, fwd and fwd+bwd)")
-    steps = [
-        f"{r['task']} {f_x(statistics.median(r['compiled_speedup_per_round']))}"
-        f" ({len(r['compiled_speedup_per_round'])} rounds)"
-        for run in group
-        if run.bench == "train"
-        for r in run.results
-        if r.get("compiled_speedup_per_round")
-    ]
+    trains = [r for run in group if run.bench == "train" for r in run.results]
+    speedups = [(r["task"], r.get("compiled_speedup_per_round")) for r in trains]
+    steps = [f"{task} {f_x(statistics.median(s))} ({len(s)} rounds)" for task, s in speedups if s]
     if steps:
         out.append("training step compiled / eager: " + ", ".join(steps))
     return "; ".join(out)
