@@ -1,14 +1,10 @@
-"""Training on a graph partitioned across gloo processes (`sparseattn.distributed`): per-rank memory,
-step time and halo traffic with 1 and 4 processes, for the model of
-examples/distributed_node_classification.py (what the tables mean: docs/benchmarks/distributed.md).
+"""Training on a graph partitioned across gloo processes (`sparseattn.distributed`): per-rank memory, step
+time and halo traffic with 1 and 4 processes, for the model of examples/distributed_node_classification.py
+(docs/benchmarks/distributed.md); each configuration (`configs`) is one torchrun launch of this script.
 
     python -m benchmarks.bench_distributed                     # default sizes (~15 min on 2 cores)
     python -m benchmarks.bench_distributed --quick             # 20K-node graphs, 2 steps: a smoke run
     python -m benchmarks.bench_distributed --nodes 500000 --knn-nodes 250000 --world 2
-
-Each configuration (`configs`) is one torchrun launch of this script in worker mode. Window ranks build
-their own in-edges; the knn graph (scipy's cKDTree) is built once here and written per rank and
-partition to temporary files, and a rank loads only its own (`local_shard(ranges=)` or `owner=`).
 """
 
 from __future__ import annotations
@@ -103,7 +99,8 @@ def knn_edges(n: int, k: int, seed: int) -> torch.Tensor:
 
 
 def write_knn_parts(edges: torch.Tensor, n: int, world: int, data_dir: str, log: Callable[[str], None]) -> None:
-    """The knn graph's files: whole/edges.pt, and per partition its ownership and rank{r}.pt in-edges."""
+    """The knn graph's files: whole/edges.pt, and per partition its ownership and rank{r}.pt in-edges
+    (a rank loads only its own; window ranks build theirs)."""
     from sparseattn import Graph
     from sparseattn.distributed import partition
 

@@ -91,10 +91,8 @@ def setup_task(name: str, args) -> Tuple[Any, Any, List[Any]]:
 
 
 def build_models(cfg, task, backends: List[str], device: str = "cpu", compiled: bool = False) -> Dict[str, nn.Module]:
-    """{"graph <backend>": the preset model with that backend, ..., "nn.Transformer": its padded twin},
-    each from seed 0, on device; with `compiled`, also "graph <backend> (compiled)": the same model
-    with every encoder and decoder layer compiled (torch.compile, fullgraph, dynamic shapes: the
-    batches differ in size; embeddings, generator and loss stay eager)."""
+    """{"graph <backend>": the preset model, [its "(compiled)" twin: every layer torch.compile'd, fullgraph,
+    dynamic shapes,] ..., "nn.Transformer": its padded peer}, each from seed 0, on device."""
     m = cfg.model_cfg
     info = task.model_info()
     models: Dict[str, nn.Module] = {}
@@ -120,8 +118,7 @@ def params(model: nn.Module) -> int:
 def make_step(
     name: str, model: nn.Module, batches: List[Any], smoothing: float, device: str = "cpu"
 ) -> Callable[[int], None]:
-    """step(i): one training step on batch i (forward, loss, backward, Adam); on CUDA under bf16
-    autocast, returning after the GPU has finished it."""
+    """step(i): one training step on batch i (forward, loss, backward, Adam); on CUDA under bf16 autocast, synced."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     inputs = [padded_batch(b, device) for b in batches] if name == "nn.Transformer" else batches
     cuda = device.startswith("cuda")
@@ -142,9 +139,8 @@ def make_step(
 
 
 def check_same_function(models: Dict[str, nn.Module], batches: List[Any], padded_inputs: List[Any]) -> float:
-    """Max |log-probability difference| on the first batch after loading the graph model's weights
-    into the nn.Transformer contender (EdgeAttention has nn.MultiheadAttention's parameter layout):
-    with exact softmax and no dropout both must compute the same function."""
+    """Max |log-probability difference| on the first batch with the graph model's weights loaded into the
+    nn.Transformer (EdgeAttention has nn.MultiheadAttention's layout): exact softmax, no dropout, same function."""
     graph, padded = next(iter(models.values())), models["nn.Transformer"]
     t = padded.transformer
     pairs = [(padded.src_embed, graph.src_embed.lut), (padded.tgt_embed, graph.tgt_embed.lut)]
@@ -220,8 +216,7 @@ def run_task(name: str, args, log: Callable[[str], None]) -> List[dict]:
                 f"{args.rounds} rounds: {', '.join(f'{x * 1e3:.0f}' for x in times[n])})  peak +{mem or 0:.0f} MiB  "
                 f"SDPA: {', '.join(sdpa) or 'none'}  load {load:.1f}"
             )
-            what = "CUDA" if cuda else "CPU"
-            log(f"    top operators by self {what} time, one step per batch ({threads} threads):")
+            log(f"    top operators by self {'CUDA' if cuda else 'CPU'} time, one step per batch ({threads} threads):")
             log(profile_lines(tops) + busy_line)
         here = {r["contender"]: r for r in rows if (r["task"], r["threads"]) == (name, threads)}
         for gname in graphs:  # the ratios the page shows at the end

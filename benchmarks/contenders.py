@@ -52,10 +52,6 @@ def _sdpa_exact(g: graphs.Graph, info: dict) -> Build:
     return build
 
 
-def _compiled(g: graphs.Graph) -> Build:  # on the graph the eager contenders used (its structure cached)
-    return lambda *leaves: _plain(torch.compile(lambda *qkv: edge_attention(*qkv, g), fullgraph=True))(*leaves)
-
-
 def contenders_for(fam: Family, g: graphs.Graph, q: torch.Tensor, args, info: dict) -> Dict[str, Contender]:
     """name -> (build, note, estimate) of every contender on `g` (`info`: its family_info, which gets the
     SDPA kernel the exact `sdpa` peer runs), those of --contenders if given."""
@@ -72,14 +68,16 @@ def contenders_for(fam: Family, g: graphs.Graph, q: torch.Tensor, args, info: di
     out.setdefault("scatter", (None, "skipped: torch_scatter not importable", 0))
     raw = _plain(lambda *qkv, ei=g.edge_index: edge_attention(*qkv, ei))
     out["auto (raw)"] = (raw, "edge_index tensor: builds per call", estimate_bytes("auto", g))
-    if fam.name in COMPILE_FAMILIES:
-        out["auto (compiled)"] = (_compiled(g), "torch.compile(fullgraph=True), inductor", estimate_bytes("auto", g))
+    if fam.name in COMPILE_FAMILIES:  # on the graph the eager contenders used (its structure cached)
+        compiled = lambda *leaves: _plain(torch.compile(lambda *qkv: edge_attention(*qkv, g), fullgraph=True))(*leaves)
+        out["auto (compiled)"] = (compiled, "torch.compile(fullgraph=True), inductor", estimate_bytes("auto", g))
     if fam.lengths is not None and fam.kind in ("full", "causal"):
         if all(x == fam.lengths[0] and x[0] == x[1] for x in fam.lengths):
             out["sdpa"] = (_sdpa_exact(g, info), "unmasked SDPA on (B, H, L, D) views, exact softmax", 0)
         else:
             out["sdpa"] = (None, "not applicable: needs a uniform batch of square blocks", 0)
-    if fam.lengths is None and _has_repeated_edges(g):
+    key = g.dst * max(g.num_src, 1) + g.src  # repeated (source, destination) pairs: graphs.random draws them
+    if fam.lengths is None and bool(torch.unique(key).numel() < key.numel()):
         out["sdpa-masked"] = (None, "not applicable: repeated edges, which a boolean mask holds once", 0)
     else:
         out["sdpa-masked"] = (_peer(peers.make_sdpa, fam, g), "padded batch + boolean mask", 0)
@@ -99,9 +97,3 @@ def contenders_for(fam: Family, g: graphs.Graph, q: torch.Tensor, args, info: di
         out["flex_attention"] = (None, note, 0)
     out["dgl"] = (None, "in its own environment (torch 2.2): python -m benchmarks.bench_dgl", 0)
     return {n: c for n, c in out.items() if not wanted or n in wanted}
-
-
-def _has_repeated_edges(g: graphs.Graph) -> bool:
-    """Whether some (source, destination) pair occurs twice (`graphs.random` draws with replacement)."""
-    key = g.dst * max(g.num_src, 1) + g.src
-    return bool(torch.unique(key).numel() < key.numel())

@@ -1,6 +1,5 @@
-"""The graph families bench_kernels (and bench_dgl) time: windows, uniform random, power-law, and
-batches of dense blocks (complete, causal, bipartite, variable length).
-bench_triton_gpu draws its larger graphs of the same kinds with the builders here, on the GPU."""
+"""The graph families bench_kernels and bench_dgl time (windows, uniform random, power-law, batches of
+complete, causal, bipartite and variable-length blocks); bench_triton_gpu draws its edges on the GPU here."""
 
 from __future__ import annotations
 
@@ -15,9 +14,8 @@ from sparseattn import graphs
 
 @dataclass
 class Family:
-    """A benchmark graph, built by `build()`. `lengths` (n_src, n_dst) per graph and
-    `kind` describe the padded batch the dense peers use; None for single non-block graphs
-    (window, random, power-law)."""
+    """A benchmark graph, built by `build()`; for block families `kind` and `lengths` ((n_src, n_dst) per
+    block) describe the padded batch the dense peers use."""
 
     name: str
     build: Callable[[], graphs.Graph]
@@ -28,14 +26,10 @@ class Family:
 def powerlaw_edges(
     n: int, degree: int, a_src: float = 0.8, a_dst: float = 0.5, seed: int = 0, device=None
 ) -> torch.Tensor:
-    """(2, E) edges among n nodes, E <= n * degree, destination-major, no duplicates: n * degree
-    draws of a source with probability ~ 1 / rank**a_src (a few hubs feed many destinations; rank 1
-    is the biggest hub) and of a destination with probability ~ 1 / rank**a_dst (heavy-tailed
-    in-degree), the ranks placed at node ids by a seeded permutation; repeated pairs are kept once.
-    Rank exponent a gives a degree distribution P(deg = x) ~ x**-(1 + 1/a): 0.8 and 0.5 give
-    exponents 2.25 and 3, within the range 2-3 usually reported for real networks. At n=50,000
-    and degree 16: about 784,000 edges, the largest hub feeding ~15,000 destinations, the largest
-    in-degree ~1,400. Drawn on `device` (its generator: another device, another graph)."""
+    """(2, E <= n * degree) edges, destination-major, repeated pairs kept once: n * degree draws of a source
+    and a destination with probability ~ 1 / rank**a_src and 1 / rank**a_dst (ranks placed at node ids by a
+    seeded permutation): P(deg = x) ~ x**-(1 + 1/a), 0.8 and 0.5 give exponents 2.25 and 3, as reported for
+    real networks (n=50,000, degree 16: ~784,000 edges, largest hub ~15,000 out-edges, in-degree ~1,400)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     ranks = torch.arange(1, n + 1, dtype=torch.float64, device=device)
     draws = [torch.multinomial(ranks.pow(-a), n * degree, replacement=True, generator=gen) for a in (a_src, a_dst)]
@@ -45,9 +39,8 @@ def powerlaw_edges(
 
 
 def random_edges(n: int, num_edges: int, seed: int = 0, device=None) -> torch.Tensor:
-    """(2, E) uniform edges among n nodes (with replacement), destination-major: `graphs.random`'s
-    kind of graph, drawn and sorted on `device` as one (E,) key dst * n + src, so that 2^28 edges
-    need no host sort."""
+    """(2, E) uniform edges among n nodes (with replacement), destination-major, drawn and sorted on `device`
+    as one key dst * n + src (2^28 edges need no host sort)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     key = torch.randint(0, n * n, (num_edges,), generator=gen, device=device).sort().values
     return torch.stack([key % n, key // n])

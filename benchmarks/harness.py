@@ -424,17 +424,6 @@ class Output:
 # ---- plots --------------------------------------------------------------------------------------
 
 
-def _pyplot():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
-
-
 def nest(rows: Sequence[Any], panel: str, group: str, series: str, value: str) -> Dict[Any, Dict[Any, Dict[Any, Any]]]:
     """{panel: {group: {series: value}}} of the rows (dicts or dataclasses) that have a value, by field names."""
     out: Dict[Any, Dict[Any, Dict[Any, Any]]] = {}
@@ -450,8 +439,14 @@ def write_bars(
 ) -> bool:
     """A bar chart per panel ({panel: {group: {series: value}}}), a series in one color on every panel;
     `lines`: (value, label) reference lines. False if matplotlib is missing."""
-    plt = _pyplot()
-    if plt is None or not panels:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    if not panels:
         return False
     names = list(dict.fromkeys(s for groups in panels.values() for g in groups.values() for s in g))
     colors = {n: plt.get_cmap("tab20")(i % 20) for i, n in enumerate(names)}

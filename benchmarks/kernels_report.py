@@ -45,17 +45,11 @@ SHARE_TARGETS = {"window-65536": (">=", 0.25)}  # "auto limit share" per family
 
 
 def ratio_table(results: List[KernelResult]) -> List[dict]:
-    """Target ratios per thread setting, input scale and family: auto/sdpa, raw/Graph and pyg/auto
-    per pass, csr fwd+bwd/fwd, `auto`'s forward share of the physical limit, and at more than one
-    thread `auto`'s time at 1 thread over its time here, as records {"threads", "input_scale",
-    "family", "ratio", "values"} (values: [fwd, fwd+bwd], one value for csr fwd+bwd/fwd and the
-    limit share); their targets are TARGETS'."""
+    """TARGETS' ratios per thread setting, input scale and family, as records {"threads", "input_scale",
+    "family", "ratio", "values"} (values: [fwd, fwd+bwd], one value for csr fwd+bwd/fwd and the limit share)."""
     ms = {(*group_of(r), r.family, r.contender, r.mode): r.ms for r in results if r.ms}
-    share = {
-        (*group_of(r), r.family, r.mode): r.limit_fraction
-        for r in results
-        if r.contender == "auto" and r.ms and r.limit_fraction
-    }
+    auto = [r for r in results if r.contender == "auto" and r.ms and r.limit_fraction]
+    share = {(*group_of(r), r.family, r.mode): r.limit_fraction for r in auto}
     out: List[dict] = []
 
     def add(group, fam, name, vals):
@@ -63,7 +57,7 @@ def ratio_table(results: List[KernelResult]) -> List[dict]:
 
     for grp in dict.fromkeys(group_of(r) for r in results):
         for fam in dict.fromkeys(r.family for r in results):
-            at = lambda c, m, g=grp, f=fam: ms.get((*g, f, c, m))  # noqa: E731
+            at = lambda c, m, g=grp, f=fam: ms.get((*g, f, c, m))
             for name, (num, den) in RATIOS.items():
                 vals = [at(num, m) and at(den, m) and at(num, m) / at(den, m) for m in ("fwd", "fwd+bwd")]
                 if any(vals):

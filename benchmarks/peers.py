@@ -13,7 +13,8 @@ HEADS, DIM = 8, 64
 
 
 def _padded_index(fam, g: graphs.Graph):
-    """For block families: (B, L) gather indices and validity of destinations and sources."""
+    """For block families: (B, L) gather indices and validity of destinations and sources, and the
+    (B, 1, Lq, Lk) mask of valid pairs (causal ones for a causal family)."""
     b = len(fam.lengths)
     lq, lk = max(d for _, d in fam.lengths), max(s for s, _ in fam.lengths)
     qi, ki = torch.zeros(b, lq, dtype=torch.long), torch.zeros(b, lk, dtype=torch.long)
@@ -21,7 +22,10 @@ def _padded_index(fam, g: graphs.Graph):
     for i, ((ns, nd), s0, d0) in enumerate(zip(fam.lengths, g.src_ptr, g.dst_ptr)):
         qi[i, :nd], qv[i, :nd] = torch.arange(d0, d0 + nd), True
         ki[i, :ns], kv[i, :ns] = torch.arange(s0, s0 + ns), True
-    return qi, qv, ki, kv
+    mask = qv[:, None, :, None] & kv[:, None, None, :]
+    if fam.kind == "causal":
+        mask = mask & torch.ones(lq, lk, dtype=torch.bool).tril()
+    return qi, qv, ki, kv, mask
 
 
 def make_sdpa(fam, g: graphs.Graph, q, k, v):
@@ -37,10 +41,7 @@ def make_sdpa(fam, g: graphs.Graph, q, k, v):
             return o[0].transpose(0, 1)
 
         return fn, g.num_dst * g.num_src * (HEADS * 4 * 5 + 1)
-    qi, qv, ki, kv = _padded_index(fam, g)
-    mask = qv[:, None, :, None] & kv[:, None, None, :]  # (B, 1, Lq, Lk)
-    if fam.kind == "causal":
-        mask = mask & torch.ones(qi.shape[1], ki.shape[1], dtype=torch.bool).tril()
+    qi, qv, ki, kv, mask = _padded_index(fam, g)
     rows = qi[qv]
 
     def fn():
@@ -86,13 +87,9 @@ def make_dense_bmm(fam, g: graphs.Graph, q, k, v, clamp=(-5.0, 5.0)):
     lq, lk = max(d for _, d in fam.lengths), max(s for s, _ in fam.lengths)
     uniform = all(x == fam.lengths[0] for x in fam.lengths)
     scale = DIM**-0.5
-    mask = None
+    mask = None if fam.kind != "causal" else torch.ones(lq, lk, dtype=torch.bool).tril()
     if not uniform:
-        qi, qv, ki, kv = _padded_index(fam, g)
-        mask = qv[:, None, :, None] & kv[:, None, None, :]
-    if fam.kind == "causal":
-        tril = torch.ones(lq, lk, dtype=torch.bool).tril()
-        mask = tril if mask is None else mask & tril
+        qi, qv, ki, kv, mask = _padded_index(fam, g)
 
     def fn():
         if uniform:

@@ -1,9 +1,5 @@
-"""Thread settings for a CPU benchmark, each measured in a fresh process of its own.
-
-OpenMP reads OMP_NUM_THREADS and OMP_WAIT_POLICY once, at start, so `run_setting` starts
-`python -m <module> <argv> --threads T --omp-wait-policy P --worker PATH` with that environment and
-reads back the JSON the worker wrote at PATH; the worker records `harness.openmp_settings()`.
-"""
+"""Thread settings for a CPU benchmark, each measured in a fresh process of its own, since OpenMP reads
+OMP_NUM_THREADS and OMP_WAIT_POLICY once, at start (`run_setting`)."""
 
 from __future__ import annotations
 
@@ -40,8 +36,8 @@ def setting_env(threads: int, policy: str) -> Dict[str, str]:
 
 
 def run_setting(module: str, argv: List[str], threads: int, policy: str, path: str) -> Tuple[Optional[dict], int]:
-    """Run `module` as a worker for one setting in a fresh process (its output goes to this one's);
-    returns what it wrote to `path` (None if nothing) and its exit code."""
+    """`python -m <module> <argv> --threads T --omp-wait-policy P --worker <path>` in that setting's environment:
+    the JSON it wrote to `path` (None if nothing) and its exit code."""
     wait = "OMP_WAIT_POLICY unset" if policy == "default" else f"OMP_WAIT_POLICY={policy.upper()}"
     print(f"\n==== OMP_NUM_THREADS={threads}, {wait}: a fresh process", flush=True)
     cmd = [sys.executable, "-m", module, *argv, "--threads", str(threads), "--omp-wait-policy", policy]
