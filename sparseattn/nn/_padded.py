@@ -135,7 +135,7 @@ def padded_batch_attention(layer, x: Tensor, batch: Optional[Tensor], ptr: Optio
     # keys past a graph's size are masked; an empty graph's rows are all padding, so keep its first key
     pad = torch.arange(length, device=x.device) >= sizes.clamp(min=1).unsqueeze(1)  # (B, L)
     # an additive float mask: measured faster in CPU SDPA than a bool one
-    mask = torch.zeros(b, 1, 1, length, dtype=x.dtype, device=x.device).masked_fill_(pad[:, None, None], float("-inf"))
+    mask = torch.zeros(b, 1, 1, length, dtype=q.dtype, device=x.device).masked_fill_(pad[:, None, None], float("-inf"))
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=layer.dropout if layer.training else 0.0
     )  # (B, H, L, D)
