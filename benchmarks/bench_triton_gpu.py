@@ -28,7 +28,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from benchmarks import harness, peers  # noqa: E402
 from benchmarks.families import powerlaw_edges  # noqa: E402
-from benchmarks.peers import make_pyg, make_sdpa_exact, sdpa_kernel_name  # noqa: E402
 from sparseattn import Graph, edge_attention, graphs  # noqa: E402
 
 H, D = 8, 64
@@ -98,8 +97,7 @@ class Run:
 
 
 def make_backend(name, backward=None, **settings):
-    """A sparseattn backend; for triton, optionally with forward settings (`forward_config`) and
-    backward settings (`backward_config`, a dict) forced."""
+    """A sparseattn backend; for triton, optionally with `forward_config` and `backward_config` (a dict) forced."""
 
     def make(g, clamp, q, k, v):
         from sparseattn.kernels import choose_auto
@@ -124,7 +122,7 @@ def make_backend(name, backward=None, **settings):
 
 def pyg(g, clamp, q, k, v):
     try:
-        fn, _, label = make_pyg(g, q, k, v, clamp)
+        fn, _, label = peers.make_pyg(g, q, k, v, clamp)
     except ImportError as e:
         raise Skip(f"torch_geometric is not importable ({e})") from None
     return Run(fn, label)
@@ -145,10 +143,10 @@ def sdpa(g, clamp, q, k, v):
     if clamp is not None:
         raise Skip("SDPA computes the exact softmax only")
     try:
-        fn = make_sdpa_exact(g, q, k, v)
+        fn = peers.make_sdpa_exact(g, q, k, v)
     except ValueError as e:
         raise Skip(str(e)) from None
-    return Run(fn, "SDPA kernel: " + sdpa_kernel_name(fn))
+    return Run(fn, "SDPA kernel: " + peers.sdpa_kernel_name(fn))
 
 
 def make_flex(g, clamp, q, k, v):
@@ -169,8 +167,7 @@ CONTENDERS.update(pyg=pyg, **{"pyg-compiled": pyg_compiled}, flex=make_flex, sdp
 
 
 def sweep_contenders(backward: bool) -> dict:
-    """The default triton backend, then every SWEEP setting (forward), named like "lanes E16 w2 s3",
-    or every SWEEP_BACKWARD setting, named like "bwd heads E4 w4 s2"."""
+    """The default triton, then every SWEEP ("lanes E16 w2 s3") or SWEEP_BACKWARD ("bwd heads E4 w4 s2") setting."""
     out = {"triton": make_backend("triton")}
     for layout, axes in (SWEEP_BACKWARD if backward else SWEEP).items():
         for values in itertools.product(*axes.values()):
@@ -198,9 +195,8 @@ def poisoned_memory():
 
 
 def reference_output(q, k, v, g: Graph, clamp, chunk_edges: int = 2**20) -> torch.Tensor:
-    """The reference backend in float32 on the same inputs, (N_dst, H, Dv), computed over consecutive
-    destination ranges a..b-1 of about chunk_edges in-edges each (it gathers (E, H, D) tensors), each
-    as a graph of its own over only the sources it reads."""
+    """The float32 reference backend's (N_dst, H, Dv) output, over destination ranges a..b-1 of about
+    chunk_edges in-edges each (it gathers (E, H, D) tensors), each a graph over only the sources it reads."""
     ptr, idx, _ = g.csr()
     starts = ptr.cpu()
     chunks, a = [], 0
@@ -216,8 +212,7 @@ def reference_output(q, k, v, g: Graph, clamp, chunk_edges: int = 2**20) -> torc
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor, tol: float) -> Tuple[float, int]:
-    """out, ref (n, H, Dv): max |out - ref| (inf where out has NaN) and the number of rows with an
-    entry off by more than tol (1 + |ref|)."""
+    """out, ref (n, H, Dv): max |out - ref| (inf for NaN) and the number of rows off by more than tol (1 + |ref|)."""
     err = (out.detach().float() - ref).abs()
     bad = int((~(err <= tol * (1 + ref.abs()))).flatten(1).any(1).sum())  # NaN counts as bad
     return (err.nan_to_num(float("inf")).max().item() if err.numel() else 0.0), bad
@@ -287,8 +282,7 @@ def set_rates(rows: List[Row], g: Graph, inputs: Sequence[torch.Tensor], peak: O
 
 
 def machine(args, device) -> dict:
-    """harness.machine_info (versions of triton, PyG and CUDA included), the device's peak and
-    measured copy bandwidth, and a header."""
+    """harness.machine_info with the device's peak and measured copy bandwidth, and a header."""
     info = harness.machine_info(device)
     info["peak_gb_s"], info["copy_gb_s"], extra = args.peak_gbs, None, ""
     if device == "cuda":
@@ -337,13 +331,6 @@ def row_line(r: Row) -> str:
     return harness.row_line(r, f"{'' if fwd else 'bwd '}{harness.fmt(gbs, '.0f')} GB/s ({pct}% of peak)  ")
 
 
-def make_inputs(g: Graph, heads: int, dtype, device) -> List[torch.Tensor]:
-    """q (N_dst, heads, D), k and v (N_src, heads, D): seeded normal values in dtype, requiring grad."""
-    gen = torch.Generator(device=device).manual_seed(0)
-    sizes = (g.num_dst, g.num_src, g.num_src)
-    return [torch.randn(n, heads, D, generator=gen, device=device).to(dtype).requires_grad_() for n in sizes]
-
-
 def run_cases(args, cases, contenders, device, dtype, info, say, t0: float) -> Tuple[List[Row], List[str]]:
     """Every case and mode: the reference output, then each contender's rows, printed as a table; the
     modes that would start more than --budget seconds after t0 are skipped."""
@@ -353,7 +340,8 @@ def run_cases(args, cases, contenders, device, dtype, info, say, t0: float) -> T
         build, size, smoke_size = CASES[case]
         g = build(smoke_size if args.smoke else size, device)
         g.csr(), g.csc()  # built once, as a model's layers share them
-        inputs = make_inputs(g, H, dtype, device)
+        gen, sizes = torch.Generator(device=device).manual_seed(0), (g.num_dst, g.num_src, g.num_src)  # q, k, v
+        inputs = [torch.randn(n, H, D, generator=gen, device=device).to(dtype).requires_grad_() for n in sizes]
         for mode in args.modes.split(","):
             say(f"\n{case} {mode}: N_dst={g.num_dst}, E={g.num_edges}, max in-degree {int(g.in_degree().max())}")
             if args.budget is not None and time.time() - t0 > args.budget:

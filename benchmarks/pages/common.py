@@ -25,9 +25,7 @@ DASH = "–"
 def parse_name(filename: str) -> Optional[Dict[str, str]]:
     """bench, machine, variant ("" for the default run) and ext of a results file, or None."""
     m = NAME_RE.match(filename)
-    if m is None:
-        return None
-    return {"bench": m["bench"], "machine": m["machine"], "variant": m["variant"] or "", "ext": m["ext"]}
+    return None if m is None else dict(m.groupdict(), variant=m["variant"] or "")
 
 
 @dataclass

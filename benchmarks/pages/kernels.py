@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..kernels_report import SHARE_TARGETS, TARGETS, KernelResult, ratio_table
+from ..threads import setting_label
 from . import common
 from .common import DASH, Run, by_key, cell, f_int, f_ms, f_pct, f_x, header, joined, ordered, plot, table
 
@@ -28,8 +29,7 @@ def _misses(value: Optional[float], target: Bound) -> bool:
 
 def _group(row: Dict[str, Any]) -> Tuple[str, str]:
     """The thread setting ('2 passive') and input scale a row was measured at."""
-    policy = row.get("omp_wait_policy", "default")
-    return str(row.get("threads")) + ("" if policy == "default" else f" {policy}"), f"{row.get('input_scale'):g}"
+    return setting_label(row.get("threads"), row.get("omp_wait_policy", "default")), f"{row.get('input_scale'):g}"
 
 
 def _lines(run: Run) -> List[Tuple[str, Tuple[str, str]]]:
