@@ -70,10 +70,7 @@ class DGLRunner:
 
     def close(self) -> None:
         try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-            self.proc.stdin.close()
-            self.proc.wait(timeout=30)
+            self.proc.communicate(json.dumps({"cmd": "quit"}) + "\n", timeout=30)
         except Exception:
             self.proc.kill()
         self.stderr.close()

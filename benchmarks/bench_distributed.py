@@ -114,11 +114,8 @@ def write_knn_parts(edges: torch.Tensor, n: int, world: int, data_dir: str, log:
     del shards
     log(f"knn: METIS partition into {world} parts (distributed.partition): {time.perf_counter() - start:.1f} s")
     ranges = [n * r // world for r in range(world + 1)]
-    owners = {
-        "contiguous": torch.repeat_interleave(torch.arange(world), torch.tensor(ranges).diff()),
-        "metis": metis_owner,
-    }
-    for name, owner in owners.items():
+    contiguous = torch.repeat_interleave(torch.arange(world), torch.tensor(ranges).diff())
+    for name, owner in (("contiguous", contiguous), ("metis", metis_owner)):
         folder = os.path.join(data_dir, name)
         os.makedirs(folder)
         torch.save(ranges if name == "contiguous" else owner, os.path.join(folder, "ownership.pt"))

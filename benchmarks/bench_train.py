@@ -44,9 +44,8 @@ class PaddedTransformer(nn.Module):
         self.scale = math.sqrt(d_model)
         self.register_buffer("pos", sinusoid(torch.arange(max_len), d_model), persistent=False)
         warnings.filterwarnings("ignore", message="enable_nested_tensor is True")  # norm_first: not used anyway
-        self.transformer = nn.Transformer(
-            d_model, heads, layers, layers, d_ff, dropout=0.0, batch_first=True, norm_first=True
-        )
+        settings = dict(dropout=0.0, batch_first=True, norm_first=True)
+        self.transformer = nn.Transformer(d_model, heads, layers, layers, d_ff, **settings)
         self.generator = nn.Linear(d_model, vocab_tgt)
         for p in self.parameters():
             if p.dim() > 1:

@@ -214,9 +214,6 @@ def profile_lines(tops: List[dict]) -> str:
     return "\n".join("    {op:60.60s} {self_ms:9.1f} ms {share:6.1%} {calls:6d} calls".format(**t) for t in tops)
 
 
-# ---- what a result records ----------------------------------------------------------------------
-
-
 def _read(path: str) -> str:
     try:
         with open(path) as f:
@@ -419,9 +416,6 @@ class Output:
         if self._log is not None:
             self._log.close()
         print(f"wrote {self.path}.json" + ", .log" * bool(self._log) + " and .png" * os.path.exists(self.png))
-
-
-# ---- plots --------------------------------------------------------------------------------------
 
 
 def nest(rows: Sequence[Any], panel: str, group: str, series: str, value: str) -> Dict[Any, Dict[Any, Dict[Any, Any]]]:

@@ -63,9 +63,6 @@ def load_runs(results: str = RESULTS) -> List[Run]:
     return runs
 
 
-# ---- formatting ---------------------------------------------------------------------------------
-
-
 def f_ms(x: Optional[float]) -> str:
     """Milliseconds to about three significant digits."""
     return DASH if x is None else f"{x:,.{0 if x >= 100 else 1 if x >= 10 else 2 if x >= 1 else 3}f}"

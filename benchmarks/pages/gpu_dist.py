@@ -92,8 +92,6 @@ def page_triton_gpu(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]
     return sections(runs, body, triton_headline, title)
 
 
-# ---- distributed --------------------------------------------------------------------------------
-
 PER_CONFIG = (  # head, the field (its largest value over the ranks), its format
     *(("nodes", "nodes", f_int), ("in-edges", "edges", f_int), ("halo rows", "halo", f_int)),
     ("MiB in", "bytes_in", lambda b: f"{b / 2**20:,.1f}"),

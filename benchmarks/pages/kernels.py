@@ -212,9 +212,6 @@ def page_kernels(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
     return parts, heads
 
 
-# ---- DGL ----------------------------------------------------------------------------------------
-
-
 def dgl_table(run: Run) -> List[str]:
     cells = by_key(run.results, "family", "mode", "contender")
     rows = []

@@ -102,9 +102,6 @@ def layers_headline(group: List[Run]) -> str:
     return f"TransformerConv forward+backward against {against}: " + ", ".join(out[:2]) if out else ""
 
 
-# ---- training step ------------------------------------------------------------------------------
-
-
 def _sdpa(row: Dict[str, Any]) -> str:
     """The fused SDPA kernel nn.Transformer's forward ran, from its profile."""
     prefix = "aten::_scaled_dot_product_"
@@ -148,9 +145,6 @@ def train_headline(group: List[Run]) -> str:
             listed = ", ".join(f"{c.replace('graph ', '')} {f_x(v)}" for (_, _, c), v in ratios.items())
             out.append(f"`{run.variant}`: " + listed)
     return "; ".join(out)
-
-
-# ---- compile ------------------------------------------------------------------------------------
 
 
 def compile_table(run: Run) -> List[str]:
