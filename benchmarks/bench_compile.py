@@ -1,12 +1,10 @@
-"""torch.compile of code on sparseattn: compiled vs eager time, compilation time, graph breaks and
-recompilations, and where the compiled step spends its time (docs/benchmarks/compile.md).
+"""torch.compile of code on sparseattn: compiled vs eager time, compilation, graph breaks and profiles.
 
     python -m benchmarks.bench_compile                    # every case, 1 thread (~5 min on 2 cores)
     python -m benchmarks.bench_compile --cases attention-window-8192 --threads 2
 
-"dynamic sizes": the layer under dynamic=True on ten window graphs of different N and E, its compiled
-entries (1 = no recompilation) and the time summed over the ten. The PNG draws eager/compiled per case
-and pass against the 1.15x target.
+"dynamic sizes": the layer under dynamic=True on ten window graphs of different N and E, its compiled entries
+(1 = no recompilation) and summed time. What each case measures: docs/benchmarks/compile.md.
 """
 
 from __future__ import annotations

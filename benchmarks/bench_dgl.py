@@ -3,9 +3,8 @@
     python -m benchmarks.bench_dgl --dgl-python /path/to/dgl-venv/bin/python
     python -m benchmarks.bench_dgl --dgl-python ... --families window-8192,random-50k --threads 1
 
-DGL 2.1 needs torch <= 2.2.1 (its wheel has no graphbolt library for 2.2.2), torchdata 0.7.1,
-pandas < 2.2 and numpy < 2, so it lives in its own environment (the torch wheel pulls its CUDA
-packages, a few GB):
+DGL 2.1 needs torch <= 2.2.1 (no graphbolt library for 2.2.2), torchdata 0.7.1, pandas < 2.2 and numpy < 2,
+so it lives in its own environment (a few GB with torch's CUDA packages):
 
     python -m venv DGL_VENV
     DGL_VENV/bin/pip install torch==2.2.1 torchdata==0.7.1 "pandas<2.2" "numpy<2" dgl==2.1.0

@@ -1,6 +1,5 @@
-"""The contenders bench_kernels times on one graph: every backend that takes CPU tensors and `auto`,
-`auto` on the raw edge_index, compiled `auto`, and the peers of benchmarks/peers.py; each with a note
-and a memory estimate used to skip runs that would not fit."""
+"""The contenders bench_kernels times on one graph (every CPU backend, `auto` on a Graph, the raw edge_index
+and compiled, the peers of benchmarks/peers.py), each with a note and a memory estimate to skip hopeless runs."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What bench_kernels stores besides its rows: the row type (a Result with its thread setting, input
-scale and physical limit), the target ratios per setting (the kernels page renders them), and the
-bars of its plot."""
+"""What bench_kernels stores besides its rows: the row type (`KernelResult`), the target ratios per
+setting (the kernels page renders them) and the bars of its plot."""
 
 from __future__ import annotations
 
