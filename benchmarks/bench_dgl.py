@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -53,7 +53,8 @@ class DGLRunner:
             [python, RUNNER, str(threads)], text=True, env=env, cwd=tempfile.gettempdir(), **pipes
         )
 
-    def ask(self, **msg) -> dict:
+    def ask(self, key: Optional[str] = None, **msg) -> Any:
+        """The reply to msg, or its `key` entry."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(msg) + "\n")
         self.proc.stdin.flush()
@@ -65,7 +66,7 @@ class DGLRunner:
         reply = json.loads(line)
         if "error" in reply:
             raise RuntimeError(reply["error"])
-        return reply
+        return reply if key is None else reply[key]
 
     def close(self) -> None:
         try:
@@ -149,7 +150,7 @@ def run_family(name, fam, args, runner, dgl_note, workdir, results, log) -> None
         arrays = dict(src=g.src, dst=g.dst, q=q, k=k, v=v, ref=ref, gout=gout)
         np.savez(path, num_src=g.num_src, num_dst=g.num_dst, **{key: t.numpy() for key, t in arrays.items()})
         try:
-            errs.update(runner.ask(cmd="load", family=name, path=path)["max_err"])
+            errs.update(runner.ask("max_err", cmd="load", family=name, path=path))
         except Exception as exc:
             dgl_note = f"failed: {exc}"
         os.remove(path)
@@ -174,8 +175,8 @@ def run_family(name, fam, args, runner, dgl_note, workdir, results, log) -> None
                     r.note, r.peak_extra_mib = f"-> {choose_auto(q, g)}", peak_extra_mib(call)
                     timer = functools.partial(harness.time_ms, call, budget_s=float("inf"))
                 else:
-                    r.peak_extra_mib = runner.ask(cmd="mem", contender=c, mode=mode)["peak_extra_mib"]
-                    timer = functools.partial(_dgl_times, runner, c, mode)
+                    r.peak_extra_mib = runner.ask("peak_extra_mib", cmd="mem", contender=c, mode=mode)
+                    timer = functools.partial(runner.ask, "times_ms", cmd="time", contender=c, mode=mode)
                 samples[c] = timer, args.reps if timer(reps=1, warmup=args.warmup - 1)[0] < 300 else 1
             except Exception as exc:
                 r.note = failure(exc)
@@ -195,10 +196,6 @@ def run_family(name, fam, args, runner, dgl_note, workdir, results, log) -> None
                 rows[a].speedup_vs_reference = rows[b].ms / rows[a].ms  # here: DGL time / sparseattn time
         for r in rows.values():
             log(row_line(r) + (f"  {r.speedup_vs_reference:.2f}x faster than DGL" if r.speedup_vs_reference else ""))
-
-
-def _dgl_times(runner: DGLRunner, contender: str, mode: str, reps: int, warmup: int) -> List[float]:
-    return runner.ask(cmd="time", contender=contender, mode=mode, reps=reps, warmup=warmup)["times_ms"]
 
 
 if __name__ == "__main__":
