@@ -203,13 +203,28 @@ def page_kernels(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
             parts += ["### `THP_MEM_ALLOC_ENABLE=1`", snippet("kernels_thp"), header(off), header(on)]
             parts += [thp_table(off, on), plot(off), plot(on)]
             lines.append(thp_headline(off, on))
+        for run in [r for r in group if r.variant == "gqa"]:
+            parts += ["### Variant `gqa`", header(run), gqa_table(run), plot(run)]
         for run in group:
-            if run.variant and run not in (off, on):
+            if run.variant and run not in (off, on) and run.variant != "gqa":
                 parts += [f"### Variant `{run.variant}`"] + kernels_main(run, snippet("kernels_legend"))
                 line = kernels_headline(run)
                 lines.append(f"`{run.variant}`: {line}" if line else "")
         heads[machine] = "; ".join(x for x in lines if x)
     return parts, heads
+
+
+def gqa_table(run: Run) -> str:
+    """bench_kernels --gqa: per H_kv and contender, fwd / fwd+bwd ms and the fwd+bwd peak."""
+    cells = by_key(run.results, "family", "contender", "mode")
+    rows = []
+    for f in ordered(r["family"] for r in run.results):
+        for c in ordered(r["contender"] for r in run.results):
+            fwd, both = cells.get((f, c, "fwd")), cells.get((f, c, "fwd+bwd")) or {}
+            if fwd is not None:
+                peak = f_int(both.get("peak_extra_mib"))
+                rows.append([f"`{f}`", c, cell(fwd), cell(both or None), peak, fwd["note"]])
+    return table(["kv heads", "contender", "fwd ms", "fwd+bwd ms", "peak MiB", "note"], rows, right=(2, 3, 4))
 
 
 def dgl_table(run: Run) -> List[str]:
