@@ -2,22 +2,19 @@
 at each thread setting and input scale, with each time's distance to the machine's physical limit.
 
     python -m benchmarks.bench_kernels                      # every family at 1, 2, 2 passive threads (~1.5 h)
-    python -m benchmarks.bench_kernels --threads 1          # one setting (~30 min)
-    python -m benchmarks.bench_kernels --input-scale 0.5,1  # also N(0, 1) inputs (twice as long)
     python -m benchmarks.bench_kernels --quick --threads 1 --reps 1 --contenders csr,auto  # seconds
     python -m benchmarks.bench_kernels --families window-8192,causal-32x128 --flex all
     python -m benchmarks.bench_kernels --gqa --threads 1    # grouped-query heads vs repeated k, v (~3 min)
 
-Contenders (benchmarks/contenders.py, peers.py), inputs, thread settings (benchmarks/threads.py) and the
-physical limit (benchmarks/limits.py): docs/benchmarks/kernels.md (benchmarks/templates/kernels.md).
-JSON config["format"] = 2: rows add threads, omp_wait_policy, input_scale, limit_ms, limit_fraction,
-gflop_per_s and load; config adds input_scales, settings, family_info and ratios. Earlier files (no
-"format") hold one setting, s = 0.5, and ratios as {"<family> <ratio>": values}.
+What it measures: benchmarks/templates/kernels.md. JSON format 2 (rows with threads, omp_wait_policy,
+input_scale, limit; config with settings, family_info, ratios); earlier files: one setting, s = 0.5.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import itertools
 import json
 import os
 import sys
@@ -42,20 +39,14 @@ GiB = 2**30
 FAMILY_INFO: Dict[str, dict] = {}  # per family: sizes, auto's pick, dense padding, bytes and flops (in the JSON)
 
 
-def family_info(g: graphs.Graph, q: torch.Tensor) -> dict:
-    """What the JSON records of a family: sizes, degrees, auto's pick, dense padding, and the bytes
-    and flops a call must move and run (benchmarks/limits.py)."""
-    blocks = plan(g) if g.blocks else None
-    degree = {f"max_{k}_degree": int(torch.bincount(i, minlength=1).max()) for k, i in (("in", g.dst), ("out", g.src))}
-    info = dict(num_dst=g.num_dst, num_src=g.num_src, edges=g.num_edges, **degree, auto=choose_auto(q, g))
-    info.update(dense_waste=blocks.waste if blocks else None, dense_buckets=len(blocks.buckets) if blocks else None)
-    return {**info, **must_move(g, HEADS, DIM, DIM)}
-
-
 def print_row(r: KernelResult) -> None:
     pct = None if r.limit_fraction is None else 100 * r.limit_fraction
     rates = f"{harness.fmt(r.gb_per_s, '.2f')} GB/s {harness.fmt(r.gflop_per_s, '.1f')} GFLOP/s"
     print(harness.row_line(r, f"{rates} {harness.fmt(pct, '.1f')}% of limit  "), flush=True)
+
+
+def _rates(r: dict) -> str:
+    return f"copy {r['copy_gb_per_s']:.1f} GB/s, GEMM {r['gemm_gflop_per_s']:.0f} GFLOP/s"
 
 
 def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, results: List[KernelResult]) -> None:
@@ -63,23 +54,25 @@ def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, re
     torch.manual_seed(0)
     q, k, v = (torch.randn(n, HEADS, DIM) * scale for n in (g.num_dst, g.num_src, g.num_src))
     budget = args.budget_gib * GiB
-    fi = FAMILY_INFO.setdefault(fam.name, family_info(g, q))
+    if fam.name not in FAMILY_INFO:  # sizes, degrees, auto's pick, dense padding, bytes and flops per pass
+        blocks = plan(g) if g.blocks else None
+        deg = {f"max_{k}_degree": int(torch.bincount(i, minlength=1).max()) for k, i in (("in", g.dst), ("out", g.src))}
+        info = dict(num_dst=g.num_dst, num_src=g.num_src, edges=g.num_edges, **deg, auto=choose_auto(q, g))
+        info.update(dense_waste=blocks.waste if blocks else None, dense_buckets=len(blocks.buckets) if blocks else None)
+        FAMILY_INFO[fam.name] = {**info, **must_move(g, HEADS, DIM, DIM)}
+    fi = FAMILY_INFO[fam.name]
+    waste = f", dense padding waste {fi['dense_waste']:.1%}" if g.blocks else ""
     print(
         f"\n{fam.name}: N_dst={g.num_dst}, N_src={g.num_src}, E={g.num_edges}, H={HEADS}, D={DIM}, float32, "
-        f"inputs N(0, {scale**2:g})"
-        + (f", dense padding waste {fi['dense_waste']:.1%}" if g.blocks else "")
-        + f", auto -> {fi['auto']}, {args.label} thread(s)"
+        f"inputs N(0, {scale**2:g}){waste}, auto -> {fi['auto']}, {args.label} thread(s)"
     )
     contenders = contenders_for(fam, g, q, args, fi)
-    # the numbers every contender is checked against: clamp mode, and exact softmax for EXACT
     checker = "reference" if estimate_bytes("reference", g) / 7 * 3 <= budget else "csr"
-    golds: Dict[bool, torch.Tensor] = {}
 
-    def gold(exact: bool) -> torch.Tensor:
-        if exact not in golds:
-            with torch.no_grad():
-                golds[exact] = edge_attention(q, k, v, g, backend=checker, **({"clamp": None} if exact else {}))
-        return golds[exact]
+    @functools.cache
+    def gold(exact: bool) -> torch.Tensor:  # what contenders are checked against: clamp mode, or exact softmax
+        with torch.no_grad():
+            return edge_attention(q, k, v, g, backend=checker, **({"clamp": None} if exact else {}))
 
     for mode in ("fwd", "fwd+bwd"):
         leaves = [x.clone().requires_grad_(mode == "fwd+bwd") for x in (q, k, v)]
@@ -90,64 +83,52 @@ def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, re
             r = KernelResult(fam.name, g.num_edges, name, mode, note=note, limit_ms=lim, input_scale=scale)
             r.threads, r.omp_wait_policy = args.setting
             results.append(r)
-            try:
-                if build is not None:
-                    call, built_est, remark = build(*leaves)
-                    r.note += f"; {remark}" if remark else ""
-                    need = (built_est or est) * (1.0 if mode == "fwd+bwd" else 0.5)
-                    if need > budget:
-                        r.note = f"skipped: needs ~{need / GiB:.0f} GiB > --budget-gib {args.budget_gib:g}"
-                    else:
-                        with torch.no_grad():
-                            err = (call().float() - gold(name in EXACT)).abs().max().item()
-                        r.max_err_vs_reference = err
-                        if checker != "reference":
-                            r.note = (r.note + "; " if r.note else "") + "error vs csr (reference exceeds the budget)"
-                        if not err <= 1e-3:
-                            against = checker + (" with clamp=None" if name in EXACT else "")
-                            raise AssertionError(f"max |err| vs {against} = {err:.3g}")
-                        fn = harness.timed_pass(call, mode, leaves, gout)
-                        r.peak_extra_mib = harness.peak_extra_mib(fn)
-                        ready.append((r, fn))
-                        continue
+            try:  # build None: not run, the note says why
+                call, built_est, remark = build(*leaves) if build is not None else (None, None, "")
+                r.note += f"; {remark}" if remark else ""
+                need = (built_est or est) * (1.0 if mode == "fwd+bwd" else 0.5)
+                if call is not None and need > budget:
+                    r.note = f"skipped: needs ~{need / GiB:.0f} GiB > --budget-gib {args.budget_gib:g}"
+                elif call is not None:
+                    with torch.no_grad():
+                        r.max_err_vs_reference = err = (call().float() - gold(name in EXACT)).abs().max().item()
+                    if checker != "reference":
+                        r.note = (r.note + "; " if r.note else "") + "error vs csr (reference exceeds the budget)"
+                    if not err <= 1e-3:
+                        against = checker + (" with clamp=None" if name in EXACT else "")
+                        raise AssertionError(f"max |err| vs {against} = {err:.3g}")
+                    fn = harness.timed_pass(call, mode, leaves, gout)
+                    r.peak_extra_mib = harness.peak_extra_mib(fn)
+                    ready.append((r, fn))
+                    continue
             except Exception as exc:  # OOM, unsupported op, wrong answer: a null with the reason
                 r.ms, r.note = None, harness.failure(exc)
             print_row(r)
-        rows = [r for r, _ in ready]
-        harness.measure(
-            rows, [fn for _, fn in ready], memory=False, warmup=args.warmup, reps=args.reps, budget_s=args.budget_s
-        )
+        rows, timing = [r for r, _ in ready], dict(warmup=args.warmup, reps=args.reps, budget_s=args.budget_s)
+        harness.measure(rows, [fn for _, fn in ready], memory=False, **timing)
+        ref_ms = next((r.ms for r in rows if r.contender == "reference" and r.ms), None)
         for r in rows:
             if r.ms:
                 r.gb_per_s = fi["bytes"][mode] / (r.ms * 1e-3) / 1e9
                 r.gflop_per_s = fi["flops"][mode] / (r.ms * 1e-3) / 1e9
                 r.limit_fraction, r.load_average = lim / r.ms, os.getloadavg()[0]
+                r.speedup_vs_reference = ref_ms / r.ms if ref_ms else None
             print_row(r)
-        ref_ms = next((r.ms for r in rows if r.contender == "reference" and r.ms), None)
-        for r in results:
-            if (r.family, r.mode, r.input_scale) == (fam.name, mode, scale) and r.ms and ref_ms:
-                r.speedup_vs_reference = ref_ms / r.ms
         if ref_ms is None:
             print(f"  ({mode}: reference skipped, no speedup column; limit {lim:.2f} ms)")
 
 
 def run_worker(args, fams: Dict[str, Family], path: str) -> None:
-    """The run of one thread setting, in this process (started by `main` with its environment):
-    rates, every family at every input scale, rates again; writes {"setting", "family_info",
-    "results"} to `path` after each family. The limit uses the higher of each rate's two
-    measurements (a slow moment of a shared machine would make the limit too easy)."""
+    """One thread setting (started by `main` in its environment): rates, every family and scale, rates again
+    (limits use the higher of each); writes {"setting", "family_info", "results"} to `path` after each family."""
     torch.set_num_threads(args.setting[0])
     sizes = {"copy_mib": 64, "gemm_n": 1024, "reps": 5} if args.quick else {}
     rates = measure_rates(**sizes)
     setting = dict(label=args.label, threads=args.setting[0], omp_wait_policy=args.setting[1])
     setting.update(torch_threads=torch.get_num_threads(), **harness.openmp_settings())
     setting.update(rates_start=rates, load_average_start=os.getloadavg()[0])
-    print(
-        f"{args.label} thread(s): torch {setting['torch_threads']}, env {setting['env']}; "
-        f"copy {rates['copy_gb_per_s']:.1f} GB/s ({rates['copy_mib']} MiB buffers), "
-        f"GEMM {rates['gemm_gflop_per_s']:.0f} GFLOP/s ({rates['gemm_n']}^2 float32)",
-        flush=True,
-    )
+    print(f"{args.label} thread(s): torch {setting['torch_threads']}, env {setting['env']}; ", end="")
+    print(_rates(rates), flush=True)
     results: List[KernelResult] = []
 
     def write() -> None:
@@ -167,12 +148,8 @@ def run_worker(args, fams: Dict[str, Family], path: str) -> None:
     for r in results:
         r.limit_ms = limit_ms(FAMILY_INFO[r.family]["bytes"][r.mode], FAMILY_INFO[r.family]["flops"][r.mode], *rate)
         r.limit_fraction = r.limit_ms / r.ms if r.ms else None
-    print(
-        f"\n{args.label} thread(s), at the end: copy {end['copy_gb_per_s']:.1f} GB/s, "
-        f"GEMM {end['gemm_gflop_per_s']:.0f} GFLOP/s; the limits use the higher of each: "
-        f"{setting['copy_gb_per_s']:.1f} GB/s, {setting['gemm_gflop_per_s']:.0f} GFLOP/s",
-        flush=True,
-    )
+    print(f"\n{args.label} thread(s), at the end: {_rates(end)}; the limits use the higher of each: ", end="")
+    print(_rates(setting), flush=True)
     write()
 
 
@@ -192,16 +169,15 @@ def run_gqa(args, argv: List[str]) -> None:
         for mode in ("fwd", "fwd+bwd"):
             leaves = [x.clone().requires_grad_(mode == "fwd+bwd") for x in (q, k, v)]
             fns, here = [], []
-            for backend in ("csr", "auto"):
-                for kind in ("gqa", "repeat") if groups > 1 else ("gqa",):
+            for backend, kind in itertools.product(("csr", "auto"), ("gqa", "repeat") if groups > 1 else ("gqa",)):
 
-                    def call(b=backend, r=groups if kind == "repeat" else 1, x=leaves):
-                        kv = [t.repeat_interleave(r, 1) if r > 1 else t for t in x[1:]]  # "repeat": H heads
-                        return edge_attention(x[0], *kv, g, backend=b)
+                def call(b=backend, r=groups if kind == "repeat" else 1, x=leaves):
+                    kv = [t.repeat_interleave(r, 1) if r > 1 else t for t in x[1:]]  # "repeat": H heads
+                    return edge_attention(x[0], *kv, g, backend=b)
 
-                    here.append(harness.Result(f"H_kv={kv_heads}", g.num_edges, f"{backend} {kind}", mode))
-                    here[-1].note = f"k+v {kv_mib * (groups if kind == 'repeat' else 1):.0f} MiB"
-                    fns.append(harness.timed_pass(call, mode, leaves))
+                here.append(harness.Result(f"H_kv={kv_heads}", g.num_edges, f"{backend} {kind}", mode))
+                here[-1].note = f"k+v {kv_mib * (groups if kind == 'repeat' else 1):.0f} MiB"
+                fns.append(harness.timed_pass(call, mode, leaves))
             harness.measure(here, fns, warmup=1, reps=args.reps, budget_s=args.budget_s)
             rows += here
             for r in here:
@@ -211,7 +187,8 @@ def run_gqa(args, argv: List[str]) -> None:
     out.close(preview=False)
 
 
-def parse_args(argv: List[str]) -> argparse.Namespace:
+def main(argv: Optional[List[str]] = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
     ap = harness.parser(__doc__, default="1,2", help="comma-separated thread counts, each run in its own process")
     ap.add_argument("--quick", action="store_true", help="small graphs, few repetitions (a smoke test)")
     ap.add_argument("--families", default="", help="comma-separated family names (default: all)")
@@ -231,26 +208,18 @@ def parse_args(argv: List[str]) -> argparse.Namespace:
     args.thread_counts = [int(x) for x in args.threads.split(",") if x]
     args.policies = args.omp_wait_policy.split(",")
     args.scales = [float(x) for x in args.input_scale.split(",") if x]
-    bad = [p for p in args.policies if p not in POLICIES]
-    if not args.thread_counts or min(args.thread_counts) < 1 or bad or not args.scales:
+    if not args.thread_counts or min(args.thread_counts) < 1 or set(args.policies) - set(POLICIES) or not args.scales:
         ap.error("--threads needs counts >= 1, --omp-wait-policy default/passive/active, --input-scale numbers")
     if args.quick:
         args.reps, args.warmup, args.budget_s = min(args.reps, 3), 1, 3.0
         args.flex = "none" if args.flex == "default" else args.flex
-    return args
-
-
-def main(argv: Optional[List[str]] = None) -> None:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
     if args.gqa:
         return run_gqa(args, argv)
     fams = families(args.quick)
-    if args.families:
-        unknown = [f for f in args.families.split(",") if f not in fams]
-        if unknown:
-            sys.exit(f"unknown families {unknown}; choose from {list(fams)}")
-        fams = {f: fams[f] for f in args.families.split(",")}
+    names = args.families.split(",") if args.families else list(fams)
+    if set(names) - set(fams):
+        sys.exit(f"unknown families {sorted(set(names) - set(fams))}; choose from {list(fams)}")
+    fams = {f: fams[f] for f in names}
     if args.worker:  # one setting, in the process `run_setting` started with its environment
         args.setting = (args.thread_counts[0], args.policies[0])
         args.label = setting_label(*args.setting)
@@ -263,18 +232,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     out = harness.Output("benchmarks.bench_kernels", argv, args.out, info, args.tag, args.quick, log_file=False)
     out.log(
         f"H={HEADS}, D={DIM}, float32; inputs N(0, s^2) for s in {args.scales}; thread settings "
-        f"{[setting_label(*s) for s in settings]}, each in a fresh process; median of up to {args.reps} runs "
-        f"after {args.warmup} warmup, contenders timed in interleaved rounds; peak extra = peak RSS during one "
-        f"call minus RSS before it; % of limit = the physical limit's ms over the measured ms"
+        f"{[setting_label(*s) for s in settings]}, each in a fresh process; median of up to {args.reps} runs after "
+        f"{args.warmup} warmup in interleaved rounds; peak extra, % of limit: benchmarks/templates/kernels.md"
     )
-    # format 2: rows carry threads, omp_wait_policy, input_scale and the limit; settings, ratio records
     config = dict(format=2, heads=HEADS, dim=DIM, dtype="float32", reps=args.reps, warmup=args.warmup)
     config.update(quick=args.quick, families=list(fams), input_scales=args.scales, budget_gib=args.budget_gib)
     config["peak_memory"] = "CPU: peak RSS (VmHWM, reset via /proc/self/clear_refs) during one call minus RSS before"
-    config["limit"] = (
-        "limit_ms = max(bytes / copy_gb_per_s, flops / gemm_gflop_per_s), bytes and flops per pass in"
-        " family_info, rates in the row's setting (benchmarks/limits.py)"
-    )
+    config["limit"] = "limit_ms = max(bytes / copy_gb_per_s, flops / gemm_gflop_per_s), bytes and flops per pass in"
+    config["limit"] += " family_info, rates in the row's setting (benchmarks/limits.py)"
     config.update(settings=[], family_info=FAMILY_INFO, baseline=None)
     results: List[KernelResult] = []
     with tempfile.TemporaryDirectory(prefix="bench_kernels_") as tmp:

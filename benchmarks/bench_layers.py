@@ -1,31 +1,29 @@
 """Graph-transformer layers and edge terms: `sparseattn.nn.TransformerConv` against PyG's
-`TransformerConv`, and what edge terms cost the csr kernels (docs/benchmarks/layers.md).
+`TransformerConv`, and what edge terms cost the csr kernels (docs/benchmarks/layers.md; what each case
+measures: benchmarks/templates/layers.md).
 
     python -m benchmarks.bench_layers                        # 50K-node graphs, 1 thread (~10 min on 2 cores)
-    python -m benchmarks.bench_layers --nodes 5000 --threads 2
-    python -m benchmarks.bench_layers --molecules              # only the molecule batches (~1 min)
     python -m benchmarks.bench_layers --molecules --global-attention --tag small-graphs  # both small-graph cases
     python -m benchmarks.bench_layers --device cuda --big-layers --nodes 1048576 --dtype bfloat16  # a GPU
-
-Warm, cold (this script with --cold in a fresh process), edge-term, molecule-batch (`_molecule_cases`)
-and GraphGPS global-attention rows (`_global_cases`); what each measures: benchmarks/templates/layers.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import subprocess
 import sys
 import time
+from functools import partial
 from typing import Callable, Dict, List
 
 import torch
 
 from sparseattn import edge_attention, graphs
-from sparseattn.nn import TransformerConv
+from sparseattn.nn import GlobalAttention
 
-from .harness import ROOT, Output, Result, fmt, machine_info, measure, parser, timed_pass, write_times
+from .harness import ROOT, Output, Result, fmt, machine_info, measure, parser, row_line, timed_pass, write_times
 from .harness import failure as harness_failure
 
 HEADS, CHANNELS, EDGE_DIM = 8, 64, 16
@@ -34,6 +32,9 @@ COLD = {  # contender -> (layer, edge_index layout)
     "sparseattn.nn.TransformerConv, raw transposed int32 edge_index": ("sparseattn", "transposed-int32"),
     "PyG TransformerConv, raw int64 edge_index": ("pyg", "int64"),
 }
+BIG_LAYERS = ("TransformerConv", "GATv2Conv", "GATConv")
+MODES, FWD_BWD = ("fwd", "fwd+bwd"), ("fwd+bwd",)
+GRAPHGPS = "GraphGPS to_dense_batch + nn.MultiheadAttention"
 
 
 def _graphs(n: int, device: str) -> Dict[str, graphs.Graph]:
@@ -43,47 +44,59 @@ def _graphs(n: int, device: str) -> Dict[str, graphs.Graph]:
     }
 
 
-def _layer(kind: str, device: str) -> torch.nn.Module:
-    """TransformerConv(512, 64, heads=8, edge_dim=16), sparseattn's or ("pyg") PyG's."""
-    if kind == "pyg":
-        from torch_geometric.nn import TransformerConv as PygTransformerConv
+def _layer(lib: str, name: str = "TransformerConv", channels: int = CHANNELS, heads: int = HEADS) -> torch.nn.Module:
+    """`lib`'s ("pyg": PyG's, else sparseattn's) `name`(heads * channels, channels, heads=heads, edge_dim=16)."""
+    module = importlib.import_module("torch_geometric.nn" if lib == "pyg" else "sparseattn.nn")
+    return getattr(module, name)(heads * channels, channels, heads=heads, edge_dim=EDGE_DIM)
 
-        return PygTransformerConv(HEADS * CHANNELS, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM).to(device)
-    return TransformerConv(HEADS * CHANNELS, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM).to(device)
+
+def _layer_pair(device: str, *args) -> tuple:
+    """sparseattn's and PyG's `_layer(lib, *args)`, the same seeded weights."""
+    torch.manual_seed(0)
+    pyg, ours = _layer("pyg", *args), _layer("sparseattn", *args)
+    ours.load_state_dict(pyg.state_dict())
+    return ours.to(device), pyg.to(device)
 
 
 def _features(n: int, e: int, device: str):
     """Seeded node features (n, 512) and edge features (e, 16)."""
     gen = torch.Generator().manual_seed(0)
-    return torch.randn(n, HEADS * CHANNELS, generator=gen).to(device), torch.randn(e, EDGE_DIM, generator=gen).to(
-        device
-    )
+    x = torch.randn(n, HEADS * CHANNELS, generator=gen)
+    return x.to(device), torch.randn(e, EDGE_DIM, generator=gen).to(device)
 
 
-def _layer_cases(name: str, g, device: str, log: Callable[[str], None]) -> List[Result]:
-    x, edge_attr = _features(g.num_dst, g.num_edges, device)
-    torch.manual_seed(0)
-    pyg = _layer("pyg", device)
-    ours = _layer("sparseattn", device)
-    ours.load_state_dict(pyg.state_dict())
-    with torch.no_grad():
-        err = (ours(x, g, edge_attr) - pyg(x, g.edge_index, edge_attr)).abs().max().item()
-    log(f"{name}: max |sparseattn - PyG| = {err:.2e}")
-    contenders = {"sparseattn.nn.TransformerConv": (ours, g, err), "PyG TransformerConv": (pyg, g.edge_index, 0.0)}
+def _rows(
+    fam: str, edges: int, calls: dict, leaves, device: str, ref, log, modes=MODES, per=1, grad=None, errs=None, **timing
+) -> List[Result]:
+    """Logged rows per `calls` label and mode: the calls' `timed_pass`es (leaves None: the calls) in interleaved
+    rounds, ms per input (`per` a call), the label's `errs`, speedup over the `ref`-th label's (None: none)."""
     results: List[Result] = []
-    for mode in ("fwd", "fwd+bwd"):
-        rows = [Result(name, g.num_edges, label, mode, max_err_vs_reference=c[2]) for label, c in contenders.items()]
-        fns = [
-            timed_pass(lambda m=module, gr=graph: m(x, gr, edge_attr), mode, list(module.parameters()))
-            for module, graph, _ in contenders.values()
-        ]
-        measure(rows, fns, device, warmup=1, reps=5, budget_s=60)
+    for mode in modes:
+        rows = [Result(fam, edges, label, mode, max_err_vs_reference=(errs or {}).get(label)) for label in calls]
+        fns = [c if leaves is None else timed_pass(c, mode, leaves, grad) for c in calls.values()]
+        measure(rows, fns, device, **timing)
+        ref_ms = rows[ref].ms if ref is not None else None
+        for r in rows:
+            r.speedup_vs_reference = ref_ms / r.ms if ref_ms and r.ms else None
+            r.times_ms, r.ms = [t / per for t in r.times_ms], r.ms / per if r.ms else None
+            log(f"  {fam}" + row_line(r, f"{fmt(r.speedup_vs_reference, '.2f')}x  "))
         results += rows
     return results
 
 
+def _layer_cases(name: str, g, device: str, log: Callable[[str], None]) -> List[Result]:
+    x, edge_attr = _features(g.num_dst, g.num_edges, device)
+    ours, pyg = _layer_pair(device)
+    with torch.no_grad():
+        err = (ours(x, g, edge_attr) - pyg(x, g.edge_index, edge_attr)).abs().max().item()
+    calls = {"sparseattn.nn.TransformerConv": partial(ours, x, g, edge_attr)}
+    calls["PyG TransformerConv"] = partial(pyg, x, g.edge_index, edge_attr)
+    params, errs = list(ours.parameters()) + list(pyg.parameters()), dict(zip(calls, (err, 0.0)))
+    return _rows(name, g.num_edges, calls, params, device, None, log, errs=errs, warmup=1, reps=5, budget_s=60)
+
+
 def _cold_cases(name: str, nodes: int, threads: int, device: str, log: Callable[[str], None]) -> List[Result]:
-    """Each COLD contender's first forward+backward in a fresh process (this script with --cold)."""
+    """Each COLD contender's first forward+backward in a fresh process (this script with --cold, see `main`)."""
     results = []
     for label in COLD:
         cmd = [sys.executable, "-m", "benchmarks.bench_layers", "--cold", label, "--cold-graph", name]
@@ -100,60 +113,31 @@ def _cold_cases(name: str, nodes: int, threads: int, device: str, log: Callable[
     return results
 
 
-def _cold_child(label: str, graph_name: str, nodes: int, device: str) -> None:
-    """Build the inputs, time one forward+backward, print "<ms> <edges>" (run by _cold_cases)."""
-    layer, layout = COLD[label]
-    edge_index = _graphs(nodes, device)[graph_name].edge_index.clone()  # no cached structure survives
-    if layout == "transposed-int32":
-        edge_index = edge_index.int().t().contiguous().t()
-    x, edge_attr = _features(nodes, edge_index.shape[1], device)
-    module = _layer(layer, device)
-    t = time.perf_counter()
-    module(x, edge_index, edge_attr).sum().backward()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    print(f"{(time.perf_counter() - t) * 1e3:.3f} {edge_index.shape[1]}")
-
-
-def _edge_term_cases(name: str, g, device: str) -> List[Result]:
-    gen = torch.Generator().manual_seed(1)
-    n, e, d = g.num_dst, g.num_edges, CHANNELS
-
-    def leaf(*shape):
-        return torch.randn(*shape, generator=gen).to(device).requires_grad_()
-
-    q, k, v = leaf(n, HEADS, d), leaf(n, HEADS, d), leaf(n, HEADS, d)
-    grad = torch.randn(n, HEADS, d, generator=gen).to(device)
-    cases = {
-        "csr, no edge term": {},
-        "csr, edge_key + edge_value (E,H,D)": {"edge_key": leaf(e, HEADS, d), "edge_value": leaf(e, HEADS, d)},
+def _edge_term_cases(name: str, g, device: str, log: Callable[[str], None]) -> List[Result]:
+    """csr fwd+bwd without and with edge terms; the speedup column: the time without terms over this one's."""
+    gen, n, e = torch.Generator().manual_seed(1), g.num_dst, g.num_edges
+    shapes = [(n, HEADS, CHANNELS)] * 3 + [(e, HEADS, CHANNELS)] * 2 + [(e, 1, CHANNELS)]
+    leaves = [torch.randn(*shape, generator=gen).to(device).requires_grad_() for shape in shapes]
+    q, k, v, ek, ev, shared = leaves
+    grad = torch.randn(n, HEADS, CHANNELS, generator=gen).to(device)
+    attend = partial(edge_attention, q, k, v, g, clamp=None, backend="csr" if device == "cpu" else "auto")
+    calls = {
+        "csr, no edge term": attend,
+        "csr, edge_key + edge_value (E,H,D)": partial(attend, edge_key=ek, edge_value=ev),
+        "csr, one shared (E,1,D) row as both": partial(attend, edge_key=shared, edge_value=shared),
     }
-    shared = leaf(e, 1, d)
-    cases["csr, one shared (E,1,D) row as both"] = {"edge_key": shared, "edge_value": shared}
-    backend = "csr" if device == "cpu" else "auto"
-
-    def run(kwargs) -> Callable[[], None]:
-        def fn() -> None:  # leaves no gradient held
-            edge_attention(q, k, v, g, clamp=None, backend=backend, **kwargs).backward(grad)
-            for t in (q, k, v, *kwargs.values()):
-                t.grad = None
-
-        return fn
-
-    rows = [Result(name, e, label, "fwd+bwd") for label in cases]
-    measure(rows, [run(kw) for kw in cases.values()], device, warmup=1, reps=5, budget_s=40)
-    for r in rows:  # here: the time of the call without terms over this one's
-        r.speedup_vs_reference = rows[0].ms / r.ms if rows[0].ms and r.ms else None
-    return rows
+    return _rows(name, e, calls, leaves, device, 0, log, FWD_BWD, grad=grad, warmup=1, reps=5, budget_s=40)
 
 
-def _molecules(num_batches: int, device: str) -> list:
-    """Molecule-like PyG batches, seeded: 32 graphs of 5-60 nodes, each a random tree plus n // 8 ring
-    bonds, every bond listed both ways (~2.2 edges per node each way), with x (N, 64), edge_attr (E, 16)."""
+def _molecule_cases(device: str, log: Callable[[str], None]) -> List[Result]:
+    """TransformerConv(64, 16, heads=4) fwd+bwd per molecule batch, each a graph never seen before:
+    sparseattn (`graphs.from_pyg` timed), PyG eager and torch.compile(dynamic=True) (compile logged apart)."""
     from torch_geometric.data import Batch, Data
 
-    gen, out = torch.Generator().manual_seed(0), []
-    for _ in range(num_batches):
+    # 8 molecule-like batches, seeded: 32 graphs of 5-60 nodes, each a random tree plus n // 8 ring bonds, every
+    # bond listed both ways (~2.2 edges per node each way), with x (N, 64), edge_attr (E, 16)
+    gen, batches = torch.Generator().manual_seed(0), []
+    for _ in range(8):
         data = []
         for n in torch.randint(5, 61, (32,), generator=gen).tolist():
             a = torch.cat([torch.arange(1, n), torch.randint(0, n, (n // 8,), generator=gen)])
@@ -161,63 +145,31 @@ def _molecules(num_batches: int, device: str) -> list:
             ei = torch.stack([torch.stack([a, b], 1).view(-1), torch.stack([b, a], 1).view(-1)])
             x, ea = torch.randn(n, 64, generator=gen), torch.randn(ei.shape[1], EDGE_DIM, generator=gen)
             data.append(Data(x=x, edge_index=ei, edge_attr=ea))
-        out.append(Batch.from_data_list(data).to(device))
-    return out
-
-
-def _molecule_cases(device: str, log: Callable[[str], None]) -> List[Result]:
-    """TransformerConv(64, 16, heads=4, edge_dim=16) fwd+bwd per molecule batch (`_molecules`), each a
-    graph never seen before: sparseattn with `graphs.from_pyg(batch)` in the time, PyG eager and
-    torch.compile(dynamic=True) (its compile time, the first batches' calls, logged apart)."""
-    from torch_geometric.nn import TransformerConv as PygTransformerConv
-
-    batches = _molecules(8, device)
-    torch.manual_seed(0)
-    pyg = PygTransformerConv(64, 16, heads=4, edge_dim=EDGE_DIM).to(device)
-    ours = TransformerConv(64, 16, heads=4, edge_dim=EDGE_DIM).to(device)
-    ours.load_state_dict(pyg.state_dict())
+        batches.append(Batch.from_data_list(data).to(device))
+    ours, pyg = _layer_pair(device, "TransformerConv", 16, 4)
     compiled = torch.compile(pyg, dynamic=True)
     t = time.perf_counter()
     for b in batches[:2]:
         compiled(b.x, b.edge_index, b.edge_attr).sum().backward()
     log(f"molecules: PyG torch.compile(dynamic=True) first 2 batches (compile) {time.perf_counter() - t:.1f} s")
-    contenders = {
-        "sparseattn.nn.TransformerConv": (ours, graphs.from_pyg),
-        "PyG TransformerConv": (pyg, lambda b: b.edge_index),
-        "PyG TransformerConv compiled": (compiled, lambda b: b.edge_index),
-    }
 
-    def run(module, graph_of) -> Callable[[], None]:
-        def fn() -> None:  # every batch a graph this call builds
-            for b in batches:
-                module(b.x, graph_of(b), b.edge_attr).sum().backward()
-            for m in (pyg, ours):
-                m.zero_grad(set_to_none=True)
+    def run(module, pyg_graph: bool) -> None:  # every batch a graph this call builds
+        for b in batches:
+            module(b.x, b.edge_index if pyg_graph else graphs.from_pyg(b), b.edge_attr).sum().backward()
+        for m in (pyg, ours):
+            m.zero_grad(set_to_none=True)
 
-        return fn
-
-    edges = sum(b.num_edges for b in batches) // len(batches)
-    rows = [Result("molecules-32x5-60", edges, label, "fwd+bwd") for label in contenders]
-    measure(rows, [run(*c) for c in contenders.values()], device, warmup=1, reps=15, budget_s=60)
-    for r in rows:  # per batch
-        r.times_ms = [t / len(batches) for t in r.times_ms]
-        r.ms = r.ms / len(batches) if r.ms else None
-    for r in rows:
-        r.speedup_vs_reference = rows[1].ms / r.ms if rows[1].ms and r.ms else None
-        log(f"molecules: {r.contender}: {fmt(r.ms, '.2f')} ms per batch, {fmt(r.speedup_vs_reference, '.2f')}x PyG's")
-    return rows
-
-
-GRAPHGPS = "GraphGPS to_dense_batch + nn.MultiheadAttention"
+    passes = {"sparseattn.nn.TransformerConv": partial(run, ours, False)}
+    passes["PyG TransformerConv"] = partial(run, pyg, True)
+    passes["PyG TransformerConv compiled"] = partial(run, compiled, True)
+    edges, timing = sum(b.num_edges for b in batches) // len(batches), dict(warmup=1, reps=15, budget_s=60)
+    return _rows("molecules-32x5-60", edges, passes, None, device, 1, log, FWD_BWD, len(batches), **timing)
 
 
 def _global_cases(device: str, log: Callable[[str], None]) -> List[Result]:
-    """`GlobalAttention(64, 4)(x, batch)` against GraphGPS's global branch (`to_dense_batch`,
-    `nn.MultiheadAttention(64, 4, batch_first=True)` with the key padding mask, unpad), one state
-    dict, on 128 seeded graphs of 20-40 nodes, x requiring grad; fwd and fwd+bwd."""
+    """`GlobalAttention(64, 4)(x, batch)` against GraphGPS's global branch, one state dict, on 128 seeded
+    graphs of 20-40 nodes, x requiring grad; fwd and fwd+bwd."""
     from torch_geometric.utils import to_dense_batch
-
-    from sparseattn.nn import GlobalAttention
 
     gen = torch.Generator().manual_seed(0)
     sizes = torch.randint(20, 41, (128,), generator=gen)
@@ -234,42 +186,16 @@ def _global_cases(device: str, log: Callable[[str], None]) -> List[Result]:
 
     with torch.no_grad():
         err = (ours(x, batch) - graphgps()).abs().max().item()
-    log(f"graphgps-128x20-40: max |sparseattn - GraphGPS| = {err:.2e}")
-    contenders = {"sparseattn.nn.GlobalAttention": lambda: ours(x, batch), GRAPHGPS: graphgps}
-    leaves = [x, *mha.parameters(), *ours.parameters()]
-    edges = int((sizes * sizes).sum())
-    results: List[Result] = []
-    for mode in ("fwd", "fwd+bwd"):
-        rows = [Result("graphgps-128x20-40", edges, label, mode, max_err_vs_reference=err) for label in contenders]
-        measure(rows, [timed_pass(f, mode, leaves) for f in contenders.values()], device, warmup=2, reps=15)
-        for r in rows:
-            r.speedup_vs_reference = rows[1].ms / r.ms if rows[1].ms and r.ms else None
-            speed = fmt(r.speedup_vs_reference, ".2f")
-            log(f"graphgps-128x20-40 {mode}: {r.contender}: {fmt(r.ms, '.2f')} ms, {speed}x GraphGPS's")
-        results += rows
-    return results
-
-
-BIG_LAYERS = ("TransformerConv", "GATv2Conv", "GATConv")
-
-
-def _layer_pair(name: str, device: str, dtype: torch.dtype):
-    """sparseattn.nn's and PyG's `name`(512, 64, heads=8, edge_dim=16), the same weights."""
-    import torch_geometric.nn
-
-    import sparseattn.nn
-
-    torch.manual_seed(0)
-    pyg = getattr(torch_geometric.nn, name)(HEADS * CHANNELS, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM)
-    ours = getattr(sparseattn.nn, name)(HEADS * CHANNELS, CHANNELS, heads=HEADS, edge_dim=EDGE_DIM)
-    ours.load_state_dict(pyg.state_dict())
-    return ours.to(device, dtype), pyg.to(device, dtype)
+    calls = {"sparseattn.nn.GlobalAttention": partial(ours, x, batch), GRAPHGPS: graphgps}
+    leaves, edges = [x, *mha.parameters(), *ours.parameters()], int((sizes * sizes).sum())
+    errs = dict.fromkeys(calls, err)
+    return _rows("graphgps-128x20-40", edges, calls, leaves, device, 1, log, errs=errs, warmup=2, reps=15)
 
 
 def _big_layer_cases(nodes: int, dtype: torch.dtype, device: str, log: Callable[[str], None]) -> List[Result]:
-    """Each BIG_LAYERS layer fwd+bwd on a random graph of in-degree 16 in dtype: sparseattn, PyG eager
-    and PyG under torch.compile (static shapes; its compile, the first fwd+bwd, logged apart), with
-    peak memory. Each pair is first checked on a 4,096-node graph in float32."""
+    """Each BIG_LAYERS layer fwd+bwd on a random graph of in-degree 16 in dtype: sparseattn, PyG eager and PyG
+    under torch.compile (static shapes; its compile, the first fwd+bwd, logged apart), peak memory, speedups
+    over PyG's best form (the last row); each pair first checked on a 4,096-node graph in float32."""
     small = graphs.random(4096, 4096, 16 * 4096, seed=1, device=device)
     xs, es = _features(4096, small.num_edges, device)
     g = graphs.random(nodes, nodes, 16 * nodes, seed=0, device=device)
@@ -277,7 +203,7 @@ def _big_layer_cases(nodes: int, dtype: torch.dtype, device: str, log: Callable[
     name_of = f"random-{nodes}-{str(dtype)[6:]}"
     results: List[Result] = []
     for name in BIG_LAYERS:
-        ours, pyg = _layer_pair(name, device, torch.float32)
+        ours, pyg = _layer_pair(device, name)
         with torch.no_grad():
             err = (ours(xs, small, es) - pyg(xs, small.edge_index, es)).abs().max().item()
         ours, pyg = ours.to(dtype), pyg.to(dtype)
@@ -292,18 +218,15 @@ def _big_layer_cases(nodes: int, dtype: torch.dtype, device: str, log: Callable[
         gc.collect()
         torch.cuda.empty_cache() if device == "cuda" else None
         log(f"{name_of} {name}: max |sparseattn - PyG| float32, 4,096 nodes: {err:.2e}; PyG compiled: {note}")
-        contenders = {f"sparseattn.nn.{name}": (ours, g), f"PyG {name}": (pyg, g.edge_index)}
-        contenders.update({f"PyG {name} compiled": (compiled, g.edge_index)} if compiled is not None else {})
-        rows = [Result(name_of, g.num_edges, label, "fwd+bwd") for label in contenders]
-        rows[0].max_err_vs_reference = err
+        calls = {f"sparseattn.nn.{name}": partial(ours, x, g, edge_attr)}
+        calls[f"PyG {name}"] = partial(pyg, x, g.edge_index, edge_attr)
+        if compiled is not None:
+            calls[f"PyG {name} compiled"] = partial(compiled, x, g.edge_index, edge_attr)
         params = list(pyg.parameters()) + list(ours.parameters())
-        fns = [timed_pass(lambda m=m, gr=gr: m(x, gr, edge_attr), "fwd+bwd", params) for m, gr in contenders.values()]
-        measure(rows, fns, device, warmup=1, reps=5, budget_s=20)
-        for r in rows:
-            r.speedup_vs_reference = r.ms and rows[-1].ms and rows[-1].ms / r.ms  # over PyG's best form here
-            log(f"{name_of} {r.contender}: {fmt(r.ms, '.2f')} ms, peak +{fmt(r.peak_extra_mib, '.0f')} MiB {r.note}")
+        rows = _rows(name_of, g.num_edges, calls, params, device, -1, log, FWD_BWD, warmup=1, reps=5, budget_s=20)
+        rows[0].max_err_vs_reference = err
         results += rows
-        del ours, pyg, compiled
+        del ours, pyg, compiled, calls
         torch.cuda.empty_cache() if device == "cuda" else None
     return results
 
@@ -321,8 +244,17 @@ def main(argv=None) -> None:
     p.add_argument("--cold-graph", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.cold:
-        return _cold_child(args.cold, args.cold_graph, args.nodes, args.device)
+    if args.cold:  # a cold case's child: build the inputs, time one forward+backward, print "<ms> <edges>"
+        layer, layout = COLD[args.cold]
+        edge_index = _graphs(args.nodes, args.device)[args.cold_graph].edge_index.clone()  # no cached structure
+        if layout == "transposed-int32":
+            edge_index = edge_index.int().t().contiguous().t()
+        x, edge_attr = _features(args.nodes, edge_index.shape[1], args.device)
+        module = _layer(layer).to(args.device)
+        t = time.perf_counter()
+        module(x, edge_index, edge_attr).sum().backward()
+        torch.cuda.synchronize() if args.device == "cuda" else None
+        return print(f"{(time.perf_counter() - t) * 1e3:.3f} {edge_index.shape[1]}")
     out = Output("benchmarks.bench_layers", argv, args.out, machine_info(args.device), tag=args.tag)
     out.log(f"nodes {args.nodes}, H={HEADS}, C={CHANNELS}, edge_dim={EDGE_DIM}")
     small = args.molecules or args.global_attention  # only the small-graph cases named
@@ -335,7 +267,7 @@ def main(argv=None) -> None:
         if not args.skip_layers:
             results += _layer_cases(name, g, args.device, out.log)
             results += _cold_cases(name, args.nodes, args.threads, args.device, out.log)
-        results += _edge_term_cases(name, g, args.device)
+        results += _edge_term_cases(name, g, args.device, out.log)
     out.save(dict(vars(args), out="OUT"), results)
     write_times(out.png, out.header, [r for r in results if "csr" not in r.contender])
     out.close()
