@@ -1,28 +1,7 @@
 """The physical limit of one edge-attention call: the time the bytes that must move take at the
 machine's measured copy bandwidth, or the flops that must run at its measured GEMM rate, whichever
-is longer. bench_kernels reports, for every contender, limit_ms and the fraction limit_ms / ms.
-
-Sizes in float32 elements, with Q = N_dst*H*D, K = N_src*H*D, V = N_src*H*Dv, O = N_dst*H*Dv and
-S = N_dst*H (one per-destination statistic, e.g. the log-sum-exp the backward needs), and I the
-index bytes: 8 * (E + N_dst + 1) for the int64 CSR a sparse graph is read through (its sources and
-row pointers), 0 for a graph made only of dense blocks (block bounds, no per-edge index):
-
-    bytes  fwd      = 4 * (Q + K + V + O) + I                       read q, k, v and the index; write out
-           fwd+bwd  = 4 * (3Q + 3K + 3V + 3O + 2S) + 2I             forward, plus S written for the backward;
-                                                                    backward reads q, k, v, out, grad_out, S
-                                                                    and the index, writes grad_q/k/v
-    flops  fwd      = 2 * E * H * (D + Dv)                          scores <k[s], q[t]>, then sum of w * v[s]
-           fwd+bwd  = 6 * E * H * (D + Dv)                          + dP = grad_out . v, grad_v, grad_q,
-                                                                    grad_k: twice the forward (a backward
-                                                                    that recomputes the scores adds 2*E*H*D)
-
-    limit_ms = max(bytes / copy bandwidth, flops / GEMM rate) * 1e3,   fraction = limit_ms / measured ms
-
-A lower bound no real kernel reaches (each tensor moves once, exp is free, no (E, H) intermediate goes to
-memory): it says how far a contender is from what the hardware allows. `measure_rates` measures the rates
-in the process that times the contenders: copy bandwidth = 2 * bytes / time of a preallocated
-`dst.copy_(src)` (read + write, as STREAM counts it), GEMM rate = 2 n^3 / time of an (n, n) float32 mm.
-"""
+is longer; bench_kernels reports limit_ms and limit_ms / ms per contender. The byte and flop
+formulas, and how the rates are measured: docs/benchmarks/kernels.md ("Physical limit")."""
 
 from __future__ import annotations
 
