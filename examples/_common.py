@@ -8,7 +8,7 @@ import itertools
 import random
 import statistics
 import time
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -70,6 +70,28 @@ class Contender(NamedTuple):
     train_epoch: Callable[[], float]
     evaluate: Callable[[str], float]
     step: Callable[[], object]
+
+
+def minibatch_training(
+    model: torch.nn.Module, opt, batches: Dict[str, List], loss: Callable
+) -> Tuple[Callable, Callable]:
+    """(step, train_epoch) over batches["train"]: step(b) one optimizer step on batch b (default:
+    the first) with loss(b) -> a scalar tensor; train_epoch() every batch once in a seeded random
+    order (the runner seeds each epoch: the same order for every contender), the mean loss."""
+
+    def step(b: Optional[Dict] = None) -> float:
+        model.train()
+        opt.zero_grad()
+        value = loss(b if b is not None else batches["train"][0])
+        value.backward()
+        opt.step()
+        return value.item()
+
+    def train_epoch() -> float:
+        order = torch.randperm(len(batches["train"])).tolist()
+        return sum(step(batches["train"][i]) for i in order) / len(order)
+
+    return step, train_epoch
 
 
 def run_side_by_side(contenders: List[Contender], epochs: int, seed: int, metric: str = "acc") -> None:

@@ -12,12 +12,20 @@ plus GraphGPS's to_dense_batch + nn.MultiheadAttention (same initial state dict,
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Union
+from typing import Callable, Dict, List, Union
 
 import networkx as nx
 import torch
 import torch.nn.functional as F
-from _common import Contender, accuracy, import_pyg_conv, parse_args, run_side_by_side, seed_everything
+from _common import (
+    Contender,
+    accuracy,
+    import_pyg_conv,
+    minibatch_training,
+    parse_args,
+    run_side_by_side,
+    seed_everything,
+)
 from torch import Tensor, nn
 
 import sparseattn
@@ -103,18 +111,7 @@ def contender(name: str, model: Net, batches: Dict[str, List[Dict]], sparse: boo
             return model(b["x"], b["local"], b["batch"], {"graph": b["complete"]})
         return model(b["x"], b["edge_index"], b["batch"], {"batch": b["batch"]})
 
-    def step(b: Optional[Dict] = None) -> float:
-        model.train()
-        b = b if b is not None else batches["train"][0]
-        opt.zero_grad()
-        loss = F.cross_entropy(logits(b), b["y"])
-        loss.backward()
-        opt.step()
-        return loss.item()
-
-    def train_epoch() -> float:
-        order = torch.randperm(len(batches["train"])).tolist()  # seeded by the runner: same order for both
-        return sum(step(batches["train"][i]) for i in order) / len(order)
+    step, train_epoch = minibatch_training(model, opt, batches, lambda b: F.cross_entropy(logits(b), b["y"]))
 
     def evaluate(split: str) -> float:
         model.eval()

@@ -12,11 +12,11 @@ best validation epoch, seconds per epoch and peak memory of one step.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import torch
 import torch.nn.functional as F
-from _common import Contender, parse_args, run_side_by_side, seed_everything
+from _common import Contender, minibatch_training, parse_args, run_side_by_side, seed_everything
 from torch import Tensor, nn
 
 import sparseattn
@@ -104,18 +104,7 @@ def contender(name: str, model: GPS, batches: Dict[str, List[Dict]], sparse: boo
         edges = sparseattn.Graph(b["edge_index"], num_src=n, num_dst=n) if sparse else b["edge_index"]
         return model(b, edges)
 
-    def step(b: Optional[Dict] = None) -> float:
-        model.train()
-        b = b if b is not None else batches["train"][0]
-        opt.zero_grad()
-        loss = F.mse_loss(predict(b), b["y"])
-        loss.backward()
-        opt.step()
-        return loss.item()
-
-    def train_epoch() -> float:
-        order = torch.randperm(len(batches["train"])).tolist()
-        return sum(step(batches["train"][i]) for i in order) / len(order)
+    step, train_epoch = minibatch_training(model, opt, batches, lambda b: F.mse_loss(predict(b), b["y"]))
 
     def evaluate(split: str) -> float:
         model.eval()
