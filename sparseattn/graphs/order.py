@@ -17,19 +17,16 @@ import torch
 from torch import Tensor
 
 from .graph import Graph
+from .structure import row_pointers
 
 MAX_RESTARTS = 1024  # components seeded one by one; nodes of any further ones keep their id order
 
 
 def _symmetric_csr(graph: Graph) -> Tuple[Tensor, Tensor]:
     """Row pointers (N + 1,) and neighbour ids of the graph's edges taken both ways (duplicates kept)."""
-    n = graph.num_dst
     a = torch.cat([graph.src, graph.dst])
     b = torch.cat([graph.dst, graph.src])
-    order = torch.argsort(a, stable=True)
-    ptr = torch.zeros(n + 1, dtype=torch.long, device=a.device)
-    ptr[1:] = torch.bincount(a, minlength=n).cumsum(0)
-    return ptr, b[order]
+    return row_pointers(a, graph.num_dst), b[torch.argsort(a, stable=True)]
 
 
 def locality_order(graph: Graph) -> Tensor:
@@ -45,6 +42,7 @@ def locality_order(graph: Graph) -> Tensor:
     n, device = graph.num_dst, graph.device
     ptr, nbr = _symmetric_csr(graph)
     degree = ptr[1:] - ptr[:-1]
+    key_base = int(degree.max()) + 1 if n else 1  # key = finder's new id * key_base + degree
     rank = torch.full((n,), -1, dtype=torch.long, device=device)
     pieces, numbered, restarts = [], 0, 0
     frontier = torch.zeros(0, dtype=torch.long, device=device)
@@ -69,7 +67,7 @@ def locality_order(graph: Graph) -> Tensor:
             frontier = found
             continue
         key = torch.full((n,), torch.iinfo(torch.long).max, dtype=torch.long, device=device)
-        key.scatter_reduce_(0, found, by * (int(degree.max()) + 1) + degree[found], "amin")
+        key.scatter_reduce_(0, found, by * key_base + degree[found], "amin")
         level = torch.unique(found)
         level = level[torch.argsort(key[level], stable=True)]
         rank[level] = torch.arange(numbered, numbered + level.numel(), device=device)
