@@ -13,6 +13,11 @@ def tracing() -> bool:
     return torch.compiler.is_compiling() or torch.compiler.is_exporting()
 
 
+def exporting() -> bool:
+    """True inside a torch.export trace (where code must keep to the library's custom ops)."""
+    return torch.compiler.is_exporting()
+
+
 def caching_in_trace() -> bool:
     """Inside a trace, whether values built from a graph may be cached on it: under torch.compile
     (dynamo replays the write after the compiled code runs, so the next call with that graph finds
@@ -45,4 +50,4 @@ def traceable_op(qualname: str) -> Callable[[Callable], TraceableOp]:
     return lambda fn: TraceableOp(qualname, fn)
 
 
-__all__ = ["tracing", "caching_in_trace", "TraceableOp", "traceable_op"]
+__all__ = ["tracing", "exporting", "caching_in_trace", "TraceableOp", "traceable_op"]

@@ -25,7 +25,8 @@ def _layer_rows(rows: List[Dict[str, Any]]) -> List[List[str]]:
         if not r["contender"].startswith("sparseattn.nn."):
             continue
         name = r["contender"][len("sparseattn.nn.") :]
-        peer = PEERS.get(name, f"PyG {name}")
+        base = name.removesuffix(" compiled")  # sparseattn's layer compiled too: against the same PyG forms
+        peer = PEERS.get(base, f"PyG {base}")
         eager, comp = (cells.get((r["family"], f"{peer}{s}", r["mode"])) for s in ("", " compiled"))
         name += f" ({r['mode']})" if r["mode"] != "fwd+bwd" else ""
         best = min((x for x in (eager, comp) if x and x["ms"]), key=lambda x: x["ms"], default=None)

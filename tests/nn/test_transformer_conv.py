@@ -347,3 +347,34 @@ def test_small_graph_path_dropout_draws_edge_attentions_mask():
         torch.manual_seed(3)
         outs.append(ours(x, EDGE_INDEX, edge_attr))
     assert_close(outs[0], outs[1], torch.float64, "small-graph path vs csr")
+
+
+def test_compiled_layer_takes_the_small_graph_path_and_equals_eager(monkeypatch):
+    """Under torch.compile a small graph runs `small_graph_attention` too (traced once, dynamic sizes),
+    with eager's output and gradients; torch.export keeps to the library's ops (the csr path)."""
+    import sparseattn.nn.transformer_conv as module
+
+    traced = []
+
+    def counting(*args, **kwargs):
+        traced.append(1)
+        return module.small_graph_attention.__wrapped__(*args, **kwargs)
+
+    counting.__wrapped__ = module.small_graph_attention  # type: ignore[attr-defined]
+    monkeypatch.setattr(module, "small_graph_attention", counting)
+    torch.manual_seed(0)
+    ours = TransformerConv(N_SRC - 1, C, heads=3, edge_dim=EDGE_DIM).double()
+    x, edge_attr, _ = make_inputs(torch.float64, False, EDGE_DIM)
+    x = x.detach().requires_grad_()
+    compiled = torch.compile(ours, dynamic=True, fullgraph=True)
+    results = []
+    for fn in (ours, compiled):
+        traced.clear()
+        out = fn(x, EDGE_INDEX, edge_attr)
+        results.append((out, *torch.autograd.grad(out.square().sum(), [x, ours.lin_edge.weight])))
+    assert traced, "the compiled layer did not trace the small-graph path"
+    for eager, comp, name in zip(results[0], results[1], ("output", "grad of x", "grad of lin_edge.weight")):
+        assert_close(comp, eager, torch.float64, name, "compiled vs eager")
+    traced.clear()
+    torch.export.export(ours, (x.detach(), EDGE_INDEX, edge_attr))
+    assert not traced, "torch.export traced the small-graph path"
