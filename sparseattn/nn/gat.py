@@ -14,13 +14,14 @@ from torch.nn import functional as F
 from .._checks import check_edge_attr
 from ..functional import edge_attention
 from ..graphs import Graph
+from ..kernels.scores import gatv2_scores, gatv2_scores_reference
 from ._common import NotScriptable, check_backend, check_dropout, edge_count, graph_of_adj_t
 from ._small_graph import takes_small_path
-from .gatv2_scores import UNCHUNKED_ELEMENTS, default_edge_chunk, v2_scores
 
 PairTensor = Tuple[Tensor, Tensor]
 FillValue = Union[float, Tensor, str]
 FILL_REDUCTIONS = ("add", "sum", "mean", "min", "max", "mul")
+UNCHUNKED_ELEMENTS = 1 << 18
 
 
 class _GlorotLazyLinear(nn.LazyLinear):
@@ -359,17 +360,19 @@ class GATv2Conv(NotScriptable, nn.Module):
         out_i    = sum_j dropout(alpha_ji) x_l[j]
 
     then heads are concatenated (or averaged), res(x_i) (residual) and bias added. The score needs
-    a C-vector per edge and head; it is computed in chunks of `edge_chunk` edges under
-    torch.utils.checkpoint, so no (E, H, C) tensor exists at once nor is kept for backward (which
-    recomputes each chunk), then one `edge_attention` call takes the (E, H) scores as its edge bias.
+    a C-vector per edge and head; `sparseattn.kernels.scores.gatv2_scores` computes it in chunks of
+    `edge_chunk` edges with a hand-written backward that recomputes each chunk, so no (E, H, C) tensor
+    exists at once nor is kept for backward; then one `edge_attention` call takes the (E, H) scores
+    as its edge bias. Graphs with E * H * C <= 2^18 (`UNCHUNKED_ELEMENTS`, a batch of molecules) take
+    `gatv2_scores_reference` (plain autograd) when edge_chunk is None.
 
     Args: as `GATConv`, plus
         share_weights: one linear map for sources and destinations (lin_r is lin_l).
         bias: biases in lin_l and lin_r (as PyG) and on the output.
         edge_chunk: edges per chunk of the score computation (keyword only; not in PyG): each of
-            the chunk's few temporaries holds edge_chunk * H * C values. None: `default_edge_chunk`,
-            2^22 // (H * C) on a CPU (16 MiB per temporary in float32), 2^27 // (H * C) on a GPU;
-            with E * H * C <= 2^18 (`UNCHUNKED_ELEMENTS`), one pass without checkpointing.
+            the chunk's two buffers holds edge_chunk * H * C values. None: the device's default,
+            `sparseattn.kernels.scores.default_chunk` (2^20 values per buffer on a CPU, 4 MiB in
+            float32; 2^27 on a GPU).
 
     Shapes, return value, differences from PyG: as `GATConv`.
     """
@@ -452,10 +455,14 @@ class GATv2Conv(NotScriptable, nn.Module):
             edge_index, edge_attr, self.edge_dim, self.add_self_loops, self.fill_value, x_l.shape[0], x_r.shape[0]
         )
         edge_weight = self.lin_edge.weight if self.lin_edge is not None and edge_attr is not None else None
-        chunk: Optional[int] = self.edge_chunk or default_edge_chunk(self.heads, self.out_channels, x_l.device)
-        if self.edge_chunk is None and index.shape[1] * self.heads * self.out_channels <= UNCHUNKED_ELEMENTS:
-            chunk = None  # small: one pass, nothing to checkpoint
-        scores = v2_scores(x_l, x_r, index, edge_attr, edge_weight, self.att, self.negative_slope, chunk)
+        edge_attr = edge_attr if edge_weight is not None else None
+        att = self.att.view(h, c)
+        if self.edge_chunk is None and index.shape[1] * h * c <= UNCHUNKED_ELEMENTS:
+            # a small graph (a batch of molecules): plain autograd over a few hundred KiB of (E, H, C)
+            scores = gatv2_scores_reference(x_l, x_r, index, att, self.negative_slope, edge_attr, edge_weight)
+        else:
+            chunk = self.edge_chunk
+            scores = gatv2_scores(x_l, x_r, index, att, self.negative_slope, edge_attr, edge_weight, chunk=chunk)
         want_alpha = isinstance(return_attention_weights, bool)
         result = _attend(self, scores, x_l, graph, x_r.shape[0], want_alpha)
         return _finish(self, result, res, index, want_alpha)

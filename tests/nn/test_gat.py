@@ -9,8 +9,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sparseattn
+from sparseattn.kernels.scores import default_chunk
 from sparseattn.nn import GATConv, GATv2Conv
-from sparseattn.nn.gat import default_edge_chunk
 
 from .helpers import assert_close, grads_of
 
@@ -109,14 +109,14 @@ def test_each_backend_equals_pyg(name, backend):
 
 
 def test_gatv2_edge_chunks_give_one_result():
-    """Scores computed 3 edges at a time (checkpointed chunks, the last one short) equal PyG's."""
+    """Scores computed 3 edges at a time (the chunked op, the last chunk short) equal PyG's."""
     torch.manual_seed(8)
     theirs, ours = make_pair("GATv2Conv", True, heads=2, edge_dim=EDGE_DIM)
     ours.edge_chunk = 3
     compare(theirs, ours, *make_inputs(True, EDGE_DIM))
-    assert GATv2Conv(4, 64, heads=4).edge_chunk is None  # by device at each call: 2^22 values per chunk on a CPU
-    assert default_edge_chunk(4, 64, torch.device("cpu")) == 2**22 // 256
-    assert default_edge_chunk(4, 64, torch.device("cuda")) == 2**27 // 256
+    assert GATv2Conv(4, 64, heads=4).edge_chunk is None  # by device at each call: 2^20 values per chunk on a CPU
+    assert default_chunk(4, 64, torch.device("cpu")) == 2**20 // 256
+    assert default_chunk(4, 64, torch.device("cuda")) == 2**27 // 256
     with pytest.raises(ValueError, match="edge_chunk must be a positive int or None, got 0"):
         GATv2Conv(4, 64, edge_chunk=0)
 
