@@ -1,0 +1,169 @@
+"""The local backend's call: `LocalAttention`, an autograd.Function over a `Plan`'s tiles, and
+`local_attention`, the backend function.
+
+Interior tiles run as strided views of q, k, v (no copies), one head and a chunk of tiles at a time
+so that each chunk's (tiles, T, S) scores stay near CHUNK_BYTES (in cache); boundary tiles run on
+gathered rows. The backward recomputes the weights, writes dq tile by tile, and adds each tile's dk
+and dv into its span: ceil(S / T) strided adds per chunk and head, each over distinct rows.
+
+Shapes: q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv); out (N_dst, H, Dv).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..contract import AttentionInputs
+from ..reference import differentiable_grads
+from . import tiles
+from .plan import Plan, plan
+
+# Scores of one chunk of tiles, in bytes (see docs/guide/backends.md for the measurement).
+CHUNK_BYTES = 1 << 20
+
+
+def _tiles(x: Tensor, head: int, row0: int, count: int, length: int, step: int) -> Tensor:
+    """Head `head` of `count` tiles of x (N, H, D) (contiguous): tile i is rows row0 + i*step ..
+    + length - 1, as a (count, length, D) strided view."""
+    n, h, d = x.shape
+    return x.as_strided((count, length, d), (step * h * d, h * d, 1), x.storage_offset() + row0 * h * d + head * d)
+
+
+def _chunks(p: Plan, elem: int):
+    """(first tile, count) of each chunk of interior tiles."""
+    lay = p.layout
+    size = max(1, CHUNK_BYTES // (lay.rows * lay.span * elem))
+    return [(t, min(size, lay.stop - t)) for t in range(lay.first, lay.stop, size)]
+
+
+def _interior_bias(bias: Tensor, p: Plan, t0: int, n: int) -> Tensor:
+    """The (1 or n, T, S) bias of interior tiles t0 .. t0 + n - 1."""
+    return bias if p.shared else bias[t0 - p.layout.first : t0 - p.layout.first + n]
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, p: Plan, scale: float, clamp) -> Tensor:
+    lay = p.layout
+    t_rows, span, c = lay.rows, lay.span, lay.offset
+    heads, dv = q.shape[1], v.shape[2]
+    # zeros, not empty: the tiles' strided first writes into fresh pages ran ~5x slower than a
+    # sequential zero fill followed by the same writes (glibc mmap'ed pages, 1 thread)
+    out = q.new_zeros(q.shape[0], heads, dv)
+    bias, boundary_bias = p.biases(q.dtype)
+    chunks = _chunks(p, q.element_size())
+    nb = p.boundary.numel()
+    scratch = tiles.Scratch(q, max([n for _, n in chunks] + [nb]), t_rows, span, dv, 2)
+    for t0, n in chunks:
+        b = _interior_bias(bias, p, t0, n)
+        for h in range(heads):
+            qt = _tiles(q, h, t0 * t_rows, n, t_rows, t_rows)
+            kt, vt = (_tiles(x, h, t0 * t_rows - c, n, span, t_rows) for x in (k, v))
+            _tiles(out, h, t0 * t_rows, n, t_rows, t_rows).copy_(tiles.forward(qt, kt, vt, b, scale, clamp, scratch))
+    if nb:
+        qb = q[p.boundary_q].view(nb, t_rows, heads, -1)
+        kb, vb = (x[p.boundary_k].view(nb, span, heads, -1) for x in (k, v))
+        ob = q.new_empty(nb, t_rows, heads, dv)
+        for h in range(heads):
+            ob[:, :, h] = tiles.forward(qb[:, :, h], kb[:, :, h], vb[:, :, h], boundary_bias, scale, clamp, scratch)
+        valid = p.boundary_valid
+        out[p.boundary_q[valid]] = ob.view(nb * t_rows, heads, dv)[valid]
+    return out.index_fill_(0, p.empty_rows, 0.0) if p.empty_rows.numel() else out
+
+
+def _span_adder(x: Tensor, h: int, row0: int, n: int, span: int, t_rows: int):
+    """A callable that adds a chunk's per-tile span gradients (n, S, width) into head h of x
+    (N_src, H, width), tile i's span starting at row0 + i*T: in pieces of at most T rows (tiles
+    step T, so no two rows of one piece's view coincide)."""
+
+    def add(r: Tensor) -> None:
+        for a in range(0, span, t_rows):
+            length = min(t_rows, span - a)
+            _tiles(x, h, row0 + a, n, length, t_rows).add_(r[:, a : a + length])
+
+    return add
+
+
+def _backward(g: Tensor, q: Tensor, k: Tensor, v: Tensor, p: Plan, scale: float, clamp):
+    lay = p.layout
+    t_rows, span, c = lay.rows, lay.span, lay.offset
+    heads, d, dv_cols = q.shape[1], q.shape[2], v.shape[2]
+    g = g.contiguous()
+    if p.empty_rows.numel():
+        g = g.index_fill(0, p.empty_rows, 0.0)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)  # zeros: see _forward
+    bias, boundary_bias = p.biases(q.dtype)
+    bounds = None if clamp is None else tiles.inclusive(clamp, q.dtype)
+    chunks = _chunks(p, q.element_size())
+    nb = p.boundary.numel()
+    scratch = tiles.Scratch(q, max([n for _, n in chunks] + [nb]), t_rows, span, max(d, dv_cols), 4)
+    for t0, n in chunks:
+        b = _interior_bias(bias, p, t0, n)
+        row0, span0 = t0 * t_rows, t0 * t_rows - c
+        for h in range(heads):
+            qt, gt = _tiles(q, h, row0, n, t_rows, t_rows), _tiles(g, h, row0, n, t_rows, t_rows)
+            kt, vt = (_tiles(x, h, span0, n, span, t_rows) for x in (k, v))
+            into = (
+                _tiles(dq, h, row0, n, t_rows, t_rows),
+                _span_adder(dk, h, span0, n, span, t_rows),
+                _span_adder(dv, h, span0, n, span, t_rows),
+            )
+            tiles.backward(gt, qt, kt, vt, b, scale, clamp, bounds, scratch, into)
+    if nb:
+        valid = p.boundary_valid
+        qb = q[p.boundary_q].view(nb, t_rows, heads, d)
+        gb = (g[p.boundary_q] * valid[:, None, None]).view(nb, t_rows, heads, dv_cols)
+        kb, vb = (x[p.boundary_k].view(nb, span, heads, -1) for x in (k, v))
+        dqb = q.new_empty(nb, t_rows, heads, d)
+        dkb, dvb = k.new_empty(nb, span, heads, d), v.new_empty(nb, span, heads, dv_cols)
+        for h in range(heads):
+            into = (dqb[:, :, h], dkb[:, :, h].copy_, dvb[:, :, h].copy_)
+            tiles.backward(
+                gb[:, :, h], qb[:, :, h], kb[:, :, h], vb[:, :, h], boundary_bias, scale, clamp, bounds, scratch, into
+            )
+        dq[p.boundary_q[valid]] = dqb.view(nb * t_rows, heads, d)[valid]
+        dk.index_add_(0, p.boundary_k, dkb.view(nb * span, heads, d))
+        dv.index_add_(0, p.boundary_k, dvb.view(nb * span, heads, dv_cols))
+    return dq, dk, dv
+
+
+class LocalAttention(torch.autograd.Function):
+    """forward(q, k, v, plan, scale, clamp) -> out (N_dst, H, Dv): attention over the plan's graph,
+    clamp (lo, hi) or None (exact softmax); q, k, v contiguous. Saves q, k, v; the backward
+    recomputes the weights (hand-written; under create_graph=True the reference's differentiable
+    gradients)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, p: Plan, graph, scale: float, clamp):
+        ctx.save_for_backward(q, k, v)
+        ctx.plan, ctx.graph, ctx.scale, ctx.clamp = p, graph, scale, clamp
+        return _forward(q, k, v, p, scale, clamp)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v = ctx.saved_tensors
+        needs = tuple(ctx.needs_input_grad[:3])
+        if torch.is_grad_enabled():  # create_graph=True: gradients torch can differentiate again
+            grads = differentiable_grads(
+                ctx.graph.edge_index, q, k, v, None, None, (*needs, False), ctx.scale, ctx.clamp, grad_out, None
+            )
+            return (*grads[:3], None, None, None, None)
+        dq, dk, dv = _backward(grad_out, q, k, v, ctx.plan, ctx.scale, ctx.clamp)
+        return dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None, None, None, None, None
+
+
+def local_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
+    """The "local" backend (the contract in contract.py): out (N_dst, H, Dv). Calls with a bias,
+    dropout or returned weights go to the csr backend (this one computes none of them); graphs with
+    repeated edges raise ValueError."""
+    if inputs.bias is not None or inputs.dropout_mask is not None or inputs.return_weights:
+        from ..csr import csr_attention
+
+        return csr_attention(inputs)
+    p = plan(inputs.graph)
+    q, k, v = (x.contiguous() for x in (inputs.q, inputs.k, inputs.v))
+    return LocalAttention.apply(q, k, v, p, inputs.graph, inputs.scale, inputs.clamp), None
+
+
+__all__ = ["LocalAttention", "local_attention", "CHUNK_BYTES"]
