@@ -185,6 +185,33 @@ def _attend(
     )
 
 
+def _v2_scores_by_destination(
+    layer: "GATv2Conv",
+    x_l: Tensor,
+    x_r: Tensor,
+    graph: Union[Tensor, Graph],
+    index: Tensor,
+    att: Tensor,
+    edge_attr: Optional[Tensor],
+    edge_weight: Optional[Tensor],
+) -> Tensor:
+    """`gatv2_scores` (E, H) in the caller's edge order, computed over the edges in destination order
+    when the graph is a `Graph` (its CSR, which the attention call builds anyway): the gathers of
+    x_r and the index_add of its gradient then walk rows in order. Measured 1 thread, 20K nodes x 17
+    in-edges, H x C = 8 x 64: the op's fwd+bwd 1160 -> 972 ms."""
+    if not isinstance(graph, Graph) or graph.is_sorted_by_dst:
+        return gatv2_scores(x_l, x_r, index, att, layer.negative_slope, edge_attr, edge_weight, chunk=layer.edge_chunk)
+
+    def order() -> Tuple[Tensor, Tensor]:
+        perm = graph.csr().perm
+        return index.index_select(1, perm), perm
+
+    sorted_index, perm = graph.cached("gatv2_destination_order", order)
+    ea = None if edge_attr is None else edge_attr.index_select(0, perm)
+    scores = gatv2_scores(x_l, x_r, sorted_index, att, layer.negative_slope, ea, edge_weight, chunk=layer.edge_chunk)
+    return scores.new_empty(scores.shape).index_copy(0, perm, scores)  # (E, H) back in the caller's order
+
+
 def _finish(layer: Union["GATConv", "GATv2Conv"], result, res: Optional[Tensor], index: Tensor, want_alpha: bool):
     """Heads concatenated or averaged, residual and bias added; (out, (edge_index, alpha)) when asked."""
     out, alpha = result if isinstance(result, tuple) else (result, None)
@@ -461,8 +488,7 @@ class GATv2Conv(NotScriptable, nn.Module):
             # a small graph (a batch of molecules): plain autograd over a few hundred KiB of (E, H, C)
             scores = gatv2_scores_reference(x_l, x_r, index, att, self.negative_slope, edge_attr, edge_weight)
         else:
-            chunk = self.edge_chunk
-            scores = gatv2_scores(x_l, x_r, index, att, self.negative_slope, edge_attr, edge_weight, chunk=chunk)
+            scores = _v2_scores_by_destination(self, x_l, x_r, graph, index, att, edge_attr, edge_weight)
         want_alpha = isinstance(return_attention_weights, bool)
         result = _attend(self, scores, x_l, graph, x_r.shape[0], want_alpha)
         return _finish(self, result, res, index, want_alpha)

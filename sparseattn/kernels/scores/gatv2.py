@@ -47,9 +47,9 @@ def gatv2_scores_reference(
     """GATv2 scores (E, H) as the module docstring's formula, through (E, H, C) tensors. Shapes:
     x_l (N_src, H, C), x_r (N_dst, H, C), edge_index (2, E) int64 (row 0 source, row 1 destination),
     att (H, C), edge_attr (E, F) and edge_weight (H * C, F) (an nn.Linear's weight), both or neither."""
-    s = x_l[edge_index[0]] + x_r[edge_index[1]]  # (E, H, C)
+    s = x_l.index_select(0, edge_index[0]) + x_r.index_select(0, edge_index[1])  # (E, H, C)
     if edge_attr is not None and edge_weight is not None:
-        s = s + (edge_attr @ edge_weight.t()).view_as(s)
+        s = s + F.linear(edge_attr, edge_weight).view_as(s)
     return (F.leaky_relu(s, negative_slope) * att).sum(-1)
 
 
