@@ -12,7 +12,10 @@ edge_attr, the weights and the index). Its backward, per chunk, with g = d loss 
     d x_l    += index_add at the sources of g_s;  d x_r += the same at the destinations
     d att    += sum_e g_e[h] LeakyReLU(s_e)[h, c];  d W_e^T += edge_attr^T g_s;  d edge_attr = g_s W_e
 
-Under create_graph=True the backward runs through the reference instead, so second derivatives exist.
+Forward gathers and adds each edge's two rows with one embedding_bag over x_l and x_r concatenated (a
+transient (N_src + N_dst, H * C) copy; ~2x faster than two index_selects and an add on CPU); backward
+gathers into its two chunk buffers instead, so no such copy sits beside the gradients. Under
+create_graph=True the backward runs through the reference instead, so second derivatives exist.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# Values (edge x head x channel) per chunk temporary. CPU: measured 1 thread, 20K nodes x 17 in-edges,
-# H x C = 8 x 64, float32: fwd+bwd of the chunk loop 2^14 values 1.6x, 2^16 1.2x, 2^18 1.05x, 2^20 1.0x,
-# 2^22 1.2x the time of the best (2^20 = 4 MiB in float32: two buffers fit the L2 + L3 share). A GPU
-# chunk costs launches, so it takes 2^27 values (the old checkpointed path's best on an H100).
+# Values (edge x head x channel) per chunk buffer. CPU: the op's fwd+bwd, 1 thread, 20K nodes x 17 in-edges,
+# H x C = 8 x 64, edge_dim 16, float32 (2 shared cores): 2^14 values 3,231 ms, 2^16 1,589, 2^18 1,161,
+# 2^20 1,134, 2^21 1,322, 2^22 1,457 (4 MiB buffers at 2^20 stay in cache; smaller chunks pay per-op
+# overhead). A GPU chunk costs launches, so it takes 2^27 values (the old checkpointed path's best on an H100).
 CHUNK_VALUES = {"cpu": 1 << 20, "cuda": 1 << 27}
 
 
@@ -103,9 +106,8 @@ def _table(x_l: Tensor, x_r: Optional[Tensor]) -> Tensor:
 def _pre_activation(
     table: Tensor, pairs: Tensor, offsets: Tensor, edge_attr: Optional[Tensor], weight_t: Optional[Tensor]
 ) -> Tensor:
-    """s (n, H * C) of one chunk: each edge's two table rows summed by one embedding_bag (a gather and an
-    add in one pass, ~2x faster than two index_selects and an add_ on CPU), plus the edge projection.
-    pairs (2n,) holds each edge's (source row, destination row), offsets (n,) = 0, 2, 4, ..."""
+    """s (n, H * C) of one chunk in forward: each edge's two table rows summed by one embedding_bag, plus
+    the edge projection. pairs (2n,) holds each edge's (source row, destination row), offsets (n,) = 0, 2, 4, ..."""
     s = F.embedding_bag(pairs, table, offsets, mode="sum")
     if edge_attr is not None and weight_t is not None:
         s.addmm_(edge_attr, weight_t)
