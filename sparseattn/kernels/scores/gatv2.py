@@ -171,6 +171,10 @@ class _GATv2Scores(torch.autograd.Function):
             # (n, H, C): g * att * where(s > 0, 1, slope), in place
             torch.ops.aten.leaky_relu_backward.grad_input(gs, s.view_as(gs), slope, False, grad_input=gs)
             gs2 = gs.view(n, -1)
+            if grad_wt is not None and ea is not None:
+                grad_wt.addmm_(ea.t(), gs2)
+            if grad_ea is not None:
+                torch.mm(gs2, edge_weight, out=grad_ea[start:end])
             if grad_att is not None:
                 lrelu = F.leaky_relu(s, slope, inplace=True).view(n, heads, channels)
                 # per head: (1, n) @ (n, C)
@@ -179,10 +183,6 @@ class _GATv2Scores(torch.autograd.Function):
                 grad_l.view(num_src, -1).index_add_(0, edge_index[0, start:end], gs2)
             if grad_r is not None:
                 grad_r.view(grad_r.shape[0], -1).index_add_(0, edge_index[1, start:end], gs2)
-            if grad_wt is not None and ea is not None:
-                grad_wt.addmm_(ea.t(), gs2)
-            if grad_ea is not None:
-                torch.mm(gs2, edge_weight, out=grad_ea[start:end])
         if x_r is None:
             grad_r = None
         grad_w = None if grad_wt is None else grad_wt.t()
