@@ -21,6 +21,8 @@ from ._small_graph import takes_small_path
 PairTensor = Tuple[Tensor, Tensor]
 FillValue = Union[float, Tensor, str]
 FILL_REDUCTIONS = ("add", "sum", "mean", "min", "max", "mul")
+# GATv2 scores of at most this many (edge, head, channel) values take the plain reference: 32 molecules
+# (~550 edges), GATv2Conv(64, 16, heads=4, edge_dim=16) fwd+bwd 2.0 ms against 2.35 via the chunked op.
 UNCHUNKED_ELEMENTS = 1 << 18
 
 
