@@ -67,8 +67,8 @@ def choose_auto(q: Tensor, graph: Graph, edge_terms: bool = False) -> str:
     n_dst) shapes that either average >= DENSE_MIN_EDGES_PER_BLOCK edges or form unpadded batches
     of "full"/"causal" blocks: batched matmuls (or SDPA) beat any sparse kernel there. Otherwise
     "local" for CPU tensors when the graph averages >= LOCAL_MIN_DEGREE edges per destination and
-    its tiles hold >= LOCAL_MIN_DENSITY edges (`local.cached_layout`: wide windows, dense bands),
-    without repeated edges. Otherwise "triton" for CUDA tensors with D <= 256 when triton is
+    its tiles hold >= LOCAL_MIN_DENSITY edges (`local.cached_layout`: wide windows, dense bands).
+    Otherwise "triton" for CUDA tensors with D <= 256 when triton is
     importable, else "csr". Never
     "reference" or "scatter" (both are slower everywhere). Inside a torch.compile or torch.export
     trace, never "dense": its batches take their shapes from the block structure, so every new
@@ -97,7 +97,7 @@ def _local_pays(graph: Graph) -> bool:
     if graph.num_dst == 0 or graph.num_edges < LOCAL_MIN_DEGREE * graph.num_dst:
         return False
     lay = cached_layout(graph)
-    return lay.density >= LOCAL_MIN_DENSITY and not lay.repeated
+    return lay.density >= LOCAL_MIN_DENSITY
 
 
 def prepare(graph: Graph, heads: int, head_dim: Optional[int] = None, dtype: torch.dtype = torch.float32) -> None:
@@ -169,7 +169,7 @@ register_backend(Backend("csr", csr_attention, edge_terms=True, grouped_kv=True)
 # batched matmuls (or SDPA) over the graph's dense blocks; CUDA's SDPA and fused kernels take half types
 register_backend(Backend("dense", dense_attention, dtypes={"cpu": (torch.float32, torch.float64), "cuda": ALL_FLOATS}))
 # tiles of consecutive destinations over their shared source span, batched matmuls (eager only)
-register_backend(Backend("local", local_attention))
+register_backend(Backend("local", local_attention, grouped_kv=True))
 # the reference on torch_scatter
 register_backend(Backend("scatter", scatter.scatter_attention, probe=scatter.probe, edge_terms=True))
 register_backend(

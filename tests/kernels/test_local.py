@@ -163,12 +163,19 @@ def test_bias_dropout_and_weights_go_to_csr():
     assert torch.allclose(out, ref, atol=1e-12) and torch.allclose(w, wr, atol=1e-12)
 
 
-def test_refuses_repeated_edges_and_edge_terms():
+@pytest.mark.parametrize("clamp", CLAMPS)
+def test_repeated_edges_count_once_each(clamp):
+    """An edge listed m times weighs m times (log m added at its tile position), as in the reference."""
+    g = graphs.window(40, 3)
+    extra = torch.cat([g.edge_index[:, ::7], g.edge_index[:, ::11], g.edge_index[:, ::11]], 1)
+    twice = Graph(torch.cat([g.edge_index, extra], 1), 40, 40)
+    assert plan(twice).counts is not None and int(plan(twice).counts.max()) == 4
+    check_against_references(twice, clamp)
+
+
+def test_refuses_edge_terms():
     g = graphs.window(10, 2)
-    twice = Graph(torch.cat([g.edge_index, g.edge_index[:, :3]], 1), 10, 10)
     q = torch.randn(10, 1, 4)
-    with pytest.raises(ValueError, match="repeated edges"):
-        edge_attention(q, q, q, twice, backend="local")
     with pytest.raises(ValueError, match="does not take edge_key"):
         edge_attention(q, q, q, g, edge_key=torch.randn(g.num_edges, 1, 4), backend="local")
 
@@ -179,20 +186,20 @@ def test_plan_is_cached_and_sized():
     assert plan(g, 32) is p
     lay = p.layout
     assert (lay.rows, lay.span, lay.offset) == (32, 48, 8)  # span T + 2 * radius, starting radius back
-    assert p.shared and p.biases(torch.float32)[0].shape == (1, 32, 48)
+    assert p.shared and p.counts is None and p.biases(torch.float32)[0].shape == (1, 32, 48)
     assert lay.density == pytest.approx(g.num_edges / (lay.tiles * 32 * 48))
 
 
 def test_auto_picks_local_for_wide_windows_only():
-    """Wide windows and dense meshes of enough edges per row go to local on CPU; narrow windows,
-    random graphs (tiny density), graphs with repeated edges and calls with edge terms do not."""
+    """Wide windows (repeated edges or not) go to local on CPU; narrow windows, random graphs (tiny
+    density) and calls with edge terms do not."""
     assert choose_auto(CPU_Q, graphs.window(2000, 32)) == "local"
     assert choose_auto(CPU_Q, graphs.window(2000, 4)) == "csr"
     assert choose_auto(CPU_Q, graphs.random(2000, 2000, 2000 * 64)) == "csr"
     assert choose_auto(CPU_Q, graphs.window(2000, 32), edge_terms=True) == "csr"
     twice = graphs.window(2000, 32)
     twice = Graph(torch.cat([twice.edge_index, twice.edge_index[:, :5]], 1), 2000, 2000)
-    assert choose_auto(CPU_Q, twice) == "csr"
+    assert choose_auto(CPU_Q, twice) == "local"
 
 
 def test_auto_skips_local_inside_traces(monkeypatch):
@@ -208,3 +215,18 @@ def test_backend_function_takes_attention_inputs():
     out, w = local_attention(AttentionInputs(q, k, v, g, 0.5, None, None, None, False))
     ref = edge_attention(q, k, v, g, scale=0.5, clamp=None, backend="reference")
     assert w is None and torch.allclose(out, ref, atol=1e-12)
+
+
+@pytest.mark.parametrize("clamp", [(-0.3, 0.3), None])
+def test_grouped_kv_heads(clamp):
+    """k and v with H_kv < H heads (query head h reads kv head h // (H / H_kv)) equal the reference."""
+    g = graphs.window(75, 6)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(75, 4, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(75, 2, 5, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    out = edge_attention(q, k, v, g, clamp=clamp, backend="local")
+    ref = edge_attention(q, k, v, g, clamp=clamp, backend="reference")
+    assert torch.allclose(out, ref, atol=1e-12)
+    grad = torch.randn_like(out)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(ref, (q, k, v), grad)):
+        assert torch.allclose(a, b, atol=1e-11)

@@ -8,10 +8,11 @@ edges touch, through batched matmuls masked to the graph's edges.
 
 Clamp and exact modes, hand-written backward that recomputes the weights; eager only. The plan
 (tile sizes, each tile's span, the edges' tile positions) is built once per graph and cached on
-it. Calls with bias, dropout or returned weights go to the csr backend; graphs with repeated edges
-are refused. Inside a tile every destination's scores read every span row, so NaN/inf in a source
-row reaches every destination of the tiles whose span holds it (as in the dense backend). "auto"
-picks it on CPU when the tiles are dense enough (`LOCAL_MIN_DENSITY` in kernels/__init__.py).
+it. Calls with bias, dropout or returned weights go to the csr backend; an edge repeated m times
+weighs m times (log m in its position's bias). Inside a tile every destination's scores read
+every span row, so NaN/inf in a source row reaches every destination of the tiles whose span
+holds it (as in the dense backend). "auto" picks it on CPU for rows of many edges in dense enough
+tiles (`LOCAL_MIN_DEGREE`, `LOCAL_MIN_DENSITY` in kernels/__init__.py).
 
 Modules by job: plan.py (`Layout`, `Plan`, `plan`), tiles.py (one head of a batch of tiles,
 forward and backward), attention.py (`LocalAttention`, `local_attention`).

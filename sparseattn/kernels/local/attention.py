@@ -6,7 +6,8 @@ so that each chunk's (tiles, T, S) scores stay near CHUNK_BYTES (in cache); boun
 gathered rows. The backward recomputes the weights, writes dq tile by tile, and adds each tile's dk
 and dv into its span: ceil(S / T) strided adds per chunk and head, each over distinct rows.
 
-Shapes: q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv); out (N_dst, H, Dv).
+Shapes: q (N_dst, H, D), k (N_src, H_kv, D), v (N_src, H_kv, Dv), H_kv dividing H (query head h
+reads kv head h // (H / H_kv)); out (N_dst, H, Dv).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def _interior_bias(bias: Tensor, p: Plan, t0: int, n: int) -> Tensor:
 def _forward(q: Tensor, k: Tensor, v: Tensor, p: Plan, scale: float, clamp) -> Tensor:
     lay = p.layout
     t_rows, span, c = lay.rows, lay.span, lay.offset
-    heads, dv = q.shape[1], v.shape[2]
+    heads, kv_heads, dv = q.shape[1], k.shape[1], v.shape[2]
+    group = heads // kv_heads  # query head h reads kv head h // group
     # zeros, not empty: the tiles' strided first writes into fresh pages ran ~5x slower than a
     # sequential zero fill followed by the same writes (glibc mmap'ed pages, 1 thread)
     out = q.new_zeros(q.shape[0], heads, dv)
@@ -59,14 +61,15 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, p: Plan, scale: float, clamp) -> T
         b = _interior_bias(bias, p, t0, n)
         for h in range(heads):
             qt = _tiles(q, h, t0 * t_rows, n, t_rows, t_rows)
-            kt, vt = (_tiles(x, h, t0 * t_rows - c, n, span, t_rows) for x in (k, v))
+            kt, vt = (_tiles(x, h // group, t0 * t_rows - c, n, span, t_rows) for x in (k, v))
             _tiles(out, h, t0 * t_rows, n, t_rows, t_rows).copy_(tiles.forward(qt, kt, vt, b, scale, clamp, scratch))
     if nb:
         qb = q[p.boundary_q].view(nb, t_rows, heads, -1)
-        kb, vb = (x[p.boundary_k].view(nb, span, heads, -1) for x in (k, v))
+        kb, vb = (x[p.boundary_k].view(nb, span, kv_heads, -1) for x in (k, v))
         ob = q.new_empty(nb, t_rows, heads, dv)
         for h in range(heads):
-            ob[:, :, h] = tiles.forward(qb[:, :, h], kb[:, :, h], vb[:, :, h], boundary_bias, scale, clamp, scratch)
+            kh, vh = kb[:, :, h // group], vb[:, :, h // group]
+            ob[:, :, h] = tiles.forward(qb[:, :, h], kh, vh, boundary_bias, scale, clamp, scratch)
         valid = p.boundary_valid
         out[p.boundary_q[valid]] = ob.view(nb * t_rows, heads, dv)[valid]
     return out.index_fill_(0, p.empty_rows, 0.0) if p.empty_rows.numel() else out
@@ -88,7 +91,8 @@ def _span_adder(x: Tensor, h: int, row0: int, n: int, span: int, t_rows: int):
 def _backward(g: Tensor, q: Tensor, k: Tensor, v: Tensor, p: Plan, scale: float, clamp):
     lay = p.layout
     t_rows, span, c = lay.rows, lay.span, lay.offset
-    heads, d, dv_cols = q.shape[1], q.shape[2], v.shape[2]
+    heads, kv_heads, d, dv_cols = q.shape[1], k.shape[1], q.shape[2], v.shape[2]
+    group = heads // kv_heads  # query head h reads kv head h // group; its dk, dv add up there
     g = g.contiguous()
     if p.empty_rows.numel():
         g = g.index_fill(0, p.empty_rows, 0.0)
@@ -103,28 +107,27 @@ def _backward(g: Tensor, q: Tensor, k: Tensor, v: Tensor, p: Plan, scale: float,
         row0, span0 = t0 * t_rows, t0 * t_rows - c
         for h in range(heads):
             qt, gt = _tiles(q, h, row0, n, t_rows, t_rows), _tiles(g, h, row0, n, t_rows, t_rows)
-            kt, vt = (_tiles(x, h, span0, n, span, t_rows) for x in (k, v))
+            kt, vt = (_tiles(x, h // group, span0, n, span, t_rows) for x in (k, v))
             into = (
                 _tiles(dq, h, row0, n, t_rows, t_rows),
-                _span_adder(dk, h, span0, n, span, t_rows),
-                _span_adder(dv, h, span0, n, span, t_rows),
+                _span_adder(dk, h // group, span0, n, span, t_rows),
+                _span_adder(dv, h // group, span0, n, span, t_rows),
             )
             tiles.backward(gt, qt, kt, vt, b, scale, clamp, bounds, scratch, into)
     if nb:
         valid = p.boundary_valid
         qb = q[p.boundary_q].view(nb, t_rows, heads, d)
         gb = (g[p.boundary_q] * valid[:, None, None]).view(nb, t_rows, heads, dv_cols)
-        kb, vb = (x[p.boundary_k].view(nb, span, heads, -1) for x in (k, v))
+        kb, vb = (x[p.boundary_k].view(nb, span, kv_heads, -1) for x in (k, v))
         dqb = q.new_empty(nb, t_rows, heads, d)
-        dkb, dvb = k.new_empty(nb, span, heads, d), v.new_empty(nb, span, heads, dv_cols)
+        dkb, dvb = k.new_empty(nb, span, heads, d), v.new_empty(nb, span, heads, dv_cols)  # per query head
         for h in range(heads):
             into = (dqb[:, :, h], dkb[:, :, h].copy_, dvb[:, :, h].copy_)
-            tiles.backward(
-                gb[:, :, h], qb[:, :, h], kb[:, :, h], vb[:, :, h], boundary_bias, scale, clamp, bounds, scratch, into
-            )
+            kh, vh = kb[:, :, h // group], vb[:, :, h // group]
+            tiles.backward(gb[:, :, h], qb[:, :, h], kh, vh, boundary_bias, scale, clamp, bounds, scratch, into)
         dq[p.boundary_q[valid]] = dqb.view(nb * t_rows, heads, d)[valid]
-        dk.index_add_(0, p.boundary_k, dkb.view(nb * span, heads, d))
-        dv.index_add_(0, p.boundary_k, dvb.view(nb * span, heads, dv_cols))
+        dk.index_add_(0, p.boundary_k, dkb.view(nb * span, kv_heads, group, d).sum(2))
+        dv.index_add_(0, p.boundary_k, dvb.view(nb * span, kv_heads, group, dv_cols).sum(2))
     return dq, dk, dv
 
 
@@ -155,8 +158,7 @@ class LocalAttention(torch.autograd.Function):
 
 def local_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     """The "local" backend (the contract in contract.py): out (N_dst, H, Dv). Calls with a bias,
-    dropout or returned weights go to the csr backend (this one computes none of them); graphs with
-    repeated edges raise ValueError."""
+    dropout or returned weights go to the csr backend (this one computes none of them)."""
     if inputs.bias is not None or inputs.dropout_mask is not None or inputs.return_weights:
         from ..csr import csr_attention
 

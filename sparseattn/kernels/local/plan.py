@@ -13,7 +13,8 @@ the backend runs.
 
 Shapes: `bias` (1 or n_interior, T, S) over interior tiles (one shared (1, T, S) when every interior
 tile has the same edges, as in windows), `boundary_bias` (n_boundary, T, S), 0 at edges and -inf
-elsewhere; a row without edges gets 0 everywhere (finite weights that the kernel discards, since
+elsewhere (log m at an edge that occurs m times: each occurrence counts, as everywhere); a row
+without edges gets 0 everywhere (finite weights that the kernel discards, since
 its output is 0 and its gradient zeroed); `empty_rows` (n,) destinations without edges.
 """
 
@@ -35,8 +36,7 @@ TILE_ROWS = (16, 32)
 @dataclass(frozen=True)
 class Layout:
     """Tile sizes of a graph: `rows` T, `span` S, `offset` c (tile t reads sources from t*T - c),
-    `tiles` ceil(N_dst / T), interior tiles `first` .. `stop` - 1, `density` E / (tiles * T * S),
-    `repeated`: whether some edge occurs twice (the plan refuses those)."""
+    `tiles` ceil(N_dst / T), interior tiles `first` .. `stop` - 1, `density` E / (tiles * T * S)."""
 
     rows: int
     span: int
@@ -45,23 +45,11 @@ class Layout:
     first: int
     stop: int
     density: float
-    repeated: bool
 
     @property
     def interior(self) -> int:
         """The number of interior tiles (strided views, no gather)."""
         return max(0, self.stop - self.first)
-
-
-def _repeated(graph: Graph) -> bool:
-    """Whether some (source, destination) pair occurs more than once (from the sorted CSR)."""
-    csr = graph.csr()
-    if csr.idx.numel() < 2:
-        return False
-    same_src = csr.idx[1:] == csr.idx[:-1]
-    row_starts = torch.zeros(csr.idx.numel(), dtype=torch.bool, device=csr.idx.device)
-    row_starts[csr.ptr[1:-1].clamp(max=csr.idx.numel() - 1)] = True  # an edge that starts a row
-    return bool((same_src & ~row_starts[1:]).any())
 
 
 def layout(graph: Graph, rows: int) -> Layout:
@@ -80,7 +68,7 @@ def layout(graph: Graph, rows: int) -> Layout:
     first = -(-offset // rows)
     stop = min((graph.num_src - span + offset) // rows + 1, graph.num_dst // rows)
     density = graph.num_edges / (tiles * rows * span)
-    return Layout(rows, span, offset, tiles, first, max(first, stop), density, _repeated(graph))
+    return Layout(rows, span, offset, tiles, first, max(first, stop), density)
 
 
 def choose_tile_rows(graph: Graph) -> int:
@@ -105,6 +93,7 @@ class Plan:
 
     layout: Layout
     edges: Tensor  # (tiles, T, S) bool: tile position is an edge
+    counts: Optional[Tensor]  # (tiles, T, S) int32 edges at each position, when some edge repeats; else None
     empty_rows: Tensor  # (n,) destinations without edges
     boundary: Tensor  # (n_boundary,) tile ids
     boundary_q: Tensor  # (n_boundary * T,) q row of each boundary tile row (clamped; invalid rows are empty)
@@ -114,13 +103,15 @@ class Plan:
     _bias: Dict[torch.dtype, tuple] = field(default_factory=dict)
 
     def biases(self, dtype: torch.dtype):
-        """(interior bias, boundary bias) in dtype: 0 at edges (and on rows without edges), -inf
-        elsewhere. Cached per dtype."""
+        """(interior bias, boundary bias) in dtype: 0 at edges (log m at an edge counted m times;
+        0 on rows without edges), -inf elsewhere. Cached per dtype."""
         if dtype not in self._bias:
             lay = self.layout
             has_edge = self.edges.any(-1, keepdim=True)  # (tiles, T, 1)
             bias = torch.zeros(self.edges.shape, dtype=dtype, device=self.edges.device)
             bias.masked_fill_(~self.edges & has_edge, -math.inf)
+            if self.counts is not None:  # an edge counted m times has m times the weight: + log m
+                bias.add_(torch.log(self.counts.clamp(min=1).to(dtype)))
             interior = bias[lay.first : lay.first + 1] if self.shared else bias[lay.first : lay.stop]
             self._bias[dtype] = (interior.contiguous(), bias[self.boundary].contiguous())
         return self._bias[dtype]
@@ -128,13 +119,8 @@ class Plan:
 
 def plan(graph: Graph, rows: Optional[int] = None) -> Plan:
     """The graph's `Plan` for tiles of `rows` destinations (default `choose_tile_rows`), cached on
-    the graph. Raises ValueError for graphs with repeated edges."""
+    the graph."""
     lay = cached_layout(graph, rows)
-    if lay.repeated:
-        raise ValueError(
-            "backend 'local' does not take repeated edges (an edge occurring twice counts twice, but a"
-            " tile position is one edge); use backend 'csr'"
-        )
     return graph.cached(f"local_plan_{lay.rows}", lambda: _build(graph, lay))
 
 
@@ -144,9 +130,10 @@ def _build(graph: Graph, lay: Layout) -> Plan:
     t_rows, span = lay.rows, lay.span
     tile = dst // t_rows
     col = src - (tile * t_rows - lay.offset)
-    edges = torch.zeros(lay.tiles * t_rows * span, dtype=torch.bool, device=device)
-    edges[dst * span + col] = True
-    edges = edges.view(lay.tiles, t_rows, span)
+    counts = torch.zeros(lay.tiles * t_rows * span, dtype=torch.int32, device=device)
+    counts.index_put_((dst * span + col,), torch.ones_like(dst, dtype=torch.int32), accumulate=True)
+    counts = counts.view(lay.tiles, t_rows, span)
+    edges = counts > 0
     degree = torch.zeros(lay.tiles * t_rows, dtype=torch.long, device=device).index_add_(0, dst, torch.ones_like(dst))
     empty_rows = torch.nonzero(degree[: graph.num_dst] == 0).flatten()
     ids = torch.arange(lay.tiles, device=device)
@@ -158,6 +145,7 @@ def _build(graph: Graph, lay: Layout) -> Plan:
     return Plan(
         lay,
         edges,
+        counts if bool((counts > 1).any()) else None,
         empty_rows,
         boundary,
         q_rows.clamp(max=graph.num_dst - 1),

@@ -53,7 +53,7 @@ def _probs(q, k, bias, scale, clamp, scratch: Scratch) -> Tuple[Tensor, Tensor]:
         torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale, out=scores)  # s + bias in one pass
         logits = scores
     else:
-        torch.bmm(q, k.transpose(1, 2), out=scores).mul_(scale)
+        torch.baddbmm(scores, q, k.transpose(1, 2), beta=0.0, alpha=scale, out=scores)
         torch.clamp(scores, *clamp, out=logits).add_(bias)
     return scores, torch.ops.aten._softmax.out(logits, -1, False, out=scratch.scores(1, n, rows, span))
 
@@ -74,9 +74,11 @@ def backward(g, q, k, v, bias, scale: float, clamp, bounds: Optional[Tuple[float
     ds = torch.ops.aten._softmax_backward_data.out(dp, p, -1, p.dtype, grad_input=scratch.scores(3, n, rows, span))
     if bounds is not None:  # 0 where the clamp binds
         ds = torch.ops.aten.hardtanh_backward.grad_input(ds, scores, *bounds, grad_input=dp)
-    into[0].copy_(torch.bmm(ds, k, out=scratch.result(n, rows, q.shape[2])).mul_(scale))
+    dq = scratch.result(n, rows, q.shape[2])
+    into[0].copy_(torch.baddbmm(dq, ds, k, beta=0.0, alpha=scale, out=dq))
     into[2](torch.bmm(p.transpose(1, 2), g, out=scratch.result(n, span, g.shape[2])))
-    into[1](torch.bmm(ds.transpose(1, 2), q, out=scratch.result(n, span, q.shape[2])).mul_(scale))
+    dk = scratch.result(n, span, q.shape[2])
+    into[1](torch.baddbmm(dk, ds.transpose(1, 2), q, beta=0.0, alpha=scale, out=dk))
 
 
 __all__ = ["Scratch", "forward", "backward", "inclusive"]
