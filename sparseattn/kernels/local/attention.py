@@ -18,11 +18,13 @@ import torch
 from torch import Tensor
 
 from ..contract import AttentionInputs
+from ..csr import csr_attention
 from ..reference import differentiable_grads
 from . import tiles
 from .plan import Plan, plan
 
-# Scores of one chunk of tiles, in bytes (see docs/guide/backends.md for the measurement).
+# Scores of one chunk of tiles, in bytes: 128 KiB to 4 MiB measured within 5% of each other
+# (window radius 8, 8192 nodes, H=8, D=64, 1 thread), 32 KiB 40% slower (per-op overhead).
 CHUNK_BYTES = 1 << 20
 
 
@@ -132,8 +134,8 @@ def _backward(g: Tensor, q: Tensor, k: Tensor, v: Tensor, p: Plan, scale: float,
 
 
 class LocalAttention(torch.autograd.Function):
-    """forward(q, k, v, plan, scale, clamp) -> out (N_dst, H, Dv): attention over the plan's graph,
-    clamp (lo, hi) or None (exact softmax); q, k, v contiguous. Saves q, k, v; the backward
+    """forward(q, k, v, plan, graph, scale, clamp) -> out (N_dst, H, Dv): attention over `graph`
+    along its `plan`, clamp (lo, hi) or None (exact softmax); q, k, v contiguous. Saves q, k, v; the backward
     recomputes the weights (hand-written; under create_graph=True the reference's differentiable
     gradients)."""
 
@@ -160,8 +162,6 @@ def local_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     """The "local" backend (the contract in contract.py): out (N_dst, H, Dv). Calls with a bias,
     dropout or returned weights go to the csr backend (this one computes none of them)."""
     if inputs.bias is not None or inputs.dropout_mask is not None or inputs.return_weights:
-        from ..csr import csr_attention
-
         return csr_attention(inputs)
     p = plan(inputs.graph)
     q, k, v = (x.contiguous() for x in (inputs.q, inputs.k, inputs.v))
