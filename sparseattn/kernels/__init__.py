@@ -18,7 +18,7 @@ from . import scatter
 from .contract import ALL_FLOATS, AttentionInputs, Backend, BackendFn
 from .csr import csr_attention
 from .dense import dense_attention, plan
-from .local import cached_layout, local_attention
+from .local import TILE_ROWS, cached_layout, local_attention
 from .options import KernelOptions, as_kernel_options, kernel_options
 from .reference import reference_attention
 
@@ -93,11 +93,13 @@ def choose_auto(q: Tensor, graph: Graph, edge_terms: bool = False) -> str:
 
 def _local_pays(graph: Graph) -> bool:
     """The "local" part of the auto rule: enough edges per destination first (O(1)), then the
-    tiles' density (O(E) once, cached on the graph)."""
+    tiles' density (O(E) once, cached on the graph): of tiles of 16 rows first, which bounds that
+    of any larger tile from above, so a random graph costs one pass over its edges."""
     if graph.num_dst == 0 or graph.num_edges < LOCAL_MIN_DEGREE * graph.num_dst:
         return False
-    lay = cached_layout(graph)
-    return lay.density >= LOCAL_MIN_DENSITY
+    if cached_layout(graph, TILE_ROWS[0]).density < LOCAL_MIN_DENSITY:
+        return False
+    return cached_layout(graph).density >= LOCAL_MIN_DENSITY
 
 
 def prepare(graph: Graph, heads: int, head_dim: Optional[int] = None, dtype: torch.dtype = torch.float32) -> None:

@@ -173,11 +173,14 @@ def test_repeated_edges_count_once_each(clamp):
     check_against_references(twice, clamp)
 
 
-def test_refuses_edge_terms():
+def test_refuses_edge_terms_and_graphs_that_are_not_locally_dense():
     g = graphs.window(10, 2)
     q = torch.randn(10, 1, 4)
     with pytest.raises(ValueError, match="does not take edge_key"):
         edge_attention(q, q, q, g, edge_key=torch.randn(g.num_edges, 1, 4), backend="local")
+    q = torch.randn(3000, 1, 4)
+    with pytest.raises(ValueError, match="locally dense"):
+        edge_attention(q, q, q, graphs.random(3000, 3000, 3000 * 4), backend="local")
 
 
 def test_plan_is_cached_and_sized():
@@ -230,3 +233,16 @@ def test_grouped_kv_heads(clamp):
     grad = torch.randn_like(out)
     for a, b in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(ref, (q, k, v), grad)):
         assert torch.allclose(a, b, atol=1e-11)
+
+
+@pytest.mark.parametrize("clamp", [(-0.3, 0.3), None])
+def test_more_sources_than_destinations(clamp):
+    """Destination i attends to sources 2i - 3 .. 2i + 3 of twice as many: the tiles' edges drift
+    away from the one offset all tiles share, so the span covers them all (correct, not dense)."""
+    n_dst = 45
+    dst = torch.arange(n_dst).repeat_interleave(7)
+    src = 2 * dst + torch.arange(-3, 4).repeat(n_dst)
+    keep = (src >= 0) & (src < 2 * n_dst)
+    g = Graph(torch.stack([src[keep], dst[keep]]), 2 * n_dst, n_dst)
+    check_against_references(g, clamp, rows=4)
+    check_against_references(g, clamp)

@@ -9,7 +9,8 @@ edges touch, through batched matmuls masked to the graph's edges.
 Clamp and exact modes, hand-written backward that recomputes the weights; eager only. The plan
 (tile sizes, each tile's span, the edges' tile positions) is built once per graph and cached on
 it. Calls with bias, dropout or returned weights go to the csr backend; an edge repeated m times
-weighs m times (log m in its position's bias). Inside a tile every destination's scores read
+weighs m times (log m in its position's bias); graphs whose tiles would be mostly empty (random
+ones) are refused with a ValueError. Inside a tile every destination's scores read
 every span row, so NaN/inf in a source row reaches every destination of the tiles whose span
 holds it (as in the dense backend). "auto" picks it on CPU for rows of many edges in dense enough
 tiles (`LOCAL_MIN_DEGREE`, `LOCAL_MIN_DENSITY` in kernels/__init__.py).
@@ -21,7 +22,7 @@ Shapes: q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv).
 """
 
 from .attention import CHUNK_BYTES, LocalAttention, local_attention
-from .plan import TILE_ROWS, Layout, Plan, cached_layout, choose_tile_rows, layout, plan
+from .plan import MAX_POSITIONS_PER_EDGE, TILE_ROWS, Layout, Plan, cached_layout, choose_tile_rows, layout, plan
 
 __all__ = [
     "local_attention",
@@ -34,4 +35,5 @@ __all__ = [
     "choose_tile_rows",
     "plan",
     "TILE_ROWS",
+    "MAX_POSITIONS_PER_EDGE",
 ]

@@ -31,6 +31,10 @@ from ...graphs import Graph
 
 # The tile rows `choose_tile_rows` picks from.
 TILE_ROWS = (16, 32)
+# `plan` refuses layouts of more than this many tile positions per edge (+ a small allowance):
+# their plan (a byte per position) and work would grow with N_dst * N_src on graphs that are not
+# locally dense, such as random ones.
+MAX_POSITIONS_PER_EDGE = 32
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ def choose_tile_rows(graph: Graph) -> int:
     else 32 (measured on windows of 8192 nodes, H=8, D=64, 1 thread: radius 8, 12 fastest at 16;
     16, 32, 64 at 32, with 64 and 128 rows 5-30% slower).
     """
-    reach = layout(graph, TILE_ROWS[0]).span - TILE_ROWS[0]  # sources a tile sees beyond its own T
+    reach = cached_layout(graph, TILE_ROWS[0]).span - TILE_ROWS[0]  # sources a tile sees beyond its T
     return TILE_ROWS[0] if reach < 32 else TILE_ROWS[1]
 
 
@@ -119,8 +123,15 @@ class Plan:
 
 def plan(graph: Graph, rows: Optional[int] = None) -> Plan:
     """The graph's `Plan` for tiles of `rows` destinations (default `choose_tile_rows`), cached on
-    the graph."""
+    the graph. Raises ValueError for graphs whose tiles would hold more than
+    MAX_POSITIONS_PER_EDGE positions per edge."""
     lay = cached_layout(graph, rows)
+    positions = lay.tiles * lay.rows * lay.span
+    if positions > MAX_POSITIONS_PER_EDGE * graph.num_edges + (1 << 16):
+        raise ValueError(
+            f"backend 'local' needs a locally dense graph: its tiles would hold {positions / graph.num_edges:.0f}"
+            f" positions per edge (density {lay.density:.3g}; at most {MAX_POSITIONS_PER_EDGE}); use backend 'csr'"
+        )
     return graph.cached(f"local_plan_{lay.rows}", lambda: _build(graph, lay))
 
 
@@ -155,4 +166,13 @@ def _build(graph: Graph, lay: Layout) -> Plan:
     )
 
 
-__all__ = ["Layout", "Plan", "layout", "cached_layout", "choose_tile_rows", "plan", "TILE_ROWS"]
+__all__ = [
+    "Layout",
+    "Plan",
+    "layout",
+    "cached_layout",
+    "choose_tile_rows",
+    "plan",
+    "TILE_ROWS",
+    "MAX_POSITIONS_PER_EDGE",
+]
