@@ -68,13 +68,12 @@ def choose_auto(q: Tensor, graph: Graph, edge_terms: bool = False) -> str:
     of "full"/"causal" blocks: batched matmuls (or SDPA) beat any sparse kernel there. Otherwise
     "local" for CPU tensors when the graph averages >= LOCAL_MIN_DEGREE edges per destination and
     its tiles hold >= LOCAL_MIN_DENSITY edges (`local.cached_layout`: wide windows, dense bands).
-    Otherwise "triton" for CUDA tensors with D <= 256 when triton is
-    importable, else "csr". Never
+    Otherwise "triton" for CUDA tensors with D <= 256 when triton is importable, else "csr". Never
     "reference" or "scatter" (both are slower everywhere). Inside a torch.compile or torch.export
     trace, never "dense": its batches take their shapes from the block structure, so every new
-    batch would compile anew (pass backend="dense" to have it anyway), and never "local" (eager only). With
-    edge_terms (edge_key, edge_value, edge_scale or eps given), only backends that take them: never
-    "dense" or "local"."""
+    batch would compile anew (pass backend="dense" to have it anyway), and never "local" (eager
+    only). With edge_terms (edge_key, edge_value, edge_scale or eps given), only backends that take
+    them: never "dense" or "local"."""
     blocks = None if tracing() or edge_terms else graph.blocks
     if blocks and len({(b.kind, b.n_src, b.n_dst) for b in blocks}) <= DENSE_MAX_SHAPES:
         if graph.num_edges >= DENSE_MIN_EDGES_PER_BLOCK * len(blocks) or all(
