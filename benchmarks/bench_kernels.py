@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from dataclasses import asdict
 from typing import Dict, List, Optional
 
@@ -27,22 +28,25 @@ import torch
 from sparseattn import edge_attention, graphs
 from sparseattn.kernels import choose_auto, plan
 
-from . import harness
+from . import harness, stream
 from .contenders import EXACT, contenders_for, estimate_bytes
 from .families import Family, families
 from .kernels_report import DEFAULT_SCALE, KernelResult, plotted, ratio_table
-from .limits import limit_ms, measure_rates, must_move
+from .limits import gather_floor, limit_ms, measure_rates, must_move
 from .peers import DIM, HEADS
 from .threads import POLICIES, run_setting, setting_label, thread_settings
 
 GiB = 2**30
 FAMILY_INFO: Dict[str, dict] = {}  # per family: sizes, auto's pick, dense padding, bytes and flops (in the JSON)
+FLOORS: Dict[str, dict] = {}  # per family, at this worker's setting: limits.gather_floor (in the setting's JSON)
 
 
 def print_row(r: KernelResult) -> None:
     pct = None if r.limit_fraction is None else 100 * r.limit_fraction
     rates = f"{harness.fmt(r.gb_per_s, '.2f')} GB/s {harness.fmt(r.gflop_per_s, '.1f')} GFLOP/s"
-    print(harness.row_line(r, f"{rates} {harness.fmt(pct, '.1f')}% of limit  "), flush=True)
+    x_floor = f" {r.ms / r.floor_ms:.2f}x floor" if r.ms and r.floor_ms else ""
+    compiled = f" compile {r.compile_s:.1f} s" if r.compile_s is not None else ""
+    print(harness.row_line(r, f"{rates} {harness.fmt(pct, '.1f')}% of limit{x_floor}{compiled}  "), flush=True)
 
 
 def _rates(r: dict) -> str:
@@ -61,10 +65,15 @@ def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, re
         info.update(dense_waste=blocks.waste if blocks else None, dense_buckets=len(blocks.buckets) if blocks else None)
         FAMILY_INFO[fam.name] = {**info, **must_move(g, HEADS, DIM, DIM)}
     fi = FAMILY_INFO[fam.name]
+    if fam.name not in FLOORS:
+        FLOORS[fam.name] = gather_floor(g, HEADS, DIM, reps=3 if args.quick else 5)
+    floor = FLOORS[fam.name]
     waste = f", dense padding waste {fi['dense_waste']:.1%}" if g.blocks else ""
     print(
         f"\n{fam.name}: N_dst={g.num_dst}, N_src={g.num_src}, E={g.num_edges}, H={HEADS}, D={DIM}, float32, "
-        f"inputs N(0, {scale**2:g}){waste}, auto -> {fi['auto']}, {args.label} thread(s)"
+        f"inputs N(0, {scale**2:g}){waste}, auto -> {fi['auto']}, {args.label} thread(s); gather floor "
+        f"{floor['floor']:.2f} ms (embedding_bag of k and v rows: interleaved {floor['interleaved']:.2f}, "
+        f"head-major {floor['head_major']:.2f})"
     )
     contenders = contenders_for(fam, g, q, args, fi)
     checker = "reference" if estimate_bytes("reference", g) / 7 * 3 <= budget else "csr"
@@ -82,9 +91,12 @@ def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, re
         for name, (build, note, est) in contenders.items():
             r = KernelResult(fam.name, g.num_edges, name, mode, note=note, limit_ms=lim, input_scale=scale)
             r.threads, r.omp_wait_policy = args.setting
+            r.floor_ms = floor["floor"] if mode == "fwd" else None
             results.append(r)
             try:  # build None: not run, the note says why
+                start = time.perf_counter()
                 call, built_est, remark = build(*leaves) if build is not None else (None, None, "")
+                r.compile_s = time.perf_counter() - start if name == "pyg (compiled)" and call is not None else None
                 r.note += f"; {remark}" if remark else ""
                 need = (built_est or est) * (1.0 if mode == "fwd+bwd" else 0.5)
                 if call is not None and need > budget:
@@ -112,6 +124,7 @@ def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, re
                 r.gb_per_s = fi["bytes"][mode] / (r.ms * 1e-3) / 1e9
                 r.gflop_per_s = fi["flops"][mode] / (r.ms * 1e-3) / 1e9
                 r.limit_fraction, r.load_average = lim / r.ms, os.getloadavg()[0]
+                r.floor_fraction = r.floor_ms / r.ms if r.floor_ms else None
                 r.speedup_vs_reference = ref_ms / r.ms if ref_ms else None
             print_row(r)
         if ref_ms is None:
@@ -132,7 +145,7 @@ def run_worker(args, fams: Dict[str, Family], path: str) -> None:
     results: List[KernelResult] = []
 
     def write() -> None:
-        setting["load_average_end"] = os.getloadavg()[0]
+        setting["load_average_end"], setting["floors"] = os.getloadavg()[0], FLOORS
         with open(path, "w") as f:
             json.dump({"setting": setting, "family_info": FAMILY_INFO, "results": [asdict(r) for r in results]}, f)
 
@@ -187,6 +200,25 @@ def run_gqa(args, argv: List[str]) -> None:
     out.close(preview=False)
 
 
+def run_stream_mode(args, argv: List[str]) -> None:
+    """--stream: benchmarks/stream.py at the first of --threads, its table in the log, rows in the JSON."""
+    count, lo, hi = (2, 200, 400) if args.quick else (24, 2000, 20000)
+    info = dict(harness.machine_info(), threads=args.thread_counts[0])
+    out = harness.Output("benchmarks.bench_kernels", argv, args.out, info, args.tag or "stream", args.quick)
+    out.log(f"a stream of {count} random graphs of {lo}-{hi} nodes, in-degree 16, H={HEADS}, D={DIM}, float32,")
+    out.log("fwd+bwd on each; seconds per pass over the whole stream; pass 1 builds (auto) and compiles (pyg)")
+    rows = stream.run_stream(count, lo, hi, args.thread_counts[0])
+    for line in stream.stream_table(rows):
+        out.log(line)
+    for r in rows:
+        if r["note"]:
+            out.log(f"  {r['contender']} pass {r['pass']}: {r['note']}")
+    config = dict(heads=HEADS, dim=DIM, dtype="float32", graphs=count, nodes=[lo, hi], in_degree=16, quick=args.quick)
+    config["compiled"] = "torch.compile(peers.pyg_attention), default (automatic dynamic shapes)"
+    out.save(config, [], stream=rows)
+    out.close(preview=False)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     ap = harness.parser(__doc__, default="1,2", help="comma-separated thread counts, each run in its own process")
@@ -203,6 +235,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--input-scale", default=str(DEFAULT_SCALE), help=scale)
     ap.add_argument("--contenders", default="", help="comma-separated contender names (default: all)")
     ap.add_argument("--gqa", action="store_true", help="grouped-query heads against repeated k, v (run_gqa)")
+    ap.add_argument("--stream", action="store_true", help="a stream of varying-size graphs, two passes (stream.py)")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)  # internal: run one setting, write here
     args = ap.parse_args(argv)
     args.thread_counts = [int(x) for x in args.threads.split(",") if x]
@@ -215,6 +248,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         args.flex = "none" if args.flex == "default" else args.flex
     if args.gqa:
         return run_gqa(args, argv)
+    if args.stream:
+        return run_stream_mode(args, argv)
     fams = families(args.quick)
     names = args.families.split(",") if args.families else list(fams)
     if set(names) - set(fams):
@@ -240,6 +275,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     config["peak_memory"] = "CPU: peak RSS (VmHWM, reset via /proc/self/clear_refs) during one call minus RSS before"
     config["limit"] = "limit_ms = max(bytes / copy_gb_per_s, flops / gemm_gflop_per_s), bytes and flops per pass in"
     config["limit"] += " family_info, rates in the row's setting (benchmarks/limits.py)"
+    config["floor"] = (
+        "gather floor (fwd rows' floor_ms, setting's floors): ms to read every k and v row once in the graph's edge"
+        " order (CSR, destination-major), summed per destination by F.embedding_bag, the faster of (N_src, H*D)"
+        " interleaved rows and H head-major (N_src, D) tables; floor_fraction = floor_ms / ms"
+    )
+    config["compile_s"] = "pyg (compiled): seconds of its first call (and backward for fwd+bwd), not in ms"
     config.update(settings=[], family_info=FAMILY_INFO, baseline=None)
     results: List[KernelResult] = []
     with tempfile.TemporaryDirectory(prefix="bench_kernels_") as tmp:

@@ -9,12 +9,13 @@ import torch
 
 from sparseattn import edge_attention, graphs
 from sparseattn.kernels import available_backends, backends_for, choose_auto, plan
+from sparseattn.kernels.local import MAX_POSITIONS_PER_EDGE, cached_layout
 
 from . import peers
 from .families import COMPILE_FAMILIES, FLEX_FAMILIES, Family
 from .peers import DIM, HEADS
 
-EXACT = ("sdpa", "sdpa-masked", "pyg", "flex_attention")  # exact softmax: checked against clamp=None
+EXACT = ("sdpa", "sdpa-masked", "pyg", "pyg (compiled)", "flex_attention")  # exact softmax: checked against clamp=None
 # build(q, k, v) -> (the no-argument call a contender is timed with, its memory estimate where the builder
 # makes one (else 0), a remark for its note); None: not run, the note says why
 Build = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Tuple[Callable[[], torch.Tensor], float, str]]
@@ -24,13 +25,19 @@ Contender = Tuple[Optional[Build], str, float]  # (build, note, fwd+bwd bytes es
 def estimate_bytes(name: str, g: graphs.Graph) -> float:
     """Rough fwd+bwd peak of a contender on this graph (used only to skip hopeless runs)."""
     e, n = g.num_edges, g.num_src + g.num_dst
-    if name in ("reference", "scatter", "pyg"):
+    if name in ("reference", "scatter", "pyg", "pyg (compiled)"):
         return e * HEADS * DIM * 4 * 7
     if name in ("csr", "auto", "auto (raw)", "auto (compiled)"):
         return e * HEADS * 4 * 12 + n * HEADS * DIM * 4 * 10
     if name == "dense":
         return sum(bk.b * bk.lq * bk.lk for bk in plan(g).buckets) * HEADS * 4 * 6
     return 0.0
+
+
+def local_applies(g: graphs.Graph) -> bool:
+    """Whether the local backend takes this graph (its tiles hold at most MAX_POSITIONS_PER_EDGE
+    positions per edge; random graphs do not)."""
+    return g.num_edges > 0 and cached_layout(g).density * MAX_POSITIONS_PER_EDGE >= 1
 
 
 def _plain(fn: Callable[..., torch.Tensor]) -> Build:
@@ -51,6 +58,23 @@ def _sdpa_exact(g: graphs.Graph, info: dict) -> Build:
     return build
 
 
+def _compiled_pyg(g: graphs.Graph) -> Build:
+    """PyG's recipe (peers.make_pyg) under one torch.compile line, as a PyG user would write it; the
+    first call (and its backward when the leaves record) compiles, timed apart (the row's compile_s).
+    dynamic=False: each family's shapes compile on their own (every family shares make_pyg's code object,
+    so automatic dynamic shapes would carry one family's recompiles into the next)."""
+
+    def build(*leaves):
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)  # one per family
+        call = torch.compile(peers.make_pyg(g, *leaves)[0], dynamic=False)
+        out = call()
+        if out.requires_grad:
+            torch.autograd.grad(out, leaves, torch.ones_like(out))
+        return call, 0.0, "first call compiles (compile_s), not timed"
+
+    return build
+
+
 def contenders_for(fam: Family, g: graphs.Graph, q: torch.Tensor, args, info: dict) -> Dict[str, Contender]:
     """name -> (build, note, estimate) of every contender on `g` (`info`: its family_info, which gets the
     SDPA kernel the exact `sdpa` peer runs), those of --contenders if given."""
@@ -61,6 +85,8 @@ def contenders_for(fam: Family, g: graphs.Graph, q: torch.Tensor, args, info: di
             out[name] = (None, "not applicable: graph has no dense blocks", 0)
         elif name not in cpu:
             out[name] = (None, "not applicable: takes no CPU tensors", 0)
+        elif name == "local" and not local_applies(g):
+            out[name] = (None, "not applicable: graph is not locally dense", 0)
         else:
             call = _plain(lambda *qkv, b=name: edge_attention(*qkv, g, backend=b))
             out[name] = (call, f"-> {choose_auto(q, g)}" if name == "auto" else "", estimate_bytes(name, g))
@@ -86,8 +112,10 @@ def contenders_for(fam: Family, g: graphs.Graph, q: torch.Tensor, args, info: di
     try:  # imported only when asked for (a second or two)
         label = peers.pyg_label() if "pyg" in wanted or not wanted else ""
         out["pyg"] = (_peer(peers.make_pyg, g), label, estimate_bytes("pyg", g))
+        out["pyg (compiled)"] = (_compiled_pyg(g), f"{label}, torch.compile", estimate_bytes("pyg", g) / 2)
     except ImportError:
         out["pyg"] = (None, "skipped: torch_geometric is not installed", 0)
+        out["pyg (compiled)"] = (None, "skipped: torch_geometric is not installed", 0)
     if args.flex == "all" or (args.flex == "default" and fam.name in FLEX_FAMILIES):
         flex: Build = lambda *leaves: (peers.make_flex(g, *leaves)[0], 0.0, "")
         out["flex_attention"] = (flex, "torch.compile(flex_attention) + block mask", 0)

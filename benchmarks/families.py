@@ -65,8 +65,54 @@ def _sparse(n: int, size: str) -> List[Family]:
     ]
 
 
+def knn_graph(n: int = 50_000, k: int = 16, seed: int = 0) -> graphs.Graph:
+    """In-edges of each of n uniform random 3-D points from its k nearest points (itself included),
+    destination-major; point i is node i, so ids carry no spatial order (a point cloud stored shuffled)."""
+    import numpy as np
+    from scipy.spatial import cKDTree  # type: ignore[import-untyped]
+
+    points = np.random.default_rng(seed).random((n, 3))
+    _, nbr = cKDTree(points).query(points, k=k)
+    src = torch.from_numpy(np.ascontiguousarray(nbr).reshape(-1)).long()
+    return graphs.Graph(torch.stack([src, torch.arange(n).repeat_interleave(k)]), n, n)
+
+
+def mesh_graph(side: int = 224, seed: int = 0) -> graphs.Graph:
+    """A side x side grid, each node attending to itself and its 8 neighbours, node ids shuffled by a
+    seeded permutation (edges destination-major in the shuffled ids)."""
+    ids = torch.arange(side * side).view(side, side)
+    src, dst = [], []
+    for di in (-1, 0, 1):
+        for dj in (-1, 0, 1):
+            a = ids[max(0, -di) : side - max(0, di), max(0, -dj) : side - max(0, dj)]
+            b = ids[max(0, di) : side - max(0, -di), max(0, dj) : side - max(0, -dj)]
+            src.append(b.reshape(-1))
+            dst.append(a.reshape(-1))
+    perm = torch.randperm(side * side, generator=torch.Generator().manual_seed(seed))
+    edges = perm[torch.stack([torch.cat(src), torch.cat(dst)])]
+    order = torch.argsort(edges[1], stable=True)
+    return graphs.Graph(edges[:, order], side * side, side * side)
+
+
+def relabeled(build: Callable[[], graphs.Graph]) -> Callable[[], graphs.Graph]:
+    """The graph `build` makes, its nodes renamed in `graphs.locality_order` (the same edges in the same
+    order): what a user gets by relabeling once at the model's input."""
+    return lambda: (lambda g: graphs.relabel(g, graphs.locality_order(g)))(build())
+
+
+def structured(quick: bool) -> List[Family]:
+    """kNN(16) points and an 8-neighbour mesh with shuffled ids, and each relabeled in locality order."""
+    knn = (lambda: knn_graph(2000)) if quick else knn_graph
+    mesh = (lambda: mesh_graph(48)) if quick else mesh_graph
+    size = ("2k", "48") if quick else ("50k", "224")
+    out = [Family(f"knn-{size[0]}-shuffled", knn), Family(f"knn-{size[0]}-local", relabeled(knn))]
+    return out + [Family(f"mesh-{size[1]}-shuffled", mesh), Family(f"mesh-{size[1]}-local", relabeled(mesh))]
+
+
 def families(quick: bool) -> Dict[str, Family]:
-    window = [Family(f"window-{n}", lambda n=n: graphs.window(n, 8)) for n in ((2048,) if quick else (8192, 65536))]
+    sizes = (2048,) if quick else (8192, 65536)
+    window = [Family(f"window-{n}", lambda n=n: graphs.window(n, 8)) for n in sizes]
+    window += [Family(f"window-{n}-r64", lambda n=n: graphs.window(n, 64)) for n in sizes]
     if quick:
         fams = window + _sparse(5000, "5k") + [_blocks("complete-16x32", "full", [(32, 32)] * 16)]
         fams += [_blocks("causal-8x64", "causal", [(64, 64)] * 8), _blocks("bipartite-8x40x40", "full", [(40, 40)] * 8)]
@@ -78,6 +124,7 @@ def families(quick: bool) -> Dict[str, Family]:
         fams += [_blocks("bipartite-32x40x40", "full", [(40, 40)] * 32)]
         fams.append(_blocks("varlen-5..50-4096", "full", [(n, n) for n in _varlen(4096, 5, 50)]))
         fams.append(_blocks("complete-2x2048", "full", [(2048, 2048)] * 2))
+    fams += structured(quick)
     return {f.name: f for f in fams}
 
 

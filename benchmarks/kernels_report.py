@@ -23,6 +23,9 @@ class KernelResult(Result):
     limit_ms: Optional[float] = None
     limit_fraction: Optional[float] = None
     load_average: Optional[float] = None
+    floor_ms: Optional[float] = None  # fwd rows: the family's gather floor at this setting (limits.gather_floor)
+    floor_fraction: Optional[float] = None  # floor_ms / ms
+    compile_s: Optional[float] = None  # compiled contenders: seconds of the build's first call, not timed
 
 
 def group_of(r: KernelResult) -> Tuple[str, float]:

@@ -1,13 +1,19 @@
 """The physical limit of one edge-attention call: the time the bytes that must move take at the
 machine's measured copy bandwidth, or the flops that must run at its measured GEMM rate, whichever
 is longer; bench_kernels reports limit_ms and limit_ms / ms per contender. The byte and flop
-formulas, and how the rates are measured: docs/benchmarks/kernels.md ("Physical limit")."""
+formulas, and how the rates are measured: docs/benchmarks/kernels.md ("Physical limit").
+
+The gather floor (`gather_floor`): the time to read every k and every v row once in the graph's edge
+order (destination-major, as the CSR walks it), summed per destination by `embedding_bag`, the fastest of
+two layouts: interleaved ((N_src, H*D) rows, one row per edge) and head-major (H tables of (N_src, D),
+one pass per head). A forward that gathers k and v once per edge cannot beat it."""
 
 from __future__ import annotations
 
 from typing import Dict
 
 import torch
+import torch.nn.functional as F
 
 from sparseattn import graphs
 
@@ -49,3 +55,28 @@ def measure_rates(copy_mib: int = 256, gemm_n: int = 2048, reps: int = 9) -> Dic
         "copy_mib": copy_mib,
         "gemm_n": gemm_n,
     }
+
+
+def gather_floor(g: graphs.Graph, heads: int, dim: int, reps: int = 5, budget_s: float = 10.0) -> Dict[str, float]:
+    """ms (median of `reps` after warm-up) to sum k and v rows (each (N_src, heads, dim), float32) per
+    destination over the graph's edges in CSR order by `F.embedding_bag`: "interleaved" ((N_src, H*D)
+    tables), "head_major" (H tables of (N_src, D) each), and "floor", the smaller; at this process's
+    thread setting."""
+    ptr, idx, _ = g.csr()
+    offsets = ptr[:-1]
+    k, v = (torch.randn(g.num_src, heads, dim) for _ in range(2))
+    kh, vh = (x.transpose(0, 1).contiguous() for x in (k, v))  # (H, N_src, D)
+
+    def interleaved() -> None:
+        for x in (k, v):
+            F.embedding_bag(idx, x.view(g.num_src, -1), offsets, mode="sum")
+
+    def head_major() -> None:
+        for x in (kh, vh):
+            for h in range(heads):
+                F.embedding_bag(idx, x[h], offsets, mode="sum")
+
+    times = harness.time_interleaved([interleaved, head_major], warmup=1, reps=reps, budget_s=budget_s)
+    out = {name: harness.median(t) for name, t in zip(("interleaved", "head_major"), times) if isinstance(t, list)}
+    out["floor"] = min(out.values())
+    return out

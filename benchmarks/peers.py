@@ -119,18 +119,23 @@ def make_pyg(g: graphs.Graph, q, k, v, clamp=None):
     """TransformerConv's message passing on (N, H, D) q/k/v: alpha = <q[dst], k[src]> / sqrt(D) (clamped
     to `clamp` if given), `torch_geometric.utils.softmax` per destination (exact, max-subtracted), then
     `utils.scatter` of v[src] * alpha. Returns (fn, bytes estimate, label); ImportError without PyG."""
-    from torch_geometric.utils import scatter, softmax
-
     label = pyg_label()
-    src, dst, scale = g.src, g.dst, q.shape[-1] ** -0.5
 
     def fn():
-        alpha = (q.index_select(0, dst) * k.index_select(0, src)).sum(-1) * scale  # (E, H)
-        alpha = softmax(alpha if clamp is None else alpha.clamp(*clamp), index=dst, num_nodes=g.num_dst)
-        msg = v.index_select(0, src) * alpha.unsqueeze(-1)  # (E, H, Dv)
-        return scatter(msg, dst, dim=0, dim_size=g.num_dst, reduce="sum")
+        return pyg_attention(q, k, v, g.src, g.dst, g.num_dst, clamp)
 
     return fn, g.num_edges * HEADS * DIM * 4 * 4, label
+
+
+def pyg_attention(q, k, v, src, dst, num_dst: int, clamp=None):
+    """make_pyg's recipe as one function of its tensors (what a user compiles once for a stream of graphs):
+    q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv), src and dst (E,) -> (N_dst, H, Dv)."""
+    from torch_geometric.utils import scatter, softmax
+
+    alpha = (q.index_select(0, dst) * k.index_select(0, src)).sum(-1) * q.shape[-1] ** -0.5  # (E, H)
+    alpha = softmax(alpha if clamp is None else alpha.clamp(*clamp), index=dst, num_nodes=num_dst)
+    msg = v.index_select(0, src) * alpha.unsqueeze(-1)  # (E, H, Dv)
+    return scatter(msg, dst, dim=0, dim_size=num_dst, reduce="sum")
 
 
 def graph_block_mask(g: graphs.Graph, block: int = 128):

@@ -118,3 +118,67 @@ def test_kernels_page_shows_threads_scales_and_limits(quick_run, tmp_path):
     assert "| family | threads | input σ | csr | auto |" in page
     assert "| `powerlaw-5k` | 1 | 2 |" in page and "| `complete-16x32` | 1 | 0.5 |" in page
     assert "Physical limit, ms (fwd / fwd+bwd)" in page and "`OMP_NUM_THREADS=1`" in page
+
+
+HAVE_COMPILER = shutil.which("c++") is not None or shutil.which("g++") is not None
+needs_compiler = pytest.mark.skipif(not HAVE_COMPILER, reason="torch.compile needs a C++ compiler on the CPU")
+
+
+def test_gather_floor_times_both_layouts():
+    from benchmarks.limits import gather_floor
+
+    floors = gather_floor(graphs.random(300, 300, 300 * 16, seed=0), heads=2, dim=8, reps=2)
+    assert floors["interleaved"] > 0 and floors["head_major"] > 0
+    assert floors["floor"] == min(floors["interleaved"], floors["head_major"])
+
+
+def test_quick_run_reports_the_gather_floor(quick_run, tmp_path):
+    path, data = quick_run
+    (setting,) = data["config"]["settings"]
+    assert set(setting["floors"]) == {"powerlaw-5k", "complete-16x32"}
+    for r in data["results"]:
+        if r["mode"] == "fwd" and r["ms"] is not None:
+            assert r["floor_ms"] == setting["floors"][r["family"]]["floor"] > 0
+            assert r["floor_fraction"] == pytest.approx(r["floor_ms"] / r["ms"])
+        elif r["mode"] == "fwd+bwd":
+            assert r["floor_ms"] is None
+    shutil.copy(path, tmp_path / f"bench_kernels_{machine_tag(data['machine'])}.json")
+    page = pages.generate(str(tmp_path))[0]["kernels.md"].decode()
+    assert "Gather floor, ms" in page and "| family | threads | input σ | floor ms | csr | auto |" in page
+
+
+def test_structured_families_have_local_twins():
+    fams = families(quick=True)
+    assert {"window-2048-r64", "knn-2k-shuffled", "knn-2k-local", "mesh-48-shuffled", "mesh-48-local"} <= set(fams)
+    for name in ("knn-2k", "mesh-48"):
+        shuffled, local = fams[f"{name}-shuffled"].build(), fams[f"{name}-local"].build()
+        assert (local.num_dst, local.num_edges) == (shuffled.num_dst, shuffled.num_edges)
+        assert sorted(torch.bincount(local.dst).tolist()) == sorted(torch.bincount(shuffled.dst).tolist())
+    assert fams["mesh-48-shuffled"].build().num_edges == (3 * 48 - 2) ** 2  # sum over 9 offsets of (48-|di|)(48-|dj|)
+
+
+@needs_compiler
+def test_compiled_pyg_contender_is_checked_and_reports_its_compile_time(tmp_path):
+    pytest.importorskip("torch_geometric")
+    args = ["--quick", "--families", "window-2048", "--contenders", "auto,pyg (compiled)", "--threads", "1"]
+    main(args + ["--reps", "1", "--warmup", "1", "--out", str(tmp_path)])
+    (path,) = tmp_path.glob("*.json")
+    rows = [r for r in json.loads(path.read_text())["results"] if r["contender"] == "pyg (compiled)"]
+    assert {r["mode"] for r in rows} == {"fwd", "fwd+bwd"}
+    for r in rows:
+        assert r["ms"] > 0 and r["compile_s"] > 0 and r["max_err_vs_reference"] < 1e-4
+    assert "Compile time of `pyg (compiled)`" in pages.preview(str(path))
+
+
+@needs_compiler
+def test_stream_mode_times_two_passes_of_each_contender(tmp_path):
+    pytest.importorskip("torch_geometric")
+    main(["--stream", "--quick", "--threads", "1", "--out", str(tmp_path)])
+    (path,) = tmp_path.glob("*stream.json")
+    rows = json.loads(path.read_text())["stream"]
+    contenders = ("auto", "pyg", "pyg (compiled)")
+    assert {(r["contender"], r["pass"]) for r in rows} == {(c, p) for c in contenders for p in (1, 2)}
+    assert all(r["s"] > 0 and r["graphs"] == 2 and r["note"] == "" for r in rows)
+    shutil.copy(path, tmp_path / path.name.replace("_quick", ""))
+    page = pages.generate(str(tmp_path))[0]["kernels.md"].decode()
+    assert "### Variant `stream`" in page and "| contender | first pass, s | second pass, s |" in page

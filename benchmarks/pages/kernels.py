@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
+from .. import stream
 from ..kernels_report import SHARE_TARGETS, TARGETS, KernelResult, ratio_table
 from ..threads import setting_label
 from . import common
 from .common import DASH, Run, by_key, cell, f_int, f_ms, f_pct, f_x, header, joined, ordered, plot, table
 
 KERNEL_ORDER = ("csr", "dense", "auto", "auto (raw)", "auto (compiled)", "sdpa", "sdpa-masked", "dense bmm", "pyg")
+KERNEL_ORDER += ("pyg (compiled)",)
 Bound = Optional[Tuple[str, float]]
 GROUP_HEAD = ["family", "threads", "input σ"]  # each table line: a family at a thread setting and input scale
 MOVED = (("bytes", 1e6, 0), ("flops", 1e9, 2))  # must_move's bytes in MB and flops in GFLOP, with decimals
@@ -48,6 +50,11 @@ def _grid(run: Run, columns: List[str], value) -> List[List[str]]:
         [f"`{f}`", *gr, *(value(lambda m, c=c, f=f, gr=gr: cells.get((f, m, c, *gr)), modes) for c in columns)]
         for f, gr in _lines(run)
     ]
+
+
+def _ratio(fraction: Optional[float]) -> Optional[float]:
+    """A time over its floor from floor / time (None stays None)."""
+    return 1 / fraction if fraction else None
 
 
 def _per_mode(key: str, fmt):
@@ -138,6 +145,25 @@ def kernel_sections(run: Run) -> List[str]:
         " and the flops that must run at the GEMM rate (`benchmarks/limits.py`), and the share of it each"
         " contender reached (limit / its time):\n\n" + table(GROUP_HEAD + ["limit ms"] + cons, rows, right=3)
     )
+    if any(r.get("floor_ms") for r in run.results):
+        floors = {(r["family"], *_group(r)): r["floor_ms"] for r in run.results if r.get("floor_ms")}
+        cons = having(lambda r: r.get("floor_fraction"))
+        rows = _grid(run, cons, lambda row, _: f_x(_ratio((row("fwd") or {}).get("floor_fraction"))))
+        for row, (fam, gr) in zip(rows, _lines(run)):
+            row.insert(3, f_ms(floors.get((fam, *gr))))
+        out.append(
+            "Gather floor, ms: the time to read every k and v row once in the graph's edge order (CSR,"
+            " destination-major), summed per destination by `embedding_bag`, the faster of interleaved (N, H·D)"
+            " rows and H head-major (N, D) tables, measured in the same process; and each contender's forward"
+            " time over it (x floor):\n\n" + table(GROUP_HEAD + ["floor ms"] + cons, rows, right=3)
+        )
+    compiled = [r for r in run.results if r.get("compile_s") is not None]
+    if compiled:
+        rows = [[f"`{r['family']}`", *_group(r), r["mode"], f"{r['compile_s']:.1f}"] for r in compiled]
+        out.append(
+            "Compile time of `pyg (compiled)`, s: its first call (and backward for fwd+bwd), not in its timed"
+            " runs:\n\n" + table(GROUP_HEAD + ["pass", "compile s"], rows, right=4)
+        )
     if any(r.get("peak_extra_mib") is not None for r in run.results):
         cons = having(lambda r: r.get("peak_extra_mib") is not None)
         rows = _grid(run, cons, _per_mode("peak_extra_mib", f_int))
@@ -205,13 +231,20 @@ def page_kernels(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
             lines.append(thp_headline(off, on))
         for run in [r for r in group if r.variant == "gqa"]:
             parts += ["### Variant `gqa`", header(run), gqa_table(run), plot(run)]
+        for run in [r for r in group if "stream" in r.data]:
+            parts += ["### Variant `stream`", snippet("kernels_stream"), header(run), stream_table(run)]
         for run in group:
-            if run.variant and run not in (off, on) and run.variant != "gqa":
+            if run.variant and run not in (off, on) and run.variant != "gqa" and "stream" not in run.data:
                 parts += [f"### Variant `{run.variant}`"] + kernels_main(run, snippet("kernels_legend"))
                 line = kernels_headline(run)
                 lines.append(f"`{run.variant}`: {line}" if line else "")
         heads[machine] = "; ".join(x for x in lines if x)
     return parts, heads
+
+
+def stream_table(run: Run) -> str:
+    """bench_kernels --stream: per contender, seconds of the first and second pass and each over `auto`'s."""
+    return "\n".join(stream.stream_table(run.data.get("stream", [])))
 
 
 def gqa_table(run: Run) -> str:
