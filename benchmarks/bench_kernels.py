@@ -5,6 +5,7 @@ at each thread setting and input scale, with each time's distance to the machine
     python -m benchmarks.bench_kernels --quick --threads 1 --reps 1 --contenders csr,auto  # seconds
     python -m benchmarks.bench_kernels --families window-8192,causal-32x128 --flex all
     python -m benchmarks.bench_kernels --gqa --threads 1    # grouped-query heads vs repeated k, v (~3 min)
+    python -m benchmarks.bench_kernels --stream --threads 1 # 24 graphs of 2K-20K nodes, two passes (stream.py)
 
 What it measures: benchmarks/templates/kernels.md. JSON format 2 (rows with threads, omp_wait_policy,
 input_scale, limit; config with settings, family_info, ratios); earlier files: one setting, s = 0.5.

@@ -2,9 +2,11 @@
 thread settings run in processes of their own, and a quick run (one thread setting, two input
 scales) whose JSON the kernels page renders with its thread and limit columns."""
 
+import importlib.util
 import json
 import os
 import shutil
+import sys
 
 import pytest
 import torch
@@ -182,3 +184,16 @@ def test_stream_mode_times_two_passes_of_each_contender(tmp_path):
     shutil.copy(path, tmp_path / path.name.replace("_quick", ""))
     page = pages.generate(str(tmp_path))[0]["kernels.md"].decode()
     assert "### Variant `stream`" in page and "| contender | first pass, s | second pass, s |" in page
+
+
+def test_knn_graph_without_scipy_finds_the_same_neighbours(monkeypatch):
+    from benchmarks.families import knn_graph
+
+    with_scipy = knn_graph(500, k=4) if importlib.util.find_spec("scipy") else None
+    monkeypatch.setitem(sys.modules, "scipy.spatial", None)  # the import fails: the torch path
+    g = knn_graph(500, k=4)
+    assert torch.equal(g.dst, torch.arange(500).repeat_interleave(4)) and bool(
+        (g.src.view(-1, 4)[:, 0] == torch.arange(500)).all()
+    )
+    if with_scipy is not None:
+        assert torch.equal(g.src.view(-1, 4).sort(1).values, with_scipy.src.view(-1, 4).sort(1).values)
