@@ -34,16 +34,35 @@ def group_of(r: KernelResult) -> Tuple[str, float]:
 
 RATIOS = {"auto/sdpa": ("auto", "sdpa"), "raw/Graph": ("auto (raw)", "auto")}  # name -> numerator, denominator
 RATIOS.update({"compiled/eager": ("auto (compiled)", "auto"), "pyg/auto": ("pyg", "auto")})
-TARGETS = {  # every ratio (issue 31) in the kernels page's order: its column head there and target, or None
-    "auto/sdpa": ("clamp-mode `auto` / `sdpa`", ("<=", 1.15)),
+RATIOS.update({"compiled pyg/auto": ("pyg (compiled)", "auto")})
+Bound = Tuple[str, float]
+# Issue 44's targets against compiled PyG, per family by name prefix (the first that matches)
+COMPILED_PYG_TARGETS = [("window-", (">=", 3.0)), ("random-", (">=", 1.5)), ("powerlaw-", (">=", 1.5))]
+COMPILED_PYG_TARGETS += [("knn-", (">=", 2.0)), ("mesh-", (">=", 2.0))]
+TARGETS = {  # every ratio in the kernels page's order: its column head there and target (None: none, or per family)
+    "auto/sdpa": ("clamp-mode `auto` / `sdpa`", ("<=", 1.2)),
     "raw/Graph": ("`auto (raw)` / `auto`", ("<=", 1.5)),
-    "csr fwd+bwd/fwd": ("`csr` fwd+bwd / fwd", ("<=", 2.5)),  # csr's forward+backward time over its forward time
-    "pyg/auto": ("`pyg` / `auto`", (">=", 30)),
+    "csr fwd+bwd/fwd": ("`csr` fwd+bwd / fwd", ("<=", 3.2)),  # csr's forward+backward time over its forward time
+    "compiled pyg/auto": ("`pyg (compiled)` / `auto`", None),  # COMPILED_PYG_TARGETS
+    "compiled pyg/auto memory": ("`pyg (compiled)` / `auto` peak memory, fwd+bwd", (">=", 2.0)),
+    "auto/floor": ("`auto` fwd / gather floor", None),  # FLOOR_TARGETS
+    "shuffled/local": ("`auto` shuffled ids / local order", ("<=", 1.2)),  # *-shuffled over its *-local twin
+    "pyg/auto": ("`pyg` (eager) / `auto`", None),
     "compiled/eager": ("`auto (compiled)` / `auto`", None),
-    "auto limit share": ("`auto` fwd, share of the limit (≥ 25% on window-65536)", None),  # limit time / auto's
+    "auto limit share": ("`auto` fwd, share of the limit (≥ 30% on windows)", None),  # limit time / auto's
     "auto 1 thread/this": ("`auto` at 1 thread / here", (">=", 1)),  # auto's time at 1 thread over its time here
 }
-SHARE_TARGETS = {"window-65536": (">=", 0.25)}  # "auto limit share" per family
+SHARE_TARGETS = [("window-", (">=", 0.30))]  # "auto limit share" per family prefix
+FLOOR_TARGETS = [("random-", ("<=", 1.2)), ("powerlaw-", ("<=", 1.2))]  # "auto/floor" per family prefix
+PER_FAMILY = {"compiled pyg/auto": COMPILED_PYG_TARGETS, "auto limit share": SHARE_TARGETS, "auto/floor": FLOOR_TARGETS}
+
+
+def target_of(ratio: str, family: str) -> Optional[Bound]:
+    """The target of a ratio on a family: TARGETS' own, or for the per-family ratios the first prefix of
+    PER_FAMILY[ratio] that the family's name starts with (None: no target there)."""
+    if ratio in PER_FAMILY:
+        return next((bound for prefix, bound in PER_FAMILY[ratio] if family.startswith(prefix)), None)
+    return TARGETS[ratio][1]
 
 
 def ratio_table(results: List[KernelResult]) -> List[dict]:
@@ -52,6 +71,9 @@ def ratio_table(results: List[KernelResult]) -> List[dict]:
     ms = {(*group_of(r), r.family, r.contender, r.mode): r.ms for r in results if r.ms}
     auto = [r for r in results if r.contender == "auto" and r.ms and r.limit_fraction]
     share = {(*group_of(r), r.family, r.mode): r.limit_fraction for r in auto}
+    mib = {(*group_of(r), r.family, r.contender): r.peak_extra_mib for r in results if r.mode == "fwd+bwd"}
+    mib = {k: v for k, v in mib.items() if v}
+    floor = {(*group_of(r), r.family): r.floor_ms for r in results if r.mode == "fwd" and r.floor_ms}
     out: List[dict] = []
 
     def add(group, fam, name, vals):
@@ -67,6 +89,21 @@ def ratio_table(results: List[KernelResult]) -> List[dict]:
             f, fb = at("csr", "fwd"), at("csr", "fwd+bwd")
             if f and fb:
                 add(grp, fam, "csr fwd+bwd/fwd", [fb / f])
+            peak = lambda c, g=grp, f=fam: mib.get((*g, f, c))
+            if peak("pyg (compiled)") and peak("auto"):
+                add(grp, fam, "compiled pyg/auto memory", [peak("pyg (compiled)") / peak("auto")])
+            if at("auto", "fwd") and floor.get((*grp, fam)):
+                add(grp, fam, "auto/floor", [at("auto", "fwd") / floor[(*grp, fam)]])
+            if fam.endswith("-shuffled"):
+                twin = fam[: -len("shuffled")] + "local"
+                vals = [at("auto", m) and ms.get((*grp, twin, "auto", m)) for m in ("fwd", "fwd+bwd")]
+                if all(vals):
+                    add(
+                        grp,
+                        fam,
+                        "shuffled/local",
+                        [at("auto", m) / ms[(*grp, twin, "auto", m)] for m in ("fwd", "fwd+bwd")],
+                    )
             fwd_share = share.get((*grp, fam, "fwd"))
             if fwd_share:
                 add(grp, fam, "auto limit share", [fwd_share])
