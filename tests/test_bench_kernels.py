@@ -197,3 +197,34 @@ def test_knn_graph_without_scipy_finds_the_same_neighbours(monkeypatch):
     )
     if with_scipy is not None:
         assert torch.equal(g.src.view(-1, 4).sort(1).values, with_scipy.src.view(-1, 4).sort(1).values)
+
+
+def test_issue_44_ratios_and_their_targets_per_family():
+    """ratio_table derives compiled PyG over auto, its memory ratio, auto over the gather floor and
+    shuffled over local order from the rows; target_of gives each family its issue 44 bound."""
+    from benchmarks.kernels_report import KernelResult, ratio_table, target_of
+
+    def row(fam, contender, mode, ms, mib=None, floor=None):
+        return KernelResult(fam, 10, contender, mode, ms=ms, peak_extra_mib=mib, floor_ms=floor)
+
+    rows = [
+        row("knn-2k-shuffled", "auto", "fwd", 30.0, floor=10.0),
+        row("knn-2k-shuffled", "auto", "fwd+bwd", 90.0, 40),
+    ]
+    rows += [
+        row("knn-2k-shuffled", "pyg (compiled)", "fwd", 45.0),
+        row("knn-2k-shuffled", "pyg (compiled)", "fwd+bwd", 180.0, 100),
+    ]
+    rows += [row("knn-2k-local", "auto", "fwd", 20.0), row("knn-2k-local", "auto", "fwd+bwd", 60.0, 40)]
+    got = {(r["family"], r["ratio"]): r["values"] for r in ratio_table(rows)}
+    assert got["knn-2k-shuffled", "compiled pyg/auto"] == [1.5, 2.0]
+    assert got["knn-2k-shuffled", "compiled pyg/auto memory"] == [2.5]
+    assert got["knn-2k-shuffled", "auto/floor"] == [3.0]
+    assert got["knn-2k-shuffled", "shuffled/local"] == [1.5, 1.5]
+    assert ("knn-2k-local", "shuffled/local") not in got
+    assert target_of("compiled pyg/auto", "window-65536-r64") == (">=", 3.0)
+    assert target_of("compiled pyg/auto", "random-50k") == (">=", 1.5)
+    assert target_of("compiled pyg/auto", "mesh-224-shuffled") == (">=", 2.0)
+    assert target_of("compiled pyg/auto", "complete-32x128") is None
+    assert target_of("auto/floor", "powerlaw-50k") == ("<=", 1.2) and target_of("auto/floor", "window-8192") is None
+    assert target_of("csr fwd+bwd/fwd", "anything") == ("<=", 3.2)
