@@ -94,6 +94,9 @@ def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, re
             r.threads, r.omp_wait_policy = args.setting
             r.floor_ms = floor["floor"] if mode == "fwd" else None
             results.append(r)
+            need = est * (1.0 if mode == "fwd+bwd" else 0.5)
+            if build is not None and need > budget:  # known too large: skipped before building (compiling)
+                build, r.note = None, f"skipped: needs ~{need / GiB:.0f} GiB > --budget-gib {args.budget_gib:g}"
             try:  # build None: not run, the note says why
                 start = time.perf_counter()
                 call, built_est, remark = build(*leaves) if build is not None else (None, None, "")
