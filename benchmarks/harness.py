@@ -113,13 +113,15 @@ def failure(exc: BaseException) -> str:
 
 def measure(rows: Sequence[Any], fns: Sequence[Callable[[], object]], device: str = "cpu", memory=True, **timing):
     """`time_interleaved` (timing: warmup, reps, budget_s) into the rows' times_ms and ms, then with
-    `memory` each one's `peak_extra_mib`; a contender that raised gets `failure` as its note."""
+    `memory` each one's `peak_extra_mib` (without it a peak the caller measured stays); a contender that
+    raised gets `failure` as its note."""
     for r, fn, times in zip(rows, fns, time_interleaved(list(fns), device, **timing)):
         if isinstance(times, Exception):
             r.note = failure(times)
         elif times:
             r.ms, r.times_ms = median(times), times
-            r.peak_extra_mib = peak_extra_mib(fn, device) if memory else None
+            if memory:
+                r.peak_extra_mib = peak_extra_mib(fn, device)
 
 
 def time_ms(fn: Callable[[], object], device: str = "cpu", warmup: int = 3, reps: int = 10, budget_s: float = 20.0):

@@ -86,6 +86,10 @@ def test_quick_run_records_settings_scales_and_limits(quick_run):
         assert r["threads"] == 1 and r["omp_wait_policy"] == "default"
         assert r["limit_fraction"] == pytest.approx(r["limit_ms"] / r["ms"]) and r["limit_fraction"] > 0
         assert r["max_err_vs_reference"] < 1e-3
+    from benchmarks.harness import _reset_cpu_peak
+
+    if _reset_cpu_peak():  # peak memory where the kernel lets VmHWM reset (it was measured, then dropped)
+        assert all(r["peak_extra_mib"] is not None for r in timed)
     fi = config["family_info"]["powerlaw-5k"]
     assert fi["max_out_degree"] > fi["max_in_degree"] > 16 and fi["bytes"]["fwd+bwd"] > fi["bytes"]["fwd"]
     ratios = {(r["family"], r["input_scale"], r["ratio"]) for r in config["ratios"]}
