@@ -8,8 +8,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from sparseattn import edge_attention, graphs
-from sparseattn.kernels import available_backends, backends_for, choose_auto, plan
-from sparseattn.kernels.local import MAX_POSITIONS_PER_EDGE, cached_layout
+from sparseattn.kernels import available_backends, backends_for, choose_auto, local, plan
 
 from . import peers
 from .families import COMPILE_FAMILIES, FLEX_FAMILIES, Family
@@ -32,12 +31,6 @@ def estimate_bytes(name: str, g: graphs.Graph) -> float:
     if name == "dense":
         return sum(bk.b * bk.lq * bk.lk for bk in plan(g).buckets) * HEADS * 4 * 6
     return 0.0
-
-
-def local_applies(g: graphs.Graph) -> bool:
-    """Whether the local backend takes this graph (its tiles hold at most MAX_POSITIONS_PER_EDGE
-    positions per edge; random graphs do not)."""
-    return g.num_edges > 0 and cached_layout(g).density * MAX_POSITIONS_PER_EDGE >= 1
 
 
 def _plain(fn: Callable[..., torch.Tensor]) -> Build:
@@ -85,7 +78,7 @@ def contenders_for(fam: Family, g: graphs.Graph, q: torch.Tensor, args, info: di
             out[name] = (None, "not applicable: graph has no dense blocks", 0)
         elif name not in cpu:
             out[name] = (None, "not applicable: takes no CPU tensors", 0)
-        elif name == "local" and not local_applies(g):
+        elif name == "local" and not local.takes(g):  # random graphs: refused by the backend
             out[name] = (None, "not applicable: graph is not locally dense", 0)
         else:
             call = _plain(lambda *qkv, b=name: edge_attention(*qkv, g, backend=b))

@@ -179,8 +179,10 @@ def test_refuses_edge_terms_and_graphs_that_are_not_locally_dense():
     with pytest.raises(ValueError, match="does not take edge_key"):
         edge_attention(q, q, q, g, edge_key=torch.randn(g.num_edges, 1, 4), backend="local")
     q = torch.randn(3000, 1, 4)
+    random = graphs.random(3000, 3000, 3000 * 4)
     with pytest.raises(ValueError, match="locally dense"):
-        edge_attention(q, q, q, graphs.random(3000, 3000, 3000 * 4), backend="local")
+        edge_attention(q, q, q, random, backend="local")
+    assert not local.takes(random) and local.takes(graphs.window(3000, 8))  # the rule, asked beforehand
 
 
 def test_plan_is_cached_and_sized():

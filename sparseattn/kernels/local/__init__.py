@@ -22,7 +22,7 @@ Shapes: q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv).
 """
 
 from .attention import CHUNK_BYTES, LocalAttention, local_attention
-from .plan import MAX_POSITIONS_PER_EDGE, TILE_ROWS, Layout, Plan, cached_layout, choose_tile_rows, layout, plan
+from .plan import MAX_POSITIONS_PER_EDGE, TILE_ROWS, Layout, Plan, cached_layout, choose_tile_rows, layout, plan, takes
 
 __all__ = [
     "local_attention",
@@ -34,6 +34,7 @@ __all__ = [
     "cached_layout",
     "choose_tile_rows",
     "plan",
+    "takes",
     "TILE_ROWS",
     "MAX_POSITIONS_PER_EDGE",
 ]

@@ -121,13 +121,23 @@ class Plan:
         return self._bias[dtype]
 
 
+def _positions_fit(graph: Graph, lay: Layout) -> bool:
+    """Whether the tiles of `lay` hold at most MAX_POSITIONS_PER_EDGE positions per edge (plus 2^16)."""
+    return lay.tiles * lay.rows * lay.span <= MAX_POSITIONS_PER_EDGE * graph.num_edges + (1 << 16)
+
+
+def takes(graph: Graph, rows: Optional[int] = None) -> bool:
+    """Whether `plan(graph, rows)` accepts the graph (the rule it raises ValueError by)."""
+    return _positions_fit(graph, cached_layout(graph, rows))
+
+
 def plan(graph: Graph, rows: Optional[int] = None) -> Plan:
     """The graph's `Plan` for tiles of `rows` destinations (default `choose_tile_rows`), cached on
     the graph. Raises ValueError for graphs whose tiles would hold more than
-    MAX_POSITIONS_PER_EDGE positions per edge."""
+    MAX_POSITIONS_PER_EDGE positions per edge (`takes` says so beforehand)."""
     lay = cached_layout(graph, rows)
     positions = lay.tiles * lay.rows * lay.span
-    if positions > MAX_POSITIONS_PER_EDGE * graph.num_edges + (1 << 16):
+    if not _positions_fit(graph, lay):
         raise ValueError(
             f"backend 'local' needs a locally dense graph: its tiles would hold {positions / graph.num_edges:.0f}"
             f" positions per edge (density {lay.density:.3g}; at most {MAX_POSITIONS_PER_EDGE}); use backend 'csr'"
@@ -173,6 +183,7 @@ __all__ = [
     "cached_layout",
     "choose_tile_rows",
     "plan",
+    "takes",
     "TILE_ROWS",
     "MAX_POSITIONS_PER_EDGE",
 ]
