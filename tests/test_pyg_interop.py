@@ -84,6 +84,19 @@ def test_complete_block_batches_take_the_dense_backend(self_loops):
             assert torch.allclose(biased, edge_attention(q, k, v, b.edge_index, clamp=None, bias=edge_attr))
 
 
+@pytest.mark.parametrize("kind", ["full", "full_no_self", "causal", "causal_no_self"])
+def test_every_block_kind_is_recognized_in_a_batch(kind):
+    """from_pyg records the blocks of a batch whose graphs are each one block of `kind` listed
+    destination-major (an empty graph among them), and none once one edge is missing."""
+    built = graphs.from_blocks([(kind, n, n) for n in (3, 4, 1)])
+    ptr = torch.tensor([0, 3, 3, 7, 8])
+    g = graphs.from_pyg(Data(edge_index=built.edge_index, num_nodes=8, ptr=ptr))
+    assert g.blocks is not None and [(b.kind, b.n_dst) for b in g.blocks] == [(kind, 3), (kind, 4), (kind, 1)]
+    assert torch.equal(g.edge_index, built.edge_index)
+    fewer = graphs.from_pyg(Data(edge_index=built.edge_index[:, 1:], num_nodes=8, ptr=ptr))
+    assert fewer.blocks is None
+
+
 def test_self_loops_are_appended_for_nodes_without_one():
     ei = torch.tensor([[0, 2, 1], [1, 2, 0]])  # node 2 has a loop; 0, 1 and isolated 3 have none
     g = graphs.from_pyg(Data(edge_index=ei, num_nodes=4), self_loops=True)
