@@ -251,9 +251,20 @@ def page_kernels(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
             if run.variant and run not in (off, on) and run.variant != "gqa" and "stream" not in run.data:
                 parts += [f"### Variant `{run.variant}`"] + kernels_main(run, snippet("kernels_legend"))
                 line = kernels_headline(run)
-                lines.append(f"`{run.variant}`: {line}" if line else "")
+                lines.append(f"`{run.variant}`{_measured_apart(run, group[0])}: {line}" if line else "")
         heads[machine] = "; ".join(x for x in lines if x)
     return parts, heads
+
+
+def _measured_apart(run: Run, first: Run) -> str:
+    """A suffix such as " (AVX2, 2026-11-27)" where a variant ran on another CPU kind or day than the machine's
+    first run, whose description and date the index line shows; else ""."""
+    bits = []
+    if run.info.get("cpu_capability") != first.info.get("cpu_capability"):
+        bits.append(str(run.info.get("cpu_capability")))
+    if run.info["date"].split(" ")[0] != first.info["date"].split(" ")[0]:
+        bits.append(run.info["date"].split(" ")[0])
+    return f" ({', '.join(bits)})" if bits else ""
 
 
 def stream_table(run: Run) -> str:
