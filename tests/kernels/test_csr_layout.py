@@ -27,7 +27,13 @@ def test_source_spread_tells_random_edges_from_local_ones():
     assert source_spread(graphs.from_blocks([("full", 40, 40)] * 100)) < 0.01
 
 
-def test_head_major_only_for_large_graphs_without_locality():
+@pytest.fixture
+def avx512(monkeypatch):
+    """The CPU as one whose kernels favour head-major reads on graphs without locality."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+
+
+def test_head_major_only_for_large_graphs_without_locality(avx512):
     big, small = graphs.random(20_000, 20_000, 40_000, seed=0), graphs.random(10_000, 10_000, 20_000, seed=0)
     # a third of 20K sources of 8 * 64 floats is 13 MiB; of 10K, 6.8 MiB
     assert 20_000 * 8 * 64 * 4 / 3 > HEAD_MAJOR_MIN_BYTES > 10_000 * 8 * 64 * 4 / 3
@@ -39,7 +45,17 @@ def test_head_major_only_for_large_graphs_without_locality():
     assert not prefers_head_major(big, meta)
 
 
-def test_training_on_a_one_call_graph_takes_head_major_from_a_size_on():
+def test_graphs_without_locality_stay_interleaved_where_the_cpu_favours_it(monkeypatch):
+    """On AVX2 (measured: interleaved 1.4-1.5x faster forward on random and shuffled graphs) a kept
+    Graph stays interleaved however spread its reads; a one-call graph still trains head-major."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    big = graphs.random(20_000, 20_000, 40_000, seed=0)
+    assert not prefers_head_major(big, _keys(20_000))
+    assert not prefers_head_major(big, _keys(20_000), training=True)
+    assert prefers_head_major(as_graph(big.edge_index, 20_000, 20_000), _keys(20_000), training=True)
+
+
+def test_training_on_a_one_call_graph_takes_head_major_from_a_size_on(avx512):
     """With gradients wanted on a graph made for one call (a raw edge_index), head-major from
     HEAD_MAJOR_MIN_TRAINING_SLOTS (edge, head) slots on, local or not: its backward builds no
     (H * E) transposed index. A Graph the caller keeps trains in the layout the locality rule picks."""
@@ -68,7 +84,7 @@ def test_csr_layout_follows_whether_gradients_are_wanted_on_a_raw_edge_index(hea
     assert head_major_calls == [1]
 
 
-def test_csr_takes_the_head_major_path_where_the_rule_says(head_major_calls):
+def test_csr_takes_the_head_major_path_where_the_rule_says(head_major_calls, avx512):
     g = graphs.random(20_000, 20_000, 40_000, seed=0)
     q, k, v = (torch.randn(20_000, 8, 64) for _ in range(3))
     out = edge_attention(q, k, v, g, backend="csr")
@@ -121,7 +137,7 @@ def test_kernel_options_default_comes_from_the_context_manager_and_a_call_overri
     assert head_major_calls == [1]  # a window graph: interleaved by csr's own rule
 
 
-def test_prepare_with_the_head_dim_builds_only_the_layout_csr_will_take():
+def test_prepare_with_the_head_dim_builds_only_the_layout_csr_will_take(avx512):
     from sparseattn.kernels import prepare
 
     random_graph, window = graphs.random(20_000, 20_000, 40_000, seed=0), graphs.window(300, 2)

@@ -11,7 +11,8 @@ destination-sorted order. The copies cost about one extra pass over the inputs (
 per head and tensor: 8 of them moved 134 MB in ~21 ms on an AVX-512 EPYC), which pays off only
 when the reads would miss the cache, or when gradients are wanted on a graph used once: its
 backward builds no (H * E) transposed index, where the interleaved one builds three.
-`prefers_head_major` decides. Measured there on 2026-11-24 (1 thread, H=8, D=64, fwd+bwd, ms,
+`prefers_head_major` decides (on AVX-512 CPUs only, for a Graph that is kept:
+`spread_favours_head_major`). Measured there on 2026-11-24 (1 thread, H=8, D=64, fwd+bwd, ms,
 interleaved / head-major), on a Graph the caller keeps: window graphs of 2K, 8K and 65K tokens
 14 / 20, 51 / 90, 692 / 797, variable-length blocks of 5-50 tokens 52 / 71, random 50K nodes
 1399 / 1310, power-law 50K 1151 / 949; on a raw edge_index (a graph per call, its index built
@@ -67,11 +68,24 @@ def prefers_head_major(graph: Graph, k: Tensor, training: bool = False) -> bool:
 
 
 def head_major_rule(graph: Graph, heads: int, row_bytes: int) -> bool:
-    """True when the sources read around a destination, spread * N_src rows of row_bytes (all
-    heads of one source), exceed HEAD_MAJOR_MIN_BYTES."""
+    """True on a CPU where spread-out reads favour head-major (`spread_favours_head_major`) when the
+    sources read around a destination, spread * N_src rows of row_bytes (all heads of one source),
+    exceed HEAD_MAJOR_MIN_BYTES."""
     if graph.num_edges == 0 or heads <= 1 or graph.num_src * row_bytes <= HEAD_MAJOR_MIN_BYTES:
         return False  # (the last: small enough whatever the spread, which is at most 1)
+    if not spread_favours_head_major():
+        return False
     return source_spread(graph) * graph.num_src * row_bytes > HEAD_MAJOR_MIN_BYTES
+
+
+def spread_favours_head_major() -> bool:
+    """Whether this CPU runs graphs without locality faster head-major, by the kernels torch
+    dispatches to on it: AVX-512 yes, others no. Measured with a Graph kept, 1 thread, H=8, D=64,
+    on two AMD EPYCs with 32 MiB of L3: with AVX-512 (2026-11-24) head-major took 0.94x / 0.82x of
+    interleaved's fwd+bwd time on random / power-law 50K nodes; with AVX2 (2026-11-27) interleaved
+    was 1.36-1.55x faster forward and 1.15-1.30x fwd+bwd on random and power-law 50K nodes, kNN(16)
+    points and a 224 x 224 mesh with shuffled ids."""
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 def _rows(x: Tensor) -> Optional[Tensor]:
@@ -202,6 +216,7 @@ __all__ = [
     "HEAD_MAJOR_MIN_TRAINING_SLOTS",
     "head_major_rule",
     "prefers_head_major",
+    "spread_favours_head_major",
     "source_spread",
     "forward",
     "backward",
