@@ -41,12 +41,21 @@ def block_num_edges(kind: str, n_src: int, n_dst: int) -> int:
     """Edges in a block of `kind` over n_src sources and n_dst destinations (ValueError for an unknown kind)."""
     if kind == "full":
         return n_src * n_dst
+    return square_blocks_num_edges(kind, n_src, n_src * n_src)
+
+
+def square_blocks_num_edges(kind: str, nodes: int, squares: int) -> int:
+    """Edges in square blocks of `kind` whose sizes s sum to `nodes` and whose s * s sum to `squares`
+    (each kind's count is a s^2 + b s, so a batch's total needs only these two sums); ValueError for
+    an unknown kind."""
+    if kind == "full":
+        return squares
     if kind == "full_no_self":
-        return n_src * (n_src - 1)
+        return squares - nodes
     if kind == "causal":
-        return n_src * (n_src + 1) // 2
+        return (squares + nodes) // 2
     if kind == "causal_no_self":
-        return n_src * (n_src - 1) // 2
+        return (squares - nodes) // 2
     raise ValueError(f"unknown block kind {kind!r}; expected one of {BLOCK_KINDS}")
 
 
@@ -75,4 +84,4 @@ def checked_blocks(blocks: object, num_src: int, num_dst: int, num_edges: int) -
     return tuple(out)
 
 
-__all__ = ["Block", "BLOCK_KINDS", "block_num_edges", "checked_blocks"]
+__all__ = ["Block", "BLOCK_KINDS", "block_num_edges", "square_blocks_num_edges", "checked_blocks"]

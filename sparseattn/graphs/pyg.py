@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_edge_index, check_node_count, check_node_ids
-from .block import BLOCK_KINDS
+from .block import BLOCK_KINDS, square_blocks_num_edges
 from .builders import from_blocks
 from .graph import Graph
 
@@ -145,11 +145,9 @@ def _complete_blocks(edge_index: Tensor, ptr: Tuple[int, ...]) -> Optional[Graph
     block of one kind listed destination-major; else None."""
     sizes = [b - a for a, b in zip(ptr[:-1], ptr[1:])]
     num_edges = edge_index.shape[1]
-    nodes, squares = sum(sizes), sum(s * s for s in sizes)  # each kind's edge count follows from these two
-    block_edges = {"full": squares, "full_no_self": squares - nodes}
-    block_edges.update(causal=(squares + nodes) // 2, causal_no_self=(squares - nodes) // 2)
+    nodes, squares = sum(sizes), sum(s * s for s in sizes)
     for kind in BLOCK_KINDS if num_edges else ():
-        if block_edges[kind] != num_edges:
+        if square_blocks_num_edges(kind, nodes, squares) != num_edges:
             continue
         g = from_blocks([(kind, s, s) for s in sizes if s], device=edge_index.device)  # empty graphs: no block
         if torch.equal(g.edge_index, edge_index):
