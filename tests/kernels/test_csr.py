@@ -113,6 +113,33 @@ def test_opcheck_of_the_forward_op(clamp, layout):
     )
 
 
+def test_clamp_inference_keeps_no_score(layout):
+    """A clamp-mode forward that no backward reads (interleaved: csr_attention leaves out `row`) clamps
+    its scores in place and returns an empty score, which the fake kernel agrees with; the output
+    is the reference's, including a score beyond the clamp."""
+    from sparseattn.kernels.csr.ops import CSR_OP, csr_attention_fwd
+    from sparseattn.kernels.reference import reference_attention
+
+    clamp = [-0.5, 0.5]
+    g, q, k, v, bias, mask = _gradcheck_inputs(clamp)
+    q, k, v = (t.detach() * 3 for t in (q, k, v))  # scores well beyond the clamp
+    index = _op_index(g, layout)
+    if layout == "interleaved":
+        index["row"] = None
+    args = CSR_OP.forward.bind(
+        q=q, k=k, v=v, edge_index=g.edge_index, bias=None, mask=None, eps=0.0, scale=0.7, clamp=clamp,
+        return_weights=False, **index,
+    )  # fmt: skip
+    with torch.no_grad():
+        out, _, w, score, _ = CSR_OP.forward_op(*args)
+        kept = layout == "head-major"
+        assert score.numel() == (w.numel() if kept else 0)
+        expected = reference_attention(AttentionInputs(q, k, v, g, 0.7, tuple(clamp), None, None, False))[0]
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(edge_attention(q, k, v, g, scale=0.7, clamp=tuple(clamp), backend="csr"), expected)
+    torch.library.opcheck(csr_attention_fwd, args, test_utils=("test_schema", "test_faketensor"))
+
+
 @pytest.mark.parametrize("clamp", [[-0.5, 0.5], None])
 def test_opcheck_of_the_backward_op(clamp, layout):
     """The backward op, whose schema and fake follow from the forward's description

@@ -15,8 +15,9 @@ v (N_src, H_kv, Dv) (H_kv divides H: grouped-query heads, see the package docstr
 edge_index (2, E), bias and mask (E, H), edge_key and edge_scale (E, H, D), edge_value
 (E, H, Dv) in the caller's edge order (edge terms: interleaved layout only); out (N_dst, H, Dv),
 weights (E, H) (empty unless return_weights); w and score (H * E,) in the layout's edge order
-(score empty in exact mode) and z (N_dst * H,) are saved for the backward. Under
-create_graph=True (double backward) the backward recomputes through the reference instead.
+(score empty in exact mode and in a clamp-mode forward without `row`, which no backward reads)
+and z (N_dst * H,) are saved for the backward. Under create_graph=True (double backward) the
+backward recomputes through the reference instead.
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ def _forward(a: Saved) -> Tuple[Tensor, ...]:
 
 def _saved_fake(a: Saved) -> Tuple[Tensor, ...]:
     q, heads, num_edges = a.q, a.q.shape[1], a.edge_index.shape[1]
-    score = q.new_empty(0) if a.clamp is None else q.new_empty(heads * num_edges)
+    kept = a.clamp is not None and (a.head_major_layout or a.row is not None)  # interleaved.forward's rule
+    score = q.new_empty(heads * num_edges) if kept else q.new_empty(0)
     return q.new_empty(heads * num_edges), score, q.new_empty(q.shape[0] * heads)
 
 
