@@ -30,7 +30,7 @@ from sparseattn import edge_attention, graphs
 from sparseattn.kernels import choose_auto, plan
 
 from . import harness, stream
-from .contenders import EXACT, contenders_for, estimate_bytes
+from .contenders import EXACT, contenders_for, estimate_bytes, needed_bytes
 from .families import Family, families
 from .kernels_report import DEFAULT_SCALE, KernelResult, plotted, ratio_table
 from .limits import gather_floor, limit_ms, measure_rates, must_move
@@ -94,7 +94,7 @@ def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, re
             r.threads, r.omp_wait_policy = args.setting
             r.floor_ms = floor["floor"] if mode == "fwd" else None
             results.append(r)
-            need = est * (1.0 if mode == "fwd+bwd" else 0.5)
+            need = needed_bytes(est, mode)
             if build is not None and need > budget:  # known too large: skipped before building (compiling)
                 build, r.note = None, f"skipped: needs ~{need / GiB:.0f} GiB > --budget-gib {args.budget_gib:g}"
             try:  # build None: not run, the note says why
@@ -102,7 +102,7 @@ def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, re
                 call, built_est, remark = build(*leaves) if build is not None else (None, None, "")
                 r.compile_s = time.perf_counter() - start if name == "pyg (compiled)" and call is not None else None
                 r.note += f"; {remark}" if remark else ""
-                need = (built_est or est) * (1.0 if mode == "fwd+bwd" else 0.5)
+                need = needed_bytes(built_est or est, mode)
                 if call is not None and need > budget:
                     r.note = f"skipped: needs ~{need / GiB:.0f} GiB > --budget-gib {args.budget_gib:g}"
                 elif call is not None:

@@ -164,6 +164,18 @@ def test_structured_families_have_local_twins():
 
 
 @needs_compiler
+def test_compiled_pyg_forward_is_not_skipped_for_eager_pygs_memory():
+    """Compiled PyG's forward keeps no (E, H, D) tensor: its estimate lets a window of 8.4M edges
+    run forward within 8 GiB, while its fwd+bwd (and eager PyG's forward) stay above it."""
+    from benchmarks.contenders import compiled_pyg_bytes, estimate_bytes, needed_bytes
+
+    g = graphs.window(65536, 64)
+    gib = 1 << 30
+    assert needed_bytes(compiled_pyg_bytes(g), "fwd") < 8 * gib < needed_bytes(compiled_pyg_bytes(g), "fwd+bwd")
+    assert needed_bytes(estimate_bytes("pyg", g), "fwd") > 8 * gib
+    assert needed_bytes(estimate_bytes("auto", g), "fwd") == estimate_bytes("auto", g) / 2
+
+
 def test_compiled_pyg_contender_is_checked_and_reports_its_compile_time(tmp_path):
     pytest.importorskip("torch_geometric")
     args = ["--quick", "--families", "window-2048", "--contenders", "auto,pyg (compiled)", "--threads", "1"]
