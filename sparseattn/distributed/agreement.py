@@ -13,7 +13,9 @@ out of range. So before each forward exchange every rank contributes a header of
 The plan's part is computed once per shard; a call costs one `all_gather` of about 14 int64 per
 rank. Every rank reads the same gathered headers and so reaches the same verdict; when they differ,
 the ranks gather a readable description of their sides and every rank raises the same one-line
-ValueError naming what differs and on which ranks.
+ValueError naming what differs and on which ranks. A rank whose own call is wrong (a tensor with the
+wrong number of rows, on the wrong device) still sends its header, marked failed, so that every rank
+raises one line naming that rank and its error instead of its peers waiting for it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ FIELDS = (
     "sends",
     "expects",
     "signature",
+    "failed",
 )
 _SAME = ("num_nodes", "num_src_nodes", "bipartite")
 _PARTITION = "partition(graph, world_size)"
@@ -127,13 +130,14 @@ def signature(xs: Sequence[Tensor]) -> Tuple[str, Tuple[Tuple[int, ...], ...]]:
     return str(xs[0].dtype).replace("torch.", ""), tuple(tuple(x.shape[1:]) for x in xs)
 
 
-def check(shard: Shard, xs: Sequence[Tensor], group: Optional[Any]) -> None:
+def check(shard: Shard, xs: Sequence[Tensor], group: Optional[Any], failure: Optional[str] = None) -> None:
     """Collectively: raise the same ValueError on every rank of `group` unless all ranks hold shards
-    of one partition, each in its rank's place, and exchange tensors of one dtype and trailing shape."""
+    of one partition, each in its rank's place, and exchange tensors of one dtype and trailing shape.
+    failure: this rank's own error, which makes every rank raise (xs is then not read)."""
     mine = plan(shard)
-    sig = signature(xs)
+    sig = signature(xs) if failure is None else ("failed", ())
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else None
-    row = torch.tensor([*mine.fields, _hash(sig)], dtype=torch.long, device=device)
+    row = torch.tensor([*mine.fields, _hash(sig), int(failure is not None)], dtype=torch.long, device=device)
     world = dist.get_world_size(group)
     rows = [torch.empty_like(row) for _ in range(world)]
     dist.all_gather(rows, row, group=group)
@@ -142,7 +146,7 @@ def check(shard: Shard, xs: Sequence[Tensor], group: Optional[Any]) -> None:
         return
     details: List[Optional[Dict[str, Any]]] = [None] * world
     side: Dict[str, Any] = dict(zip(FIELDS, row.tolist()))
-    side.update(plan=mine, dtype=sig[0], shapes=sig[1])
+    side.update(plan=mine, dtype=sig[0], shapes=sig[1], failure=failure)
     dist.all_gather_object(details, side, group=group)
     raise ValueError(disagreement([d for d in details if d is not None]))
 
@@ -150,6 +154,8 @@ def check(shard: Shard, xs: Sequence[Tensor], group: Optional[Any]) -> None:
 def agree(headers: Sequence[Dict[str, int]]) -> bool:
     """Whether the gathered headers (one per rank, in rank order) describe one consistent exchange."""
     world = len(headers)
+    if any(h["failed"] for h in headers):
+        return False
     if any((h["part"], h["num_parts"]) != (r, world) for r, h in enumerate(headers)):
         return False
     if any(h[key] != headers[0][key] for h in headers for key in (*_SAME, "signature")):
@@ -184,8 +190,13 @@ def _listed(items: Sequence[str], most: int = 4) -> str:
 
 def disagreement(details: Sequence[Dict[str, Any]]) -> str:
     """The one line every rank raises, from each rank's side (`check`): the first of the shards'
-    places, the partition, the exchange plan and the tensors that differs between ranks."""
+    places, the partition, the exchange plan and the tensors that differs between ranks; before all
+    of them, the ranks whose own call failed."""
     world = len(details)
+    failed = [(r, " ".join(str(d["failure"]).split())) for r, d in enumerate(details) if d.get("failure")]
+    if failed:
+        errors = _listed([f"rank {r}: {message}" for r, message in failed])
+        return f"{_ranks([r for r, _ in failed])} of {world} could not take part in the halo exchange: {errors}"
     wrong = [
         f"rank {r} of {world} holds part {d['part']} of {d['num_parts']}"
         for r, d in enumerate(details)

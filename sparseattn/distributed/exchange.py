@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -34,8 +34,11 @@ class HaloExchange:
         check_each_call: before every forward exchange, the ranks trade a header of a few ints (one
             small `all_gather`) and all raise the same ValueError when their shards are not
             `shards[rank]` of one partition or the tensors' dtypes or trailing shapes differ, rather
-            than one rank aborting in the collective or reading rows that were never sent. False
-            checks the first call only: under nccl the header is read back to the host, a sync per call.
+            than one rank aborting in the collective or reading rows that were never sent. A rank
+            whose own call is wrong (rows, device) sends its header marked failed, and every rank
+            raises one line naming it, instead of its peers waiting for it. False checks the first
+            call only (after it, such a rank raises alone): under nccl the header is read back to
+            the host, a sync per call.
 
     Counters (this rank, since construction or `reset_counters()`): calls, rows_sent,
     rows_received, bytes_sent, bytes_received (forward and backward together, halo rows only),
@@ -65,15 +68,31 @@ class HaloExchange:
     def __call__(self, *xs: Tensor) -> Tuple[Tensor, ...]:
         """xs: tensors of (N_src_own, ...) rows of this rank's sources -> their (N_halo, ...) halo
         rows, differentiable. Several tensors (k and v) travel in one collective."""
-        self._check_rows(xs)
+        self.collectively(self._check_rows, xs)
         return _HaloRows.apply(self, False, *xs)
 
     def with_halo(self, *xs: Tensor) -> Tuple[Tensor, ...]:
         """Each x: (N_src_own, ...) -> (N_src_own + N_halo, ...), its rows followed by the halo's:
         the source rows of the local graph. Backward adds the returned halo gradients into x's
         gradient in place (no zero-filled or full-size intermediate beyond that gradient)."""
-        self._check_rows(xs)
+        self.collectively(self._check_rows, xs)
         return _HaloRows.apply(self, True, *xs)
+
+    def collectively(self, check: Callable[..., None], *args: Any) -> None:
+        """Run a local check of this call; if it raises ValueError or TypeError while the peers will
+        wait in this call's header exchange, take part in it marked failed, so that every rank
+        raises the same ValueError naming this rank and its error (chained from the error here)."""
+        try:
+            check(*args)
+        except (ValueError, TypeError) as error:
+            waited_for = self.shard.num_parts > 1 and (self.check_each_call or not self._agreed)
+            if not waited_for or not dist.is_available() or not dist.is_initialized():
+                raise
+            try:
+                agreement.check(self.shard, (), self.group, failure=f"{type(error).__name__}: {error}")
+            except ValueError as every_rank:
+                raise every_rank from error
+            raise  # not reached: a header marked failed always disagrees
 
     def _check_rows(self, xs: Sequence[Tensor]) -> None:
         n = self.shard.src_nodes.numel()
@@ -198,7 +217,13 @@ def sharded_edge_attention(
     exchange = shard if isinstance(shard, HaloExchange) else HaloExchange(shard, group)
     if isinstance(shard, HaloExchange) and group is not None:
         raise ValueError("pass group= to the HaloExchange, not with one")
-    s = exchange.shard
+    exchange.collectively(_check_call, q, k, v, exchange.shard)
+    k_all, v_all = exchange.with_halo(k, v)  # one trade for both: (N_src_own + N_halo, H, .)
+    return edge_attention(q, k_all, v_all, exchange.shard.graph, **edge_attention_kwargs)
+
+
+def _check_call(q: Tensor, k: Tensor, v: Tensor, s: Shard) -> None:
+    """sharded_edge_attention's own checks of q, k and v against this rank's shard."""
     check_qkv(q, k, v)
     if q.device != s.graph.device:
         raise ValueError(f"the shard is on {s.graph.device} but q is on {q.device}: move it with shard.to(q.device)")
@@ -206,8 +231,6 @@ def sharded_edge_attention(
         raise ValueError(f"q must have one row per node of the shard ({s.nodes.numel()}), got {q.shape[0]}")
     if k.shape[0] != s.src_nodes.numel():
         raise ValueError(f"k and v must have one row per source of the shard ({s.src_nodes.numel()}), got {k.shape[0]}")
-    k_all, v_all = exchange.with_halo(k, v)  # one trade for both: (N_src_own + N_halo, H, .)
-    return edge_attention(q, k_all, v_all, s.graph, **edge_attention_kwargs)
 
 
 def local_shard(

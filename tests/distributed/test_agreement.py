@@ -1,5 +1,6 @@
-"""Ranks that disagree (dtype, head dim, partition, shard place) all raise the same one-line ValueError
-before any row travels, on 2 and 3 gloo processes; before the header exchange a one-way dtype mismatch
+"""Ranks that disagree (dtype, head dim, partition, shard place), or one whose own call is wrong (rows),
+all raise the same one-line ValueError before any row travels, on 2 and 3 gloo processes (a rank
+that raised alone left its peers waiting in the exchange); before the header exchange a one-way dtype mismatch
 returned finite garbage, a head-dim mismatch aborted a process inside gloo, and shards built from
 different ranges returned wrong rows or raised IndexError on one rank while its peers waited."""
 
@@ -61,7 +62,22 @@ def _part(rank: int, world: int) -> float:  # the last rank holds part 0 as well
     return _attend(partition(graphs.window(12, 2), world)[0 if rank == world - 1 else rank])
 
 
+def _rows(rank: int, world: int) -> float:  # the last rank's q has a row too many: its own error
+    shard = partition(graphs.window(12, 2), world)[rank]
+    q = torch.zeros(shard.nodes.numel() + (rank == world - 1), 2, 4, dtype=torch.float64)
+    k = v = torch.zeros(shard.src_nodes.numel(), 2, 4, dtype=torch.float64)
+    return float(sharded_edge_attention(q, k, v, shard).abs().max())
+
+
+def _exchanged_rows(rank: int, world: int) -> float:  # the same through a HaloExchange called directly
+    exchange = HaloExchange(partition(graphs.window(12, 2), world)[rank])
+    k = torch.zeros(exchange.shard.src_nodes.numel() - (rank == 0), 2, 4, dtype=torch.float64)
+    return float(exchange(k)[0].abs().max())
+
+
 SCENARIOS: Dict[str, Callable[[int, int], float]] = {
+    "rows": _rows,
+    "exchanged_rows": _exchanged_rows,
     "dtype": _dtype,
     "head_dim": _head_dim,
     "ranges": _ranges,
@@ -105,6 +121,14 @@ def runs():
 
 
 EXPECTED = {
+    "rows": (
+        "of {world} could not take part in the halo exchange: rank {last}: ValueError: q must have one row per node",
+        {},
+    ),
+    "exchanged_rows": (
+        "rank 0 of {world} could not take part in the halo exchange: rank 0: ValueError: an exchanged tensor",
+        {},
+    ),
     # (the phrase, what names the odd rank out) for world 2 and 3
     "dtype": (
         "the ranks exchange different tensors",
@@ -142,6 +166,7 @@ def test_every_rank_raises_the_same_line(runs, world, name):
     assert len(messages) == 1, messages
     (message,) = messages
     phrase, names = EXPECTED[name]
+    phrase = phrase.format(world=world, last=world - 1)
     assert phrase in message and "\n" not in message, message
     assert names.get(world, "") in message, message
 
