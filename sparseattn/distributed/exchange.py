@@ -68,17 +68,17 @@ class HaloExchange:
     def __call__(self, *xs: Tensor) -> Tuple[Tensor, ...]:
         """xs: tensors of (N_src_own, ...) rows of this rank's sources -> their (N_halo, ...) halo
         rows, differentiable. Several tensors (k and v) travel in one collective."""
-        self.collectively(self._check_rows, xs)
+        self._collectively(self._check_rows, xs)
         return _HaloRows.apply(self, False, *xs)
 
     def with_halo(self, *xs: Tensor) -> Tuple[Tensor, ...]:
         """Each x: (N_src_own, ...) -> (N_src_own + N_halo, ...), its rows followed by the halo's:
         the source rows of the local graph. Backward adds the returned halo gradients into x's
         gradient in place (no zero-filled or full-size intermediate beyond that gradient)."""
-        self.collectively(self._check_rows, xs)
+        self._collectively(self._check_rows, xs)
         return _HaloRows.apply(self, True, *xs)
 
-    def collectively(self, check: Callable[..., None], *args: Any) -> None:
+    def _collectively(self, check: Callable[..., None], *args: Any) -> None:
         """Run a local check of this call; if it raises ValueError or TypeError while the peers will
         wait in this call's header exchange, take part in it marked failed, so that every rank
         raises the same ValueError naming this rank and its error (chained from the error here)."""
@@ -217,7 +217,7 @@ def sharded_edge_attention(
     exchange = shard if isinstance(shard, HaloExchange) else HaloExchange(shard, group)
     if isinstance(shard, HaloExchange) and group is not None:
         raise ValueError("pass group= to the HaloExchange, not with one")
-    exchange.collectively(_check_call, q, k, v, exchange.shard)
+    exchange._collectively(_check_call, q, k, v, exchange.shard)
     k_all, v_all = exchange.with_halo(k, v)  # one trade for both: (N_src_own + N_halo, H, .)
     return edge_attention(q, k_all, v_all, exchange.shard.graph, **edge_attention_kwargs)
 
