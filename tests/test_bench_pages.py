@@ -149,3 +149,20 @@ def test_a_new_distributed_run_fills_its_page(tmp_path):
     assert "Command: `python -m benchmarks.bench_distributed --quick`" in page
     assert "distributed.md), AMD EPYC" in made["index.md"].decode()
     assert "no stored run yet" in made["index.md"].decode()  # kernels, among others
+
+
+def test_layer_rows_pair_every_sparseattn_form_with_pygs():
+    """bench_layers' layer table: sparseattn's layer eager, compiled, and given another input
+    (" (edge_index)") each against PyG's eager and compiled times of the same layer, faster one."""
+    from benchmarks.pages.models import _layer_rows
+
+    def row(contender, ms):
+        return dict(family="molecules", contender=contender, mode="fwd+bwd", ms=ms, peak_extra_mib=4.0)
+
+    rows = [row("sparseattn.nn.TransformerConv", 5.0), row("sparseattn.nn.TransformerConv (edge_index) compiled", 2.0)]
+    rows += [row("PyG TransformerConv", 6.0), row("PyG TransformerConv compiled", 3.0)]
+    table = {r[1]: r for r in _layer_rows(rows)}
+    assert set(table) == {"TransformerConv", "TransformerConv (edge_index) compiled"}
+    assert table["TransformerConv"][-2] == "0.60x"  # compiled PyG (3 ms) over 5 ms
+    assert table["TransformerConv (edge_index) compiled"][4:8] == ["6.00", "4", "3.00", "4"]
+    assert table["TransformerConv (edge_index) compiled"][-2] == "1.50x"

@@ -25,7 +25,8 @@ def _layer_rows(rows: List[Dict[str, Any]]) -> List[List[str]]:
         if not r["contender"].startswith("sparseattn.nn."):
             continue
         name = r["contender"][len("sparseattn.nn.") :]
-        base = name.removesuffix(" compiled")  # sparseattn's layer compiled too: against the same PyG forms
+        # sparseattn's layer compiled too, or given another input (" (edge_index)"): against the same PyG forms
+        base = name.removesuffix(" compiled").split(" (")[0]
         peer = PEERS.get(base, f"PyG {base}")
         eager, comp = (cells.get((r["family"], f"{peer}{s}", r["mode"])) for s in ("", " compiled"))
         name += f" ({r['mode']})" if r["mode"] != "fwd+bwd" else ""
