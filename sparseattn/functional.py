@@ -125,26 +125,10 @@ def edge_attention(
     NaN or inf in q, k or v reaches only the destinations whose edges touch it; in clamp mode a score of +inf
     or -inf is clamped to hi or lo like any other score.
     """
-    check_qkv(q, k, v)
-    if not isinstance(graph, Graph):  # a torch_geometric.EdgeIndex becomes its plain tensor; a PyG Data is refused
-        graph = check_graph_tensor(graph)
-    edge_index = graph.edge_index if isinstance(graph, Graph) else graph
-    check_same_device(q=q, k=k, v=v, graph=edge_index)
-    g = as_graph(graph, num_src=k.shape[0], num_dst=q.shape[0])
-    num_heads = q.shape[1]
-    bias = check_bias(bias, g.num_edges, num_heads)
-    num_edges, d, dv = g.num_edges, q.shape[2], v.shape[2]
-    kv_heads = k.shape[1]
-    edge_key = check_edge_term(edge_key, "edge_key", (num_edges, num_heads, d), "D", kv_heads)
-    edge_value = check_edge_term(edge_value, "edge_value", (num_edges, num_heads, dv), "Dv", kv_heads)
-    edge_scale = check_edge_term(edge_scale, "edge_scale", (num_edges, num_heads, d), "D", kv_heads)
-    check_same_device(q=q, bias=bias, edge_key=edge_key, edge_value=edge_value, edge_scale=edge_scale)
-    clamp = check_clamp(clamp, q.dtype)
-    eps = check_eps(eps, clamp)
-    scale = check_scale(scale, q.shape[2])
-    dropout_p = check_dropout(dropout_p)
-    if not isinstance(return_weights, bool):
-        raise TypeError(f"return_weights must be a bool, got {type(return_weights).__name__}")
+    g, scale, clamp, bias, edge_key, edge_value, edge_scale, eps, dropout_p = _checked_arguments(
+        q, k, v, graph, scale, clamp, bias, edge_key, edge_value, edge_scale, eps, dropout_p, return_weights
+    )
+    num_heads, kv_heads = q.shape[1], k.shape[1]
     dropout_mask = None
     if dropout_p > 0.0:
         keep = torch.rand(g.num_edges, num_heads, device=q.device) >= dropout_p
@@ -175,4 +159,50 @@ def edge_attention(
     return out, weights.to(dtype)
 
 
-__all__ = ["edge_attention", "as_graph"]
+def _checked_arguments(
+    q, k, v, graph, scale, clamp, bias, edge_key, edge_value, edge_scale, eps, dropout_p, return_weights
+):
+    """edge_attention's checks of its arguments (ValueError or TypeError naming the argument):
+    returns the Graph and the normalized scale, clamp, bias, edge terms, eps and dropout_p."""
+    check_qkv(q, k, v)
+    if not isinstance(graph, Graph):  # a torch_geometric.EdgeIndex becomes its plain tensor; a PyG Data is refused
+        graph = check_graph_tensor(graph)
+    edge_index = graph.edge_index if isinstance(graph, Graph) else graph
+    check_same_device(q=q, k=k, v=v, graph=edge_index)
+    g = as_graph(graph, num_src=k.shape[0], num_dst=q.shape[0])
+    num_heads, num_edges, d, dv, kv_heads = q.shape[1], g.num_edges, q.shape[2], v.shape[2], k.shape[1]
+    bias = check_bias(bias, num_edges, num_heads)
+    edge_key = check_edge_term(edge_key, "edge_key", (num_edges, num_heads, d), "D", kv_heads)
+    edge_value = check_edge_term(edge_value, "edge_value", (num_edges, num_heads, dv), "Dv", kv_heads)
+    edge_scale = check_edge_term(edge_scale, "edge_scale", (num_edges, num_heads, d), "D", kv_heads)
+    check_same_device(q=q, bias=bias, edge_key=edge_key, edge_value=edge_value, edge_scale=edge_scale)
+    clamp = check_clamp(clamp, q.dtype)
+    eps = check_eps(eps, clamp)
+    scale = check_scale(scale, q.shape[2])
+    dropout_p = check_dropout(dropout_p)
+    if not isinstance(return_weights, bool):
+        raise TypeError(f"return_weights must be a bool, got {type(return_weights).__name__}")
+    return g, scale, clamp, bias, edge_key, edge_value, edge_scale, eps, dropout_p
+
+
+def check_arguments(q: Tensor, k: Tensor, v: Tensor, graph: GraphLike, **kwargs) -> None:
+    """Raise the ValueError or TypeError `edge_attention(q, k, v, graph, **kwargs)` would raise for
+    its arguments, without attending (only shapes, dtypes and devices of q, k, v are read; a named
+    backend is resolved, "auto" is not): for callers that must fail before a collective, such as
+    `sparseattn.distributed`."""
+    wanted = dict(
+        scale=None, clamp=(-5.0, 5.0), bias=None, edge_key=None, edge_value=None, edge_scale=None, eps=0.0,
+        dropout_p=0.0, return_weights=False,
+    )  # fmt: skip
+    unknown = sorted(set(kwargs) - set(wanted) - {"backend", "kernel_options"})
+    if unknown:
+        raise TypeError(f"edge_attention() got unexpected keyword arguments: {', '.join(unknown)}")
+    wanted.update((key, value) for key, value in kwargs.items() if key in wanted)
+    g, _, _, _, edge_key, edge_value, edge_scale, eps, _ = _checked_arguments(q, k, v, graph, **wanted)
+    as_kernel_options(kwargs.get("kernel_options"))
+    backend = kwargs.get("backend", "auto")
+    if backend != "auto":  # a named backend resolves without the data ("auto" chooses in the call)
+        get_backend(backend, q, g, edge_terms=eps > 0 or any(t is not None for t in (edge_key, edge_value, edge_scale)))
+
+
+__all__ = ["edge_attention", "as_graph", "check_arguments"]

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from sparseattn import EdgeAttention, Graph, edge_attention, graphs
+from sparseattn.functional import check_arguments
 
 Q, K, V = torch.randn(3, 2, 4), torch.randn(5, 2, 4), torch.randn(5, 2, 6)
 EI = torch.tensor([[0, 4, 2], [0, 1, 2]])
@@ -62,6 +63,14 @@ def test_bad_qkv(q, k, v, exc, pattern):
 def test_bad_options(kwargs, exc, pattern):
     with pytest.raises(exc, match=pattern):
         edge_attention(Q, K, V, EI, **kwargs)
+    with pytest.raises(exc, match=pattern):  # the argument checks alone (sharded calls run them before their exchange)
+        check_arguments(Q, K, V, EI, **kwargs)
+
+
+def test_argument_checks_pass_what_edge_attention_takes_and_name_unknown_keywords():
+    check_arguments(Q, K, V, EI, bias=torch.zeros(3, 2), clamp=None, return_weights=True, backend="csr")
+    with pytest.raises(TypeError, match="unexpected keyword arguments: clam, sclae"):
+        check_arguments(Q, K, V, EI, clam=None, sclae=1.0)
 
 
 def test_graph_node_counts_must_match_tensors():

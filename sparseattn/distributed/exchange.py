@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from .._checks import check_edge_index, check_qkv
-from ..functional import edge_attention
+from ..functional import check_arguments, edge_attention
 from . import agreement
 from .partition import _positions
 from .shard import Shard, local_part
@@ -217,13 +217,15 @@ def sharded_edge_attention(
     exchange = shard if isinstance(shard, HaloExchange) else HaloExchange(shard, group)
     if isinstance(shard, HaloExchange) and group is not None:
         raise ValueError("pass group= to the HaloExchange, not with one")
-    exchange._collectively(_check_call, q, k, v, exchange.shard)
+    exchange._collectively(_check_call, q, k, v, exchange.shard, edge_attention_kwargs)
     k_all, v_all = exchange.with_halo(k, v)  # one trade for both: (N_src_own + N_halo, H, .)
     return edge_attention(q, k_all, v_all, exchange.shard.graph, **edge_attention_kwargs)
 
 
-def _check_call(q: Tensor, k: Tensor, v: Tensor, s: Shard) -> None:
-    """sharded_edge_attention's own checks of q, k and v against this rank's shard."""
+def _check_call(q: Tensor, k: Tensor, v: Tensor, s: Shard, kwargs: Dict[str, Any]) -> None:
+    """sharded_edge_attention's checks of q, k and v against this rank's shard, and of the local
+    edge_attention call's arguments (with stand-ins of k and v's shape after the exchange), so that a
+    rank fails before the exchange, where its peers hear of it, not after."""
     check_qkv(q, k, v)
     if q.device != s.graph.device:
         raise ValueError(f"the shard is on {s.graph.device} but q is on {q.device}: move it with shard.to(q.device)")
@@ -231,6 +233,8 @@ def _check_call(q: Tensor, k: Tensor, v: Tensor, s: Shard) -> None:
         raise ValueError(f"q must have one row per node of the shard ({s.nodes.numel()}), got {q.shape[0]}")
     if k.shape[0] != s.src_nodes.numel():
         raise ValueError(f"k and v must have one row per source of the shard ({s.src_nodes.numel()}), got {k.shape[0]}")
+    k_all, v_all = (x.new_zeros((1, *x.shape[1:])).expand(s.graph.num_src, *x.shape[1:]) for x in (k, v))
+    check_arguments(q, k_all, v_all, s.graph, **kwargs)
 
 
 def local_shard(

@@ -1,7 +1,7 @@
-"""Ranks that disagree (dtype, head dim, partition, shard place), or one whose own call is wrong (rows),
-all raise the same one-line ValueError before any row travels, on 2 and 3 gloo processes (a rank
-that raised alone left its peers waiting in the exchange); before the header exchange a one-way dtype mismatch
-returned finite garbage, a head-dim mismatch aborted a process inside gloo, and shards built from
+"""Ranks that disagree (dtype, head dim, partition, shard place), or one whose own call is wrong (rows,
+a per-edge argument, a keyword), all raise the same one-line ValueError before any row travels, on 2
+and 3 gloo processes (a rank that raised alone left its peers waiting in the exchange); before the
+header exchange a one-way dtype mismatch returned finite garbage, a head-dim mismatch aborted a process inside gloo, and shards built from
 different ranges returned wrong rows or raised IndexError on one rank while its peers waited."""
 
 from typing import Callable, Dict, Tuple
@@ -75,8 +75,25 @@ def _exchanged_rows(rank: int, world: int) -> float:  # the same through a HaloE
     return float(exchange(k)[0].abs().max())
 
 
+def _local_arguments(rank: int, world: int) -> float:  # the last rank's bias has rows for no edge count
+    shard = partition(graphs.window(12, 2), world)[rank]
+    q = torch.zeros(shard.nodes.numel(), 2, 4, dtype=torch.float64)
+    k = v = torch.zeros(shard.src_nodes.numel(), 2, 4, dtype=torch.float64)
+    bias = torch.zeros(shard.graph.num_edges + (rank == world - 1), 2, dtype=torch.float64)
+    return float(sharded_edge_attention(q, k, v, shard, bias=bias).abs().max())
+
+
+def _keyword(rank: int, world: int) -> float:  # rank 0 misspells clamp
+    shard = partition(graphs.window(12, 2), world)[rank]
+    q = torch.zeros(shard.nodes.numel(), 2, 4, dtype=torch.float64)
+    k = v = torch.zeros(shard.src_nodes.numel(), 2, 4, dtype=torch.float64)
+    return float(sharded_edge_attention(q, k, v, shard, **{"clam" if rank == 0 else "clamp": None}).abs().max())
+
+
 SCENARIOS: Dict[str, Callable[[int, int], float]] = {
     "rows": _rows,
+    "local_arguments": _local_arguments,
+    "keyword": _keyword,
     "exchanged_rows": _exchanged_rows,
     "dtype": _dtype,
     "head_dim": _head_dim,
@@ -123,6 +140,15 @@ def runs():
 EXPECTED = {
     "rows": (
         "of {world} could not take part in the halo exchange: rank {last}: ValueError: q must have one row per node",
+        {},
+    ),
+    "local_arguments": (
+        "rank {last} of {world} could not take part in the halo exchange: rank {last}: ValueError: bias must have",
+        {},
+    ),
+    "keyword": (
+        "rank 0 of {world} could not take part in the halo exchange: rank 0: TypeError: edge_attention() got "
+        "unexpected keyword arguments: clam",
         {},
     ),
     "exchanged_rows": (
