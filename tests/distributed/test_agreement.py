@@ -1,8 +1,9 @@
 """Ranks that disagree (dtype, head dim, partition, shard place), or one whose own call is wrong (rows,
 a per-edge argument, a keyword), all raise the same one-line ValueError before any row travels, on 2
 and 3 gloo processes (a rank that raised alone left its peers waiting in the exchange); before the
-header exchange a one-way dtype mismatch returned finite garbage, a head-dim mismatch aborted a process inside gloo, and shards built from
-different ranges returned wrong rows or raised IndexError on one rank while its peers waited."""
+header exchange a one-way dtype mismatch returned finite garbage, a head-dim mismatch aborted a
+process inside gloo, and shards built from different ranges returned wrong rows or raised IndexError
+on one rank while its peers waited."""
 
 from typing import Callable, Dict, Tuple
 
