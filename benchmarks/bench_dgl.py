@@ -7,7 +7,9 @@ DGL 2.1 needs torch <= 2.2.1 (no graphbolt library for 2.2.2), torchdata 0.7.1, 
 so it lives in its own environment (a few GB with torch's CUDA packages):
 
     python -m venv DGL_VENV
-    DGL_VENV/bin/pip install torch==2.2.1 torchdata==0.7.1 "pandas<2.2" "numpy<2" dgl==2.1.0
+    DGL_VENV/bin/pip install torch==2.2.1 torchdata==0.7.1 "pandas<2.2" "numpy<2" dgl==2.1.0 pyyaml pydantic
+
+(dgl 2.1.0 imports yaml and pydantic without declaring them.)
 
 `--dgl-python` (or $DGL_PYTHON) names its Python, which runs benchmarks/dgl_runner.py; without it DGL is
 listed as skipped and only sparseattn is timed ("nodgl" joins the tag). What is measured: docs/benchmarks/dgl.md.
