@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+import functools
+import inspect
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -185,22 +187,27 @@ def _checked_arguments(
     return g, scale, clamp, bias, edge_key, edge_value, edge_scale, eps, dropout_p
 
 
+@functools.cache
+def _keyword_defaults() -> Dict[str, Any]:
+    """edge_attention's keyword-only arguments and their defaults."""
+    params = inspect.signature(edge_attention).parameters.values()
+    return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
 def check_arguments(q: Tensor, k: Tensor, v: Tensor, graph: GraphLike, **kwargs) -> None:
     """Raise the ValueError or TypeError `edge_attention(q, k, v, graph, **kwargs)` would raise for
     its arguments, without attending (only shapes, dtypes and devices of q, k, v are read; a named
     backend is resolved, "auto" is not): for callers that must fail before a collective, such as
     `sparseattn.distributed`."""
-    wanted = dict(
-        scale=None, clamp=(-5.0, 5.0), bias=None, edge_key=None, edge_value=None, edge_scale=None, eps=0.0,
-        dropout_p=0.0, return_weights=False,
-    )  # fmt: skip
-    unknown = sorted(set(kwargs) - set(wanted) - {"backend", "kernel_options"})
+    defaults = _keyword_defaults()  # edge_attention's own, so the two cannot drift apart
+    unknown = sorted(set(kwargs) - set(defaults))
     if unknown:
         raise TypeError(f"edge_attention() got unexpected keyword arguments: {', '.join(unknown)}")
-    wanted.update((key, value) for key, value in kwargs.items() if key in wanted)
-    g, _, _, _, edge_key, edge_value, edge_scale, eps, _ = _checked_arguments(q, k, v, graph, **wanted)
-    as_kernel_options(kwargs.get("kernel_options"))
-    backend = kwargs.get("backend", "auto")
+    given = {**defaults, **kwargs}
+    checked = {name: value for name, value in given.items() if name not in ("backend", "kernel_options")}
+    g, _, _, _, edge_key, edge_value, edge_scale, eps, _ = _checked_arguments(q, k, v, graph, **checked)
+    as_kernel_options(given["kernel_options"])
+    backend = given["backend"]
     if backend != "auto":  # a named backend resolves without the data ("auto" chooses in the call)
         get_backend(backend, q, g, edge_terms=eps > 0 or any(t is not None for t in (edge_key, edge_value, edge_scale)))
 
