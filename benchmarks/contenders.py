@@ -8,7 +8,7 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 import torch
 
 from sparseattn import edge_attention, graphs
-from sparseattn.kernels import available_backends, backends_for, choose_auto, local, plan
+from sparseattn.kernels import available_backends, backends_for, choose_auto, local, memory, plan
 
 from . import peers
 from .families import COMPILE_FAMILIES, FLEX_FAMILIES, Family
@@ -51,6 +51,32 @@ def needed_bytes(estimate: Union[float, Tuple[float, float]], mode: str) -> floa
 
 def _plain(fn: Callable[..., torch.Tensor]) -> Build:
     return lambda *leaves: ((lambda: fn(*leaves)), 0.0, "")
+
+
+class _SmallPages(torch.autograd.Function):
+    """edge_attention(q, k, v, g) with kernels.memory's huge pages switched off in its forward and its
+    backward (the `auto (4 KiB pages)` contender: what the large buffers cost on torch's allocator)."""
+
+    @staticmethod
+    def forward(ctx, g: graphs.Graph, train: bool, q, k, v):
+        leaves = [x.detach().requires_grad_(train) for x in (q, k, v)]
+        with torch.set_grad_enabled(train), memory.huge_pages(False):
+            out = edge_attention(*leaves, g)
+        ctx.leaves, ctx.out = leaves, out
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        with memory.huge_pages(False):
+            grads = torch.autograd.grad(ctx.out, ctx.leaves, grad)
+        return (None, None, *grads)
+
+
+def _small_pages(g: graphs.Graph) -> Build:
+    def call(q, k, v):
+        return _SmallPages.apply(g, torch.is_grad_enabled() and q.requires_grad, q, k, v)
+
+    return _plain(call)
 
 
 def _peer(make: Callable[..., tuple], *graph) -> Build:
@@ -102,6 +128,9 @@ def contenders_for(fam: Family, g: graphs.Graph, q: torch.Tensor, args, info: di
     out.setdefault("scatter", (None, "skipped: torch_scatter not importable", 0))
     raw = _plain(lambda *qkv, ei=g.edge_index: edge_attention(*qkv, ei))
     out["auto (raw)"] = (raw, "edge_index tensor: builds per call", estimate_bytes("auto", g))
+    if memory.huge_pages_available():
+        note = "kernels.memory's huge pages switched off: large buffers on torch's allocator"
+        out["auto (4 KiB pages)"] = (_small_pages(g), note, estimate_bytes("auto", g))
     if fam.name in COMPILE_FAMILIES:  # on the graph the eager contenders used (its structure cached)
         compiled = lambda *leaves: _plain(torch.compile(lambda *qkv: edge_attention(*qkv, g), fullgraph=True))(*leaves)
         out["auto (compiled)"] = (compiled, "torch.compile(fullgraph=True), inductor", estimate_bytes("auto", g))

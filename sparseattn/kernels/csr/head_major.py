@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ...graphs import Graph
+from .. import memory
 from .index import HeadMajorIndex
 from .primitives import exp_shifted_, sddmm, spmm, take
 
@@ -115,9 +116,9 @@ def forward(
     eps: added to the normalizer. Returns out (N_dst, H, Dv), w and score ((H, E); score None in
     exact mode), z_safe (H, N_dst)."""
     heads, num_edges, shape = q.shape[1], pat.col.numel(), (q.shape[0], k.shape[0])
-    out = q.new_empty(q.shape[0], heads, v.shape[2])
-    w = q.new_empty(heads, num_edges)
-    score = q.new_empty(heads, num_edges) if clamp is not None else None
+    out = memory.empty((q.shape[0], heads, v.shape[2]), q)
+    w = memory.empty((heads, num_edges), q)
+    score = memory.empty((heads, num_edges), q) if clamp is not None else None
     z_safe = q.new_empty(heads, q.shape[0])
     qh, kh, vh = _rows(q), _rows(k), _rows(v)
     groups = heads // k.shape[1]  # query heads per kv head (grouped-query attention)
@@ -166,8 +167,8 @@ def backward(
     q, k, v) and ds ((H, E) sorted, the gradient of bias), None where not needed."""
     heads, num_edges, shape = q.shape[1], pat.col.numel(), (q.shape[0], k.shape[0])
     transposed = (shape[1], shape[0])
-    dq, dk, dv = (torch.empty_like(x) if n else None for x, n in zip((q, k, v), need))
-    ds_all = w.new_empty(heads, num_edges) if need[3] else None
+    dq, dk, dv = (memory.empty_like(x) if n else None for x, n in zip((q, k, v), need))  # x's layout
+    ds_all = memory.empty((heads, num_edges), w) if need[3] else None
     need_ds = need[0] or need[1] or need[3]
     a, buf = w.new_empty(num_edges), w.new_empty(num_edges)
     gh, qh, kh, vh = _rows(grad_out), _rows(q), _rows(k), _rows(v)

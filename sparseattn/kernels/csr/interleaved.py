@@ -24,6 +24,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
+from .. import memory
 from .primitives import exp_shifted_, sddmm, spmm, take
 
 
@@ -145,7 +146,7 @@ def forward(
         # spares a fresh H * E buffer (above 32 MiB, 9% of the forward on a 65K-token window)
         w, score = scores.clamp_(clamp[0], clamp[1]).exp_(), None
     elif clamp is not None:
-        w = scores.clamp(clamp[0], clamp[1]).exp_()
+        w = torch.clamp(scores, clamp[0], clamp[1], out=memory.empty(scores.shape, scores)).exp_()
     else:
         assert idx.row is not None, "exact softmax needs the head row of each slot"
         w, score = exp_shifted_(scores, idx.offsets, idx.row), None
@@ -184,13 +185,13 @@ def backward(
     scaled = terms is not None and terms.scale is not None
     transposed = (idx.shape[1], idx.shape[0])
     # buffers of H * E values are reused where they can be: above 32 MiB each fresh one page-faults
-    p = torch.index_select(z_safe, 0, idx.row, out=w.new_empty(w.shape))
+    p = torch.index_select(z_safe, 0, idx.row, out=memory.empty(w.shape, w))
     p = torch.div(w, p, out=p)  # (H * E,) normalized weights
     dq = dk = dv = ds = None
     t_values = None  # values in the transposed order, for dv and then dk
     if need[2]:
         assert idx.ccrow is not None and idx.ccol is not None and idx.to_csc is not None
-        t_values = take(p if mask is None else p * mask, idx.to_csc)
+        t_values = torch.index_select(p if mask is None else p * mask, 0, idx.to_csc, out=memory.empty(p.shape, p))
         dv = spmm(idx.ccrow, idx.ccol, t_values, grad_out, transposed)
     if terms is not None and need[5]:  # d edge_value = p * mask * grad_out[t]
         pm = take(p if mask is None else p * mask, terms.to_caller)
@@ -203,7 +204,7 @@ def backward(
             a *= mask
         if grad_weights is not None:
             a += grad_weights
-        ap = torch.mul(a, p, out=torch.empty_like(a) if t_values is None else t_values)  # dv is done with it
+        ap = torch.mul(a, p, out=memory.empty(a.shape, a) if t_values is None else t_values)  # dv is done with it
         delta = _segment(ap, idx, "sum")  # (N_dst * H,)
         ds = a.sub_(torch.index_select(delta, 0, idx.row, out=ap)).mul_(p)
         if score is not None:  # clamp mode: no gradient where the clamp is active
@@ -219,7 +220,8 @@ def backward(
                     dq += spmm(idx.crow, terms.cols(0), ds, terms.key, (idx.shape[0], terms.key.shape[0]), scale)
         if need[1] and not scaled:
             assert idx.ccrow is not None and idx.ccol is not None and idx.to_csc is not None
-            t_ds = take(ds, idx.to_csc) if t_values is None else torch.index_select(ds, 0, idx.to_csc, out=t_values)
+            t_out = memory.empty(ds.shape, ds) if t_values is None else t_values
+            t_ds = torch.index_select(ds, 0, idx.to_csc, out=t_out)
             dk = spmm(idx.ccrow, idx.ccol, t_ds, q2, transposed, alpha=scale)
         if terms is not None and (need[4] or need[6] or (need[1] and scaled)):
             dk, dterms = _edge_key_grads(ds, q2, k2, terms, scale, need, dk, dterms[1])

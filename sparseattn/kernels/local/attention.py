@@ -17,6 +17,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .. import memory
 from ..contract import AttentionInputs
 from ..csr import csr_attention
 from ..reference import differentiable_grads
@@ -54,7 +55,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, p: Plan, scale: float, clamp) -> T
     group = heads // kv_heads  # query head h reads kv head h // group
     # zeros, not empty: the tiles' strided first writes into fresh pages ran ~5x slower than a
     # sequential zero fill followed by the same writes (glibc mmap'ed pages, 1 thread)
-    out = q.new_zeros(q.shape[0], heads, dv)
+    out = memory.zeros((q.shape[0], heads, dv), q)
     bias, boundary_bias = p.biases(q.dtype)
     chunks = _chunks(p, q.element_size())
     nb = p.boundary.numel()
@@ -98,7 +99,7 @@ def _backward(g: Tensor, q: Tensor, k: Tensor, v: Tensor, p: Plan, scale: float,
     g = g.contiguous()
     if p.empty_rows.numel():
         g = g.index_fill(0, p.empty_rows, 0.0)
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)  # zeros: see _forward
+    dq, dk, dv = (memory.zeros(x.shape, x) for x in (q, k, v))  # zeros: see _forward
     bias, boundary_bias = p.biases(q.dtype)
     bounds = None if clamp is None else tiles.inclusive(clamp, q.dtype)
     chunks = _chunks(p, q.element_size())
