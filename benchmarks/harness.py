@@ -27,6 +27,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from sparseattn.kernels import memory
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
@@ -180,6 +182,7 @@ def peak_extra_mib(fn: Callable[[], object], device: str = "cpu") -> Optional[fl
     try:
         if _LIBC is not None:
             _LIBC.malloc_trim(0)
+        memory.release()  # sparseattn's pooled buffers too, so that the call's peak counts them
         before = _status_kib("VmRSS")
         if before is None or not _reset_cpu_peak():
             return None

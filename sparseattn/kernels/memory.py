@@ -14,6 +14,8 @@ Used for CPU buffers of at least MIN_BYTES on Linux whose transparent huge pages
 then backs everything itself), or inside `huge_pages(False)`; elsewhere `torch.empty` and
 `torch.zeros`. Below MIN_BYTES glibc reuses its heap, which has no faults left to save. Such a
 tensor is an ordinary tensor except that its storage cannot grow (`resize_` beyond it raises).
+A mapping whose tensors are gone is kept for the next buffer of its size (up to POOL_BYTES of free
+ones; `release` unmaps them).
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import sys
+import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterator, Sequence, Union
+from typing import Iterator, List, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -51,18 +56,75 @@ def huge_pages_available() -> bool:
     return "[always]" in mode or "[madvise]" in mode
 
 
-def _mapped(shape: Sequence[int], dtype: torch.dtype, nbytes: int) -> Tensor:
-    """A (shape) tensor of dtype on a fresh anonymous mapping (zeros), 2 MiB aligned."""
+@dataclass
+class _Mapping:
+    """An anonymous mapping and the 2 MiB aligned bytes of it that tensors use."""
+
+    block: mmap.mmap
+    start: int
+    capacity: int
+
+    def in_use(self) -> bool:
+        # a tensor's storage holds the block (torch.frombuffer took a buffer of it); free, the
+        # references are the pool's and getrefcount's argument
+        return sys.getrefcount(self.block) > 2
+
+
+# mappings are kept for reuse after their tensors are gone, up to POOL_BYTES of free ones: a fresh
+# mapping faults its pages in again, and on a virtual machine whose host reclaims free memory that
+# can cost several times the fill (2026-11-27, a 65K-token window's forward: 216 to 838 ms)
+POOL_BYTES = 1 << 30
+_pool: List[_Mapping] = []
+_pool_lock = threading.Lock()
+
+
+def _new_mapping(nbytes: int) -> _Mapping:
     block = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     block.madvise(mmap.MADV_HUGEPAGE)
-    raw = torch.frombuffer(block, dtype=torch.uint8)  # holds `block` until the storage is freed
-    start = -raw.data_ptr() % HUGE_PAGE
-    if torch.get_num_threads() > 1:
+    address = torch.frombuffer(block, dtype=torch.uint8, count=1).data_ptr()
+    return _Mapping(block, -address % HUGE_PAGE, nbytes)
+
+
+def _reuse(nbytes: int) -> Optional[_Mapping]:
+    """A free pooled mapping of nbytes up to 1.25 * nbytes + 2 MiB (the smallest), or None; drops the
+    oldest free ones beyond POOL_BYTES."""
+    free = [m for m in _pool if not m.in_use()]
+    fits = [m for m in free if nbytes <= m.capacity <= nbytes * 1.25 + HUGE_PAGE]
+    found = min(fits, key=lambda m: m.capacity) if fits else None
+    total = sum(m.capacity for m in free if m is not found)
+    for m in free:  # oldest first
+        if total <= POOL_BYTES:
+            break
+        if m is not found:
+            _pool.remove(m)
+            total -= m.capacity
+    return found
+
+
+def release() -> None:
+    """Unmap the pooled mappings no tensor uses (their memory returns to the system)."""
+    with _pool_lock:
+        _pool[:] = [m for m in _pool if m.in_use()]
+
+
+def _mapped(shape: Sequence[int], dtype: torch.dtype, nbytes: int, zero: bool) -> Tensor:
+    """A (shape) tensor of dtype on a pooled or fresh anonymous mapping, 2 MiB aligned; zeros if zero."""
+    with _pool_lock:
+        m = _reuse(nbytes) if nbytes <= POOL_BYTES else None
+        fresh = m is None
+        if m is None:
+            m = _new_mapping(nbytes)
+            if nbytes <= POOL_BYTES:
+                _pool.append(m)
+        raw = torch.frombuffer(m.block, dtype=torch.uint8)[m.start : m.start + nbytes]  # holds the block
+    if not fresh and zero:
+        raw.zero_()
+    elif fresh and torch.get_num_threads() > 1:
         # fault every huge page in now, from this thread: first writes from several threads at once
         # into fresh huge pages ran up to 10x slower (2 threads, 100 MB: 200 against 18 ms), while one
         # thread's first write zeroes each page just before it fills it, in cache
-        raw[start : start + nbytes : HUGE_PAGE].zero_()
-    return raw[start : start + nbytes].view(dtype).view(shape)
+        raw[::HUGE_PAGE].zero_()
+    return raw.view(dtype).view(shape)
 
 
 _switched_off = False
@@ -91,7 +153,7 @@ def _fresh(shape: Shape, like: Tensor, dtype: Union[torch.dtype, None], zero: bo
     nbytes = math.prod(shape) * dtype.itemsize
     if on_huge_pages(nbytes, like):
         try:
-            return _mapped(shape, dtype, nbytes)
+            return _mapped(shape, dtype, nbytes, zero)
         except (OSError, ValueError):  # no address space or mapping refused: the ordinary allocator
             pass
     make = torch.zeros if zero else torch.empty
@@ -115,6 +177,8 @@ def zeros(shape: Shape, like: Tensor, dtype: Union[torch.dtype, None] = None) ->
 
 
 __all__ = [
+    "release",
+    "POOL_BYTES",
     "empty",
     "empty_like",
     "zeros",

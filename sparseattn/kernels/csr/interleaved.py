@@ -184,7 +184,8 @@ def backward(
     dterms: Tuple[Optional[Tensor], ...] = (None, None, None)
     scaled = terms is not None and terms.scale is not None
     transposed = (idx.shape[1], idx.shape[0])
-    # buffers of H * E values are reused where they can be: above 32 MiB each fresh one page-faults
+    # buffers of H * E values are reused where they can be, and fresh ones come from `memory`: above
+    # 32 MiB a fresh buffer page-faults
     p = torch.index_select(z_safe, 0, idx.row, out=memory.empty(w.shape, w))
     p = torch.div(w, p, out=p)  # (H * E,) normalized weights
     dq = dk = dv = ds = None

@@ -53,8 +53,9 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, p: Plan, scale: float, clamp) -> T
     t_rows, span, c = lay.rows, lay.span, lay.offset
     heads, kv_heads, dv = q.shape[1], k.shape[1], v.shape[2]
     group = heads // kv_heads  # query head h reads kv head h // group
-    # zeros, not empty: the tiles' strided first writes into fresh pages ran ~5x slower than a
-    # sequential zero fill followed by the same writes (glibc mmap'ed pages, 1 thread)
+    # zeros, not empty: the tiles' strided first writes into fresh 4 KiB pages ran ~5x slower than a
+    # sequential zero fill followed by the same writes (glibc mmap'ed pages, 1 thread); `memory`'s
+    # are huge pages from 32 MiB on, zeros without a fill
     out = memory.zeros((q.shape[0], heads, dv), q)
     bias, boundary_bias = p.biases(q.dtype)
     chunks = _chunks(p, q.element_size())
