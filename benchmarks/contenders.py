@@ -148,7 +148,7 @@ def contenders_for(fam: Family, g: graphs.Graph, q: torch.Tensor, args, info: di
         out["dense bmm"] = (_peer(peers.make_dense_bmm, fam, g), "padded bmm + clamp-exp, no graph", 0)
     wanted: List[str] = args.contenders.split(",") if args.contenders else []
     try:  # imported only when asked for (a second or two)
-        label = peers.pyg_label() if "pyg" in wanted or not wanted else ""
+        label = peers.pyg_label() if not wanted or any(n.startswith("pyg") for n in wanted) else ""
         out["pyg"] = (_peer(peers.make_pyg, g), label, estimate_bytes("pyg", g))
         out["pyg (compiled)"] = (_compiled_pyg(g), f"{label}, torch.compile", compiled_pyg_bytes(g))
     except ImportError:
