@@ -5,12 +5,17 @@ from typing import Any, Callable, Optional
 
 import torch
 
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
+
 
 def tracing() -> bool:
     """True inside a torch.compile or torch.export trace, where a Python branch on tensor values
     would break the graph (or fail the export): such code takes a path that needs no look at the
-    data."""
-    return torch.compiler.is_compiling() or torch.compiler.is_exporting()
+    data. A fake-tensor mode counts too: AOTAutograd traces a backward under one, and there torch
+    2.11's `is_compiling()` is False (the csr kernels' sparse tensors then failed to trace)."""
+    return (
+        torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch._C._get_dispatch_mode(_FAKE) is not None
+    )
 
 
 def exporting() -> bool:

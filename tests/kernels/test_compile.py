@@ -169,6 +169,27 @@ def test_a_module_compiles_once_for_batches_of_every_size(kind):
     assert len(entries) == 1, f"{len(entries)} compiled entries: a recompilation happened"
 
 
+def test_fake_tensors_count_as_tracing(monkeypatch):
+    """AOTAutograd traces the backward under a fake-tensor mode, where torch 2.11's is_compiling()
+    is False: the kernels' Python then ran on fake tensors and csr's sparse CSR tensors failed to
+    build ("Values and compressed tensor instance need to be on the same device", an H100 with torch
+    2.11). Under a fake mode the ops are taken, whatever is_compiling() says."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from sparseattn._tracing import tracing
+
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)  # as torch 2.11 answers there
+    assert not tracing()
+    g = graphs.window(50, 4)
+    edge_attention(torch.randn(50, 2, 8), torch.randn(50, 2, 8), torch.randn(50, 2, 8), g, backend="csr")  # index built
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        assert tracing()
+        q = mode.from_tensor(torch.randn(50, 2, 8)).requires_grad_()
+        out = edge_attention(q, q, q, g, clamp=None, backend="csr")  # the ops' fakes: no sparse tensor built
+        (grad,) = torch.autograd.grad(out.sum(), q)
+        assert grad.shape == q.shape
+
+
 def test_a_graph_reused_across_calls_keeps_what_compiled_code_built():
     """Compiled code caches on a Graph what it built (dynamo replays the writes after the call): the
     next call with that graph compiles once more, for a graph that has its structure, and from then

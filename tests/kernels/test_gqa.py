@@ -32,11 +32,11 @@ def _random_graph(n_dst=6, n_src=5, num_edges=20, seed=0):
     return ei, n_src, n_dst
 
 
-def _inputs(n_dst, n_src, num_edges, groups, *, bias, terms, dtype=torch.float64, seed=1, d=3, dv=5):
+def _inputs(n_dst, n_src, num_edges, groups, *, bias, terms, dtype=torch.float64, seed=1, d=3, dv=5, device="cpu"):
     gen = torch.Generator().manual_seed(seed)
 
     def t(*shape):
-        return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_()
+        return torch.randn(*shape, generator=gen, dtype=dtype).to(device).requires_grad_()
 
     kv_heads = HEADS // groups
     q, k, v = t(n_dst, HEADS, d), t(n_src, kv_heads, d), t(n_src, kv_heads, dv)
@@ -50,8 +50,8 @@ def _inputs(n_dst, n_src, num_edges, groups, *, bias, terms, dtype=torch.float64
 
 def _grads(out, weights, tensors, seed=2):
     gen = torch.Generator().manual_seed(seed)
-    loss = (out * torch.randn(out.shape, generator=gen, dtype=out.dtype)).sum()
-    loss = loss + (weights * torch.randn(weights.shape, generator=gen, dtype=out.dtype)).sum()
+    loss = (out * torch.randn(out.shape, generator=gen, dtype=out.dtype).to(out.device)).sum()
+    loss = loss + (weights * torch.randn(weights.shape, generator=gen, dtype=out.dtype).to(out.device)).sum()
     return torch.autograd.grad(loss, tensors)
 
 
@@ -85,8 +85,10 @@ CASES = [c for c in CASES if not (c[3] and c[1] == "head-major")]
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("groups", GROUPS)
 def test_equals_repeated_heads(backend, layout, bias, terms, mode, groups):
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"  # else interpreted
     ei, n_src, n_dst = _random_graph()
-    q, k, v, extra = _inputs(n_dst, n_src, ei.shape[1], groups, bias=bias, terms=terms)
+    ei = ei.to(device)
+    q, k, v, extra = _inputs(n_dst, n_src, ei.shape[1], groups, bias=bias, terms=terms, device=device)
     graph = Graph(ei, num_src=n_src, num_dst=n_dst) if backend == "csr" else ei  # a kept Graph and a raw tensor
     out, k_rep, v_rep = _check_against_repeated(q, k, v, graph, extra, backend, layout, MODES[mode], groups)
     if not extra:  # the independent dense masked attention

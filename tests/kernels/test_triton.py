@@ -382,6 +382,26 @@ def test_exact_gradients_of_a_peaked_softmax_within_csr_error(independent, magni
     assert not failures, "beyond 10x csr's error: " + "; ".join(failures)
 
 
+def test_float32_scores_do_not_depend_on_the_order_of_the_sum():
+    """float32 scores are the float64 sum rounded once (`common.score`), so the order in which a
+    kernel sums a tile's channels cannot change a bit: on an H100 each kernel summed its own way,
+    the backward's weights were a bit off the forward's, and peaked softmaxes lost dq to 1e-3
+    (`test_exact_gradients_of_a_peaked_softmax_within_csr_error` failed there). Here the channels of
+    q and k are permuted together, which changes the order of the sum and nothing else."""
+    ei, n_src, n_dst = awkward_graph(n_src=40, n_dst=50, num_edges=400)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (30 * torch.randn(n, 2, 24, generator=gen) for n in (n_dst, n_src, n_src))
+    perm = torch.randperm(24, generator=gen)
+    ei, v = ei.to(DEVICE), v.to(DEVICE)
+    runs = [
+        edge_attention(qq.to(DEVICE), kk.to(DEVICE), v, ei, clamp=None, backend="triton", return_weights=True)
+        for qq, kk in ((q, k), (q[..., perm], k[..., perm]))
+    ]
+    plain = [((qq[ei[1].cpu()] * kk[ei[0].cpu()]).sum(-1)) for qq, kk in ((q, k), (q[..., perm], k[..., perm]))]
+    assert not torch.equal(*plain)  # float32 sums in two orders differ somewhere: the test can fail
+    assert torch.equal(runs[0][1], runs[1][1]) and torch.equal(runs[0][0], runs[1][0])
+
+
 @pytest.mark.skipif(
     DEVICE == "cuda", reason="bit for bit only in the interpreter: compiled kernels may sum in another order"
 )

@@ -75,6 +75,7 @@ def dq_kernel(
     1 and its dp near delta, neither sum is large, where c = 0 would cancel two sums of size
     |dp key| into a far smaller dq (errors up to 20x csr's, 1e4x where nearly all weights round
     away)."""
+    WIDE: tl.constexpr = K.dtype.element_ty == tl.float32  # scores summed in float64 (common.score)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BLOCK_H,)
     in_h = heads < H
@@ -107,7 +108,7 @@ def dq_kernel(
             kt = edge_keys(
                 kt, EK, ES, pos, heads, offs_d, sek_e, sek_h, ses_e, ses_h, live_h, D, HAS_EDGE_KEY, HAS_EDGE_SCALE
             )
-        s = score(kt, q[None, :, :], sc)  # (BLOCK_E, BLOCK_H)
+        s = score(kt, q[None, :, :], sc, WIDE)  # (BLOCK_E, BLOCK_H)
         if HAS_BIAS:
             s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
         p = tl.where(live_h, weight(s, m[None, :], z[None, :], lo, hi, CLAMP), 0.0)
@@ -201,6 +202,7 @@ def dkdv_kernel(
     leaves holding dscore = g p (dp - delta): overwritten in place, so a triton.autotune of this
     kernel needs restore_value=["DS"]. DEK, DEV, DES: the edge terms' gradients, (E, H, D / Dv)
     contiguous in caller order, written where their GRAD_ flag is set."""
+    WIDE: tl.constexpr = K.dtype.element_ty == tl.float32  # scores summed in float64 (common.score)
     u = tl.program_id(0).to(tl.int64)  # a source node; PTR/IDX/PERM are the transposed CSR
     heads = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BLOCK_H,)
     in_h = heads < H
@@ -228,7 +230,7 @@ def dkdv_kernel(
         if HAS_EDGE_SCALE:
             es = gather(ES, pos, heads, offs_d, ses_e, ses_h, live_h, D).to(ACC)
             kt = key * es
-        s = score(kt, qt, sc)  # (BLOCK_E, BLOCK_H)
+        s = score(kt, qt, sc, WIDE)  # (BLOCK_E, BLOCK_H)
         if HAS_BIAS:
             s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
         stat = STATS + (dst[:, None] * H + heads[None, :]) * 2  # (BLOCK_E, BLOCK_H): m, then z

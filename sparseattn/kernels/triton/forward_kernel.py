@@ -71,6 +71,7 @@ def forward_kernel(
     is eps."""
     ROWS: tl.constexpr = BLOCK_E if LANES else 1
     TERMS: tl.constexpr = HAS_EDGE_KEY or HAS_EDGE_VALUE or HAS_EDGE_SCALE
+    WIDE: tl.constexpr = K.dtype.element_ty == tl.float32  # scores summed in float64 (common.score)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BLOCK_H,)
     in_h = heads < H
@@ -99,7 +100,7 @@ def forward_kernel(
             kt = edge_keys(
                 kt, EK, ES, pos, heads, offs_d, sek_e, sek_h, ses_e, ses_h, live_h, D, HAS_EDGE_KEY, HAS_EDGE_SCALE
             )
-        s = score(kt, q[None, :, :], sc)  # (BLOCK_E, BLOCK_H)
+        s = score(kt, q[None, :, :], sc, WIDE)  # (BLOCK_E, BLOCK_H)
         if (HAS_BIAS or HAS_MASK) and not TERMS:
             pos = tl.load(PERM + e, mask=live, other=0)  # caller-order position of each edge
         if HAS_BIAS:
@@ -152,7 +153,7 @@ def forward_kernel(
                 kt = edge_keys(
                     kt, EK, ES, pos, heads, offs_d, sek_e, sek_h, ses_e, ses_h, live_h, D, HAS_EDGE_KEY, HAS_EDGE_SCALE
                 )
-            s = score(kt, q[None, :, :], sc)
+            s = score(kt, q[None, :, :], sc, WIDE)
             if HAS_BIAS:
                 s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
             p = weight(s, m[None, :], z_safe[None, :], lo, hi, CLAMP)

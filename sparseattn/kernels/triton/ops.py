@@ -86,9 +86,12 @@ TRITON_OP = define_attention_op("triton_attention", INDEX_ARGS, ("stats",), _for
 triton_attention_fwd, triton_attention_bwd = TRITON_OP.forward_op.op, TRITON_OP.backward_op.op  # the custom ops
 
 
+# TRITON_INTERPRET=1 at import. Read here, not in the call: dynamo cannot trace this isinstance
+_INTERPRETED = not isinstance(forward_kernel, triton.runtime.jit.JITFunction)
+
+
 def _check_runnable(q: Tensor) -> None:
-    interpreted = not isinstance(forward_kernel, triton.runtime.jit.JITFunction)  # TRITON_INTERPRET=1 at import
-    if q.device.type != "cuda" and not (q.device.type == "cpu" and interpreted):
+    if q.device.type != "cuda" and not (q.device.type == "cpu" and _INTERPRETED):
         raise RuntimeError(
             f"the triton backend needs CUDA tensors, got {q.device.type} (on CPU it runs only in "
             "Triton's interpreter: set TRITON_INTERPRET=1 before the backend is first used)"
