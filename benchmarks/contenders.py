@@ -3,6 +3,7 @@ and compiled, the peers of benchmarks/peers.py), each with a note and a memory e
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
@@ -131,6 +132,13 @@ def contenders_for(fam: Family, g: graphs.Graph, q: torch.Tensor, args, info: di
     if memory.huge_pages_available():
         note = "kernels.memory's huge pages switched off: large buffers on torch's allocator"
         out["auto (4 KiB pages)"] = (_small_pages(g), note, estimate_bytes("auto", g))
+    asked = not args.contenders or "auto (locality order)" in args.contenders.split(",")
+    if asked and g.num_src == g.num_dst and not g.blocks:
+        t0 = time.perf_counter()
+        graphs.locality_view(g)  # found once per graph (cached on it): timed here, apart from the calls
+        note = f"kernel_options node_order='locality' (order found once: {time.perf_counter() - t0:.2f} s)"
+        call = _plain(lambda *qkv: edge_attention(*qkv, g, kernel_options={"node_order": "locality"}))
+        out["auto (locality order)"] = (call, note, estimate_bytes("auto", g))
     if fam.name in COMPILE_FAMILIES:  # on the graph the eager contenders used (its structure cached)
         compiled = lambda *leaves: _plain(torch.compile(lambda *qkv: edge_attention(*qkv, g), fullgraph=True))(*leaves)
         out["auto (compiled)"] = (compiled, "torch.compile(fullgraph=True), inductor", estimate_bytes("auto", g))

@@ -47,6 +47,7 @@ TARGETS = {  # every ratio in the kernels page's order: its column head there an
     "compiled pyg/auto memory": ("`pyg (compiled)` / `auto` peak memory, fwd+bwd", (">=", 2.0)),
     "auto/floor": ("`auto` fwd / gather floor", None),  # FLOOR_TARGETS
     "shuffled/local": ("`auto` shuffled ids / local order", ("<=", 1.2)),  # *-shuffled over its *-local twin
+    "reordered/local": ("`auto (locality order)` shuffled ids / `auto` local order", ("<=", 1.2)),
     "pyg/auto": ("`pyg` (eager) / `auto`", None),
     "compiled/eager": ("`auto (compiled)` / `auto`", None),
     "auto limit share": ("`auto` fwd, share of the limit (≥ 30% on windows)", None),  # limit time / auto's
@@ -96,14 +97,10 @@ def ratio_table(results: List[KernelResult]) -> List[dict]:
                 add(grp, fam, "auto/floor", [at("auto", "fwd") / floor[(*grp, fam)]])
             if fam.endswith("-shuffled"):
                 twin = fam[: -len("shuffled")] + "local"
-                vals = [at("auto", m) and ms.get((*grp, twin, "auto", m)) for m in ("fwd", "fwd+bwd")]
-                if all(vals):
-                    add(
-                        grp,
-                        fam,
-                        "shuffled/local",
-                        [at("auto", m) / ms[(*grp, twin, "auto", m)] for m in ("fwd", "fwd+bwd")],
-                    )
+                for ratio, c in (("shuffled/local", "auto"), ("reordered/local", "auto (locality order)")):
+                    vals = [at(c, m) and ms.get((*grp, twin, "auto", m)) for m in ("fwd", "fwd+bwd")]
+                    if all(vals):
+                        add(grp, fam, ratio, [at(c, m) / ms[(*grp, twin, "auto", m)] for m in ("fwd", "fwd+bwd")])
             fwd_share = share.get((*grp, fam, "fwd"))
             if fwd_share:
                 add(grp, fam, "auto limit share", [fwd_share])

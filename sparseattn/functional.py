@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import replace
 from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
@@ -22,10 +23,13 @@ from ._checks import (
     check_size,
     node_count_message,
 )
+from ._tracing import tracing
 from .graphs import Graph
 from .graphs.exported import check_node_counts
+from .graphs.order import locality_view
 from .kernels import AttentionInputs, get_backend, reference_backend
 from .kernels.options import OptionsLike, as_kernel_options
+from .kernels.permute import permute_rows
 
 GraphLike = Union[Graph, Tensor]
 
@@ -130,6 +134,13 @@ def edge_attention(
     g, scale, clamp, bias, edge_key, edge_value, edge_scale, eps, dropout_p = _checked_arguments(
         q, k, v, graph, scale, clamp, bias, edge_key, edge_value, edge_scale, eps, dropout_p, return_weights
     )
+    options = as_kernel_options(kernel_options)
+    if options.node_order is not None and not tracing():
+        per_edge = dict(bias=bias, edge_key=edge_key, edge_value=edge_value, edge_scale=edge_scale, eps=eps)
+        return _in_locality_order(
+            q, k, v, g, options, scale=scale, clamp=clamp, **per_edge, dropout_p=dropout_p, backend=backend,
+            return_weights=return_weights,
+        )  # fmt: skip
     num_heads, kv_heads = q.shape[1], k.shape[1]
     dropout_mask = None
     if dropout_p > 0.0:
@@ -148,7 +159,6 @@ def edge_attention(
     bias, dropout_mask, edge_key, edge_value, edge_scale = (
         None if t is None else t.to(work) for t in (bias, dropout_mask, *edge_terms)
     )
-    options = as_kernel_options(kernel_options)
     inputs = AttentionInputs(
         q, k, v, g, scale, clamp, bias, dropout_mask, return_weights, edge_key, edge_value, edge_scale, eps, options
     )
@@ -159,6 +169,23 @@ def edge_attention(
         return out
     assert weights is not None, f"backend {chosen.name!r} returned no weights"
     return out, weights.to(dtype)
+
+
+def _in_locality_order(q, k, v, g: Graph, options, *, return_weights: bool, **kwargs):
+    """The call on g relabeled in its locality order (`graphs.locality_view`, cached on g): q, k and
+    v permuted into it, the output back; per-edge tensors keep the caller's edge order."""
+    if g.num_src != g.num_dst:
+        raise ValueError(
+            f"kernel_options node_order={options.node_order!r} needs one node set (k and q with as many rows), "
+            f"got {g.num_src} sources and {g.num_dst} destinations"
+        )
+    order, rank, local = locality_view(g)
+    q, k, v = (permute_rows(t, order, rank) for t in (q, k, v))
+    inner = replace(options, node_order=None)
+    result = edge_attention(q, k, v, local, return_weights=return_weights, kernel_options=inner, **kwargs)
+    out, weights = result if return_weights else (result, None)
+    out = permute_rows(out, rank, order)
+    return (out, weights) if return_weights else out
 
 
 def _checked_arguments(

@@ -3,7 +3,7 @@
 from .block import Block
 from .builders import batch, bipartite, block_edges, causal, complete, from_blocks, from_row_pointers, random, window
 from .graph import CSR, Graph
-from .order import locality_order, relabel
+from .order import locality_order, locality_view, relabel
 from .pyg import from_pyg
 
 __all__ = [
@@ -21,5 +21,6 @@ __all__ = [
     "block_edges",
     "from_pyg",
     "locality_order",
+    "locality_view",
     "relabel",
 ]

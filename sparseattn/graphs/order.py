@@ -100,4 +100,16 @@ def relabel(graph: Graph, order: Tensor) -> Graph:
     return Graph(rank[graph.edge_index], num_src=n, num_dst=n)
 
 
-__all__ = ["locality_order", "relabel"]
+def locality_view(graph: Graph) -> Tuple[Tensor, Tensor, Graph]:
+    """(order, rank, relabeled graph) for `KernelOptions(node_order="locality")`: order =
+    `locality_order(graph)`, rank its inverse (rank[order] = arange(N)), the graph relabeled in that
+    order; built once and cached on the graph."""
+
+    def build() -> Tuple[Tensor, Tensor, Graph]:
+        order = locality_order(graph)
+        return order, torch.argsort(order), relabel(graph, order)
+
+    return graph.cached("locality_view", build)
+
+
+__all__ = ["locality_order", "relabel", "locality_view"]

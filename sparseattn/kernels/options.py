@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
 
 CSR_LAYOUTS = ("interleaved", "head-major")
+NODE_ORDERS = ("locality",)
 
 
 @dataclass(frozen=True)
@@ -23,14 +24,21 @@ class KernelOptions:
     terms always run interleaved). dense_tile_bytes: the dense backend's clamp-mode tile budget in
     bytes (None: `dense.tiles.CLAMP_TILE_BYTES`). triton_forward, triton_backward: the Triton
     kernels' launch settings (layout, BLOCK_E, num_warps, num_stages; the triton backend checks the
-    names and values), empty for its own choice; the backward's are read when the forward runs."""
+    names and values), empty for its own choice; the backward's are read when the forward runs.
+    node_order: "locality" runs the call on the graph relabeled in `graphs.locality_order` (found
+    once per Graph and cached on it), with q, k and v permuted into that order and the output back:
+    for graphs with structure stored in a shuffled order (kNN points, meshes); None: the graph's
+    own order. Ignored inside torch.compile and torch.export traces."""
 
     csr_layout: Optional[str] = None
     dense_tile_bytes: Optional[int] = None
     triton_forward: Mapping[str, Any] = field(default_factory=dict)
     triton_backward: Mapping[str, Any] = field(default_factory=dict)
+    node_order: Optional[str] = None
 
     def __post_init__(self) -> None:
+        if self.node_order is not None and self.node_order not in NODE_ORDERS:
+            raise ValueError(f"kernel_options node_order must be one of {NODE_ORDERS} or None, got {self.node_order!r}")
         if self.csr_layout is not None and self.csr_layout not in CSR_LAYOUTS:
             raise ValueError(f"kernel_options csr_layout must be one of {CSR_LAYOUTS} or None, got {self.csr_layout!r}")
         tile = self.dense_tile_bytes
@@ -88,4 +96,4 @@ def kernel_options(**settings: Any) -> Iterator[KernelOptions]:
         _DEFAULTS.pop()
 
 
-__all__ = ["KernelOptions", "OptionsLike", "CSR_LAYOUTS", "as_kernel_options", "kernel_options"]
+__all__ = ["KernelOptions", "OptionsLike", "CSR_LAYOUTS", "NODE_ORDERS", "as_kernel_options", "kernel_options"]
