@@ -117,7 +117,7 @@ def edge_attention(
             does not pick it for them.
         return_weights: also return the normalized weights (before dropout).
         kernel_options: per-call kernel settings (`sparseattn.kernels.KernelOptions`, or a dict of
-            its fields: csr_layout, dense_tile_bytes, triton_forward, triton_backward), as
+            its fields: csr_layout, dense_tile_bytes, triton_forward, triton_backward, node_order), as
             FlexAttention's kernel_options; None: the default in force (`kernels.kernel_options`).
 
     Returns:
@@ -183,9 +183,9 @@ def _in_locality_order(q, k, v, g: Graph, options, *, return_weights: bool, **kw
     q, k, v = (permute_rows(t, order, rank) for t in (q, k, v))
     inner = replace(options, node_order=None)
     result = edge_attention(q, k, v, local, return_weights=return_weights, kernel_options=inner, **kwargs)
-    out, weights = result if return_weights else (result, None)
-    out = permute_rows(out, rank, order)
-    return (out, weights) if return_weights else out
+    if isinstance(result, tuple):
+        return permute_rows(result[0], rank, order), result[1]
+    return permute_rows(result, rank, order)
 
 
 def _checked_arguments(
