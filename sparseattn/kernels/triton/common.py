@@ -70,11 +70,12 @@ def score(kt, q, sc, WIDE: tl.constexpr):
     error of its weight, which dscore = p (dp - delta) then cancels into, so the backward must find
     the forward's scores bit for bit. One association is not enough on a GPU: each kernel sums its
     tile in its own tree and fuses multiply-adds its own way (dq 1e-3 off on an H100, float32). WIDE
-    (float32 inputs): the products are exact in float64, and their scaled sum rounds back to the same
-    float32 in any order, with no float32 multiply left for a bias add to fuse with. Half inputs skip
-    it: their rounding is far coarser than a float32 ulp."""
+    (float32 inputs): each product is rounded to float32 on its own (the conversion leaves no add to
+    fuse it with), and their sum, scaled in float64, rounds back to the same float32 in any order,
+    with no float32 multiply left for a bias add to fuse with. Half inputs skip it: their rounding is
+    far coarser than a float32 ulp."""
     if WIDE:
-        return (tl.sum(kt.to(tl.float64) * q.to(tl.float64), 2) * sc).to(tl.float32)  # one rounding
+        return (tl.sum((kt * q).to(tl.float64), 2) * sc).to(tl.float32)  # one rounding of the sum
     return tl.sum(kt * q, 2) * sc
 
 
