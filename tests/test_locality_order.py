@@ -150,3 +150,23 @@ def test_node_order_errors_name_the_option():
     q, kv = torch.randn(2, 1, 2), torch.randn(3, 1, 2)
     with pytest.raises(ValueError, match=r"node_order='locality' needs one node set.*3 sources and 2 destinations"):
         edge_attention(q, kv, kv, torch.tensor([[0], [1]]), kernel_options={"node_order": "locality"})
+
+
+def test_node_order_reaches_layers_through_the_default_block():
+    """`kernels.kernel_options(node_order="locality")` around a layer's call: the layer's
+    edge_attention takes the order (it is found and cached on the graph) and its output equals the
+    plain call's."""
+    from sparseattn import EdgeAttention
+    from sparseattn.kernels import kernel_options
+
+    n = 49
+    g = Graph(shuffled(grid(7), n, seed=2), n, n)
+    torch.manual_seed(0)
+    layer = EdgeAttention(16, 2).double()
+    x = torch.randn(n, 16, dtype=torch.float64)
+    want = layer(x, g)
+    assert "locality_view" not in g._cache
+    with kernel_options(node_order="locality"):
+        got = layer(x, g)
+    assert "locality_view" in g._cache
+    assert_close(got, want, torch.float64, "layer")
