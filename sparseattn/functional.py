@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from dataclasses import replace
 from typing import Any, Dict, Optional, Tuple, Union
 
@@ -178,6 +179,12 @@ def _in_locality_order(q, k, v, g: Graph, options, *, return_weights: bool, **kw
         raise ValueError(
             f"kernel_options node_order={options.node_order!r} needs one node set (k and q with as many rows), "
             f"got {g.num_src} sources and {g.num_dst} destinations"
+        )
+    if g.one_call:
+        warnings.warn(
+            f"kernel_options node_order={options.node_order!r} with a raw edge_index searches for the order "
+            "in every call (it is cached on a Graph): pass a sparseattn.Graph to keep it",
+            stacklevel=3,
         )
     order, rank, local = locality_view(g)
     q, k, v = (permute_rows(t, order, rank) for t in (q, k, v))

@@ -147,6 +147,9 @@ def test_node_order_errors_name_the_option():
         edge_attention(
             *(torch.randn(3, 1, 2) for _ in range(3)), torch.tensor([[0], [1]]), kernel_options={"node_order": "bfs"}
         )
+    x = torch.randn(3, 1, 2)
+    with pytest.warns(UserWarning, match="raw edge_index searches for the order in every call"):
+        edge_attention(x, x, x, torch.tensor([[0, 1], [1, 2]]), kernel_options={"node_order": "locality"})
     q, kv = torch.randn(2, 1, 2), torch.randn(3, 1, 2)
     with pytest.raises(ValueError, match=r"node_order='locality' needs one node set.*3 sources and 2 destinations"):
         edge_attention(q, kv, kv, torch.tensor([[0], [1]]), kernel_options={"node_order": "locality"})
