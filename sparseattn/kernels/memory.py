@@ -171,6 +171,11 @@ def empty_like(x: Tensor) -> Tensor:
     return empty(x.shape, x) if x.is_contiguous() else torch.empty_like(x)
 
 
+def take(x: Tensor, index: Tensor) -> Tensor:
+    """x.index_select(0, index), its result from `empty`."""
+    return torch.index_select(x, 0, index, out=empty((index.numel(), *x.shape[1:]), x))
+
+
 def zeros(shape: Shape, like: Tensor, dtype: Union[torch.dtype, None] = None) -> Tensor:
     """A contiguous tensor of zeros of `shape` on like's device, in `dtype` (default like's)."""
     return _fresh(shape, like, dtype, zero=True)
@@ -181,6 +186,7 @@ __all__ = [
     "POOL_BYTES",
     "empty",
     "empty_like",
+    "take",
     "zeros",
     "huge_pages",
     "on_huge_pages",

@@ -12,11 +12,6 @@ from torch import Tensor
 from . import memory
 
 
-def _take(x: Tensor, index: Tensor) -> Tensor:
-    """x.index_select(0, index) into a buffer from `memory`."""
-    return torch.index_select(x, 0, index, out=memory.empty((index.numel(), *x.shape[1:]), x))
-
-
 class PermuteRows(torch.autograd.Function):
     """x[index] for a permutation index of x's rows, with inverse[index] = arange(N): the backward
     gathers the gradient back by `inverse` (differentiable again, as a PermuteRows itself)."""
@@ -24,14 +19,14 @@ class PermuteRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, index: Tensor, inverse: Tensor) -> Tensor:
         ctx.save_for_backward(index, inverse)
-        return _take(x, index)
+        return memory.take(x, index)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         index, inverse = ctx.saved_tensors
         if torch.is_grad_enabled():
             return PermuteRows.apply(grad, inverse, index), None, None
-        return _take(grad, inverse), None, None
+        return memory.take(grad, inverse), None, None
 
 
 def permute_rows(x: Tensor, index: Tensor, inverse: Tensor) -> Tensor:

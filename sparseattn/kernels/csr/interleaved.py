@@ -186,13 +186,13 @@ def backward(
     transposed = (idx.shape[1], idx.shape[0])
     # buffers of H * E values are reused where they can be, and fresh ones come from `memory`: above
     # 32 MiB a fresh buffer page-faults
-    p = torch.index_select(z_safe, 0, idx.row, out=memory.empty(w.shape, w))
+    p = memory.take(z_safe, idx.row)
     p = torch.div(w, p, out=p)  # (H * E,) normalized weights
     dq = dk = dv = ds = None
     t_values = None  # values in the transposed order, for dv and then dk
     if need[2]:
         assert idx.ccrow is not None and idx.ccol is not None and idx.to_csc is not None
-        t_values = torch.index_select(p if mask is None else p * mask, 0, idx.to_csc, out=memory.empty(p.shape, p))
+        t_values = memory.take(p if mask is None else p * mask, idx.to_csc)
         dv = spmm(idx.ccrow, idx.ccol, t_values, grad_out, transposed)
     if terms is not None and need[5]:  # d edge_value = p * mask * grad_out[t]
         pm = take(p if mask is None else p * mask, terms.to_caller)
@@ -221,8 +221,9 @@ def backward(
                     dq += spmm(idx.crow, terms.cols(0), ds, terms.key, (idx.shape[0], terms.key.shape[0]), scale)
         if need[1] and not scaled:
             assert idx.ccrow is not None and idx.ccol is not None and idx.to_csc is not None
-            t_out = memory.empty(ds.shape, ds) if t_values is None else t_values
-            t_ds = torch.index_select(ds, 0, idx.to_csc, out=t_out)
+            t_ds = (
+                memory.take(ds, idx.to_csc) if t_values is None else torch.index_select(ds, 0, idx.to_csc, out=t_values)
+            )
             dk = spmm(idx.ccrow, idx.ccol, t_ds, q2, transposed, alpha=scale)
         if terms is not None and (need[4] or need[6] or (need[1] and scaled)):
             dk, dterms = _edge_key_grads(ds, q2, k2, terms, scale, need, dk, dterms[1])
