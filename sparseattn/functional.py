@@ -27,7 +27,7 @@ from ._checks import (
 from ._tracing import tracing
 from .graphs import Graph
 from .graphs.exported import check_node_counts
-from .graphs.order import locality_view
+from .graphs.order import locality_pays, locality_view
 from .kernels import AttentionInputs, get_backend, reference_backend
 from .kernels.options import OptionsLike, as_kernel_options
 from .kernels.permute import permute_rows
@@ -174,7 +174,9 @@ def edge_attention(
 
 def _in_locality_order(q, k, v, g: Graph, options, *, return_weights: bool, **kwargs):
     """The call on g relabeled in its locality order (`graphs.locality_view`, cached on g): q, k and
-    v permuted into it, the output back; per-edge tensors keep the caller's edge order."""
+    v permuted into it, the output back; per-edge tensors keep the caller's edge order. Where that
+    order brings the sources no nearer (`graphs.locality_pays`: a graph already local, or random),
+    the plain call."""
     if g.num_src != g.num_dst:
         raise ValueError(
             f"kernel_options node_order={options.node_order!r} needs one node set (k and q with as many rows), "
@@ -186,9 +188,11 @@ def _in_locality_order(q, k, v, g: Graph, options, *, return_weights: bool, **kw
             "in every call (it is cached on a Graph): pass a sparseattn.Graph to keep it",
             stacklevel=3,
         )
+    inner = replace(options, node_order=None)
+    if not locality_pays(g):
+        return edge_attention(q, k, v, g, return_weights=return_weights, kernel_options=inner, **kwargs)
     order, rank, local = locality_view(g)
     q, k, v = (permute_rows(t, order, rank) for t in (q, k, v))
-    inner = replace(options, node_order=None)
     result = edge_attention(q, k, v, local, return_weights=return_weights, kernel_options=inner, **kwargs)
     if isinstance(result, tuple):
         return permute_rows(result[0], rank, order), result[1]

@@ -85,6 +85,7 @@ def test_node_order_option_equals_the_call_in_the_given_order(backend, clamp):
 
     n = 81
     g = Graph(shuffled(grid(9), n, seed=5), n, n)
+    assert graphs.locality_pays(g)  # so the call below permutes
     gen = torch.Generator().manual_seed(0)
     t = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64).requires_grad_()  # noqa: E731
     q, k, v = t(n, 4, 8), t(n, 2, 8), t(n, 2, 5)
@@ -126,6 +127,7 @@ def test_node_order_gradients_are_gathers_and_differentiate_again():
     backward through the reordered call equals the plain call's."""
     n = 36
     g = Graph(shuffled(grid(6), n, seed=1), n, n)
+    assert graphs.locality_pays(g)
     gen = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(n, 2, 4, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
     outs = []
@@ -171,5 +173,31 @@ def test_node_order_reaches_layers_through_the_default_block():
     assert "locality_view" not in g._cache
     with kernel_options(node_order="locality"):
         got = layer(x, g)
-    assert "locality_view" in g._cache
+    assert "locality_view" in g._cache and graphs.locality_pays(g)  # the call permuted
     assert_close(got, want, torch.float64, "layer")
+
+
+def test_node_order_permutes_only_where_the_order_brings_sources_nearer(monkeypatch):
+    """`graphs.locality_pays`: a shuffled grid's sources come ~3x nearer in locality order; a grid in
+    row order, a window and a random graph gain nothing (already local, or no order helps). There
+    the option runs the plain call: no permutation, the same values."""
+    import sparseattn.functional as functional
+
+    n = 900
+    assert graphs.locality_pays(Graph(shuffled(grid(30), n), n, n))
+    plain = {
+        "grid in row order": Graph(grid(30), n, n),
+        "window": graphs.window(n, 4),
+        "random": graphs.random(n, n, 8 * n, seed=0),
+    }
+
+    def no_permutation(*args):
+        raise AssertionError("permuted a graph the order does not help")
+
+    monkeypatch.setattr(functional, "permute_rows", no_permutation)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, 2, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    for name, g in plain.items():
+        assert not graphs.locality_pays(g), name
+        got = edge_attention(q, k, v, g, clamp=None, kernel_options={"node_order": "locality"})
+        assert_close(got, edge_attention(q, k, v, g, clamp=None), torch.float64, name)

@@ -3,7 +3,7 @@
 from .block import Block
 from .builders import batch, bipartite, block_edges, causal, complete, from_blocks, from_row_pointers, random, window
 from .graph import CSR, Graph
-from .order import locality_order, locality_view, relabel
+from .order import locality_order, locality_pays, locality_view, relabel, source_spread
 from .pyg import from_pyg
 
 __all__ = [
@@ -22,5 +22,7 @@ __all__ = [
     "from_pyg",
     "locality_order",
     "locality_view",
+    "locality_pays",
+    "source_spread",
     "relabel",
 ]

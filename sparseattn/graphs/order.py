@@ -6,7 +6,9 @@ no sources and every gather misses the cache. `locality_order` numbers the nodes
 (Cuthill-McKee: each level's new nodes ordered by their first-numbered neighbour, then by degree),
 so that neighbours get nearby ids; `relabel` renames the nodes in that order. Relabel once per graph
 and permute the node features once, at the model's input (permuting q, k and v at every attention
-call costs more than the cache gains: see the guide's "Node order" section).
+call costs more than the cache gains: see the guide's "Node order" section). `source_spread` says
+how far from its destinations a graph's sources sit in id order, and `locality_pays` whether the
+locality order brings them much nearer.
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ from .graph import Graph
 from .structure import row_pointers
 
 MAX_RESTARTS = 1024  # components seeded one by one; nodes of any further ones keep their id order
+SAMPLE_EDGES = 4096  # edges `source_spread` reads (standard error ~0.005 on random edges)
+# `locality_pays` when the locality order brings sources this many times nearer their destinations.
+# Measured spreads (given ids -> locality order): kNN(16) over 50K points and a 224 x 224 mesh with
+# shuffled ids 0.31 -> 0.018 and 0.29 -> 0.004; a random 50K graph 0.33 -> 0.32; windows of 8K tokens
+# and those graphs once relabeled unchanged. Where the order pays, the call was 1.4-1.8x faster; where
+# it did not, the permutations made it up to 1.9x slower (window-8192, 1 thread).
+LOCALITY_GAIN = 2.0
 
 
 def _symmetric_csr(graph: Graph) -> Tuple[Tensor, Tensor]:
@@ -100,6 +109,31 @@ def relabel(graph: Graph, order: Tensor) -> Graph:
     return Graph(rank[graph.edge_index], num_src=n, num_dst=n)
 
 
+def source_spread(graph: Graph) -> float:
+    """Mean |src / N_src - dst / N_dst| over a strided sample of SAMPLE_EDGES edges: about 1/3 for
+    random edges, near 0 when each destination's sources sit near it in id order (windows, blocks
+    of a batch, a graph in `locality_order`). Cached on the graph."""
+
+    def build() -> float:
+        step = max(1, graph.num_edges // SAMPLE_EDGES)
+        src, dst = graph.src[::step][:SAMPLE_EDGES].double(), graph.dst[::step][:SAMPLE_EDGES].double()
+        return float((src / max(graph.num_src, 1) - dst / max(graph.num_dst, 1)).abs().mean())
+
+    return graph.cached("source_spread", build)
+
+
+def locality_pays(graph: Graph) -> bool:
+    """Whether relabeling in `locality_order` brings the graph's sources at least LOCALITY_GAIN times
+    nearer their destinations (`source_spread` before over after): True for a graph with structure
+    under shuffled ids, False for one already in a local order (a window, a mesh in row order, a
+    relabeled graph) and for one without structure (random edges, which no order brings near).
+    `KernelOptions(node_order="locality")` permutes only where it pays. Builds `locality_view`;
+    cached on the graph."""
+    return graph.cached(
+        "locality_pays", lambda: source_spread(graph) > LOCALITY_GAIN * source_spread(locality_view(graph)[2])
+    )
+
+
 def locality_view(graph: Graph) -> Tuple[Tensor, Tensor, Graph]:
     """(order, rank, relabeled graph) for `KernelOptions(node_order="locality")`: order =
     `locality_order(graph)`, rank its inverse (rank[order] = arange(N)), the graph relabeled in that
@@ -112,4 +146,4 @@ def locality_view(graph: Graph) -> Tuple[Tensor, Tensor, Graph]:
     return graph.cached("locality_view", build)
 
 
-__all__ = ["locality_order", "relabel", "locality_view"]
+__all__ = ["locality_order", "relabel", "locality_view", "locality_pays", "source_spread"]

@@ -27,8 +27,10 @@ class KernelOptions:
     names and values), empty for its own choice; the backward's are read when the forward runs.
     node_order: "locality" runs the call on the graph relabeled in `graphs.locality_order` (found
     once per Graph and cached on it), with q, k and v permuted into that order and the output back:
-    for graphs with structure stored in a shuffled order (kNN points, meshes); None: the graph's
-    own order. Ignored inside torch.compile and torch.export traces."""
+    for graphs with structure stored in a shuffled order (kNN points, meshes), and only where that
+    order brings each destination's sources nearer (`graphs.locality_pays`, decided once per Graph;
+    elsewhere the plain call); None: the graph's own order. Ignored inside torch.compile and
+    torch.export traces."""
 
     csr_layout: Optional[str] = None
     dense_tile_bytes: Optional[int] = None

@@ -27,29 +27,17 @@ import torch
 from torch import Tensor
 
 from ...graphs import Graph
+from ...graphs.order import source_spread
 from .. import memory
 from .index import HeadMajorIndex
 from .primitives import exp_shifted_, sddmm, spmm, take
 
-_SAMPLE_EDGES = 4096  # edges the locality estimate reads (standard error ~0.005 on random edges)
 # Above this many bytes of sources read around each destination, interleaved reads miss the cache
 # (measured on a 32 MiB-L3 AMD EPYC: random graphs of 50K nodes gain, window and block graphs lose).
 HEAD_MAJOR_MIN_BYTES = 8 << 20
 # With gradients wanted on a graph made for one call, head-major from this many (edge, head) slots up
 # (window graphs of 2K tokens, E * H = 278K, were level; 256 tokens, 34K, twice as fast interleaved).
 HEAD_MAJOR_MIN_TRAINING_SLOTS = 1 << 18
-
-
-def source_spread(graph: Graph) -> float:
-    """Mean |src / N_src - dst / N_dst| over a strided sample of edges: about 1/3 for random edges,
-    near 0 when each destination's sources sit near it (windows, blocks of a batch). Cached."""
-
-    def build() -> float:
-        step = max(1, graph.num_edges // _SAMPLE_EDGES)
-        src, dst = graph.src[::step][:_SAMPLE_EDGES].double(), graph.dst[::step][:_SAMPLE_EDGES].double()
-        return float((src / max(graph.num_src, 1) - dst / max(graph.num_dst, 1)).abs().mean())
-
-    return graph.cached("csr_source_spread", build)
 
 
 def prefers_head_major(graph: Graph, k: Tensor, training: bool = False) -> bool:
