@@ -136,7 +136,7 @@ def edge_attention(
         q, k, v, graph, scale, clamp, bias, edge_key, edge_value, edge_scale, eps, dropout_p, return_weights
     )
     options = as_kernel_options(kernel_options)
-    if options.node_order is not None and not tracing():
+    if options.node_order is not None and not tracing() and _reorders(g, options):
         per_edge = dict(bias=bias, edge_key=edge_key, edge_value=edge_value, edge_scale=edge_scale, eps=eps)
         return _in_locality_order(
             q, k, v, g, options, scale=scale, clamp=clamp, **per_edge, dropout_p=dropout_p, backend=backend,
@@ -172,11 +172,10 @@ def edge_attention(
     return out, weights.to(dtype)
 
 
-def _in_locality_order(q, k, v, g: Graph, options, *, return_weights: bool, **kwargs):
-    """The call on g relabeled in its locality order (`graphs.locality_view`, cached on g): q, k and
-    v permuted into it, the output back; per-edge tensors keep the caller's edge order. Where that
-    order brings the sources no nearer (`graphs.locality_pays`: a graph already local, or random),
-    the plain call."""
+def _reorders(g: Graph, options) -> bool:
+    """Whether a call with kernel_options node_order set runs in the locality order: where that order
+    brings the sources nearer (`graphs.locality_pays`); a graph already local, or random, takes the
+    plain call. Refuses a graph of two node sets; warns on a raw edge_index."""
     if g.num_src != g.num_dst:
         raise ValueError(
             f"kernel_options node_order={options.node_order!r} needs one node set (k and q with as many rows), "
@@ -188,9 +187,13 @@ def _in_locality_order(q, k, v, g: Graph, options, *, return_weights: bool, **kw
             "in every call (it is cached on a Graph): pass a sparseattn.Graph to keep it",
             stacklevel=3,
         )
+    return locality_pays(g)
+
+
+def _in_locality_order(q, k, v, g: Graph, options, *, return_weights: bool, **kwargs):
+    """The call on g relabeled in its locality order (`graphs.locality_view`, cached on g): q, k and
+    v permuted into it, the output back; per-edge tensors keep the caller's edge order."""
     inner = replace(options, node_order=None)
-    if not locality_pays(g):
-        return edge_attention(q, k, v, g, return_weights=return_weights, kernel_options=inner, **kwargs)
     order, rank, local = locality_view(g)
     q, k, v = (permute_rows(t, order, rank) for t in (q, k, v))
     result = edge_attention(q, k, v, local, return_weights=return_weights, kernel_options=inner, **kwargs)
