@@ -12,7 +12,8 @@ partitioned. `EdgeAttention` takes a `Shard` (or a `HaloExchange`) in place of a
 """
 
 from ..graphs.kinds import register_graph_kind
-from .exchange import HaloExchange, local_shard, sharded_edge_attention
+from .exchange import HaloExchange, sharded_edge_attention
+from .local import local_shard
 from .partition import METHODS, partition
 from .shard import Shard
 

@@ -15,7 +15,8 @@ rank. Every rank reads the same gathered headers and so reaches the same verdict
 the ranks gather a readable description of their sides and every rank raises the same one-line
 ValueError naming what differs and on which ranks. A rank whose own call is wrong (a tensor with the
 wrong number of rows, on the wrong device) still sends its header, marked failed, so that every rank
-raises one line naming that rank and its error instead of its peers waiting for it.
+raises one line naming that rank and its error instead of its peers waiting for it; so does a rank
+whose shard argument is not a shard at all (its header then carries its place in the group only).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -130,15 +131,21 @@ def signature(xs: Sequence[Tensor]) -> Tuple[str, Tuple[Tuple[int, ...], ...]]:
     return str(xs[0].dtype).replace("torch.", ""), tuple(tuple(x.shape[1:]) for x in xs)
 
 
-def check(shard: Shard, xs: Sequence[Tensor], group: Optional[Any], failure: Optional[str] = None) -> None:
+def check(shard: Optional[Shard], xs: Sequence[Tensor], group: Optional[Any], failure: Optional[str] = None) -> None:
     """Collectively: raise the same ValueError on every rank of `group` unless all ranks hold shards
     of one partition, each in its rank's place, and exchange tensors of one dtype and trailing shape.
-    failure: this rank's own error, which makes every rank raise (xs is then not read)."""
-    mine = plan(shard)
+    failure: this rank's own error (`one_line`), which makes every rank raise (xs is then not read,
+    and shard may be None: a rank that has none)."""
+    world = dist.get_world_size(group)
+    if shard is None:
+        if failure is None:
+            raise ValueError("agreement.check needs a shard unless this rank's call failed")
+        mine = Plan((dist.get_rank(group), world) + (0,) * (len(FIELDS) - 4), (), (), (), ())
+    else:
+        mine = plan(shard)
     sig = signature(xs) if failure is None else ("failed", ())
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else None
     row = torch.tensor([*mine.fields, _hash(sig), int(failure is not None)], dtype=torch.long, device=device)
-    world = dist.get_world_size(group)
     rows = [torch.empty_like(row) for _ in range(world)]
     dist.all_gather(rows, row, group=group)
     headers = [dict(zip(FIELDS, r)) for r in torch.stack(rows).tolist()]
@@ -171,6 +178,27 @@ def _covers(headers: Sequence[Dict[str, Any]], prefix: str, n: int) -> bool:
     return (got[0], got[1] % _P, got[2] % _P) == expected_sums(n)
 
 
+def one_line(error: BaseException) -> str:
+    """An error as one line, "TypeName: message": what a failed rank tells its peers."""
+    return " ".join(f"{type(error).__name__}: {error}".split())
+
+
+def could_not(doing: str, failures: Sequence[Optional[str]]) -> str:
+    """The line every rank raises when some ranks failed: failures holds, per rank in rank order,
+    its error (`one_line`) or None. 'rank 1 of 2 could not {doing}: rank 1: ValueError: ...'."""
+    failed = [(r, message) for r, message in enumerate(failures) if message]
+    errors = _listed([f"rank {r}: {message}" for r, message in failed])
+    return f"{_ranks([r for r, _ in failed])} of {len(failures)} could not {doing}: {errors}"
+
+
+def raise_failures(failure: Optional[str], group: Optional[Any], doing: str) -> NoReturn:
+    """Collectively, once every rank of `group` knows that some rank failed: gather the ranks' errors
+    (`one_line`, None where a rank did not fail) and raise the same ValueError (`could_not`) on each."""
+    failures: List[Optional[str]] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(failures, failure, group=group)
+    raise ValueError(could_not(doing, failures))
+
+
 def _ranks(ranks: Sequence[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
@@ -193,10 +221,8 @@ def disagreement(details: Sequence[Dict[str, Any]]) -> str:
     places, the partition, the exchange plan and the tensors that differs between ranks; before all
     of them, the ranks whose own call failed."""
     world = len(details)
-    failed = [(r, " ".join(str(d["failure"]).split())) for r, d in enumerate(details) if d.get("failure")]
-    if failed:
-        errors = _listed([f"rank {r}: {message}" for r, message in failed])
-        return f"{_ranks([r for r, _ in failed])} of {world} could not take part in the halo exchange: {errors}"
+    if any(d.get("failure") for d in details):
+        return could_not("take part in the halo exchange", [d.get("failure") for d in details])
     wrong = [
         f"rank {r} of {world} holds part {d['part']} of {d['num_parts']}"
         for r, d in enumerate(details)

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, NoReturn, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .._checks import check_edge_index, check_qkv
+from .._checks import check_qkv
 from ..functional import check_arguments, edge_attention
 from . import agreement
-from .partition import _positions
-from .shard import Shard, local_part
+from .shard import Shard
 
 
 class HaloExchange:
@@ -35,8 +34,10 @@ class HaloExchange:
             small `all_gather`) and all raise the same ValueError when their shards are not
             `shards[rank]` of one partition or the tensors' dtypes or trailing shapes differ, rather
             than one rank aborting in the collective or reading rows that were never sent. A rank
-            whose own call is wrong (rows, device) sends its header marked failed, and every rank
-            raises one line naming it, instead of its peers waiting for it. False checks the first
+            whose own call is wrong (rows, device, a keyword, a shard of another number of parts
+            than the group's ranks, a named backend missing there: any error before the exchange)
+            sends its header marked failed, and every rank raises one line naming it, instead of
+            its peers waiting for it. False checks the first
             call only (after it, such a rank raises alone): under nccl the header is read back to
             the host, a sync per call.
 
@@ -79,20 +80,30 @@ class HaloExchange:
         return _HaloRows.apply(self, True, *xs)
 
     def _collectively(self, check: Callable[..., None], *args: Any) -> None:
-        """Run a local check of this call; if it raises ValueError or TypeError while the peers will
-        wait in this call's header exchange, take part in it marked failed, so that every rank
-        raises the same ValueError naming this rank and its error (chained from the error here)."""
+        """Run the local checks of this call (the group's size against the shard's parts, then
+        `check`); if one raises while the peers will wait in this call's header exchange, take part
+        in it marked failed (`_fail_with_peers`)."""
         try:
+            self._check_group()
             check(*args)
-        except (ValueError, TypeError) as error:
-            waited_for = self.shard.num_parts > 1 and (self.check_each_call or not self._agreed)
-            if not waited_for or not dist.is_available() or not dist.is_initialized():
-                raise
-            try:
-                agreement.check(self.shard, (), self.group, failure=f"{type(error).__name__}: {error}")
-            except ValueError as every_rank:
-                raise every_rank from error
-            raise  # not reached: a header marked failed always disagrees
+        except Exception as error:
+            self._fail(error)
+
+    def _fail(self, error: Exception) -> NoReturn:
+        """Raise `error` of this rank's call: with the peers where they wait in a header exchange."""
+        if self._agreed and not self.check_each_call:
+            raise error  # the peers do not wait in a header: this rank raises alone (documented)
+        _fail_with_peers(error, self.shard, self.group)
+
+    def _check_group(self) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            return  # a shard of several parts then raises in _agree: no peer to wait
+        world = dist.get_world_size(self.group)
+        if world != self.shard.num_parts:  # (a shard of one part would not communicate at all)
+            raise ValueError(
+                f"the shard is part {self.shard.rank} of {self.shard.num_parts} but the group has {world} "
+                f"ranks: pass shards[rank] of partition(graph, {world})"
+            )
 
     def _check_rows(self, xs: Sequence[Tensor]) -> None:
         n = self.shard.src_nodes.numel()
@@ -165,6 +176,19 @@ class HaloExchange:
         return f"HaloExchange({self.shard!r}, calls={self.calls}, rows_sent={self.rows_sent})"
 
 
+def _fail_with_peers(error: Exception, shard: Optional[Shard], group: Optional[Any]) -> NoReturn:
+    """This rank failed before the header exchange its peers wait in: take part in it marked failed,
+    so that every rank of `group` raises the same one-line ValueError naming this rank and its error
+    (here chained from `error`). Without peers (no process group, or a group of one), raise `error`."""
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size(group) < 2:
+        raise error
+    try:
+        agreement.check(shard, (), group, failure=agreement.one_line(error))
+    except ValueError as every_rank:
+        raise every_rank from error
+    raise error  # not reached: a header marked failed always disagrees
+
+
 def _as_rows(x: Tensor) -> Tensor:
     """(N, ...) -> (N, F), also for N = 0 and 1-D tensors."""
     return x.reshape(x.shape[0], math.prod(x.shape[1:]))
@@ -214,12 +238,27 @@ def sharded_edge_attention(
     Returns:
         out: (N_own, H, Dv); with return_weights=True also the (E_local, H) weights.
     """
-    exchange = shard if isinstance(shard, HaloExchange) else HaloExchange(shard, group)
-    if isinstance(shard, HaloExchange) and group is not None:
-        raise ValueError("pass group= to the HaloExchange, not with one")
+    exchange = _exchange_of(shard, group)
     exchange._collectively(_check_call, q, k, v, exchange.shard, edge_attention_kwargs)
     k_all, v_all = exchange.with_halo(k, v)  # one trade for both: (N_src_own + N_halo, H, .)
     return edge_attention(q, k_all, v_all, exchange.shard.graph, **edge_attention_kwargs)
+
+
+def _exchange_of(shard: Union[Shard, HaloExchange], group: Optional[Any]) -> HaloExchange:
+    """The exchange a call runs on; a rank whose `shard` or `group` argument is wrong fails with its
+    peers (`_fail_with_peers`, on the group the peers' exchanges use), not alone."""
+    try:
+        if isinstance(shard, HaloExchange):
+            if group is not None:
+                raise ValueError("pass group= to the HaloExchange, not with one")
+            return shard
+        if not isinstance(shard, Shard):
+            raise TypeError(f"shard must be a sparseattn.distributed Shard or HaloExchange, got {type(shard).__name__}")
+        return HaloExchange(shard, group)
+    except Exception as error:
+        if isinstance(shard, HaloExchange):
+            shard._fail(error)
+        _fail_with_peers(error, None, group)
 
 
 def _check_call(q: Tensor, k: Tensor, v: Tensor, s: Shard, kwargs: Dict[str, Any]) -> None:
@@ -235,89 +274,3 @@ def _check_call(q: Tensor, k: Tensor, v: Tensor, s: Shard, kwargs: Dict[str, Any
         raise ValueError(f"k and v must have one row per source of the shard ({s.src_nodes.numel()}), got {k.shape[0]}")
     k_all, v_all = (x.new_zeros((1, *x.shape[1:])).expand(s.graph.num_src, *x.shape[1:]) for x in (k, v))
     check_arguments(q, k_all, v_all, s.graph, **kwargs)
-
-
-def local_shard(
-    edge_index: Tensor,
-    *,
-    ranges: Optional[Sequence[int]] = None,
-    owner: Optional[Tensor] = None,
-    group: Optional[Any] = None,
-) -> Shard:
-    """This rank's `Shard` built from its own in-edges only, collectively: no rank holds the whole graph.
-
-    Every rank passes the edges into the destinations it owns (global ids; self-attention graphs)
-    and how nodes are owned, as `ranges` (P + 1 offsets: rank r owns ids ranges[r] .. ranges[r+1] - 1)
-    or `owner` ((N,) the rank of every node). The halo requests are traded in two
-    `all_to_all_single` calls. The local edges keep the caller's order (`shard.edge_ids` is None).
-    """
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("local_shard runs collectively: call dist.init_process_group first")
-    num_parts, rank = dist.get_world_size(group), dist.get_rank(group)
-    edge_index = check_edge_index(edge_index).to(torch.long)
-    device = edge_index.device
-    edge_index = edge_index.cpu()
-    if (ranges is None) == (owner is None):
-        raise ValueError("pass exactly one of ranges= (contiguous ownership) and owner= (a rank per node)")
-    if ranges is not None:
-        bounds = torch.as_tensor(list(ranges), dtype=torch.long)
-        if bounds.shape != (num_parts + 1,) or int(bounds[0]) != 0 or bool((bounds[1:] < bounds[:-1]).any()):
-            raise ValueError(f"ranges must be {num_parts + 1} non-decreasing offsets from 0, got {list(ranges)}")
-        num_nodes = int(bounds[-1])
-        nodes = torch.arange(int(bounds[rank]), int(bounds[rank + 1]))
-
-        def owner_pos(x: Tensor) -> Tuple[Tensor, Tensor]:
-            o = torch.searchsorted(bounds, x, right=True) - 1
-            return o, x - bounds[o]
-    else:
-        assert owner is not None
-        if not isinstance(owner, Tensor) or owner.dim() != 1 or owner.dtype == torch.bool or owner.is_floating_point():
-            raise ValueError("owner must be a 1-D integer tensor holding the rank of every node")
-        owner = owner.cpu().long()
-        if owner.numel() and (int(owner.min()) < 0 or int(owner.max()) >= num_parts):
-            raise ValueError(f"owner holds ranks outside 0..{num_parts - 1}")
-        num_nodes = owner.numel()
-        pos, groups = _positions(owner, num_parts)
-        nodes = groups[rank]
-
-        def owner_pos(x: Tensor) -> Tuple[Tensor, Tensor]:
-            return owner[x], pos[x]
-
-    src, dst = edge_index[0], edge_index[1]
-    if src.numel() and (int(edge_index.min()) < 0 or int(edge_index.max()) >= num_nodes):
-        raise ValueError(f"edge_index holds node ids outside 0..{num_nodes - 1}")
-    dst_owner, dst_pos = owner_pos(dst)
-    foreign = dst_owner != rank
-    if bool(foreign.any()):
-        bad, other = int(dst[foreign][0]), int(dst_owner[foreign][0])
-        raise ValueError(
-            f"edge_index[1] (destinations) names node {bad}, owned by rank {other}, not by this rank ({rank}): "
-            "pass only the in-edges of the nodes this rank owns"
-        )
-    src_owner, src_pos = owner_pos(src)
-    part = local_part(src, dst_pos, src_owner, src_pos, rank, num_parts, nodes.numel(), nodes.numel(), num_nodes)
-    # tell each owner which of its rows this rank reads: counts first, then the ids
-    nccl = dist.get_backend(group) == "nccl"
-    comm = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-    recv = torch.tensor(part.recv_counts, dtype=torch.long, device=comm)
-    send = torch.empty_like(recv)
-    dist.all_to_all_single(send, recv, group=group)
-    send_counts = tuple(int(c) for c in send.tolist())
-    requested = torch.empty(sum(send_counts), dtype=torch.long, device=comm)
-    dist.all_to_all_single(requested, part.halo.to(comm), list(send_counts), list(part.recv_counts), group=group)
-    requested = requested.cpu()
-    shard = Shard(
-        rank=rank,
-        num_parts=num_parts,
-        nodes=nodes,
-        src_nodes=nodes,
-        halo=part.halo,
-        graph=part.graph,
-        edge_ids=None,
-        send_index=owner_pos(requested)[1],
-        send_counts=send_counts,
-        recv_counts=part.recv_counts,
-        num_nodes=num_nodes,
-        num_src_nodes=num_nodes,
-    )
-    return shard.to(device) if device.type != "cpu" else shard

@@ -3,19 +3,27 @@ a per-edge argument, a keyword), all raise the same one-line ValueError before a
 and 3 gloo processes (a rank that raised alone left its peers waiting in the exchange); before the
 header exchange a one-way dtype mismatch returned finite garbage, a head-dim mismatch aborted a
 process inside gloo, and shards built from different ranges returned wrong rows or raised IndexError
-on one rank while its peers waited."""
+on one rank while its peers waited. So do a rank whose local_shard arguments are wrong, whose shard
+argument is not a shard (or a shard of another number of parts), whose group= comes with an
+exchange, or whose named backend is missing there (a RuntimeError): each of those raised alone, or
+returned, while its peers waited for the group's timeout; every rank now fails within seconds."""
 
+import dataclasses
+import time
 from typing import Callable, Dict, Tuple
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from sparseattn import edge_attention, graphs
 from sparseattn.distributed import HaloExchange, agreement, local_shard, partition, sharded_edge_attention
+from sparseattn.kernels import get_backend, register_backend
 
 from .spawn import run_ranks
 
 WORLDS = (2, 3)
+PROMPT = 30.0  # seconds: a rank that waited for its peers would wait the group's timeout (120 s in spawn.py)
 
 
 def _attend(shard, dtype=torch.float64, d=4, graph=None) -> float:
@@ -91,6 +99,55 @@ def _keyword(rank: int, world: int) -> float:  # rank 0 misspells clamp
     return float(sharded_edge_attention(q, k, v, shard, **{"clam" if rank == 0 else "clamp": None}).abs().max())
 
 
+def _zeros(shard) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q = torch.zeros(shard.nodes.numel(), 2, 4, dtype=torch.float64)
+    k = torch.zeros(shard.src_nodes.numel(), 2, 4, dtype=torch.float64)
+    return q, k, k
+
+
+def _own_edges(rank: int, world: int, ranges=None):
+    ranges = ranges or ([0, 6, 12] if world == 2 else [0, 4, 8, 12])
+    g = graphs.window(12, 2)
+    return g.edge_index[:, (g.dst >= ranges[rank]) & (g.dst < ranges[rank + 1])], ranges
+
+
+def _local_shard_ranges(rank: int, world: int) -> float:  # the last rank's ranges miss the final offset
+    mine, ranges = _own_edges(rank, world)
+    return _attend(local_shard(mine, ranges=ranges[:-1] if rank == world - 1 else ranges))
+
+
+def _local_shard_edges(rank: int, world: int) -> float:  # the last rank passes edges into others' nodes
+    mine, ranges = _own_edges(rank, world)
+    return _attend(local_shard(graphs.window(12, 2).edge_index if rank == world - 1 else mine, ranges=ranges))
+
+
+def _not_a_shard(rank: int, world: int) -> float:  # the last rank passes its shard's graph
+    shard = partition(graphs.window(12, 2), world)[rank]
+    q, k, v = _zeros(shard)
+    return float(sharded_edge_attention(q, k, v, shard.graph if rank == world - 1 else shard).abs().max())
+
+
+def _one_part(rank: int, world: int) -> float:  # the last rank holds the whole graph (it never communicated)
+    shard = partition(graphs.window(12, 2), 1 if rank == world - 1 else world)[0 if rank == world - 1 else rank]
+    q, k, v = _zeros(shard)
+    return float(sharded_edge_attention(q, k, v, shard).abs().max())
+
+
+def _group_with_exchange(rank: int, world: int) -> float:  # rank 0 passes group= beside an exchange
+    shard = partition(graphs.window(12, 2), world)[rank]
+    q, k, v = _zeros(shard)
+    group = dist.group.WORLD if rank == 0 else None
+    return float(sharded_edge_attention(q, k, v, HaloExchange(shard), group=group).abs().max())
+
+
+def _backend_missing(rank: int, world: int) -> float:  # a backend whose dependency the last rank lacks
+    shard = partition(graphs.window(12, 2), world)[rank]
+    q, k, v = _zeros(shard)
+    probe = (lambda: "its library is not installed here") if rank == world - 1 else (lambda: None)
+    register_backend(dataclasses.replace(get_backend("csr", q, shard.graph), name="csr_elsewhere", probe=probe))
+    return float(sharded_edge_attention(q, k, v, shard, backend="csr_elsewhere").abs().max())
+
+
 SCENARIOS: Dict[str, Callable[[int, int], float]] = {
     "rows": _rows,
     "local_arguments": _local_arguments,
@@ -102,18 +159,25 @@ SCENARIOS: Dict[str, Callable[[int, int], float]] = {
     "local_ranges": _local_ranges,
     "graph": _graph,
     "part": _part,
+    "local_shard_ranges": _local_shard_ranges,
+    "local_shard_edges": _local_shard_edges,
+    "not_a_shard": _not_a_shard,
+    "one_part": _one_part,
+    "group_with_exchange": _group_with_exchange,
+    "backend_missing": _backend_missing,
 }
 
 
 def run(rank: int, world: int) -> dict:
-    """Each scenario on this rank: ("raised", type, message) or ("returned", error against the whole
-    graph); then, on the same group, an exchange whose ranks agree, and how often it checks."""
+    """Each scenario on this rank: ("raised", type, message, seconds) or ("returned", error against
+    the whole graph); then, on the same group, an exchange whose ranks agree, and how often it checks."""
     result: Dict[str, Tuple] = {}
     for name, scenario in SCENARIOS.items():
+        start = time.monotonic()
         try:
             result[name] = ("returned", scenario(rank, world))
         except Exception as e:  # noqa: BLE001 - what each rank raised is the result
-            result[name] = ("raised", type(e).__name__, str(e))
+            result[name] = ("raised", type(e).__name__, str(e), time.monotonic() - start)
     calls = {"n": 0}
     check = agreement.check
 
@@ -181,6 +245,36 @@ EXPECTED = {
         "the shards do not match the ranks of the group",
         {2: "rank 1 of 2 holds part 0 of 2", 3: "rank 2 of 3 holds part 0 of 3"},
     ),
+    "local_shard_ranges": (
+        "rank {last} of {world} could not build its shard (local_shard): rank {last}: ValueError: ranges must be "
+        "{world_1} non-decreasing offsets from 0",
+        {},
+    ),
+    "local_shard_edges": (
+        "rank {last} of {world} could not build its shard (local_shard): rank {last}: ValueError: edge_index[1] "
+        "(destinations) names node 0, owned by rank 0, not by this rank ({last})",
+        {},
+    ),
+    "not_a_shard": (
+        "rank {last} of {world} could not take part in the halo exchange: rank {last}: TypeError: shard must be a "
+        "sparseattn.distributed Shard or HaloExchange, got Graph",
+        {},
+    ),
+    "one_part": (
+        "rank {last} of {world} could not take part in the halo exchange: rank {last}: ValueError: the shard is part "
+        "0 of 1 but the group has {world} ranks",
+        {},
+    ),
+    "group_with_exchange": (
+        "rank 0 of {world} could not take part in the halo exchange: rank 0: ValueError: pass group= to the "
+        "HaloExchange, not with one",
+        {},
+    ),
+    "backend_missing": (
+        "rank {last} of {world} could not take part in the halo exchange: rank {last}: RuntimeError: backend "
+        "'csr_elsewhere' is not available: its library is not installed here",
+        {},
+    ),
 }
 
 
@@ -193,9 +287,11 @@ def test_every_rank_raises_the_same_line(runs, world, name):
     assert len(messages) == 1, messages
     (message,) = messages
     phrase, names = EXPECTED[name]
-    phrase = phrase.format(world=world, last=world - 1)
+    phrase = phrase.format(world=world, last=world - 1, world_1=world + 1)
     assert phrase in message and "\n" not in message, message
     assert names.get(world, "") in message, message
+    slowest = max(o[3] for o in outcomes)
+    assert slowest < PROMPT, f"a rank took {slowest:.0f} s to raise: it waited for its peers"
 
 
 @pytest.mark.parametrize("world", WORLDS)
