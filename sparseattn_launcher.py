@@ -1,6 +1,8 @@
 """The `sparseattn` command's entry point. It lives outside the package because importing
 sparseattn (and torch with it) takes a second or two, and a Ctrl-C in that time should end in one
-line and exit 130, as it does once the command runs, not in a traceback from inside the import."""
+line and exit 130, as it does once the command runs, not in a traceback from inside the import.
+`python -m sparseattn` runs it too (sparseattn/__main__.py), after the package's own import, which
+sparseattn/_start.py covers in the same way."""
 
 import os
 import signal
@@ -17,7 +19,8 @@ def _interrupted(signum, frame) -> None:
 
 def main() -> int:
     # during start-up nothing is written yet, so Ctrl-C may end the process without cleanup; a SIGINT
-    # that the parent set to ignored stays ignored
+    # that the parent set to ignored stays ignored (under `python -m`, sparseattn/_start.py's handler
+    # may already be there)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupted)
     try:
@@ -27,7 +30,7 @@ def main() -> int:
             # torch imports this on the first optimizer or custom-op call: here, it is covered too
             import torch._dynamo  # noqa: F401
     finally:
-        if signal.getsignal(signal.SIGINT) is _interrupted:
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # Python's handler, as at start-up
             signal.signal(signal.SIGINT, signal.default_int_handler)
     return run()
 

@@ -1,5 +1,8 @@
 """sparseattn: multi-head attention over the edges of a graph, in pure PyTorch."""
 
+from . import _start  # noqa: F401  before torch: Ctrl-C while `python -m sparseattn` imports it (_start.py)
+
+# isort: split
 from . import distributed, graphs, nn
 from ._checks import max_clamp_bound
 from .functional import edge_attention

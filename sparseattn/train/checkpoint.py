@@ -1,12 +1,13 @@
 """Checkpoints: atomic writes, safe loads and RNG state capture/restore.
 
 A checkpoint is a dict saved with torch.save; trainer.py writes keys version, config, model,
-optimizer, scheduler, rng, position, task_state, history, train_seconds, and ema (the weight
-averages, ema.py) when ema_decay > 0; `save_atomic` adds `checksum`, a SHA-256 of every tensor in
-it (dtype, shape and bytes, in key order), which `load` verifies. Everything in it is tensors and
-plain Python values, so it loads with `torch.load(weights_only=True)`: a crafted file cannot run
-code. Files that are not checkpoints (truncated, empty, another format, another dict, tensors
-whose bytes changed since they were saved) fail with one line naming them.
+optimizer, scheduler, rng, position, task_state, history, train_seconds, run_id (which run of
+the run folder it belongs to, run_folder.py), and ema (the weight averages, ema.py) when
+ema_decay > 0; `save_atomic` adds `checksum`, a SHA-256 of every tensor in it (dtype, shape and
+bytes, in key order), which `load` verifies. Everything in it is tensors and plain Python values,
+so it loads with `torch.load(weights_only=True)`: a crafted file cannot run code. Files that are
+not checkpoints (truncated, empty, another format, another dict, tensors whose bytes changed since
+they were saved) fail with one line naming them.
 """
 
 from __future__ import annotations
@@ -135,6 +136,20 @@ def load(path: Union[str, Path], map_location: Union[str, torch.device] = "cpu")
             "after it was written: a disk or copy error)"
         )
     return state
+
+
+def peek(path: Union[str, Path], key: str) -> Any:
+    """The plain value (a str, number, ...) saved under `key` in the checkpoint at `path`, read
+    without reading its tensors (they are mapped, not loaded) or verifying its checksum; None when
+    the file has no such entry or is not a checkpoint (`load` then says what is wrong with it)."""
+    try:
+        with torch.serialization.safe_globals(_numpy_globals()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # a legacy (non-zip) file cannot be mapped; a damaged one is load's to name
+        return None
+    value = state.get(key) if isinstance(state, dict) else None
+    return None if isinstance(value, torch.Tensor) else value
 
 
 def non_finite(tensors: Iterable[Any]) -> bool:

@@ -49,7 +49,7 @@ from .config import (
 from .demo import demo_main
 from .loading import checkpoint_from, checkpoint_parser, decoding_parser, load_for_decoding, load_for_eval
 from .metrics import read_metrics
-from .run_folder import check_run_dir, remove_staging, staging_dir
+from .run_folder import check_one_run, check_run_dir, remove_staging, settle, staging_dir
 from .runlock import run_dir_lock
 from .trainer import Trainer
 
@@ -68,7 +68,8 @@ A run folder (--out RUN_DIR) holds:
   tokenizer.json  multi30k: the subword vocabulary; hyp.test.de (hyp.SPLIT.de of evaluate): the
                   decoded translations
   .lock           held while a run writes there: one run per folder
-  .new-run/       an --overwrite run until its first checkpoint, which replaces the old run with it
+  .new-run/       an --overwrite run until its first epoch ends; then it replaces the old run, in one
+                  step (an interrupt before that discards it and keeps the old run)
 With ema_decay > 0 the evaluated weights (best.pt, the test) are the moving average."""
 
 TRAIN_USAGE = """\
@@ -77,9 +78,9 @@ usage: sparseattn train [--task T] [--model M] [--config FILE|PRESET] --out RUN_
        sparseattn train --out RUN_DIR --resume [--key=value ...]
        torchrun --nproc_per_node=N -m sparseattn train ...
 
---overwrite replaces the run RUN_DIR holds once the new one has saved its first checkpoint (a start
-that fails before leaves it as it was); --resume continues it exactly (flags may change run
-keys, not the task or model); torchrun trains on several processes (DistributedDataParallel).
+--overwrite replaces the run RUN_DIR holds once the new one has finished its first epoch (a start
+that fails or is interrupted before leaves it as it was); --resume continues it exactly (flags may
+change run keys, not the task or model); torchrun trains on several processes (DistributedDataParallel).
 A run's values: each key's default <- the preset of --task and --model (or --config: a TOML file
 or a preset's name; `sparseattn configs` lists them) <- the --key=value flags (also --key value;
 a bare --flag means true)."""
@@ -119,15 +120,18 @@ def train_main(argv: List[str]) -> int:
     from . import distributed
 
     rank0 = int(os.environ.get("RANK", "0")) == 0
-    # an --overwrite run sets up and trains beside the old run until its first checkpoint (run_folder.py)
+    # an --overwrite run sets up and trains beside the old run until its first epoch ends (run_folder.py)
     staging = staging_dir(out) if overwrite else None
     # one run per folder: rank 0 holds the folder's lock (the other ranks of a torchrun job share it)
     with run_dir_lock(out) if rank0 else nullcontext():
+        if rank0:
+            settle(out)
         if resume:
+            if rank0:
+                check_one_run(out)  # a folder mixing two runs' files is not continued
             cfg = resumed_config(out / "checkpoint.pt", flags, config_file)
         elif rank0:
             check_run_dir(out, overwrite)
-            remove_staging(out)  # what a killed --overwrite start left
         try:
             if distributed.launched_by_torchrun():
                 distributed.init_from_env(cfg)
@@ -138,7 +142,7 @@ def train_main(argv: List[str]) -> int:
         finally:
             distributed.cleanup()
             if staging is not None and rank0:
-                remove_staging(out)  # a start that failed before its first checkpoint: the old run stays
+                remove_staging(out)  # a start that failed or was interrupted before it started: the old run stays
 
 
 def train_help(flags: Dict[str, str], config_file: Optional[str], resume: bool) -> str:

@@ -15,6 +15,8 @@ import torch
 
 from . import checkpoint as ckpt_io
 from .config import MAX_BEAM, MAX_LEN_A, MAX_LEN_B, check_run_values, config_from_dict
+from .run_folder import SWAPPING, check_one_run, settle
+from .runlock import run_dir_lock
 from .tasks import get_task
 from .trainer import resolve_device
 
@@ -22,10 +24,16 @@ from .trainer import resolve_device
 def resolve_checkpoint(path: str) -> Tuple[Path, Optional[Path]]:
     """(checkpoint file, run folder or None) of what --checkpoint names: a file as it is; a run
     folder's best.pt (the best validation epoch's weights), else its checkpoint.pt (the last saved
-    ones). A folder with neither is a FileNotFoundError saying so."""
+    ones). A folder with neither is a FileNotFoundError saying so; one whose files belong to
+    different runs a ValueError (run_folder.py), after a swap a killed --overwrite run left half
+    done has been finished."""
     given = Path(path)
     if not given.is_dir():
         return given, None
+    if (given / SWAPPING).is_dir():
+        with run_dir_lock(given):  # refused while a live run holds it (it is swapping right now)
+            settle(given)
+    check_one_run(given)
     for name in ("best.pt", "checkpoint.pt"):
         if (given / name).is_file():
             return given / name, given

@@ -5,7 +5,9 @@ numbers and plots when keep_best is on; with ema_decay > 0 every evaluation, bes
 the moving average of the weights), checkpoint.pt (written atomically at each epoch end, every
 checkpoint_every steps, at max_steps, when the time budget runs out and on Ctrl-C), metrics.jsonl
 (one JSON object per line: kind "train" every log_every steps, "valid" each epoch, "test" at the
-end), results.json and plots/.
+end), results.json and plots/; each of them names the run it belongs to (its run id), so a folder
+mixing two runs' files is refused (run_folder.py). An --overwrite run trains beside the old run
+until its first epoch ends (`take_place`); an interrupt before that discards it.
 
 The loop is generic: it asks the task (tasks/base.py) for batches and for a batch's loss and
 stats, so any registered task/model pair (model_configs.py) gets the progress bar, metrics
@@ -26,7 +28,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -35,7 +37,7 @@ from .config import Config
 from .ema import WeightEMA
 from .metrics import Meter, read_metrics
 from .model_configs import lr_dim
-from .run_folder import swap_in
+from .run_folder import RUN_ID, new_run_id, swap_in
 from .tasks import get_task
 
 
@@ -64,9 +66,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 @contextmanager
-def deferred_interrupt():
+def deferred_interrupt(then: Callable[[], str] = lambda: "saving a checkpoint"):
     """The first Ctrl-C or SIGTERM (what `timeout` and job schedulers send) sets flag["stop"]: the
-    loop finishes its step, saves and exits. A second one raises at once."""
+    loop finishes its step, saves and exits (`then()` says what follows the step). A second one
+    raises at once."""
     flag = {"stop": False}
     if threading.current_thread() is not threading.main_thread():
         yield flag
@@ -77,7 +80,7 @@ def deferred_interrupt():
             raise KeyboardInterrupt
         flag["stop"] = True
         name = "SIGTERM" if signum == signal.SIGTERM else "interrupt"
-        print(f"\n{name}: finishing this step and saving a checkpoint (again to abort)", file=sys.stderr)
+        print(f"\n{name}: finishing this step and {then()} (again to abort)", file=sys.stderr)
 
     old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -95,10 +98,13 @@ class Trainer:
     main_process = True  # writes checkpoints, logs and progress (False on ranks > 0 under torchrun)
 
     def __init__(self, cfg: Config, resume: bool = False, staging: Optional[Path] = None) -> None:
-        """staging: the folder an --overwrite run sets up and trains in until its first checkpoint,
-        which replaces the run in run.out with it (run_folder.py); run.out is untouched until then."""
+        """staging: the folder an --overwrite run sets up and trains in until its first epoch ends
+        (or the run does), which replaces the run in run.out with it (run_folder.py); run.out is
+        untouched until then."""
         run = cfg.run
         self.cfg, self.staging = cfg, staging
+        self.run_id = new_run_id()  # a resumed run keeps its checkpoint's
+        self.stop = {"stop": False}  # set by an interrupt while fit() runs (deferred_interrupt)
         self._write_in(Path(run.out) if staging is None else staging)
         if run.threads:
             torch.set_num_threads(run.threads)
@@ -127,7 +133,7 @@ class Trainer:
             ckpt_io.remove_stale_temps(self.ckpt_path)
             ckpt_io.remove_stale_temps(self.best_path)
             self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+            (self.out / "config.json").write_text(json.dumps({**cfg.to_dict(), RUN_ID: self.run_id}, indent=2) + "\n")
             self._trim_metrics()
 
     # ---- checkpoints ------------------------------------------------------------------------
@@ -143,6 +149,7 @@ class Trainer:
             "task_state": self.task.state_dict(),
             "history": self.history,
             "train_seconds": self.elapsed(),
+            RUN_ID: self.run_id,
             **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
 
@@ -150,10 +157,13 @@ class Trainer:
         running = time.perf_counter() - self._fit_start if self._fit_start is not None else 0.0
         return self.train_seconds + running
 
-    def save(self) -> None:
+    def save(self, started: bool = False) -> None:
+        """Write checkpoint.pt. started: the checkpoint ends an epoch or the run, at which an
+        --overwrite run takes the old run's place (`take_place`)."""
         if self.main_process:
             ckpt_io.save_atomic(self.state(), self.ckpt_path)
-            self.take_place()
+            if started:
+                self.take_place()
 
     def _write_in(self, folder: Path) -> None:
         self.out = folder
@@ -161,9 +171,10 @@ class Trainer:
         self.best_path = folder / "best.pt"  # weights of the best validation epoch (keep_best)
 
     def take_place(self) -> None:
-        """An --overwrite run that has saved a checkpoint replaces the old run in run.out and
-        writes there from now on (main process only)."""
-        if self.staging is not None and self.main_process:
+        """An --overwrite run whose first epoch (or whole run) has ended replaces the old run in
+        run.out and writes there from now on (main process only); not once an interrupt has come,
+        which discards it instead: an interrupt never replaces a run."""
+        if self.staging is not None and self.main_process and not self.stop["stop"]:
             swap_in(self.staging, Path(self.cfg.run.out))
             self.staging = None
             self._write_in(Path(self.cfg.run.out))
@@ -199,6 +210,8 @@ class Trainer:
                     f"{self.ckpt_path} cannot be resumed: its {name} entry does not fit ({ckpt_io.first_line(e)})"
                 ) from None
         self.position, self.history, self.rng = dict(position), list(state["history"]), state["rng"]
+        if isinstance(state.get(RUN_ID), str):  # checkpoints written before run ids keep the new one
+            self.run_id = state[RUN_ID]
         self.train_seconds = float(state.get("train_seconds", 0.0))
         self.task.load_state_dict(state.get("task_state", {}))
         if self.ema is not None:
@@ -227,7 +240,7 @@ class Trainer:
         if not self.main_process:
             return
         with open(self.out / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps({**record, RUN_ID: self.run_id}) + "\n")
 
     # ---- the loop ---------------------------------------------------------------------------
     def epoch_batches(self, epoch: int) -> list:
@@ -253,7 +266,7 @@ class Trainer:
             pos = self.position
             kept = (
                 f"--out {self.cfg.run.out} keeps the run it held. Lower --lr_factor or raise --warmup and start again"
-                if self.staging is not None  # an --overwrite run before its first checkpoint
+                if self.staging is not None  # an --overwrite run before its first epoch ended
                 else f"{self.ckpt_path} holds the last good state. Lower --lr_factor or raise --warmup, then "
                 "--resume or start again"
             )
@@ -289,7 +302,8 @@ class Trainer:
 
     def _fit(self, tqdm) -> str:
         cfg, pos = self.cfg.run, self.position
-        with deferred_interrupt() as flag:
+        with deferred_interrupt(self.after_interrupt) as flag:
+            self.stop = flag
             try:
                 while pos["epoch"] < cfg.epochs:
                     if self.out_of_time():  # a resumed run whose budget is already spent
@@ -308,7 +322,7 @@ class Trainer:
                     while pos["batch"] < len(batches):
                         if cfg.max_steps and pos["step"] >= cfg.max_steps:
                             bar.close()
-                            self.save()
+                            self.save(started=True)
                             return "max_steps"
                         batch = self.task.make_batch("train", batches[pos["batch"]], self.device)
                         stats = self.train_step(batch)
@@ -344,13 +358,24 @@ class Trainer:
                         if self.out_of_time():
                             bar.close()
                             self.end_epoch(meter, first_batch)  # validate the cut-short epoch; resume starts the next
+                            if flag["stop"]:  # it came during the validation
+                                raise KeyboardInterrupt
                             return "time_budget"
                     bar.close()
                     self.end_epoch(meter, first_batch)
+                    if flag["stop"]:  # it came during the validation: stop before the next step (or the test)
+                        raise KeyboardInterrupt
                 if cfg.max_steps and pos["step"] >= cfg.max_steps:
-                    self.save()
+                    self.save(started=True)
                 return "finished"
             except KeyboardInterrupt:
+                if self.staging is not None:  # an --overwrite run that has not started: cli.py removes it
+                    print(
+                        f"interrupted at step {pos['step']}, before the new run's first epoch ended: --out {cfg.out} "
+                        f"keeps the run it held, and the new run is discarded",
+                        file=sys.stderr,
+                    )
+                    return "interrupted"
                 self.save()  # weights, optimizer and RNG as after the last completed step
                 print(
                     f"interrupted at step {pos['step']}; checkpoint saved to {self.ckpt_path}; "
@@ -358,6 +383,13 @@ class Trainer:
                     file=sys.stderr,
                 )
                 return "interrupted"
+
+    def after_interrupt(self) -> str:
+        """What follows the step an interrupt lets finish (the line deferred_interrupt prints)."""
+        if self.staging is not None:
+            out = self.cfg.run.out
+            return f"discarding the new run, which has not finished its first epoch: --out {out} keeps its run"
+        return "saving a checkpoint"
 
     def out_of_time(self) -> bool:
         budget = 60.0 * self.cfg.run.time_budget_min
@@ -397,7 +429,7 @@ class Trainer:
             print(epoch_line(record, self.cfg.run.epochs), file=sys.stderr)
         pos["epoch"] += 1
         pos["batch"] = 0
-        self.save()
+        self.save(started=True)
 
     def finish(self) -> dict:
         """Decoded test metrics (results.json) and plots, with the best validation epoch's weights
@@ -419,7 +451,7 @@ class Trainer:
             **results,
         }
         self.log({"kind": "test", "step": self.position["step"], **results})
-        (self.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        (self.out / "results.json").write_text(json.dumps({**results, RUN_ID: self.run_id}, indent=2) + "\n")
         if self.cfg.run.plots:
             from .plots import loss_curve
 

@@ -1,5 +1,5 @@
 """The example scripts run in --small mode and print a results row per model (sparseattn, and pyg
-when torch_geometric is installed). Both run at once, in subprocesses."""
+when torch_geometric is installed). All of them run at once, in subprocesses, killed if one fails."""
 
 import re
 import subprocess
@@ -26,10 +26,16 @@ def outputs() -> Dict[str, str]:
         for name in SCRIPTS
     }
     results = {}
-    for name, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=120)
-        assert proc.returncode == 0, f"{name} failed:\n{stderr[-3000:]}"
-        results[name] = stdout
+    try:
+        for name, proc in procs.items():
+            stdout, stderr = proc.communicate(timeout=120)
+            assert proc.returncode == 0, f"{name} failed:\n{stderr[-3000:]}"
+            results[name] = stdout
+    finally:  # a failure or a timeout leaves none of them running after the tests
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
     return results
 
 

@@ -1,10 +1,15 @@
 """What the CLI tests share: tiny runs' flags, running `sparseattn` in this process or in a
-subprocess, and the one-line error every failure must be."""
+subprocess (`child` for one a test signals or kills), and the one-line error every failure must be."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from sparseattn.train.cli import main
 
@@ -69,3 +74,46 @@ def sparseattn(*argv, cwd=None, stdin=None, timeout=120):
         capture_output=True,
         timeout=timeout,
     )
+
+
+def _sigint_as_from_a_terminal() -> None:
+    # a job a shell starts in the background (`pytest &`, some CI runners) inherits SIGINT ignored,
+    # and Python keeps it so: a child that is to be interrupted gets the default back
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextmanager
+def child(argv, **popen):
+    """A subprocess a test signals or kills, as started from a terminal however pytest was started
+    (SIGINT at its default), in a session of its own (a Ctrl-C meant for pytest is not sent to
+    it too), and killed when the block ends if it is still running."""
+    proc = subprocess.Popen(
+        [str(a) for a in argv], preexec_fn=_sigint_as_from_a_terminal, start_new_session=True, **popen
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def sparseattn_child(*argv, **popen):
+    """`child` running `python -m sparseattn ARGV` on this source tree."""
+    env = {**os.environ, **popen.pop("env", {}), "PYTHONPATH": str(ROOT)}
+    return child([sys.executable, "-m", "sparseattn", *argv], env=env, **popen)
+
+
+def wait_until(proc, condition, what: str, timeout: float = 60.0, poll: float = 0.01) -> None:
+    """Return once condition() holds; fail naming `what` when the child exits first or `timeout`
+    seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"the child exited (code {proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} within {timeout:g} s")
+        time.sleep(poll)

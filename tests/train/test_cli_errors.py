@@ -17,7 +17,7 @@ from sparseattn.train import checkpoint as ckpt_io
 from sparseattn.train import cli
 from sparseattn.train.metrics import read_metrics
 
-from .cli_helpers import CLI_TINY, ROOT, assert_one_line_error, run_cli, sparseattn
+from .cli_helpers import CLI_TINY, assert_one_line_error, child, run_cli, sparseattn, sparseattn_child, wait_until
 
 BAD_SETTINGS = [
     ("--seed=-1", "--seed=-1: must be an int in [0, 2**63)"),
@@ -237,47 +237,48 @@ def test_other_runtime_errors_keep_their_traceback(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
 def test_ctrl_c_while_a_subprocess_builds_its_data(tmp_path):
-    """The same through a real signal: a letter task of long sequences takes seconds to generate."""
+    """The same through a real signal: a letter task of long sequences takes seconds to generate.
+    Started from a shell in the background, pytest once gave the child SIGINT ignored: it trained
+    25,000 steps and outlived pytest (`child` gives it the default and kills it in the end)."""
     out = tmp_path / "r"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    argv = [*CLI_TINY, "--num_train=400000", "--seq_mean=60"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sparseattn", "train", "--task=copy", f"--out={out}", *argv],
-        env=env,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.time() + 60
-    while time.time() < deadline and not (out / ".lock").exists():  # past imports and checks: setting up
-        time.sleep(0.01)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    argv = ["train", "--task=copy", f"--out={out}", *CLI_TINY, "--num_train=400000", "--seq_mean=60"]
+    with sparseattn_child(*argv, stderr=subprocess.PIPE) as proc:
+        wait_until(proc, (out / ".lock").exists, "lock on --out (past imports and checks: setting up)")
+        time.sleep(0.3)  # into the data (seconds of it): the one line below says the set-up was interrupted
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()
     assert err.decode().strip().splitlines() == ["sparseattn train: interrupted"]
 
 
+def _inside_import_torch(line: bytes) -> bool:
+    """A line of PYTHONPROFILEIMPORTTIME: a torch submodule has been imported, torch not yet."""
+    return line.startswith(b"import time:") and line.rsplit(b"|", 1)[-1].strip().startswith(b"torch.")
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
-def test_ctrl_c_while_the_command_imports_torch(tmp_path):
-    """Ctrl-C in the second or two the installed `sparseattn` command spends importing sparseattn and
-    torch: one line and exit 130, not a traceback from inside the import (the command's entry point,
-    sparseattn_launcher, catches it before the package is imported)."""
-    command = shutil.which("sparseattn", path=os.path.dirname(sys.executable))
-    if command is None:
-        pytest.skip("the sparseattn command is not installed beside this python (pip install -e .)")
-    start = time.perf_counter()
-    subprocess.run([command, "--help"], capture_output=True, check=True)  # bytecode and page cache warm
-    took = time.perf_counter() - start  # start-up (~0.05 s warm) and imports (~1-2 s)
-    out = tmp_path / "r"
-    proc = subprocess.Popen(
-        [command, "train", "--task=copy", f"--out={out}", *CLI_TINY],
-        stderr=subprocess.PIPE,
-        # as from a terminal: a job started in the background by a non-interactive shell (as CI may
-        # be) inherits SIGINT ignored, and Python then keeps ignoring it until the CLI sets a handler
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    time.sleep(min(0.3, took / 3))  # inside `import torch`
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err.decode()
-    assert err.decode().strip().splitlines() in (["sparseattn: interrupted"], ["sparseattn train: interrupted"])
-    assert not out.exists()
+@pytest.mark.parametrize("how", ["command", "python -m"])
+def test_ctrl_c_while_the_command_imports_torch(tmp_path, how):
+    """Ctrl-C in the second or two the `sparseattn` command (or `python -m sparseattn`) spends
+    importing sparseattn and torch: one line and exit 130, not a traceback from inside the import
+    (the command's entry point, sparseattn_launcher, catches it before the package is imported;
+    under `python -m`, sparseattn/_start.py, the package's first import). `python -m sparseattn`
+    once printed 19-42 lines (KeyboardInterrupt, RecursionError) and exited 1 or -2."""
+    argv = ["train", "--task=copy", f"--out={tmp_path / 'r'}", *CLI_TINY]
+    env = dict(os.environ, PYTHONPROFILEIMPORTTIME="1")  # a line on stderr per module imported
+    if how == "command":
+        command = shutil.which("sparseattn", path=os.path.dirname(sys.executable))
+        if command is None:
+            pytest.skip("the sparseattn command is not installed beside this python (pip install -e .)")
+        started = child([command, *argv], env=env, stderr=subprocess.PIPE, bufsize=0)
+    else:
+        started = sparseattn_child(*argv, env=env, stderr=subprocess.PIPE, bufsize=0)
+    with started as proc:
+        while not _inside_import_torch(line := proc.stderr.readline()):
+            assert line, "the child's stderr ended before it imported torch"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    lines = [line for line in err.decode().splitlines() if line.strip() and not line.startswith("import time:")]
+    assert proc.returncode == 130, err.decode()[-3000:]
+    assert lines in (["sparseattn: interrupted"], ["sparseattn train: interrupted"]), lines
+    assert not (tmp_path / "r").exists()

@@ -11,7 +11,6 @@ import pickle
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from sparseattn.train.config import make_config
 from sparseattn.train.metrics import read_metrics
 from sparseattn.train.trainer import NonFiniteLoss, Trainer
 
-from .cli_helpers import CLI_TINY, FIXTURES, ROOT, assert_one_line_error, run_cli, sparseattn
+from .cli_helpers import CLI_TINY, FIXTURES, assert_one_line_error, run_cli, sparseattn, sparseattn_child, wait_until
 
 
 # ---- bad settings ------------------------------------------------------------------------------
@@ -351,23 +350,17 @@ def uninterrupted(tmp_path_factory):
 
 def test_kill_9_inside_the_save_window_then_resume_equals_an_uninterrupted_run(tmp_path, uninterrupted):
     out = tmp_path / "killed"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sparseattn", *KILL_RUN, f"--out={out}"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline, caught = time.time() + 60, False
-    while proc.poll() is None and time.time() < deadline:
-        names = os.listdir(out) if out.is_dir() else []
-        if "checkpoint.pt" in names and any(name.endswith(".tmp") for name in names):
-            proc.kill()  # a checkpoint exists and the next one is being written: kill inside that window
-            caught = True
-            break
-        time.sleep(0.0005)
-    proc.wait()
-    assert caught, "the run finished before a save window was caught"
+    caught = False
+    with sparseattn_child(*KILL_RUN, f"--out={out}", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            names = os.listdir(out) if out.is_dir() else []
+            if "checkpoint.pt" in names and any(name.endswith(".tmp") for name in names):
+                proc.kill()  # a checkpoint exists and the next one is being written: kill inside that window
+                caught = True
+                break
+            time.sleep(0.0005)
+    assert caught, "the run ended (or 60 s passed) before a save window was caught"
     state = ckpt_io.load(out / "checkpoint.pt")  # the last complete checkpoint is intact
     assert state["position"]["step"] >= 1
     resumed = sparseattn("train", f"--out={out}", "--resume")
@@ -378,18 +371,11 @@ def test_kill_9_inside_the_save_window_then_resume_equals_an_uninterrupted_run(t
 
 def test_sigterm_saves_and_resume_finishes_exactly(tmp_path, uninterrupted):
     out = tmp_path / "term"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sparseattn", *KILL_RUN, "--checkpoint_every=0", "--log_every=1", f"--out={out}"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.time() + 60
-    while time.time() < deadline and not (out / "metrics.jsonl").exists():  # the first step is done
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    argv = [*KILL_RUN, "--checkpoint_every=0", "--log_every=1", f"--out={out}"]
+    with sparseattn_child(*argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+        wait_until(proc, (out / "metrics.jsonl").exists, "metrics.jsonl (the first step done)")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()
     assert b"SIGTERM" in err and b"checkpoint saved" in err
     assert ckpt_io.load(out / "checkpoint.pt")["position"]["step"] >= 1

@@ -7,12 +7,13 @@ import os
 import shutil
 import subprocess
 import sys
+from contextlib import ExitStack
 
 import pytest
 
 from sparseattn.train.runlock import LOCK_FILE, run_dir_lock
 
-from .cli_helpers import CLI_TINY, ROOT, assert_one_line_error, run_cli
+from .cli_helpers import CLI_TINY, ROOT, assert_one_line_error, child, run_cli, sparseattn_child
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the tests hold locks from child processes")
 
@@ -40,24 +41,23 @@ def test_resume_of_a_live_run_is_refused(copy_run, tmp_path, capsys):
 
 
 def _holder(out):
-    """A child process that takes the folder's lock and sleeps (killed by the test)."""
+    """A child process that takes the folder's lock and sleeps (killed when the block ends)."""
     code = (
         "import time\nfrom pathlib import Path\nfrom sparseattn.train.runlock import run_dir_lock\n"
         f"with run_dir_lock(Path({str(out)!r})):\n    print('locked', flush=True)\n    time.sleep(60)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
-    assert proc.stdout.readline().strip() == b"locked"
-    return proc
+    return child([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE)
 
 
 def test_the_lock_goes_with_a_killed_process(tmp_path, capsys):
     out = tmp_path / "run"
-    holder = _holder(out)
-    code, _, err = run_cli(["train", "--task=copy", f"--out={out}", *CLI_TINY], capsys)
-    assert_one_line_error(code, err, f"(pid {holder.pid})")
-    holder.kill()  # kill -9: no cleanup code runs
-    holder.wait()
+    with _holder(out) as holder:
+        assert holder.stdout.readline().strip() == b"locked"
+        code, _, err = run_cli(["train", "--task=copy", f"--out={out}", *CLI_TINY], capsys)
+        assert_one_line_error(code, err, f"(pid {holder.pid})")
+        holder.kill()  # kill -9: no cleanup code runs
+        holder.wait()
     code, _, err = run_cli(["train", "--task=copy", f"--out={out}", *CLI_TINY], capsys)
     assert code == 0, err
 
@@ -65,10 +65,11 @@ def test_the_lock_goes_with_a_killed_process(tmp_path, capsys):
 def test_two_runs_started_together_one_trains_the_other_is_refused(tmp_path):
     """Once both exited 0 (3 of 3 trials) and metrics.jsonl mixed the two runs."""
     out = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    argv = [sys.executable, "-m", "sparseattn", "train", "--task=copy", f"--out={out}", *CLI_TINY]
-    procs = [subprocess.Popen([*argv, f"--seed={seed}"], env=env, stderr=subprocess.PIPE) for seed in (1, 2)]
-    results = [(p.wait(timeout=300), p.stderr.read().decode()) for p in procs]
+    argv = ["train", "--task=copy", f"--out={out}", *CLI_TINY]
+    with ExitStack() as stack:
+        started = (sparseattn_child(*argv, f"--seed={seed}", stderr=subprocess.PIPE) for seed in (1, 2))
+        procs = [stack.enter_context(proc) for proc in started]
+        results = [(p.wait(timeout=300), p.stderr.read().decode()) for p in procs]
     codes = sorted(code for code, _ in results)
     assert codes == [0, 2], results
     seed_won = 1 if results[0][0] == 0 else 2
