@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
+from tests.optional import OPTIONAL, module_missing
+
 ROOT = Path(__file__).resolve().parent.parent
 SKIP = re.compile(r"<!--\s*docs-test:\s*skip\s*\((?P<reason>[^)]*)\)\s*-->")
 FENCE = re.compile(r"^```(?P<info>\S*)\s*$")
@@ -63,8 +65,10 @@ def run_python(block: Block, cwd: Path, timeout: float = 300) -> subprocess.Comp
     )
 
 
-def missing_module(stderr: str) -> Optional[str]:
-    """The optional package a failed block lacked (ModuleNotFoundError of a module other than
-    sparseattn's), or None."""
-    m = re.search(r"ModuleNotFoundError: No module named '([^'.]+)", stderr)
-    return m.group(1) if m and m.group(1) != "sparseattn" else None
+def missing_optional(stderr: str) -> Optional[str]:
+    """Why a failed block could not run, when what stopped it is a ModuleNotFoundError of an optional
+    package (tests/optional.py's OPTIONAL) that is not installed here; else None, and the block's
+    failure stands: a misspelled import, sparseattn's own modules, or a missing submodule of an
+    installed package are errors in the docs, never a skip."""
+    found = re.findall(r"ModuleNotFoundError: No module named '([^'.]+)", stderr)
+    return module_missing(found[-1]) if found and found[-1] in OPTIONAL else None

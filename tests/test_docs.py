@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.doc_blocks import ROOT, blocks, missing_module, run_python
+from tests.doc_blocks import ROOT, blocks, missing_optional, run_python
 
 DOCS = ROOT / "docs"
 PUBLIC_MODULES = [
@@ -110,6 +110,6 @@ def test_guide_python_block_runs_on_its_own(block, tmp_path):
     if block.skip is not None:
         pytest.skip(block.skip)
     res = run_python(block, tmp_path)
-    if res.returncode and missing_module(res.stderr):
-        pytest.skip(f"{block.id} needs {missing_module(res.stderr)}")
+    if res.returncode and missing_optional(res.stderr):
+        pytest.skip(f"{block.id}: {missing_optional(res.stderr)}")
     assert res.returncode == 0, f"{block.id} failed run on its own:\n{res.stderr[-3000:]}"

@@ -13,17 +13,17 @@ from sparseattn import Graph, edge_attention, graphs
 from sparseattn.kernels import backends_for
 
 from .dense import dense_attention
+from .optional import backend_params
 from .strategies import block_cases, graph_cases, laid_out
 from .tolerances import assert_close, assert_within_reference_error
 
-BACKENDS = backends_for("cpu")
 HALF = [torch.float16, torch.bfloat16]
+# every backend that takes CPU tensors, each skipped with the reason where its dependency is missing
+BACKENDS = backend_params()
 # "dense" runs only on graphs that record dense blocks; the raw-edge-index tests skip it with this
 # reason and the block tests at the end of this file run it (and every other backend) instead.
 BLOCK_ONLY = {"dense": "dense needs a Graph with recorded blocks; covered by the *_on_blocks tests"}
-EDGE_BACKENDS = [
-    pytest.param(b, marks=pytest.mark.skip(reason=BLOCK_ONLY[b])) if b in BLOCK_ONLY else b for b in BACKENDS
-]
+EDGE_BACKENDS = backend_params(skip=BLOCK_ONLY)
 
 
 def run(case, backend, dtype=torch.float64, magnitude=1.0):
@@ -277,7 +277,7 @@ def test_dropout_matches_reference_mask_across_backends():
     g = graphs.window(30, 4)
     q, k, v = (torch.randn(30, 2, 4, dtype=torch.float64) for _ in range(3))
     outs = []
-    for backend in [b for b in BACKENDS if b not in BLOCK_ONLY]:
+    for backend in [b for b in backends_for("cpu") if b not in BLOCK_ONLY]:  # those that run here
         torch.manual_seed(7)
         outs.append(edge_attention(q, k, v, g, dropout_p=0.5, backend=backend))
     for o in outs[1:]:

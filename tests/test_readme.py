@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.doc_blocks import ROOT, blocks, missing_module, run_python
+from tests.doc_blocks import ROOT, blocks, missing_optional, run_python
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -52,8 +52,8 @@ def test_readme_has_python_blocks():
 def test_python_block_runs_on_its_own(block, tmp_path):
     assert block.skip is None, "README's Python blocks all run: no docs-test skip marker here"
     res = run_python(block, tmp_path)
-    if res.returncode and missing_module(res.stderr):
-        pytest.skip(f"README.md:{block.line} needs {missing_module(res.stderr)}")
+    if res.returncode and missing_optional(res.stderr):
+        pytest.skip(f"README.md:{block.line}: {missing_optional(res.stderr)}")
     assert res.returncode == 0, f"README.md:{block.line} failed run on its own:\n{res.stderr[-3000:]}"
 
 
@@ -87,6 +87,19 @@ def test_test_command_is_what_ci_runs():
     pinned = {a[2] for a in argvs if a[:2] == ["pip", "install"] and a[2].startswith("torch==")}
     main_pin = steps(marked_command("main-command"))[0][2]
     assert pinned == {main_pin}, "the main and test commands install the same torch"
+
+
+def test_slow_tests_have_a_documented_command():
+    """The tests marked slow, which the default run leaves out (setup.cfg's `-m "not slow"`), run with
+    the command README gives (a `-m` on the command line overrides the one in addopts: the last wins)."""
+    (argv,) = steps(marked_command("slow-test-command"))
+    assert argv == ["python", "-m", "pytest", "-m", "slow"], argv
+    setup = (ROOT / "setup.cfg").read_text(encoding="utf-8")
+    assert '-m "not slow"' in setup and re.search(r"^\s+slow:", setup, re.M), "setup.cfg changed: update README"
+    marked = re.compile(r"^@pytest\.mark\.slow$|^pytestmark\b.*\bslow\b", re.M)
+    assert any(marked.search(p.read_text(encoding="utf-8")) for p in (ROOT / "tests").rglob("test_*.py")), (
+        "no test is marked slow any more: drop README's command"
+    )
 
 
 def test_extras_named_in_readme_exist():

@@ -7,17 +7,16 @@ import torch
 
 import sparseattn.kernels.reference as reference
 from sparseattn import Graph, edge_attention, graphs
-from sparseattn.kernels import backends_for, choose_auto
+from sparseattn.kernels import choose_auto
 from sparseattn.kernels.contract import AttentionInputs
 from sparseattn.kernels.csr import csr_attention
 from sparseattn.kernels.dense import dense_attention as dense_kernel
 
 from ..dense import dense_attention
+from ..optional import backend_param, backend_params
 
 CLAMPS = [(-5.0, 5.0), None]
-BACKENDS = [b for b in backends_for("cpu") if b != "reference"] + ["auto"]
-if "scatter" not in BACKENDS:
-    BACKENDS.append(pytest.param("scatter", marks=pytest.mark.skip(reason="torch_scatter not installed")))
+BACKENDS = backend_params(exclude=["reference"]) + [backend_param("auto")]
 
 
 def small_graph(backend):

@@ -10,15 +10,16 @@ import pytest
 import torch
 
 from sparseattn import Graph, edge_attention, graphs
-from sparseattn.kernels import KernelOptions, available_backends, choose_auto
+from sparseattn.kernels import KernelOptions, choose_auto
 from sparseattn.kernels.contract import AttentionInputs
 from sparseattn.kernels.csr import csr_attention
 
+from ..optional import backend_params
 from .test_csr import _LargestIntermediate
 
 TERMS = ("edge_key", "edge_value", "edge_scale")
 MODES = {"clamp": ((-1.0, 1.0), 0.0), "clamp-eps": ((-1.0, 1.0), 1e-3), "exact": (None, 0.0)}
-BACKENDS = [b for b in ("reference", "csr", "scatter") if b in available_backends()]
+BACKENDS = backend_params(["reference", "csr", "scatter"])
 
 
 def loop_attention(q, k, v, edge_index, scale, clamp, eps, bias, edge_key, edge_value, edge_scale):
@@ -217,13 +218,13 @@ def test_errors_name_the_argument():
         edge_attention(q, q, v, ei, edge_key=q[:2], backend="csr", kernel_options={"csr_layout": "head-major"})
 
 
-def test_eps_gives_exphormers_normalizer_and_zero_for_isolated_destinations():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_eps_gives_exphormers_normalizer_and_zero_for_isolated_destinations(backend):
     ei = torch.tensor([[0, 1], [0, 0]])  # destination 1 has no in-edges
     q = torch.zeros(2, 1, 1, dtype=torch.float64)  # scores 0: w = 1 on each edge
     v = torch.tensor([[[2.0]], [[4.0]]], dtype=torch.float64)
-    for backend in BACKENDS:
-        out = edge_attention(q, q, v, ei, eps=0.5, backend=backend)
-        assert out[:, 0, 0].tolist() == pytest.approx([6.0 / 2.5, 0.0], rel=1e-12)
+    out = edge_attention(q, q, v, ei, eps=0.5, backend=backend)
+    assert out[:, 0, 0].tolist() == pytest.approx([6.0 / 2.5, 0.0], rel=1e-12)
 
 
 def test_compiled_edge_terms_equal_eager():

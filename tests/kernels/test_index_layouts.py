@@ -8,17 +8,17 @@ import torch
 from hypothesis import given, settings
 
 from sparseattn import Graph, edge_attention, graphs
-from sparseattn.kernels import available_backends, backends_for
 
 from ..dense import dense_attention
+from ..optional import backend_param, backend_params
 from ..strategies import INDEX_LAYOUTS, graph_cases, laid_out
 from ..tolerances import assert_close
 
 # dense needs recorded blocks; triton runs on CPU tensors here only in the interpreter, which conftest
 # sets where there is no GPU (with one, test_triton.py runs the compiled kernels on CUDA tensors)
-BACKENDS = [b for b in backends_for("cpu") if b != "dense"]
-if "triton" in available_backends() and not torch.cuda.is_available():
-    BACKENDS.append(pytest.param("triton", marks=pytest.mark.triton))
+BACKENDS = backend_params(exclude=["dense"])
+if not torch.cuda.is_available():
+    BACKENDS.append(backend_param("triton", pytest.mark.triton))
 
 
 def _attention_and_grads(case, graph, backend):

@@ -13,17 +13,21 @@ import torch
 from sparseattn import Graph, edge_attention
 from sparseattn.kernels import _BACKENDS
 
+from ..optional import backend_params
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 N, DEG, H, D = 96, 12, 2, 32
 MODES = {"exact": None, "clamp": (-5.0, 5.0)}  # clamp: every other edge gets bias -10, so it sits at -5
 
 
 def takes_bf16(name: str) -> bool:
-    backend = _BACKENDS[name]
-    return backend.available and torch.bfloat16 in backend.dtypes.get(DEVICE, ())
+    return torch.bfloat16 in _BACKENDS[name].dtypes.get(DEVICE, ())
 
 
-BACKENDS = [n for n in ("reference", "csr", "scatter", "triton", "auto") if n == "auto" or takes_bf16(n)]
+# skipped with the reason where a backend's dependency is missing
+BACKENDS = backend_params(
+    [n for n in ("reference", "csr", "scatter", "triton", "auto") if n == "auto" or takes_bf16(n)]
+)
 
 
 def sharp_inputs(gen: torch.Generator):
