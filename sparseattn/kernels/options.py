@@ -16,6 +16,12 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
 
 CSR_LAYOUTS = ("interleaved", "head-major")
 NODE_ORDERS = ("locality",)
+# the triton backend's launch settings (kernels/triton/policy.py reads them): the names a call may set,
+# the layouts of its forward kernel and of its two backward kernels, and the largest num_warps
+TRITON_SETTINGS = ("layout", "BLOCK_E", "num_warps", "num_stages")
+TRITON_LAYOUTS = ("tile", "lanes", "heads")
+TRITON_BACKWARD_LAYOUTS = ("tile", "heads")
+MAX_NUM_WARPS = 32  # 32 warps of 32 threads: CUDA's 1024 threads per program
 
 
 @dataclass(frozen=True)
@@ -23,8 +29,12 @@ class KernelOptions:
     """csr_layout: "interleaved" or "head-major" for the csr backend (None: picked per graph; edge
     terms always run interleaved). dense_tile_bytes: the dense backend's clamp-mode tile budget in
     bytes (None: `dense.tiles.CLAMP_TILE_BYTES`). triton_forward, triton_backward: the Triton
-    kernels' launch settings (layout, BLOCK_E, num_warps, num_stages; the triton backend checks the
-    names and values), empty for its own choice; the backward's are read when the forward runs.
+    kernels' launch settings, empty for its own choice; the backward's are read when the forward
+    runs: layout (`TRITON_LAYOUTS`; backward `TRITON_BACKWARD_LAYOUTS`), BLOCK_E (edges per tile, a
+    power of two: the kernels' `tl.arange` takes no other; the triton backend also refuses tiles
+    over Triton's largest tensor for the call's dims), num_warps (a power of two up to
+    `MAX_NUM_WARPS`, as Triton compiles), num_stages (a positive int, or None for no explicit
+    pipelining). A bad name or value is a ValueError naming the field, the name and the value.
     node_order: "locality" runs the call on the graph relabeled in `graphs.locality_order` (found
     once per Graph and cached on it), with q, k and v permuted into that order and the output back:
     for graphs with structure stored in a shuffled order (kNN points, meshes), and only where that
@@ -47,16 +57,43 @@ class KernelOptions:
         if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
             raise ValueError(f"kernel_options dense_tile_bytes must be a positive int or None, got {tile!r}")
         for name in ("triton_forward", "triton_backward"):
-            value = getattr(self, name)
-            if not isinstance(value, Mapping):
-                raise TypeError(
-                    f"kernel_options {name} must be a mapping of launch settings, got {type(value).__name__}"
-                )
-            object.__setattr__(self, name, dict(value))
+            object.__setattr__(self, name, check_triton_settings(name, getattr(self, name)))
 
     def changed(self) -> Dict[str, Any]:
         """The fields that differ from a plain KernelOptions()."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(_PLAIN, f.name)}
+
+
+def _count(value: Any) -> bool:
+    """Whether value is an int >= 1 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _power_of_two(value: Any, most: Optional[int] = None) -> bool:
+    return _count(value) and not value & (value - 1) and (most is None or value <= most)
+
+
+def check_triton_settings(name: str, settings: Any) -> Dict[str, Any]:
+    """A triton backend's launch settings as a dict, or a TypeError (not a mapping) or ValueError
+    naming the field (`name`: "triton_forward" or "triton_backward"), the setting and its value."""
+    if not isinstance(settings, Mapping):
+        raise TypeError(f"kernel_options {name} must be a mapping of launch settings, got {type(settings).__name__}")
+    settings = dict(settings)
+    unknown = sorted(set(settings) - set(TRITON_SETTINGS), key=str)
+    if unknown:
+        raise ValueError(f"kernel_options {name} has unknown names {unknown}; valid names are {list(TRITON_SETTINGS)}")
+    layouts = TRITON_LAYOUTS if name == "triton_forward" else TRITON_BACKWARD_LAYOUTS
+    rules = {
+        "layout": (lambda x: x in layouts, f"one of {layouts}"),
+        "BLOCK_E": (_power_of_two, "a power of two (edges per tile: Triton's tl.arange takes no other)"),
+        "num_warps": (lambda x: _power_of_two(x, MAX_NUM_WARPS), f"a power of two from 1 to {MAX_NUM_WARPS}"),
+        "num_stages": (lambda x: x is None or _count(x), "an int >= 1 or None"),
+    }
+    for key, value in settings.items():
+        valid, wanted = rules[key]
+        if not valid(value):
+            raise ValueError(f"kernel_options {name}[{key!r}] must be {wanted}, got {value!r}")
+    return settings
 
 
 OptionsLike = Union[KernelOptions, Mapping[str, Any], None]
@@ -98,4 +135,16 @@ def kernel_options(**settings: Any) -> Iterator[KernelOptions]:
         _DEFAULTS.pop()
 
 
-__all__ = ["KernelOptions", "OptionsLike", "CSR_LAYOUTS", "NODE_ORDERS", "as_kernel_options", "kernel_options"]
+__all__ = [
+    "KernelOptions",
+    "OptionsLike",
+    "CSR_LAYOUTS",
+    "NODE_ORDERS",
+    "TRITON_SETTINGS",
+    "TRITON_LAYOUTS",
+    "TRITON_BACKWARD_LAYOUTS",
+    "MAX_NUM_WARPS",
+    "as_kernel_options",
+    "check_triton_settings",
+    "kernel_options",
+]

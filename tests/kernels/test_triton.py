@@ -17,7 +17,7 @@ triton = pytest.importorskip("triton", reason="triton is not importable (pip ins
 tl = triton.language
 
 from sparseattn import Graph, edge_attention, graphs  # noqa: E402
-from sparseattn.kernels import kernel_options  # noqa: E402
+from sparseattn.kernels import kernel_options, options  # noqa: E402
 from sparseattn.kernels import triton as tk  # noqa: E402
 from sparseattn.kernels.contract import AttentionInputs  # noqa: E402
 from sparseattn.kernels.options import as_kernel_options  # noqa: E402
@@ -197,11 +197,14 @@ def test_backward_tiles_set_at_forward_time(bwd_layout, block_e, num_warps, num_
     assert len(launched) == 2
     grads = [g.cpu() for g in grads]
     assert_matches_references(out.detach().cpu(), grads, base, ei, torch.float64, grad_out, (-5.0, 5.0))
-    for bad in (dict(BLOCK_H=2), dict(layout="lanes")):
-        with pytest.raises(ValueError, match="bad backward settings"):
+    for bad, named in (
+        (dict(BLOCK_H=2), r"triton_backward has unknown names \['BLOCK_H'\]"),
+        (dict(layout="lanes"), "'lanes'"),
+    ):
+        with pytest.raises(ValueError, match=named):
             with tk.backward_config(**bad):
                 pass
-        with pytest.raises(ValueError, match="bad backward settings"):
+        with pytest.raises(ValueError, match=named):
             edge_attention(q, k, v, ei_d, backend="triton", kernel_options={"triton_backward": bad})
 
 
@@ -225,14 +228,56 @@ def test_forward_settings_presets_and_overrides():
     assert fs(64, 64, 4, 16.0)["BLOCK_H"] == 1  # narrower than 512: per-head programs (tile)
     assert fs(64, 64, 4, 16.0, dict(layout="heads"))["BLOCK_H"] == 4  # a given layout is kept
     for bad in (dict(layout="rows"), dict(BLOCK_D=8), dict(num_warps=0), dict(BLOCK_E="4")):
-        with pytest.raises(ValueError, match="bad forward settings"):
+        with pytest.raises(ValueError, match="kernel_options triton_forward"):
             fs(64, 64, 4, 16.0, bad)
-        with pytest.raises(ValueError, match="bad forward settings"):
+        with pytest.raises(ValueError, match="kernel_options triton_forward"):
             with tk.forward_config(**bad):
                 pass
-        with kernel_options(triton_forward=bad), pytest.raises(ValueError, match="bad forward settings"):
-            q = torch.zeros(3, 1, 4, device=DEVICE)
-            edge_attention(q, q, q, torch.tensor([[0, 1], [1, 2]], device=DEVICE), backend="triton")
+        with pytest.raises(ValueError, match="kernel_options triton_forward"):  # when the block is entered
+            with kernel_options(triton_forward=bad):
+                pass
+
+
+@pytest.mark.parametrize("which", ["triton_forward", "triton_backward"])
+@pytest.mark.parametrize("block_e", [3, 24])
+def test_block_e_not_a_power_of_two_is_named_before_triton(which, block_e):
+    """BLOCK_E = 3 or 24 failed inside Triton ("arange's range must be a power of 2", naming neither
+    the option nor the value); now the call, and the settings, say which."""
+    q = torch.zeros(6, 2, 4, device=DEVICE, requires_grad=True)
+    named = rf"kernel_options {which}\['BLOCK_E'\] must be a power of two .* got {block_e}"
+    with pytest.raises(ValueError, match=named):
+        edge_attention(
+            q, q, q, graphs.window(6, 1).to(DEVICE), backend="triton", kernel_options={which: {"BLOCK_E": block_e}}
+        )
+    config = tk.forward_config if which == "triton_forward" else tk.backward_config
+    with pytest.raises(ValueError, match=named):
+        with config(BLOCK_E=block_e):
+            pass
+
+
+@pytest.mark.parametrize("which", ["triton_forward", "triton_backward"])
+def test_block_e_over_tritons_largest_tile_is_named(which):
+    """A power-of-two BLOCK_E whose tile, with the call's heads and dims, exceeds Triton's largest
+    tensor failed inside Triton ("numel (4194304) exceeds triton maximum tensor numel"); the settings
+    now name it and the largest BLOCK_E that fits (2 heads of 8 dims: 65536)."""
+    q = torch.zeros(6, 2, 8, device=DEVICE)
+    settings = {"layout": "heads", "BLOCK_E": 1 << 18}
+    named = rf"kernel_options {which}\['BLOCK_E'\] = 262144 makes tiles of 4194304 elements.* at most 65536"
+    with pytest.raises(ValueError, match=named):
+        edge_attention(q, q, q, graphs.window(6, 1).to(DEVICE), backend="triton", kernel_options={which: settings})
+    fits = (
+        policy.forward_settings(8, 8, 2, 2.0, {**settings, "BLOCK_E": 1 << 16})
+        if which == "triton_forward"
+        else policy.backward_settings(8, 8, 2, {**settings, "BLOCK_E": 1 << 16})
+    )
+    assert fits["BLOCK_E"] * fits["BLOCK_H"] * fits["BLOCK_D"] == policy.MAX_TENSOR_NUMEL
+
+
+def test_policy_names_are_the_options():
+    """The layouts and settings the kernel options check are the ones policy launches."""
+    assert tuple(policy.LAYOUTS) == options.TRITON_LAYOUTS
+    assert policy.BACKWARD_LAYOUTS == options.TRITON_BACKWARD_LAYOUTS
+    assert policy.SETTINGS == options.TRITON_SETTINGS
 
 
 def test_hand_computed_two_edges():

@@ -26,46 +26,48 @@ import math
 from typing import Any, Dict, List, Mapping, Optional
 
 import triton
+import triton.language as tl
 
+from ..options import TRITON_BACKWARD_LAYOUTS, TRITON_SETTINGS, check_triton_settings
 from .common import padded_dims
 
-LAYOUTS = {
+LAYOUTS = {  # the names are options.TRITON_LAYOUTS, in that order
     "tile": dict(all_heads=False, LANES=False, V_EARLY=False),
     "lanes": dict(all_heads=False, LANES=True, V_EARLY=True),
     "heads": dict(all_heads=True, LANES=False, V_EARLY=True),
 }
 DEFAULT_LAYOUT = "heads"
-BACKWARD_LAYOUTS = ("tile", "heads")
+BACKWARD_LAYOUTS = TRITON_BACKWARD_LAYOUTS
 DEFAULT_BACKWARD_LAYOUT = "heads"
-SETTINGS = ("layout", "BLOCK_E", "num_warps", "num_stages")  # what a call may set, forward and backward
+SETTINGS = TRITON_SETTINGS  # what a call may set, forward and backward
+MAX_TENSOR_NUMEL = getattr(tl, "TRITON_MAX_TENSOR_NUMEL", 1 << 20)  # Triton's largest tensor (a tile)
 
 Settings = Optional[Mapping[str, Any]]
 
 
-def _positive(value: Any, none_ok: bool) -> bool:
-    return (value is None and none_ok) or (isinstance(value, int) and not isinstance(value, bool) and value > 0)
-
-
-def _check(settings: Settings, which: str, layouts, default: str) -> Dict[str, Any]:
-    settings = dict(settings or {})
-    unknown = set(settings) - set(SETTINGS)
-    counts = all(_positive(settings[k], k == "num_stages") for k in SETTINGS[1:] if k in settings)
-    if unknown or not counts or settings.get("layout", default) not in layouts:
-        raise ValueError(
-            f"bad {which} settings {settings} in kernel_options triton_{which}: names are {list(SETTINGS)} "
-            f"(positive ints; num_stages may be None), layouts are {list(layouts)}"
-        )
-    return settings
-
-
 def check_forward(settings: Settings) -> Dict[str, Any]:
-    """settings as a dict, or a ValueError naming the bad name or layout."""
-    return _check(settings, "forward", LAYOUTS, DEFAULT_LAYOUT)
+    """settings as a dict, or a ValueError naming the bad name or value (`options.check_triton_settings`)."""
+    return check_triton_settings("triton_forward", settings or {})
 
 
 def check_backward(settings: Settings) -> Dict[str, Any]:
-    """settings as a dict, or a ValueError naming the bad name or layout."""
-    return _check(settings, "backward", BACKWARD_LAYOUTS, DEFAULT_BACKWARD_LAYOUT)
+    """settings as a dict, or a ValueError naming the bad name or value (`options.check_triton_settings`)."""
+    return check_triton_settings("triton_backward", settings or {})
+
+
+def _fits(cfg: dict, given: Dict[str, Any], which: str, heads: int) -> dict:
+    """cfg, unless a given BLOCK_E makes its largest tile, (BLOCK_E, BLOCK_H, max(BLOCK_D, BLOCK_DV)),
+    larger than Triton's largest tensor: then a ValueError naming the setting, the value and the
+    largest BLOCK_E that fits."""
+    per_edge = cfg["BLOCK_H"] * max(cfg["BLOCK_D"], cfg["BLOCK_DV"])
+    if "BLOCK_E" in given and cfg["BLOCK_E"] * per_edge > MAX_TENSOR_NUMEL:
+        raise ValueError(
+            f"kernel_options {which}['BLOCK_E'] = {cfg['BLOCK_E']} makes tiles of {cfg['BLOCK_E'] * per_edge} "
+            f"elements ({cfg['BLOCK_H']} of {heads} heads of {max(cfg['BLOCK_D'], cfg['BLOCK_DV'])} padded dims per "
+            f"edge), over Triton's largest tensor ({MAX_TENSOR_NUMEL}): use at most "
+            f"{MAX_TENSOR_NUMEL // per_edge}"
+        )
+    return cfg
 
 
 def tiles(d: int, dv: int, mean_degree: float) -> dict:
@@ -132,7 +134,7 @@ def forward_settings(d: int, dv: int, heads: int, mean_degree: float, settings: 
     else:
         cfg.update(BLOCK_H=1)
     cfg.update(NUM_STAGES=None if layout == "tile" else 2, **flags)
-    return _overridden(cfg, given)
+    return _fits(_overridden(cfg, given), given, "triton_forward", heads)
 
 
 def backward_settings(d: int, dv: int, heads: int, settings: Settings = None) -> dict:
@@ -150,7 +152,7 @@ def backward_settings(d: int, dv: int, heads: int, settings: Settings = None) ->
         cfg.update(num_warps=max(1, min(4, cfg["BLOCK_E"] * _per_edge(d, dv, heads) // 512)))
     else:
         cfg.update(BLOCK_H=1, NUM_STAGES=None)
-    return _overridden(cfg, given)
+    return _fits(_overridden(cfg, given), given, "triton_backward", heads)
 
 
 def forward_ints(settings: Settings) -> List[int]:
