@@ -2,6 +2,7 @@
 
 from .block import Block
 from .builders import batch, bipartite, block_edges, causal, complete, from_blocks, from_row_pointers, random, window
+from .exported import exported_module
 from .graph import CSR, Graph
 from .order import locality_order, locality_pays, locality_view, relabel, source_spread
 from .pyg import from_pyg
@@ -25,4 +26,5 @@ __all__ = [
     "locality_pays",
     "source_spread",
     "relabel",
+    "exported_module",
 ]

@@ -4,6 +4,7 @@ batches of every size under dynamic=True; exported programs with dynamic node an
 save, load and run on graphs of other sizes (and as an AOTInductor package); values and gradients
 equal to eager code and to the reference. Tiny graphs: each compilation takes seconds."""
 
+import pathlib
 import re
 
 import pytest
@@ -347,6 +348,37 @@ def test_export_takes_two_graphs_over_different_nodes():
     g1, g2 = TINY_GRAPHS[0], graphs.random(7, 7, 20, seed=2)
     x1, x2 = torch.randn(1, 8), torch.randn(7, 8)
     _assert_close(ep.module()(x1, g1, x2, g2), Two()(x1, g1, x2, g2), "two graphs")
+
+
+def test_a_graph_over_other_nodes_than_an_exported_programs_inputs(tmp_path):
+    """ep.module() runs torch's guards first, as its graph's first node, and its message is torch's
+    (pinned here, quoted in docs/guide/compile.md); sparseattn's op reads the node counts from the
+    guarded sizes, so it cannot come first. graphs.exported_module(ep) checks the Graph arguments
+    before the guards and raises eager's kind of ValueError; a program exported without
+    Graph.dynamic_shapes() is named as the cause for a graph of another size."""
+    model, loaded = _exported("graph", tmp_path)
+    g = graphs.random(45, 45, 200, seed=3)
+    mismatched = (torch.randn(40, 16), Graph(g.edge_index, 45, 45))
+    guard = "Guard failed: -1 + graph.src_ptr.size()[0] == x.size()[0]"
+    with pytest.raises(AssertionError, match=re.escape(guard)):
+        loaded.module()(*mismatched)
+    assert f"AssertionError: {guard}" in (pathlib.Path(__file__).parents[2] / "docs/guide/compile.md").read_text()
+    checked = graphs.exported_module(loaded)
+    ours = "graph has num_dst=45 but x has 40 rows, which the exported program takes to be equal"
+    with pytest.raises(ValueError, match=re.escape(ours)):
+        checked(*mismatched)
+    with pytest.raises(ValueError, match=re.escape(ours)):
+        checked(mismatched[0], graph=mismatched[1])
+    cross = Graph(graphs.random(50, 45, 200, seed=1).edge_index, 50, 45)  # sources other than x's rows
+    with pytest.raises(ValueError, match=re.escape("graph has num_src=50 but x has 45 rows")):
+        checked(torch.randn(45, 16), cross)
+    with pytest.raises(AssertionError, match="Guard failed"):  # not a graph's: torch's guard says it
+        checked(torch.randn(45, 8), Graph(g.edge_index, 45, 45))
+    x = torch.randn(45, 16)
+    _assert_close(checked(x, Graph(g.edge_index, 45, 45)), model(x, g), "checked module")
+    static = graphs.exported_module(torch.export.export(model, (torch.randn(30, 16), graphs.random(30, 30, 90))))
+    with pytest.raises(ValueError, match=re.escape("takes only num_dst=30: export it with dynamic_shapes=(..., Graph")):
+        static(x, Graph(g.edge_index, 45, 45))
 
 
 def test_an_aot_inductor_package_runs_on_the_cpu(tmp_path):
