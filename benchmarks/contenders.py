@@ -4,12 +4,23 @@ and compiled, the peers of benchmarks/peers.py), each with a note and a memory e
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 
 from sparseattn import edge_attention, graphs
-from sparseattn.kernels import available_backends, backends_for, choose_auto, local, memory, plan
+from sparseattn.kernels import (
+    available_backends,
+    backends_for,
+    choose_auto,
+    dense_attention,
+    local,
+    memory,
+    plan,
+    register_backend,
+    registered_backend,
+)
 
 from . import peers
 from .families import COMPILE_FAMILIES, FLEX_FAMILIES, Family
@@ -80,6 +91,22 @@ def _small_pages(g: graphs.Graph) -> Build:
     return _plain(call)
 
 
+# the tile kernels as registered backends without the finiteness check that "local" and "dense" put around
+# them (kernels/guard.py), for the `auto (unchecked)` contender: edge_attention's own work stays in both
+UNCHECKED = {"local": local.local_attention, "dense": dense_attention}
+for _name, _kernel in UNCHECKED.items():
+    register_backend(replace(registered_backend(_name), name=f"{_name} (unchecked)", fn=_kernel))
+
+
+def _unchecked(g: graphs.Graph, q: torch.Tensor) -> Optional[Build]:
+    """`auto`'s call on g run by its tile kernel without the finiteness check: what that check costs.
+    None where `auto` runs no tile kernel."""
+    chosen = choose_auto(q, g)
+    if chosen not in UNCHECKED:
+        return None
+    return _plain(lambda *qkv: edge_attention(*qkv, g, backend=f"{chosen} (unchecked)"))
+
+
 def _peer(make: Callable[..., tuple], *graph) -> Build:
     """A peers.make_* builder that returns (call, bytes estimate[, label])."""
     return lambda *leaves: (*make(*graph, *leaves)[:2], "")
@@ -117,6 +144,8 @@ def contenders_for(fam: Family, g: graphs.Graph, q: torch.Tensor, args, info: di
     out: Dict[str, Contender] = {}
     cpu = backends_for("cpu") + ["auto"]
     for name in available_backends() + ["auto"]:
+        if name.endswith("(unchecked)"):
+            continue  # `auto (unchecked)` below
         if name == "dense" and not g.blocks:
             out[name] = (None, "not applicable: graph has no dense blocks", 0)
         elif name not in cpu:
@@ -127,6 +156,12 @@ def contenders_for(fam: Family, g: graphs.Graph, q: torch.Tensor, args, info: di
             call = _plain(lambda *qkv, b=name: edge_attention(*qkv, g, backend=b))
             out[name] = (call, f"-> {choose_auto(q, g)}" if name == "auto" else "", estimate_bytes(name, g))
     out.setdefault("scatter", (None, "skipped: torch_scatter not importable", 0))
+    unchecked = _unchecked(g, q)
+    if unchecked is None:
+        out["auto (unchecked)"] = (None, "not applicable: auto runs no tile kernel here", 0)
+    else:
+        note = "the tile kernel without its finiteness check (kernels/guard.py)"
+        out["auto (unchecked)"] = (unchecked, note, estimate_bytes("auto", g))
     raw = _plain(lambda *qkv, ei=g.edge_index: edge_attention(*qkv, ei))
     out["auto (raw)"] = (raw, "edge_index tensor: builds per call", estimate_bytes("auto", g))
     if memory.huge_pages_available():

@@ -34,7 +34,7 @@ def group_of(r: KernelResult) -> Tuple[str, float]:
 
 RATIOS = {"auto/sdpa": ("auto", "sdpa"), "raw/Graph": ("auto (raw)", "auto")}  # name -> numerator, denominator
 RATIOS.update({"compiled/eager": ("auto (compiled)", "auto"), "pyg/auto": ("pyg", "auto")})
-RATIOS.update({"compiled pyg/auto": ("pyg (compiled)", "auto")})
+RATIOS.update({"compiled pyg/auto": ("pyg (compiled)", "auto"), "checked/unchecked": ("auto", "auto (unchecked)")})
 Bound = Tuple[str, float]
 # Issue 44's targets against compiled PyG, per family by name prefix (the first that matches)
 COMPILED_PYG_TARGETS = [("window-", (">=", 3.0)), ("random-", (">=", 1.5)), ("powerlaw-", (">=", 1.5))]
@@ -42,6 +42,7 @@ COMPILED_PYG_TARGETS += [("knn-", (">=", 2.0)), ("mesh-", (">=", 2.0))]
 TARGETS = {  # every ratio in the kernels page's order: its column head there and target (None: none, or per family)
     "auto/sdpa": ("clamp-mode `auto` / `sdpa`", ("<=", 1.2)),
     "raw/Graph": ("`auto (raw)` / `auto`", ("<=", 1.5)),
+    "checked/unchecked": ("`auto` / `auto (unchecked)`: the finiteness check's cost", ("<=", 1.03)),
     "csr fwd+bwd/fwd": ("`csr` fwd+bwd / fwd", ("<=", 3.2)),  # csr's forward+backward time over its forward time
     "compiled pyg/auto": ("`pyg (compiled)` / `auto`", None),  # COMPILED_PYG_TARGETS
     "compiled pyg/auto memory": ("`pyg (compiled)` / `auto` peak memory, fwd+bwd", (">=", 2.0)),

@@ -129,8 +129,11 @@ def edge_attention(
     Per-edge tensors (bias, edge terms, the returned weights) are in the caller's edge order.
     Duplicate edges count once each. Half-precision inputs accumulate in float32, also under
     `torch.autocast` (which is off inside the kernels; q, k and v arrive as autocast made them).
-    NaN or inf in q, k or v reaches only the destinations whose edges touch it; in clamp mode a score of +inf
-    or -inf is clamped to hi or lo like any other score.
+    NaN or inf in q, k, v, bias or an edge term reaches only the destinations whose edges touch it, on every
+    backend (out and the weights non-finite exactly where the reference's are); in clamp mode a score of +inf
+    or -inf is clamped to hi or lo like any other score. A gradient is non-finite only in rows connected to a
+    destination such a value touches, or whose incoming gradient is non-finite (its dq row, its edges'
+    sources' dk and dv rows, its edges' bias and edge-term rows); elsewhere it equals the reference's.
     """
     g, scale, clamp, bias, edge_key, edge_value, edge_scale, eps, dropout_p = _checked_arguments(
         q, k, v, graph, scale, clamp, bias, edge_key, edge_value, edge_scale, eps, dropout_p, return_weights
@@ -175,12 +178,10 @@ def edge_attention(
 def _reorders(g: Graph, options) -> bool:
     """Whether a call with kernel_options node_order set runs in the locality order: where that order
     brings the sources nearer (`graphs.locality_pays`); a graph already local, or random, takes the
-    plain call. Refuses a graph of two node sets; warns on a raw edge_index."""
+    plain call, and so does a graph of two node sets (cross attention, a KV cache's keys), which one
+    permutation of its nodes cannot order. Warns on a raw edge_index."""
     if g.num_src != g.num_dst:
-        raise ValueError(
-            f"kernel_options node_order={options.node_order!r} needs one node set (k and q with as many rows), "
-            f"got {g.num_src} sources and {g.num_dst} destinations"
-        )
+        return False
     if g.one_call:
         warnings.warn(
             f"kernel_options node_order={options.node_order!r} with a raw edge_index searches for the order "

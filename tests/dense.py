@@ -36,5 +36,5 @@ def dense_attention(q, k, v, edge_index, *, scale=None, clamp=(-5.0, 5.0), bias_
     weights = weights * count  # duplicates count once each; non-edges count 0
     z = weights.sum(-1, keepdim=True)  # (H, N_dst, 1)
     out = weights @ v.double().permute(1, 0, 2)  # (H, N_dst, Dv)
-    out = out / torch.where(z > 0, z, torch.ones_like(z))
+    out = out / torch.where(z == 0, torch.ones_like(z), z)
     return out.permute(1, 0, 2)  # (N_dst, H, Dv)

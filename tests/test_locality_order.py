@@ -152,9 +152,6 @@ def test_node_order_errors_name_the_option():
     x = torch.randn(3, 1, 2)
     with pytest.warns(UserWarning, match="raw edge_index searches for the order in every call"):
         edge_attention(x, x, x, torch.tensor([[0, 1], [1, 2]]), kernel_options={"node_order": "locality"})
-    q, kv = torch.randn(2, 1, 2), torch.randn(3, 1, 2)
-    with pytest.raises(ValueError, match=r"node_order='locality' needs one node set.*3 sources and 2 destinations"):
-        edge_attention(q, kv, kv, torch.tensor([[0], [1]]), kernel_options={"node_order": "locality"})
 
 
 def test_node_order_reaches_layers_through_the_default_block():
@@ -175,6 +172,39 @@ def test_node_order_reaches_layers_through_the_default_block():
         got = layer(x, g)
     assert "locality_view" in g._cache and graphs.locality_pays(g)  # the call permuted
     assert_close(got, want, torch.float64, "layer")
+
+
+def test_node_order_runs_calls_over_two_node_sets_plainly(monkeypatch):
+    """Cross attention and a KV cache's keys (num_src != num_dst): one permutation cannot order two node
+    sets, so such calls run plainly, and a whole model (the README's GraphTransformer, EdgeAttention
+    decoding with a KVCache) runs under the option and equals its plain run."""
+    import sparseattn.functional as functional
+    from sparseattn import EdgeAttention, KVCache
+    from sparseattn.kernels import kernel_options
+    from sparseattn.models import GraphPool, GraphTransformer
+
+    torch.manual_seed(0)
+    model = GraphTransformer(12, 12, num_layers=1, d_model=16, num_heads=2, d_ff=16).double().eval()
+    batch = GraphPool().batch([[3, 4, 5, 6], [7, 8]], [[3, 4, 5], [6, 7, 8, 9]], bos=1, eos=2)
+    want = model(batch).logits
+    calls = []
+    monkeypatch.setattr(functional, "locality_pays", lambda g: calls.append(g) or False)
+    with kernel_options(node_order="locality"):
+        got = model(batch).logits
+    assert calls and all(g.num_src == g.num_dst for g in calls)  # self-attention asked; cross attention did not
+    assert_close(got, want, torch.float64, "GraphTransformer")
+
+    attn = EdgeAttention(16, 2).double()
+    steps = [torch.randn(2, 16, dtype=torch.float64) for _ in range(3)]
+
+    def decode():
+        cache = KVCache()
+        return torch.cat([attn(x, cache.step_graph(2), cache=cache) for x in steps])
+
+    want = decode()
+    with kernel_options(node_order="locality"):
+        got = decode()
+    assert_close(got, want, torch.float64, "KV cache")
 
 
 def test_node_order_permutes_only_where_the_order_brings_sources_nearer(monkeypatch):

@@ -18,6 +18,7 @@ from . import scatter
 from .contract import ALL_FLOATS, AttentionInputs, Backend, BackendFn
 from .csr import csr_attention
 from .dense import dense_attention, plan
+from .guard import checked
 from .local import TILE_ROWS, cached_layout, local_attention
 from .options import KernelOptions, as_kernel_options, kernel_options
 from .reference import reference_attention
@@ -28,6 +29,14 @@ _BACKENDS: Dict[str, Backend] = {}
 def register_backend(backend: Backend) -> None:
     """Add (or replace) a backend under `backend.name`, for `edge_attention(..., backend=name)`."""
     _BACKENDS[backend.name] = backend
+
+
+def registered_backend(name: str) -> Backend:
+    """The `Backend` entry registered under `name` (its declared devices, dtypes and function);
+    ValueError for an unknown name."""
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; registered names are {', '.join(map(repr, _BACKENDS))}")
+    return _BACKENDS[name]
 
 
 def backend_names() -> list:
@@ -167,10 +176,13 @@ register_backend(
 )
 # SDDMM + CSR SpMM with a hand-written backward
 register_backend(Backend("csr", csr_attention, edge_terms=True, grouped_kv=True))
+# The two tile backends multiply whole tiles, non-edges too: `checked` gives a call whose result is not
+# finite to csr, so that a NaN or inf reaches only the destinations whose edges touch it (guard.py).
 # batched matmuls (or SDPA) over the graph's dense blocks; CUDA's SDPA and fused kernels take half types
-register_backend(Backend("dense", dense_attention, dtypes={"cpu": (torch.float32, torch.float64), "cuda": ALL_FLOATS}))
+dense_dtypes = {"cpu": (torch.float32, torch.float64), "cuda": ALL_FLOATS}
+register_backend(Backend("dense", checked(dense_attention, csr_attention), dtypes=dense_dtypes))
 # tiles of consecutive destinations over their shared source span, batched matmuls (eager only)
-register_backend(Backend("local", local_attention, grouped_kv=True))
+register_backend(Backend("local", checked(local_attention, csr_attention), grouped_kv=True))
 # the reference on torch_scatter
 register_backend(Backend("scatter", scatter.scatter_attention, probe=scatter.probe, edge_terms=True))
 register_backend(
@@ -191,6 +203,7 @@ __all__ = [
     "Backend",
     "BackendFn",
     "register_backend",
+    "registered_backend",
     "backend_names",
     "available_backends",
     "backends_for",

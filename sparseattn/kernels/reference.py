@@ -72,7 +72,7 @@ def reference_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tenso
     if inputs.eps:
         z_safe = z + inputs.eps
     else:
-        z_safe = torch.where(z > 0, z, torch.ones_like(z))  # no in-edges: wv = 0, so out = 0
+        z_safe = torch.where(z == 0, torch.ones_like(z), z)  # no in-edges: wv = 0, so out = 0 (NaN stays)
     out = (wv / z_safe[..., None]).to(q.dtype)
     weights = (w / z_safe[dst]).to(q.dtype) if return_weights else None
     return out, weights

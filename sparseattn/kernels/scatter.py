@@ -91,7 +91,7 @@ def scatter_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]
     w_v = w if dropout_mask is None else w * (dropout_mask if perm is None else dropout_mask[perm])
     values = v[src] if edge_value is None else v[src] + edge_value
     wv = _SegmentSum.apply(w_v[..., None] * values, ptr)  # (N_dst, H, Dv)
-    z_safe = z + inputs.eps if inputs.eps else torch.where(z > 0, z, torch.ones_like(z))
+    z_safe = z + inputs.eps if inputs.eps else torch.where(z == 0, torch.ones_like(z), z)
     out = wv / z_safe[..., None]
     weights = None
     if return_weights:

@@ -20,8 +20,9 @@ that autograd differentiates (no branch on the data, so no graph break; compiled
 Function gave zero gradients under torch 2.11); a plan not built before is built inside the trace.
 Half types run in float32, except that on CUDA the SDPA calls take them as they are (its fused
 kernels accumulate in float32; an H100 ran the float32 kernel 5-10x slower). Inside a block every
-destination sees every source value, so NaN/inf in one source row reaches the whole block (the
-sparse backends keep it to the destinations with an edge from that row).
+destination sees every source value, so NaN/inf in one source row reaches the whole block; the
+registered backend checks this function's results and computes a call that is not finite with
+csr instead (kernels/guard.py), which keeps it to the destinations with an edge from that row.
 
 Modules by job: plan.py (buckets and their cached parts, `plan`, `prepare`), tiles.py (clamp mode
 tile by tile: `DenseClampAttention`), dispatch.py (`dense_attention`: each bucket's path).

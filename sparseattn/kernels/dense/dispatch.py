@@ -176,7 +176,7 @@ def _materialized(
         m = m.masked_fill(torch.isneginf(m), 0.0)  # a row without edges (or all -inf) gets w = 0
         w = torch.exp(scores - m)
     z = w.sum(-1, keepdim=True)
-    z = torch.where(z > 0, z, torch.ones_like(z))
+    z = torch.where(z == 0, torch.ones_like(z), z)  # no edges: out = 0; a NaN sum stays NaN
     wm = w if dropout_mask is None else w * _scatter_edges(dropout_mask, bk)
     return torch.matmul(wm, vb) / z, (w / z if return_weights else None)
 

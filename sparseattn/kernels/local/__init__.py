@@ -12,7 +12,8 @@ it. Calls with bias, dropout or returned weights go to the csr backend; an edge 
 weighs m times (log m in its position's bias); graphs whose tiles would be mostly empty (random
 ones) are refused with a ValueError. Inside a tile every destination's scores read
 every span row, so NaN/inf in a source row reaches every destination of the tiles whose span
-holds it (as in the dense backend). "auto" picks it on CPU for rows of many edges in dense enough
+holds it; the registered backend checks this function's results and computes a call that is not
+finite with csr instead (kernels/guard.py). "auto" picks it on CPU for rows of many edges in dense enough
 tiles (`LOCAL_MIN_DEGREE`, `LOCAL_MIN_DENSITY` in kernels/__init__.py).
 
 Modules by job: plan.py (`Layout`, `Plan`, `plan`), tiles.py (one head of a batch of tiles,

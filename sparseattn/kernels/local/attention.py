@@ -164,7 +164,7 @@ def local_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     """The "local" backend (the contract in contract.py): out (N_dst, H, Dv). Calls with a bias,
     dropout or returned weights go to the csr backend (this one computes none of them)."""
     if inputs.bias is not None or inputs.dropout_mask is not None or inputs.return_weights:
-        return csr_attention(inputs)
+        return csr_attention(inputs)  # (the registered backend checks this function's results: guard.py)
     p = plan(inputs.graph)
     q, k, v = (x.contiguous() for x in (inputs.q, inputs.k, inputs.v))
     return LocalAttention.apply(q, k, v, p, inputs.graph, inputs.scale, inputs.clamp), None

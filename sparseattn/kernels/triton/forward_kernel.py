@@ -133,7 +133,7 @@ def forward_kernel(
         z, wv = tl.sum(z_i * f, 0), tl.sum(acc * f[:, :, None], 0)
     if HAS_EPS:
         z += tl.load(SCALARS + 3)
-    z_safe = tl.where(z > 0, z, 1.0)  # no in-edges (and eps = 0): wv = 0, so out = 0
+    z_safe = tl.where(z == 0, 1.0, z)  # no in-edges (and eps = 0): wv = 0, so out = 0; NaN stays
     tl.store(
         OUT + t * so_n + heads[:, None] * so_h + offs_dv[None, :],
         (wv / z_safe[:, None]).to(OUT.dtype.element_ty),
