@@ -21,20 +21,19 @@ budget starts the next epoch.
 from __future__ import annotations
 
 import json
-import signal
 import sys
-import threading
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
 from . import checkpoint as ckpt_io
 from .config import Config
 from .ema import WeightEMA
+from .interrupts import deferred_interrupt
 from .metrics import Meter, read_metrics
 from .model_configs import lr_dim
 from .run_folder import RUN_ID, new_run_id, swap_in
@@ -63,31 +62,6 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device={name}: CUDA is not available here (torch {torch.__version__}); use --device=cpu")
     return device
-
-
-@contextmanager
-def deferred_interrupt(then: Callable[[], str] = lambda: "saving a checkpoint"):
-    """The first Ctrl-C or SIGTERM (what `timeout` and job schedulers send) sets flag["stop"]: the
-    loop finishes its step, saves and exits (`then()` says what follows the step). A second one
-    raises at once."""
-    flag = {"stop": False}
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
-
-    def handler(signum, frame):
-        if flag["stop"]:
-            raise KeyboardInterrupt
-        flag["stop"] = True
-        name = "SIGTERM" if signum == signal.SIGTERM else "interrupt"
-        print(f"\n{name}: finishing this step and {then()} (again to abort)", file=sys.stderr)
-
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield flag
-    finally:
-        for sig, previous in old.items():
-            signal.signal(sig, previous)
 
 
 class NonFiniteLoss(ValueError):
