@@ -180,7 +180,11 @@ register_backend(Backend("csr", csr_attention, edge_terms=True, grouped_kv=True)
 # finite to csr, so that a NaN or inf reaches only the destinations whose edges touch it (guard.py).
 # batched matmuls (or SDPA) over the graph's dense blocks; CUDA's SDPA and fused kernels take half types
 dense_dtypes = {"cpu": (torch.float32, torch.float64), "cuda": ALL_FLOATS}
-register_backend(Backend("dense", checked(dense_attention, csr_attention), dtypes=dense_dtypes))
+register_backend(
+    Backend(
+        "dense", checked(dense_attention, csr_attention, lambda x: plan(x.graph).reaches_non_edges), dtypes=dense_dtypes
+    )
+)
 # tiles of consecutive destinations over their shared source span, batched matmuls (eager only)
 register_backend(Backend("local", checked(local_attention, csr_attention), grouped_kv=True))
 # the reference on torch_scatter

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -122,13 +122,16 @@ def _checked_with_gradients(inputs: AttentionInputs, tiles: BackendFn, sparse: B
     return results
 
 
-def checked(tiles: BackendFn, sparse: BackendFn) -> BackendFn:
+def checked(
+    tiles: BackendFn, sparse: BackendFn, reaches_non_edges: Callable[[AttentionInputs], bool] = lambda _: True
+) -> BackendFn:
     """The backend function `tiles` (one that computes whole tiles) with its results checked: an
     output or a gradient holding a non-finite value comes from `sparse` instead (the module
-    docstring). Unchecked inside a trace."""
+    docstring). Unchecked inside a trace, and where `reaches_non_edges(inputs)` says that the tiles
+    hold edges only (then their products are the edges' own, whatever the values)."""
 
     def run(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
-        if tracing():
+        if tracing() or not reaches_non_edges(inputs):
             return tiles(inputs)
         if torch.is_grad_enabled() and any(
             getattr(inputs, n) is not None and getattr(inputs, n).requires_grad for n in GRADIENT_INPUTS

@@ -48,6 +48,8 @@ FAMILIES = {
     "causal": (lambda: graphs.batch([graphs.causal(48)] * 5), "dense", 47, None),
     "complete": (lambda: graphs.batch([graphs.complete(48)] * 5), "dense", 47, None),
     "cross": (lambda: graphs.batch([graphs.bipartite(30, 20)] * 6), "dense", 29, None),
+    # padded buckets of complete blocks, which dense runs unchecked (all pairs are edges, padding is zeros)
+    "complete-varlen": (lambda: graphs.batch([graphs.complete(n) for n in (20, 33, 47, 64, 12, 40)]), "csr", 60, None),
 }
 
 
@@ -239,6 +241,18 @@ def test_tiles_with_finite_inputs_stay_on_the_tiles(monkeypatch):
     inputs["k"][120, 0, 0] = math.inf  # every score of the row is +-inf, clamped: a finite output
     out, _, _ = attend("local", g, inputs, grad_out, (-5.0, 5.0))
     assert torch.isfinite(out).all() and calls == [True]  # the tiles' gradients were not finite: csr's
+
+
+def test_dense_checks_only_buckets_with_pairs_that_are_not_edges():
+    """Complete and bipartite blocks are all edges (their padding zeros): dense runs them unchecked,
+    and the contract holds there anyway (the families above); causal and no-self blocks are checked."""
+    from sparseattn.kernels.dense import plan
+
+    assert not plan(FAMILIES["complete"][0]()).reaches_non_edges
+    assert not plan(FAMILIES["cross"][0]()).reaches_non_edges
+    assert not plan(FAMILIES["complete-varlen"][0]()).reaches_non_edges
+    assert plan(FAMILIES["causal"][0]()).reaches_non_edges
+    assert plan(graphs.batch([graphs.complete(16, self_loops=False)] * 3)).reaches_non_edges
 
 
 def test_a_second_backward_and_double_backward_through_the_check():

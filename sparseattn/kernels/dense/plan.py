@@ -138,6 +138,13 @@ class Plan(NamedTuple):
     waste: float  # padded block area / block area - 1
     contiguous_out: bool  # one bucket covering destinations 0..N_dst in order
 
+    @property
+    def reaches_non_edges(self) -> bool:
+        """Whether some bucket multiplies pairs that are not edges (causal or no-self blocks): there a
+        NaN in one row could reach a destination without an edge from it. Complete and bipartite
+        blocks are all edges, and their padding is zeros, so their products are the edges' own."""
+        return any(bk.kind != "full" for bk in self.buckets)
+
 
 def _contiguous_start(starts: List[int], step: int, padded: bool) -> int:
     ok = not padded and all(s == starts[0] + i * step for i, s in enumerate(starts))
