@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict
+from statistics import median
 from typing import Dict, List, Optional
 
 import torch
@@ -30,7 +31,7 @@ from sparseattn import edge_attention, graphs
 from sparseattn.kernels import choose_auto, plan
 
 from . import harness, stream
-from .contenders import EXACT, contenders_for, estimate_bytes, needed_bytes
+from .contenders import EXACT, UNCHECKED, CheckTimer, contenders_for, estimate_bytes, needed_bytes
 from .families import Family, families
 from .kernels_report import DEFAULT_SCALE, KernelResult, plotted, ratio_table
 from .limits import gather_floor, limit_ms, measure_rates, must_move
@@ -38,6 +39,7 @@ from .peers import DIM, HEADS
 from .threads import POLICIES, run_setting, setting_label, thread_settings
 
 GiB = 2**30
+CHECKS = CheckTimer()
 FAMILY_INFO: Dict[str, dict] = {}  # per family: sizes, auto's pick, dense padding, bytes and flops (in the JSON)
 FLOORS: Dict[str, dict] = {}  # per family, at this worker's setting: limits.gather_floor (in the setting's JSON)
 
@@ -89,6 +91,7 @@ def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, re
         gout = torch.randn_like(gold(False))
         lim = limit_ms(fi["bytes"][mode], fi["flops"][mode], rates["copy_gb_per_s"], rates["gemm_gflop_per_s"])
         ready = []  # (row, fn): checked and measured, timed below in rounds
+        check_times: Dict[int, List[float]] = {}  # id(row) -> ms in the finiteness check, per call
         for name, (build, note, est) in contenders.items():
             r = KernelResult(fam.name, g.num_edges, name, mode, note=note, limit_ms=lim, input_scale=scale)
             r.threads, r.omp_wait_policy = args.setting
@@ -114,6 +117,8 @@ def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, re
                         against = checker + (" with clamp=None" if name in EXACT else "")
                         raise AssertionError(f"max |err| vs {against} = {err:.3g}")
                     fn = harness.timed_pass(call, mode, leaves, gout)
+                    if name == "auto" and fi["auto"] in UNCHECKED:  # a tile kernel behind its finiteness check
+                        fn = CHECKS.wrap(fn, check_times.setdefault(id(r), []))
                     r.peak_extra_mib = harness.peak_extra_mib(fn)
                     ready.append((r, fn))
                     continue
@@ -124,6 +129,8 @@ def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, re
         harness.measure(rows, [fn for _, fn in ready], memory=False, **timing)
         ref_ms = next((r.ms for r in rows if r.contender == "reference" and r.ms), None)
         for r in rows:
+            if r.ms and id(r) in check_times:  # the timed calls' (the last ones): warmups and memory came first
+                r.check_ms = median(check_times[id(r)][-len(r.times_ms) :])
             if r.ms:
                 r.gb_per_s = fi["bytes"][mode] / (r.ms * 1e-3) / 1e9
                 r.gflop_per_s = fi["flops"][mode] / (r.ms * 1e-3) / 1e9

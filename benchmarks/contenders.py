@@ -15,6 +15,7 @@ from sparseattn.kernels import (
     backends_for,
     choose_auto,
     dense_attention,
+    guard,
     local,
     memory,
     plan,
@@ -96,6 +97,33 @@ def _small_pages(g: graphs.Graph) -> Build:
 UNCHECKED = {"local": local.local_attention, "dense": dense_attention}
 for _name, _kernel in UNCHECKED.items():
     register_backend(replace(registered_backend(_name), name=f"{_name} (unchecked)", fn=_kernel))
+
+
+class CheckTimer:
+    """The time `auto`'s calls spend in the finiteness check of the tile kernels (kernels/guard.py's
+    `all_finite`, wrapped once for the process): `wrap(fn, into)` appends each call's ms to `into`."""
+
+    def __init__(self) -> None:
+        self.spent = 0.0
+        original = guard.all_finite
+
+        def timed(tensors):
+            start = time.perf_counter()
+            try:
+                return original(tensors)
+            finally:
+                self.spent += time.perf_counter() - start
+
+        guard.all_finite = timed
+
+    def wrap(self, fn: Callable[[], object], into: List[float]) -> Callable[[], object]:
+        def call():
+            before = self.spent
+            result = fn()
+            into.append((self.spent - before) * 1e3)
+            return result
+
+        return call
 
 
 def _unchecked(g: graphs.Graph, q: torch.Tensor) -> Optional[Build]:

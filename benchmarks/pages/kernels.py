@@ -84,7 +84,7 @@ def kernel_ratios(run: Run) -> Tuple[str, int, int]:
                 if v is not None and target is not None:
                     total += 1
                     met += not _misses(v, target)
-                text = f_pct(v) if key == "auto limit share" else f_x(v)
+                text = f_pct(v) if key in ("auto limit share", "check share") else f_x(v)
                 cells.append(f"**{text}**" if _misses(v, target) else text)
             row.append(" / ".join(cells) if cells else DASH)
         rows.append(row)
