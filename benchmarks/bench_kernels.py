@@ -18,6 +18,7 @@ import functools
 import itertools
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -142,6 +143,33 @@ def run_family(fam: Family, g: graphs.Graph, scale: float, args, rates: dict, re
             print(f"  ({mode}: reference skipped, no speedup column; limit {lim:.2f} ms)")
 
 
+STANDALONE = {"pyg (compiled)": "pyg (compiled, standalone)", "auto": "auto (standalone)"}
+
+
+def standalone_rows(family: str, scale: float, args) -> List[KernelResult]:
+    """benchmarks/standalone.py on this family and scale in a fresh process of this setting's environment:
+    compiled PyG and `auto` as a user writes them, as rows named by STANDALONE (ms None, with the reason,
+    where the script failed)."""
+    cmd = [sys.executable, "-m", "benchmarks.standalone", family, "--threads", str(args.setting[0])]
+    cmd += ["--scale", str(scale), "--reps", str(args.reps)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    report = json.loads(lines[-1])["contenders"] if done.returncode == 0 and lines else {}
+    why = f"failed: benchmarks.standalone exited {done.returncode}: {done.stderr.strip()[-200:]}"
+    rows = []
+    for name, label in STANDALONE.items():
+        for mode in ("fwd", "fwd+bwd"):
+            ms = report.get(name, {}).get(mode)
+            note = "a fresh process, as a user writes it (benchmarks/standalone.py)" if ms else why
+            r = KernelResult(family, FAMILY_INFO[family]["edges"], label, mode, ms=ms, note=note, input_scale=scale)
+            r.threads, r.omp_wait_policy, r.load_average = args.setting[0], args.setting[1], os.getloadavg()[0]
+            if name == "pyg (compiled)" and ms:
+                r.compile_s = report[name][f"first_s {mode}"]
+            print_row(r)
+            rows.append(r)
+    return rows
+
+
 def run_worker(args, fams: Dict[str, Family], path: str) -> None:
     """One thread setting (started by `main` in its environment): rates, every family and scale, rates again
     (limits use the higher of each); writes {"setting", "family_info", "results"} to `path` after each family."""
@@ -164,6 +192,8 @@ def run_worker(args, fams: Dict[str, Family], path: str) -> None:
         g = fam.build()
         for scale in args.scales:
             run_family(fam, g, scale, args, rates, results)
+            if args.standalone:
+                results += standalone_rows(fam.name, scale, args)
         del g
         write()
     setting["rates_end"] = end = measure_rates(**sizes)
@@ -247,6 +277,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--contenders", default="", help="comma-separated contender names (default: all)")
     ap.add_argument("--gqa", action="store_true", help="grouped-query heads against repeated k, v (run_gqa)")
     ap.add_argument("--stream", action="store_true", help="a stream of varying-size graphs, two passes (stream.py)")
+    standalone = "also run each family's compiled PyG and auto in a fresh process as a user writes them (standalone.py)"
+    ap.add_argument("--standalone", action="store_true", help=standalone)
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)  # internal: run one setting, write here
     args = ap.parse_args(argv)
     args.thread_counts = [int(x) for x in args.threads.split(",") if x]

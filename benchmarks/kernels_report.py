@@ -36,6 +36,8 @@ def group_of(r: KernelResult) -> Tuple[str, float]:
 RATIOS = {"auto/sdpa": ("auto", "sdpa"), "raw/Graph": ("auto (raw)", "auto")}  # name -> numerator, denominator
 RATIOS.update({"compiled/eager": ("auto (compiled)", "auto"), "pyg/auto": ("pyg", "auto")})
 RATIOS.update({"compiled pyg/auto": ("pyg (compiled)", "auto"), "checked/unchecked": ("auto", "auto (unchecked)")})
+RATIOS.update({"standalone compiled pyg/auto": ("pyg (compiled, standalone)", "auto (standalone)")})
+RATIOS.update({"harness/standalone pyg": ("pyg (compiled)", "pyg (compiled, standalone)")})
 # the finiteness check's time inside `auto`'s calls over their time (kernels/guard.py), per pass
 MODES = ("fwd", "fwd+bwd")
 Bound = Tuple[str, float]
@@ -49,6 +51,8 @@ TARGETS = {  # every ratio in the kernels page's order: its column head there an
     "check share": ("`auto`'s time in its finiteness check", ("<=", 0.03)),
     "csr fwd+bwd/fwd": ("`csr` fwd+bwd / fwd", ("<=", 3.2)),  # csr's forward+backward time over its forward time
     "compiled pyg/auto": ("`pyg (compiled)` / `auto`", None),  # COMPILED_PYG_TARGETS
+    "standalone compiled pyg/auto": ("the same, each in a fresh process as a user writes it", None),
+    "harness/standalone pyg": ("`pyg (compiled)` here / in a fresh process", None),
     "compiled pyg/auto memory": ("`pyg (compiled)` / `auto` peak memory, fwd+bwd", (">=", 2.0)),
     "auto/floor": ("`auto` fwd / gather floor", None),  # FLOOR_TARGETS
     "shuffled/local": ("`auto` shuffled ids / local order", ("<=", 1.2)),  # *-shuffled over its *-local twin

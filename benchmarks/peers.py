@@ -120,9 +120,12 @@ def make_pyg(g: graphs.Graph, q, k, v, clamp=None):
     to `clamp` if given), `torch_geometric.utils.softmax` per destination (exact, max-subtracted), then
     `utils.scatter` of v[src] * alpha. Returns (fn, bytes estimate, label); ImportError without PyG."""
     label = pyg_label()
+    # the index rows taken here, outside the call: compiled with the rows selected inside (g.src, g.dst
+    # or a (2, E) argument), the recipe's fwd+bwd ran 1.6-1.8x slower on random-50k (benchmarks/standalone.py)
+    src, dst, num_dst = g.src, g.dst, g.num_dst
 
     def fn():
-        return pyg_attention(q, k, v, g.src, g.dst, g.num_dst, clamp)
+        return pyg_attention(q, k, v, src, dst, num_dst, clamp)
 
     return fn, g.num_edges * HEADS * DIM * 4 * 4, label
 

@@ -244,3 +244,17 @@ def test_issue_44_ratios_and_their_targets_per_family():
     assert target_of("compiled pyg/auto", "complete-32x128") is None
     assert target_of("auto/floor", "powerlaw-50k") == ("<=", 1.2) and target_of("auto/floor", "window-8192") is None
     assert target_of("csr fwd+bwd/fwd", "anything") == ("<=", 3.2)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_geometric") is None, reason="torch_geometric is not installed")
+def test_standalone_script_times_compiled_pyg_and_auto_in_its_own_process(capsys):
+    """benchmarks/standalone.py, the harness's check against a user's own script: one JSON line with
+    both contenders' medians per pass and compiled PyG's first calls (its compile) apart."""
+    from benchmarks import standalone
+
+    standalone.main(["bipartite-8x40x40", "--reps", "1"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["family"] == "bipartite-8x40x40" and report["threads"] == 1
+    for name in ("pyg (compiled)", "auto"):
+        times = report["contenders"][name]
+        assert times["fwd"] > 0 and times["fwd+bwd"] > 0 and times["first_s fwd"] > 0
