@@ -1,12 +1,20 @@
+"""Without CUDA the Triton kernels run in Triton's interpreter on CPU tensors. Triton reads
+TRITON_INTERPRET when `triton.language` and the @triton.jit kernels are defined, so it is set here,
+before any test module (or a backend probe at collection) imports triton."""
+
 import dataclasses
 import os
 
-import pytest
 import torch
-from hypothesis import HealthCheck, settings
 
-from sparseattn.kernels import Backend, register_backend
-from sparseattn.kernels.csr import csr_attention
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from sparseattn.kernels import Backend, register_backend  # noqa: E402
+from sparseattn.kernels.csr import csr_attention  # noqa: E402
 
 
 # csr picks its layout per graph (head-major only on large graphs without locality, which the

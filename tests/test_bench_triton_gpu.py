@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # as tests/kernels/conftest.py: before anything imports triton (PyG does)
+if not torch.cuda.is_available():  # as tests/conftest.py: before anything imports triton (PyG does)
     os.environ["TRITON_INTERPRET"] = "1"
 
 from benchmarks import bench_triton_gpu as bench

@@ -4,7 +4,7 @@ Where a kernel keeps out, or the backward's delta = rowsum(dO * O), in bfloat16 
 the gradient of q cancels badly (delta - <dO, v_e> is a difference of two nearly equal numbers for the
 dominant edge). Values and gradients of every backend that takes bfloat16 here are compared against
 float64 math on the same bfloat16-rounded inputs; on CPU the triton backend runs in the interpreter
-(tests/kernels/conftest.py), on a GPU it runs compiled.
+(tests/conftest.py), on a GPU it runs compiled.
 """
 
 import pytest
