@@ -27,8 +27,9 @@ from ._checks import (
 from ._tracing import tracing
 from .graphs import Graph
 from .graphs.exported import check_node_counts
-from .graphs.order import locality_pays, locality_view
+from .graphs.order import locality_view
 from .kernels import AttentionInputs, get_backend, reference_backend
+from .kernels.auto import choose_order
 from .kernels.options import OptionsLike, as_kernel_options
 from .kernels.permute import permute_rows
 
@@ -139,7 +140,7 @@ def edge_attention(
         q, k, v, graph, scale, clamp, bias, edge_key, edge_value, edge_scale, eps, dropout_p, return_weights
     )
     options = as_kernel_options(kernel_options)
-    if options.node_order is not None and not tracing() and _reorders(g, options):
+    if _reorders(g, options, backend):
         per_edge = dict(bias=bias, edge_key=edge_key, edge_value=edge_value, edge_scale=edge_scale, eps=eps)
         return _in_locality_order(
             q, k, v, g, options, scale=scale, clamp=clamp, **per_edge, dropout_p=dropout_p, backend=backend,
@@ -152,7 +153,7 @@ def edge_attention(
         dropout_mask = keep.to(q.dtype) / (1.0 - dropout_p)
     edge_terms = (edge_key, edge_value, edge_scale)
     has_edge_terms = eps > 0 or any(t is not None for t in edge_terms)
-    chosen = get_backend(backend, q, g, edge_terms=has_edge_terms)
+    chosen = get_backend(backend, q, g, edge_terms=has_edge_terms, value_dim=v.shape[2])
     if g.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):
         chosen = reference_backend()  # the definition gives zeros (or empty tensors); kernels reject empty shapes
     if kv_heads != num_heads and not chosen.grouped_kv:  # this backend reads H heads of k and v: repeat them
@@ -175,20 +176,16 @@ def edge_attention(
     return out, weights.to(dtype)
 
 
-def _reorders(g: Graph, options) -> bool:
-    """Whether a call with kernel_options node_order set runs in the locality order: where that order
-    brings the sources nearer (`graphs.locality_pays`); a graph already local, or random, takes the
-    plain call, and so does a graph of two node sets (cross attention, a KV cache's keys), which one
-    permutation of its nodes cannot order. Warns on a raw edge_index."""
-    if g.num_src != g.num_dst:
-        return False
-    if g.one_call:
+def _reorders(g: Graph, options, backend: str) -> bool:
+    """Whether the call runs in the graph's locality order (`kernels.auto.choose_order`); warns when
+    kernel_options asks for the order on a raw edge_index, which would search for it in every call."""
+    if options.node_order is not None and g.one_call and g.num_src == g.num_dst and not tracing():
         warnings.warn(
             f"kernel_options node_order={options.node_order!r} with a raw edge_index searches for the order "
             "in every call (it is cached on a Graph): pass a sparseattn.Graph to keep it",
             stacklevel=3,
         )
-    return locality_pays(g)
+    return choose_order(g, options.node_order, backend)
 
 
 def _in_locality_order(q, k, v, g: Graph, options, *, return_weights: bool, **kwargs):

@@ -178,7 +178,7 @@ def test_node_order_runs_calls_over_two_node_sets_plainly(monkeypatch):
     """Cross attention and a KV cache's keys (num_src != num_dst): one permutation cannot order two node
     sets, so such calls run plainly, and a whole model (the README's GraphTransformer, EdgeAttention
     decoding with a KVCache) runs under the option and equals its plain run."""
-    import sparseattn.functional as functional
+    import sparseattn.kernels.auto as auto
     from sparseattn import EdgeAttention, KVCache
     from sparseattn.kernels import kernel_options
     from sparseattn.models import GraphPool, GraphTransformer
@@ -188,7 +188,7 @@ def test_node_order_runs_calls_over_two_node_sets_plainly(monkeypatch):
     batch = GraphPool().batch([[3, 4, 5, 6], [7, 8]], [[3, 4, 5], [6, 7, 8, 9]], bos=1, eos=2)
     want = model(batch).logits
     calls = []
-    monkeypatch.setattr(functional, "locality_pays", lambda g: calls.append(g) or False)
+    monkeypatch.setattr(auto, "locality_pays", lambda g: calls.append(g) or False)
     with kernel_options(node_order="locality"):
         got = model(batch).logits
     assert calls and all(g.num_src == g.num_dst for g in calls)  # self-attention asked; cross attention did not

@@ -141,7 +141,9 @@ def locality_view(graph: Graph) -> Tuple[Tensor, Tensor, Graph]:
 
     def build() -> Tuple[Tensor, Tensor, Graph]:
         order = locality_order(graph)
-        return order, torch.argsort(order), relabel(graph, order)
+        local = relabel(graph, order)
+        local.cached("locality_pays", lambda: False)  # in its order already: no search for it again
+        return order, torch.argsort(order), local
 
     return graph.cached("locality_view", build)
 

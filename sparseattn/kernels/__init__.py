@@ -12,16 +12,16 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor
 
-from .._tracing import tracing
 from ..graphs import Graph
-from . import scatter
+from . import auto, scatter
 from .contract import ALL_FLOATS, AttentionInputs, Backend, BackendFn
 from .csr import csr_attention
-from .dense import dense_attention, plan
+from .dense import DENSE_MAX_SHAPES, DENSE_MIN_EDGES_PER_BLOCK, dense_attention, plan
 from .guard import checked
-from .local import TILE_ROWS, cached_layout, local_attention
+from .local import LOCAL_MIN_DEGREE, LOCAL_MIN_DENSITY, local_attention
 from .options import KernelOptions, as_kernel_options, kernel_options
 from .reference import reference_attention
+from .small import SMALL_MAX_VALUES, small_attention
 
 _BACKENDS: Dict[str, Backend] = {}
 
@@ -54,60 +54,10 @@ def backends_for(device_type: str) -> list:
     return [name for name, b in _BACKENDS.items() if device_type in b.devices and b.available]
 
 
-# "auto" picks "dense" for block graphs whose blocks average at least this many edges (a 128 x 128
-# complete block; measured: below it, padded variable-length batches such as 5..50-token blocks
-# are faster with csr on CPU) and come in at most DENSE_MAX_SHAPES distinct shapes (each shape is
-# one more padded batch to gather); smaller blocks too when every bucket is an unpadded batch of
-# complete or causal blocks (F.scaled_dot_product_attention shapes: measured faster than csr from
-# 32 x 32 complete and 64-token causal blocks up, in clamp mode whether or not the clamp binds)
-DENSE_MIN_EDGES_PER_BLOCK = 16384
-DENSE_MAX_SHAPES = 4
-# "auto" picks "local" on CPU for graphs with at least LOCAL_MIN_DEGREE edges per destination whose
-# tiles (local/plan.py) are at least LOCAL_MIN_DENSITY edges: measured (windows of 8192 nodes, H=8,
-# D=64, 1 thread) level with csr in fwd+bwd at radius 16 (33 edges a row, tiles 52% edges) and
-# faster from there on (1.6x at radius 32, 2.7x at 64); slower at radius 8 and 12 whatever the tile
-LOCAL_MIN_DEGREE = 32
-LOCAL_MIN_DENSITY = 0.5
-
-
-def choose_auto(q: Tensor, graph: Graph, edge_terms: bool = False) -> str:
-    """The backend "auto" picks for these inputs (see docs/guide/backends.md):
-    "dense" when the graph records dense blocks in at most DENSE_MAX_SHAPES distinct (kind, n_src,
-    n_dst) shapes that either average >= DENSE_MIN_EDGES_PER_BLOCK edges or form unpadded batches
-    of "full"/"causal" blocks: batched matmuls (or SDPA) beat any sparse kernel there. Otherwise
-    "local" for CPU tensors when the graph averages >= LOCAL_MIN_DEGREE edges per destination and
-    its tiles hold >= LOCAL_MIN_DENSITY edges (`local.cached_layout`: wide windows, dense bands).
-    Otherwise "triton" for CUDA tensors with D <= 256 when triton is importable, else "csr". Never
-    "reference" or "scatter" (both are slower everywhere). Inside a torch.compile or torch.export
-    trace, never "dense": its batches take their shapes from the block structure, so every new
-    batch would compile anew (pass backend="dense" to have it anyway), and never "local" (eager
-    only). With edge_terms (edge_key, edge_value, edge_scale or eps given), only backends that take
-    them: never "dense" or "local"."""
-    blocks = None if tracing() or edge_terms else graph.blocks
-    if blocks and len({(b.kind, b.n_src, b.n_dst) for b in blocks}) <= DENSE_MAX_SHAPES:
-        if graph.num_edges >= DENSE_MIN_EDGES_PER_BLOCK * len(blocks) or all(
-            not bk.padded and bk.kind in ("full", "causal") for bk in plan(graph).buckets
-        ):
-            return "dense"
-    if q.device.type == "cpu" and not tracing() and not edge_terms and _local_pays(graph):
-        return "local"
-    triton = _BACKENDS.get("triton")
-    if q.device.type == "cuda" and q.shape[-1] <= 256 and triton is not None:
-        # (probed only for CUDA tensors: the probe imports triton, ~1 s)
-        if (triton.edge_terms or not edge_terms) and triton.available:
-            return "triton"
-    return "csr"
-
-
-def _local_pays(graph: Graph) -> bool:
-    """The "local" part of the auto rule: enough edges per destination first (O(1)), then the
-    tiles' density (O(E) once, cached on the graph): of tiles of 16 rows first, which bounds that
-    of any larger tile from above, so a random graph costs one pass over its edges."""
-    if graph.num_dst == 0 or graph.num_edges < LOCAL_MIN_DEGREE * graph.num_dst:
-        return False
-    if cached_layout(graph, TILE_ROWS[0]).density < LOCAL_MIN_DENSITY:
-        return False
-    return cached_layout(graph).density >= LOCAL_MIN_DENSITY
+def choose_auto(q: Tensor, graph: Graph, edge_terms: bool = False, value_dim: Optional[int] = None) -> str:
+    """The backend "auto" picks for these inputs (value_dim: v's width Dv, default q's D):
+    `auto.choose_auto` over the registered backends."""
+    return auto.choose_auto(q, graph, _BACKENDS, edge_terms, value_dim)
 
 
 def prepare(graph: Graph, heads: int, head_dim: Optional[int] = None, dtype: torch.dtype = torch.float32) -> None:
@@ -123,13 +73,15 @@ def prepare(graph: Graph, heads: int, head_dim: Optional[int] = None, dtype: tor
     prepare_dense(graph)
 
 
-def get_backend(name: str, q: Tensor, graph: Graph, edge_terms: bool = False) -> Backend:
+def get_backend(
+    name: str, q: Tensor, graph: Graph, edge_terms: bool = False, value_dim: Optional[int] = None
+) -> Backend:
     """Resolve a backend name ("auto" included) to a usable Backend, or raise. edge_terms: the call
     has edge_key, edge_value, edge_scale or eps, which the backend must take."""
     if not isinstance(name, str):
         raise TypeError(f"backend must be a str, got {type(name).__name__}")
     if name == "auto":
-        name = choose_auto(q, graph, edge_terms)
+        name = choose_auto(q, graph, edge_terms, value_dim)
     if name not in _BACKENDS:
         raise ValueError(f"unknown backend {name!r}; valid names are {', '.join(map(repr, backend_names()))}")
     backend = _BACKENDS[name]
@@ -187,6 +139,8 @@ register_backend(
 )
 # tiles of consecutive destinations over their shared source span, batched matmuls (eager only)
 register_backend(Backend("local", checked(local_attention, csr_attention), grouped_kv=True))
+# small graphs in few ops: gathers and index_adds over the caller's edges, a hand-written backward
+register_backend(Backend("small", small_attention, edge_terms=True))
 # the reference on torch_scatter
 register_backend(Backend("scatter", scatter.scatter_attention, probe=scatter.probe, edge_terms=True))
 register_backend(
@@ -223,6 +177,8 @@ __all__ = [
     "DENSE_MAX_SHAPES",
     "LOCAL_MIN_DEGREE",
     "LOCAL_MIN_DENSITY",
+    "SMALL_MAX_VALUES",
+    "small_attention",
     "local_attention",
     "KernelOptions",
     "as_kernel_options",

@@ -5,7 +5,8 @@ batches of graphs (no padding); `to_hetero` for heterogeneous graphs."""
 
 from .anemoi import GraphTransformerConv
 from .exphormer import ExphormerAttention
-from .gat import GATConv, GATv2Conv
+from .gat import GATConv
+from .gatv2 import GATv2Conv
 from .global_attention import GlobalAttention, complete_per_graph
 from .hetero import to_hetero
 from .transformer_conv import TransformerConv

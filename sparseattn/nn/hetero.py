@@ -7,7 +7,8 @@ from typing import Any, Optional
 from torch import nn
 
 from .exphormer import ExphormerAttention
-from .gat import GATConv, GATv2Conv
+from .gat import GATConv
+from .gatv2 import GATv2Conv
 from .transformer_conv import TransformerConv
 
 # layers that take an edge index and return one row per destination node, as PyG's MessagePassing

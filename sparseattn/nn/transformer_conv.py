@@ -8,11 +8,11 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .._checks import check_edge_attr, check_graph_tensor
-from ..functional import as_graph, edge_attention
+from .._checks import check_edge_attr
+from ..functional import edge_attention
 from ..graphs import Graph
+from ..kernels.auto import factor_edge_projection
 from ._common import NotScriptable, check_backend, check_dropout, edge_count, graph_of_adj_t, lazy_or_linear
-from ._small_graph import small_graph_attention, takes_small_path
 
 PairTensor = Tuple[Tensor, Tensor]
 
@@ -37,8 +37,9 @@ class TransformerConv(NotScriptable, nn.Module):
     alpha_ji a_ji, so the call attends with queries [q, W_h^T q], keys [k, 0], values [v, 0] and
     one edge row [0, a_ji] shared by the heads (edge_key = edge_value, (E, 1, C + edge_dim)), and
     maps the last edge_dim output channels back through W_h. Memory per edge is C + edge_dim
-    values instead of PyG's several (E, H, C) tensors; the result is the same formula (used when
-    C + edge_dim < H * C, i.e. whenever H > 1 and edge_dim < C; otherwise e is passed per head).
+    values instead of PyG's several (E, H, C) tensors; the result is the same formula. Which form a
+    call takes is the kernels' decision (`kernels.auto.factor_edge_projection`: this one where the
+    row is narrower and the graph is not small; otherwise e is passed per head).
 
     Args:
         in_channels: input width, or a (source, destination) pair for bipartite inputs; -1 (either
@@ -137,10 +138,12 @@ class TransformerConv(NotScriptable, nn.Module):
             raise ValueError(f"edge_attr (E, {self.edge_dim}) is required: the layer was built with edge_dim")
         if self.lin_edge is not None and edge_attr is not None:
             edge_attr = check_edge_attr(edge_attr, edge_count(edge_index), self.lin_edge.in_features, "edge_dim")
-        small = _small_graph_call(self, x_src, x_dst, edge_index, edge_attr, dropout_p)
-        if small is not None:
-            result = small if want_alpha else small[0]
-        elif self.lin_edge is not None and edge_attr is not None and c + self.lin_edge.in_features < h * c:
+        num_edges = edge_count(edge_index) or 0
+        if (
+            edge_attr is not None
+            and self.lin_edge is not None
+            and factor_edge_projection(num_edges, h, c, self.lin_edge.in_features)
+        ):
             if isinstance(self.lin_query, nn.LazyLinear) or isinstance(self.lin_key, nn.LazyLinear):
                 self.lin_query(x_dst[:0]), self.lin_key(x_src[:0]), self.lin_value(x_src[:0])  # infer the widths
             lins = (self.lin_query, self.lin_key, self.lin_value)
@@ -209,25 +212,3 @@ def _attend_through_edge_weight(
     out_aug = result[0] if isinstance(result, tuple) else result
     out = torch.einsum("nhf,hcf->nhc", out_aug[..., c:], w).add_(out_aug[..., :c])
     return (out, result[1]) if isinstance(result, tuple) else out
-
-
-def _small_graph_call(
-    layer: TransformerConv,
-    x_src: Tensor,
-    x_dst: Tensor,
-    graph: Union[Tensor, Graph],
-    edge_attr: Optional[Tensor],
-    dropout_p: float,
-) -> Optional[Tuple[Tensor, Tensor]]:
-    """The attention output (N_dst, H, C) and weights (E, H) through `small_graph_attention` (e =
-    lin_edge(edge_attr) per edge, as PyG) when `takes_small_path` says so for this call, else None."""
-    num_edges = edge_count(graph)
-    if num_edges is None or not takes_small_path(x_dst, num_edges * layer.heads, layer.backend):
-        return None
-    h, c = layer.heads, layer.out_channels
-    q = layer.lin_query(x_dst).view(-1, h, c)  # (N_dst, H, C)
-    k = layer.lin_key(x_src).view(-1, h, c)  # (N_src, H, C)
-    v = layer.lin_value(x_src).view(-1, h, c)
-    g = as_graph(graph if isinstance(graph, Graph) else check_graph_tensor(graph), k.shape[0], q.shape[0])
-    e = None if layer.lin_edge is None else layer.lin_edge(edge_attr).view(-1, h, c)  # (E, H, C)
-    return small_graph_attention(q, k, v, g.src, g.dst, e, c**-0.5, dropout_p)

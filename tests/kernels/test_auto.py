@@ -6,9 +6,17 @@ import pytest
 import torch
 
 from sparseattn import edge_attention, graphs
-from sparseattn.kernels import _BACKENDS, DENSE_MAX_SHAPES, DENSE_MIN_EDGES_PER_BLOCK, Backend, choose_auto
+from sparseattn.kernels import (
+    _BACKENDS,
+    DENSE_MAX_SHAPES,
+    DENSE_MIN_EDGES_PER_BLOCK,
+    SMALL_MAX_VALUES,
+    Backend,
+    choose_auto,
+)
 
-CPU_Q = torch.zeros(1, 1, 1)
+# q of 8 heads of 64 channels: 512 values per edge, so that only graphs of at most 256 edges are "small"
+CPU_Q = torch.zeros(1, 8, 64)
 
 
 @pytest.mark.parametrize(
@@ -24,11 +32,32 @@ CPU_Q = torch.zeros(1, 1, 1)
         (graphs.from_blocks([("full", n, n) for n in (30, 31, 32)]), "csr"),  # small and padded: csr wins
         (graphs.batch([graphs.complete(32, self_loops=False)] * 6), "csr"),  # small, masked: not an SDPA shape
         (graphs.from_blocks([("full", n, n) for n in range(130, 136)]), "csr"),  # too many shapes
-        (graphs.batch([]), "csr"),  # empty
+        (graphs.batch([graphs.complete(16)] * 2), "small"),  # 512 edges of 16 values (H=4, D=4)
+        (graphs.batch([]), "small"),  # empty (edge_attention gives it to the reference)
     ],
 )
 def test_rule(graph, expected):
-    assert choose_auto(CPU_Q, graph) == expected
+    q = torch.zeros(1, 4, 4) if expected == "small" else CPU_Q
+    assert choose_auto(q, graph) == expected
+
+
+def test_small_is_for_small_graphs_on_cpu_outside_export(monkeypatch):
+    """ "small" up to SMALL_MAX_VALUES gathered values (E * H * max(D, Dv)), before dense and local (a
+    batch of tiny complete blocks runs there too); never for CUDA tensors or inside torch.export."""
+    import sparseattn.kernels.auto as auto
+
+    edges = SMALL_MAX_VALUES // 64  # at H=4, D=16
+    fits = graphs.random(edges // 8, edges // 8, edges, seed=0)
+    beyond = graphs.random(edges // 8, edges // 8, edges + 1, seed=0)
+    q = torch.zeros(1, 4, 16)
+    assert choose_auto(q, fits) == "small"
+    assert choose_auto(q, beyond) != "small"
+    assert choose_auto(q, fits, value_dim=32) != "small"  # Dv counts
+    assert choose_auto(q, graphs.batch([graphs.complete(16)] * 8)) == "small"  # not dense
+    cuda_q = types.SimpleNamespace(device=torch.device("cuda"), shape=(1, 4, 16))
+    assert choose_auto(cuda_q, fits) != "small"
+    monkeypatch.setattr(auto, "exporting", lambda: True)
+    assert choose_auto(q, fits) == "csr"
 
 
 def test_dense_needs_enough_edges_per_block():

@@ -188,8 +188,9 @@ def test_dense_refuses_edge_terms_and_auto_avoids_it():
     g = graphs.batch([graphs.complete(40), graphs.complete(40)])
     q = torch.randn(80, 2, 4)
     ek = torch.randn(g.num_edges, 2, 4)
-    assert choose_auto(q, g) == "dense"
-    assert choose_auto(q, g, edge_terms=True) == "csr"
+    wide = torch.zeros(1, 8, 64)  # heads wide enough not to be "small", which takes edge terms
+    assert choose_auto(wide, g) == "dense"
+    assert choose_auto(wide, g, edge_terms=True) == "csr"
     with pytest.raises(ValueError, match="backend 'dense' does not take edge_key"):
         edge_attention(q, q, q, g, edge_key=ek, backend="dense")
     with pytest.raises(ValueError, match="'dense' does not take"):

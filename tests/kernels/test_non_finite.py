@@ -45,9 +45,9 @@ FAMILIES = {
     "windows": (lambda: graphs.batch([graphs.window(100, radius=32)] * 3), "local", 99, None),
     "complete-no-self": (lambda: graphs.batch([graphs.complete(64, self_loops=False)] * 4), "local", 63, None),
     "padding": (padded_windows, "local", 50, 105),
-    "causal": (lambda: graphs.batch([graphs.causal(48)] * 5), "dense", 47, None),
+    "causal": (lambda: graphs.batch([graphs.causal(64)] * 8), "dense", 63, None),
     "complete": (lambda: graphs.batch([graphs.complete(48)] * 5), "dense", 47, None),
-    "cross": (lambda: graphs.batch([graphs.bipartite(30, 20)] * 6), "dense", 29, None),
+    "cross": (lambda: graphs.batch([graphs.bipartite(40, 30)] * 16), "dense", 39, None),
     # padded buckets of complete blocks, which dense runs unchecked (all pairs are edges, padding is zeros)
     "complete-varlen": (lambda: graphs.batch([graphs.complete(n) for n in (20, 33, 47, 64, 12, 40)]), "csr", 60, None),
 }
@@ -70,8 +70,12 @@ def touched(g: Graph, inputs: Dict[str, Optional[Tensor]], grad_out: Tensor) -> 
 
 
 def attend(backend: str, g: Graph, inputs, grad_out, clamp):
-    """out, weights (or None) and the gradient of every input tensor, float64."""
-    leaves = {n: None if t is None else t.clone().requires_grad_() for n, t in inputs.items()}
+    """out, weights (or None) and the gradient of every input tensor, float64, on the CPU; triton
+    runs on CUDA where there is one (its interpreter on CPU tensors otherwise)."""
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    if device != "cpu":
+        g, grad_out = g.to(device), grad_out.to(device)
+    leaves = {n: None if t is None else t.to(device, copy=True).requires_grad_() for n, t in inputs.items()}
     with_weights = leaves.get("bias") is not None
     result = edge_attention(
         leaves["q"], leaves["k"], leaves["v"], g, clamp=clamp, backend=backend, return_weights=with_weights,
@@ -80,9 +84,9 @@ def attend(backend: str, g: Graph, inputs, grad_out, clamp):
     out, weights = result if with_weights else (result, None)
     out.backward(grad_out)
     return (
-        out.detach(),
-        None if weights is None else weights.detach(),
-        {n: t.grad for n, t in leaves.items() if t is not None},
+        out.detach().cpu(),
+        None if weights is None else weights.detach().cpu(),
+        {n: t.grad.cpu() for n, t in leaves.items() if t is not None},
     )
 
 

@@ -175,17 +175,17 @@ def test_a_kept_graph_keeps_its_self_looped_graph(name):
     graph = sparseattn.Graph(EDGE_INDEX, num_src=N_SRC, num_dst=N_DST)
     x, edge_attr, _ = make_inputs(True, EDGE_DIM)
     seen = []
-    real = sparseattn.nn.gat.edge_attention
+    real = sparseattn.nn._gat_common.edge_attention
 
     def spy(*args, **kwargs):
         seen.append(args[3])
         return real(*args, **kwargs)
 
-    sparseattn.nn.gat.edge_attention = spy
+    sparseattn.nn._gat_common.edge_attention = spy
     try:
         first, second = ours(x, graph, edge_attr), ours(x, graph, edge_attr)
     finally:
-        sparseattn.nn.gat.edge_attention = real
+        sparseattn.nn._gat_common.edge_attention = real
     assert len(seen) == 2 and seen[0] is seen[1] and isinstance(seen[0], sparseattn.Graph)
     assert torch.equal(first, second)
     assert_close(first, theirs(x, EDGE_INDEX, edge_attr), torch.float64, "kept graph vs PyG", "GAT output")
@@ -290,8 +290,8 @@ def test_no_edge_by_channel_tensor_is_kept_for_backward(name):
     e_h_c = (int((edge_index[0] != edge_index[1]).sum()) + n) * heads * c  # edges after self loops
     theirs = getattr(pyg_nn, name)(16, c, heads=heads, edge_dim=4)
     extra = {"edge_chunk": 256} if name == "GATv2Conv" else {}
-    # backend csr: with "auto" a graph this small (E * H <= SMALL_GRAPH_MAX_SLOTS) takes the
-    # reference's gathers, which keep (E, H, C) values (cheaper than building a CSR at this size)
+    # backend csr: with "auto" a graph this small takes the "small" backend, whose
+    # gathers keep (E, H, C) values (cheaper than building a CSR at this size)
     ours = OURS[name](16, c, heads=heads, edge_dim=4, backend="csr", **extra)
     with _LargestSaved() as saved_t:
         theirs(x, edge_index, edge_attr).sum().backward()

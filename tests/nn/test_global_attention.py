@@ -49,8 +49,11 @@ def make_pair(dtype=torch.float64, **options):
     return mha, ours
 
 
-# a few sizes (the dense path's case) and many sizes (padded buckets: csr)
-@pytest.mark.parametrize("sizes,auto_choice", [([3, 8, 1, 3, 8], "dense"), ([3, 9, 1, 5, 7, 2, 8], "csr")])
+# small graphs (the "small" backend's case), a few equal sizes (dense) and many sizes (padded buckets: csr)
+CASES = [([3, 8, 1, 3, 8], "small"), ([70, 70, 70, 70], "dense"), ([40, 81, 55, 62, 48, 67], "csr")]
+
+
+@pytest.mark.parametrize("sizes,auto_choice", CASES)
 @pytest.mark.parametrize("backend", ["auto", "dense", "csr", "reference"])
 def test_matches_padded_multihead_attention(sizes, auto_choice, backend):
     mha, ours = make_pair()

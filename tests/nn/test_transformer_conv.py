@@ -306,17 +306,15 @@ def test_torch_jit_script_fails_in_one_line_naming_torch_compile():
 
 @pytest.mark.parametrize("edge_dim", [None, EDGE_DIM])
 def test_small_graph_path_equals_the_csr_path_with_weights_and_their_gradients(edge_dim):
-    """backend "auto" on small graphs runs `small_graph_attention` (the direct per-edge term, one
-    autograd Function); it gives csr's output, weights and gradients, through the weights too, and
-    its backward can run twice (retain_graph)."""
-    from sparseattn.nn._small_graph import SMALL_GRAPH_MAX_SLOTS, takes_small_path
+    """backend "auto" on small graphs runs the "small" backend (kernels/small.py: the direct per-edge
+    term, one autograd Function), chosen by the kernels, not the layer; it gives csr's output, weights
+    and gradients, through the weights too, and its backward can run twice (retain_graph)."""
+    from sparseattn.kernels import choose_auto
 
     torch.manual_seed(0)
     ours = TransformerConv(N_SRC - 1, C, heads=3, edge_dim=edge_dim).double()
     x, edge_attr, leaves = make_inputs(torch.float64, False, edge_dim)
-    assert takes_small_path(x, EDGE_INDEX.shape[1] * 3, "auto")
-    assert not takes_small_path(x, SMALL_GRAPH_MAX_SLOTS + 1, "auto")
-    assert not takes_small_path(x, EDGE_INDEX.shape[1] * 3, "csr")
+    assert choose_auto(torch.zeros(N_DST, 3, C), sparseattn.Graph(EDGE_INDEX, N_SRC, N_DST), edge_terms=True) == "small"
     results = {}
     for backend in ("auto", "csr"):
         ours.backend = backend
@@ -350,18 +348,19 @@ def test_small_graph_path_dropout_draws_edge_attentions_mask():
 
 
 def test_compiled_layer_takes_the_small_graph_path_and_equals_eager(monkeypatch):
-    """Under torch.compile a small graph runs `small_graph_attention` too (traced once, dynamic sizes),
-    with eager's output and gradients; torch.export keeps to the library's ops (the csr path)."""
-    import sparseattn.nn.transformer_conv as module
+    """Under torch.compile a small graph runs the "small" backend too (traced once, dynamic sizes), with
+    eager's output and gradients; torch.export keeps to the library's custom ops (auto never picks it)."""
+    from sparseattn.kernels import registered_backend
 
+    small = registered_backend("small")
     traced = []
 
-    def counting(*args, **kwargs):
+    def counting(inputs):
         traced.append(1)
-        return module.small_graph_attention.__wrapped__(*args, **kwargs)
+        return real(inputs)
 
-    counting.__wrapped__ = module.small_graph_attention  # type: ignore[attr-defined]
-    monkeypatch.setattr(module, "small_graph_attention", counting)
+    real = small.fn
+    monkeypatch.setattr(small, "fn", counting)
     torch.manual_seed(0)
     ours = TransformerConv(N_SRC - 1, C, heads=3, edge_dim=EDGE_DIM).double()
     x, edge_attr, _ = make_inputs(torch.float64, False, EDGE_DIM)

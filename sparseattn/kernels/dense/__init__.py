@@ -31,6 +31,6 @@ Shapes: q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv), bias/dropout_mask (E
 """
 
 from .dispatch import dense_attention
-from .plan import MAX_WASTE, Plan, plan, prepare
+from .plan import DENSE_MAX_SHAPES, DENSE_MIN_EDGES_PER_BLOCK, MAX_WASTE, Plan, plan, prepare
 
-__all__ = ["dense_attention", "plan", "prepare", "Plan", "MAX_WASTE"]
+__all__ = ["dense_attention", "plan", "prepare", "Plan", "MAX_WASTE", "DENSE_MAX_SHAPES", "DENSE_MIN_EDGES_PER_BLOCK"]

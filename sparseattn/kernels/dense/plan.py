@@ -23,6 +23,14 @@ from ...graphs import Block, Graph, block_edges
 
 MAX_WASTE = 0.25  # a bucket's padded area may exceed its blocks' areas by at most this fraction
 MAX_BUCKET_PAIRS = 2**24  # B * Lq * Lk per bucket (times H in memory)
+# "auto" (kernels/auto.py) picks "dense" for block graphs whose blocks average at least this many edges (a 128 x 128
+# complete block; measured: below it, padded variable-length batches such as 5..50-token blocks
+# are faster with csr on CPU) and come in at most DENSE_MAX_SHAPES distinct shapes (each shape is
+# one more padded batch to gather); smaller blocks too when every bucket is an unpadded batch of
+# complete or causal blocks (F.scaled_dot_product_attention shapes: measured faster than csr from
+# 32 x 32 complete and 64-token causal blocks up, in clamp mode whether or not the clamp binds)
+DENSE_MIN_EDGES_PER_BLOCK = 16384
+DENSE_MAX_SHAPES = 4
 
 # Added to the clamped scores off the edges, so that softmax gives them weight exactly 0: clamped
 # scores lie in [lo, hi] with |lo|, |hi| <= 686 (_checks.max_clamp_bound), so an off-edge score sits

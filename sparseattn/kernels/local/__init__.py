@@ -14,7 +14,7 @@ ones) are refused with a ValueError. Inside a tile every destination's scores re
 every span row, so NaN/inf in a source row reaches every destination of the tiles whose span
 holds it; the registered backend checks this function's results and computes a call that is not
 finite with csr instead (kernels/guard.py). "auto" picks it on CPU for rows of many edges in dense enough
-tiles (`LOCAL_MIN_DEGREE`, `LOCAL_MIN_DENSITY` in kernels/__init__.py).
+tiles (`LOCAL_MIN_DEGREE`, `LOCAL_MIN_DENSITY` in plan.py; the rule is kernels/auto.py).
 
 Modules by job: plan.py (`Layout`, `Plan`, `plan`), tiles.py (one head of a batch of tiles,
 forward and backward), attention.py (`LocalAttention`, `local_attention`).
@@ -23,9 +23,23 @@ Shapes: q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv).
 """
 
 from .attention import CHUNK_BYTES, LocalAttention, local_attention
-from .plan import MAX_POSITIONS_PER_EDGE, TILE_ROWS, Layout, Plan, cached_layout, choose_tile_rows, layout, plan, takes
+from .plan import (
+    LOCAL_MIN_DEGREE,
+    LOCAL_MIN_DENSITY,
+    MAX_POSITIONS_PER_EDGE,
+    TILE_ROWS,
+    Layout,
+    Plan,
+    cached_layout,
+    choose_tile_rows,
+    layout,
+    plan,
+    takes,
+)
 
 __all__ = [
+    "LOCAL_MIN_DEGREE",
+    "LOCAL_MIN_DENSITY",
     "local_attention",
     "LocalAttention",
     "CHUNK_BYTES",

@@ -36,6 +36,13 @@ TILE_ROWS = (16, 32)
 # locally dense, such as random ones.
 MAX_POSITIONS_PER_EDGE = 32
 
+# "auto" (kernels/auto.py) picks "local" on CPU for graphs with at least LOCAL_MIN_DEGREE edges per destination whose
+# tiles (local/plan.py) are at least LOCAL_MIN_DENSITY edges: measured (windows of 8192 nodes, H=8,
+# D=64, 1 thread) level with csr in fwd+bwd at radius 16 (33 edges a row, tiles 52% edges) and
+# faster from there on (1.6x at radius 32, 2.7x at 64); slower at radius 8 and 12 whatever the tile
+LOCAL_MIN_DEGREE = 32
+LOCAL_MIN_DENSITY = 0.5
+
 
 @dataclass(frozen=True)
 class Layout:

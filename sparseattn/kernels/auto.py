@@ -1,0 +1,113 @@
+"""The "auto" rule, in one place: which backend runs a call (`choose_auto`) and whether it runs in the
+graph's locality order (`choose_order`), decided from the graph, the tensors and whether code is being
+traced. Each threshold lives beside the kernel it was measured for (dense/plan.py, local/plan.py,
+small.py); layers never choose (they pass "auto" or what their caller named).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from torch import Tensor
+
+from .._tracing import exporting, tracing
+from ..graphs import Graph
+from ..graphs.order import locality_pays
+from .contract import Backend
+from .dense import DENSE_MAX_SHAPES, DENSE_MIN_EDGES_PER_BLOCK, plan
+from .local import LOCAL_MIN_DEGREE, LOCAL_MIN_DENSITY, TILE_ROWS, cached_layout
+from .small import SMALL_MAX_VALUES
+
+# "auto" relabels a graph in its locality order (graphs.locality_pays) only from this many nodes: the
+# order search costs O(E) once per Graph, and graphs below this size gain little from a nearer source.
+ORDER_MIN_NODES = 1 << 14
+
+
+def choose_auto(
+    q: Tensor,
+    graph: Graph,
+    registered: Mapping[str, Backend],
+    edge_terms: bool = False,
+    value_dim: Optional[int] = None,
+) -> str:
+    """The backend "auto" picks for these inputs (see docs/guide/backends.md), in this order:
+
+    - "small" for CPU tensors with at most SMALL_MAX_VALUES gathered values (E * H * max(D, Dv)): a
+      mini-batch of small graphs, where per-op overhead decides (tiny blocks included);
+    - "dense" when the graph records dense blocks in at most DENSE_MAX_SHAPES distinct (kind, n_src,
+      n_dst) shapes that either average >= DENSE_MIN_EDGES_PER_BLOCK edges or form unpadded batches
+      of "full"/"causal" blocks: batched matmuls (or SDPA) beat any sparse kernel there;
+    - "local" for CPU tensors when the graph averages >= LOCAL_MIN_DEGREE edges per destination and
+      its tiles hold >= LOCAL_MIN_DENSITY edges (`local.cached_layout`: wide windows, dense bands);
+    - "triton" for CUDA tensors with D <= 256 when triton is importable;
+    - else "csr". Never "reference" or "scatter" (both slower everywhere).
+
+    Inside a torch.compile or torch.export trace never "dense" (its batches take their shapes from
+    the block structure, so every new batch would compile anew; pass backend="dense" to have it anyway)
+    nor "local" (eager only); inside torch.export never "small" (its programs keep the library's
+    custom ops). With edge_terms (edge_key, edge_value, edge_scale or eps given), only backends that
+    take them: never "dense" or "local". `registered` maps names to the registered backends."""
+    cpu = q.device.type == "cpu"
+    width = max(q.shape[2], q.shape[2] if value_dim is None else value_dim)
+    if cpu and not exporting() and graph.num_edges * q.shape[1] * width <= SMALL_MAX_VALUES:
+        return "small"
+    blocks = None if tracing() or edge_terms else graph.blocks
+    if blocks and len({(b.kind, b.n_src, b.n_dst) for b in blocks}) <= DENSE_MAX_SHAPES:
+        if graph.num_edges >= DENSE_MIN_EDGES_PER_BLOCK * len(blocks) or all(
+            not bk.padded and bk.kind in ("full", "causal") for bk in plan(graph).buckets
+        ):
+            return "dense"
+    if cpu and not tracing() and not edge_terms and _local_pays(graph):
+        return "local"
+    triton = registered.get("triton")
+    if q.device.type == "cuda" and q.shape[-1] <= 256 and triton is not None:
+        # (probed only for CUDA tensors: the probe imports triton, ~1 s)
+        if (triton.edge_terms or not edge_terms) and triton.available:
+            return "triton"
+    return "csr"
+
+
+def factor_edge_projection(num_edges: int, heads: int, channels: int, edge_dim: int) -> bool:
+    """Whether a layer whose per-edge term is a projection e = W_h a (TransformerConv's lin_edge of
+    edge_attr, H heads of C channels from F features) attends through the factored form
+    <q, W_h a> = <W_h^T q, a> with one (E, 1, C + F) edge row, instead of the (E, H, C) term: where the
+    row is narrower (C + F < H * C) and the graph is beyond "small"'s size (E * H * C >
+    SMALL_MAX_VALUES). On a batch of 32 molecules (454 edges, H=4, C=16, F=16) the factored form's
+    extra ops made the layer's fwd+bwd 1.5x slower (1 thread); on large graphs it saves the (E, H, C)
+    tensors."""
+    return channels + edge_dim < heads * channels and num_edges * heads * channels > SMALL_MAX_VALUES
+
+
+def _local_pays(graph: Graph) -> bool:
+    """The "local" part of the rule: enough edges per destination first (O(1)), then the tiles'
+    density (O(E) once, cached on the graph): of tiles of 16 rows first, which bounds that of any
+    larger tile from above, so a random graph costs one pass over its edges."""
+    if graph.num_dst == 0 or graph.num_edges < LOCAL_MIN_DEGREE * graph.num_dst:
+        return False
+    if cached_layout(graph, TILE_ROWS[0]).density < LOCAL_MIN_DENSITY:
+        return False
+    return cached_layout(graph).density >= LOCAL_MIN_DENSITY
+
+
+def choose_order(graph: Graph, node_order: Optional[str], backend: str) -> bool:
+    """Whether a call runs on the graph relabeled in its locality order (`graphs.locality_view`):
+    where that order brings each destination's sources at least twice as near (`graphs.locality_pays`,
+    decided once per Graph and cached). With kernel_options node_order="locality" on any graph; with
+    backend "auto" and no node_order on a `Graph` of at least ORDER_MIN_NODES nodes from its second call
+    on (the search costs about as much as one call; a graph attended over once, or a raw edge_index,
+    never pays it) that does not record blocks. Never inside a trace (the search branches on the data),
+    nor for a graph of two node sets (cross attention, a KV cache's keys), which one permutation of its
+    nodes cannot order."""
+    if tracing() or graph.num_src != graph.num_dst:
+        return False
+    if node_order is None and (backend != "auto" or graph.one_call or graph.num_dst < ORDER_MIN_NODES):
+        return False
+    if node_order is None:
+        calls = graph.cached("auto_order_calls", lambda: [0])
+        calls[0] += 1
+        if calls[0] < 2 or graph.blocks:  # a graph seen once pays no search; blocks are in their order already
+            return False
+    return locality_pays(graph)
+
+
+__all__ = ["choose_auto", "choose_order", "factor_edge_projection", "ORDER_MIN_NODES"]

@@ -1,0 +1,190 @@
+"""What PyG's two graph attention layers share (`gat.GATConv`, `gatv2.GATv2Conv`): PyG's glorot
+initialization, its self-loop rule with edge features, and the attention call that takes each edge's
+score as its bias."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+
+from .._checks import check_edge_attr
+from ..functional import edge_attention
+from ..graphs import Graph
+from ._common import edge_count, graph_of_adj_t
+
+PairTensor = Tuple[Tensor, Tensor]
+FillValue = Union[float, Tensor, str]
+FILL_REDUCTIONS = ("add", "sum", "mean", "min", "max", "mul")
+
+
+class _GlorotLazyLinear(nn.LazyLinear):
+    """nn.LazyLinear initialized as PyG's Linear(weight_initializer='glorot') once its width is known."""
+
+    cls_to_become = nn.Linear
+
+    def reset_parameters(self) -> None:
+        if not self.has_uninitialized_params() and self.in_features != 0:
+            reset_glorot_linear(self)
+
+
+def reset_glorot_linear(lin: nn.Linear) -> None:
+    """PyG's Linear(weight_initializer='glorot'): weight uniform in +-sqrt(6 / (fan_in + fan_out)),
+    bias uniform in +-1/sqrt(fan_in)."""
+    nn.init.xavier_uniform_(lin.weight)
+    if lin.bias is not None:
+        bound = 1.0 / math.sqrt(lin.weight.shape[1]) if lin.weight.shape[1] > 0 else 0.0
+        nn.init.uniform_(lin.bias, -bound, bound)
+
+
+def glorot_linear(in_features: int, out_features: int, bias: bool) -> nn.Linear:
+    """A glorot-initialized nn.Linear, or a lazy one for in_features=-1 (PyG's lazy width)."""
+    if in_features == -1:
+        return _GlorotLazyLinear(out_features, bias=bias)
+    if in_features <= 0:
+        raise ValueError(f"in_channels must be > 0, or -1 to infer it at the first call, got {in_features}")
+    lin = nn.Linear(in_features, out_features, bias=bias)
+    reset_glorot_linear(lin)
+    return lin
+
+
+def glorot_(t: Optional[Tensor]) -> None:
+    """PyG's inits.glorot on a (1, H, C) attention vector: uniform in +-sqrt(6 / (H + C))."""
+    if t is not None:
+        bound = math.sqrt(6.0 / (t.shape[-2] + t.shape[-1]))
+        with torch.no_grad():
+            t.uniform_(-bound, bound)
+
+
+def check_common(out_channels: int, heads: int, negative_slope: float, fill_value: object) -> None:
+    if out_channels <= 0:
+        raise ValueError(f"out_channels must be > 0, got {out_channels}")
+    if heads <= 0:
+        raise ValueError(f"heads must be > 0, got {heads}")
+    if isinstance(negative_slope, bool) or not isinstance(negative_slope, (int, float)):
+        raise TypeError(f"negative_slope must be a float, got {type(negative_slope).__name__}")
+    if isinstance(fill_value, str) and fill_value not in FILL_REDUCTIONS:
+        raise ValueError(f"fill_value must be a float, a Tensor or one of {FILL_REDUCTIONS}, got {fill_value!r}")
+    if not isinstance(fill_value, (int, float, str, Tensor)) or isinstance(fill_value, bool):
+        raise TypeError(f"fill_value must be a float, a Tensor or a reduction name, got {type(fill_value).__name__}")
+
+
+def split_x(x: Union[Tensor, PairTensor]) -> PairTensor:
+    """(x_src, x_dst): x twice for one tensor, the pair otherwise (x_dst None refused)."""
+    if isinstance(x, Tensor):
+        return x, x
+    x_src, x_dst = x
+    if x_dst is None:
+        raise ValueError("x as a pair needs destination features: (x_src, None) is not supported, pass (x_src, x_dst)")
+    return x_src, x_dst
+
+
+def loop_attr(edge_attr: Tensor, dst: Tensor, num_nodes: int, fill_value: FillValue) -> Tensor:
+    """The self loops' features (num_nodes, F), as torch_geometric.utils.add_self_loops computes
+    them: a constant, a tensor broadcast to every loop, or a reduction of each node's in-edges'
+    features (0 for a node without in-edges; 1 for "mul")."""
+    size = (num_nodes,) + tuple(edge_attr.shape[1:])
+    if isinstance(fill_value, (int, float)):
+        return edge_attr.new_full(size, float(fill_value))
+    if isinstance(fill_value, Tensor):
+        loop = fill_value.to(edge_attr.device, edge_attr.dtype)
+        return (loop if loop.dim() == edge_attr.dim() else loop.unsqueeze(0)).expand(size).contiguous()
+    index = dst.view(-1, 1).expand_as(edge_attr)
+    if fill_value in ("add", "sum", "mean"):
+        out = edge_attr.new_zeros(size).scatter_add_(0, index, edge_attr)
+        if fill_value == "mean":
+            count = edge_attr.new_zeros(num_nodes).scatter_add_(0, dst, edge_attr.new_ones(dst.shape[0]))
+            out = out / count.clamp(min=1).view(-1, 1)
+        return out
+    if fill_value == "mul":
+        return edge_attr.new_ones(size).scatter_reduce_(0, index, edge_attr, reduce="prod", include_self=True)
+    reduce = "amax" if fill_value == "max" else "amin"
+    return edge_attr.new_zeros(size).scatter_reduce_(0, index, edge_attr, reduce=reduce, include_self=False)
+
+
+def attention_edges(
+    edge_index: object,
+    edge_attr: Optional[Tensor],
+    edge_dim: Optional[int],
+    add_loops: bool,
+    fill_value: FillValue,
+    num_src: int,
+    num_dst: int,
+) -> Tuple[Union[Tensor, Graph], Tensor, Optional[Tensor]]:
+    """The graph to attend over, its (2, E) index and its edge features, after PyG's
+    remove_self_loops + add_self_loops(fill_value, num_nodes=min(N_src, N_dst)) when add_loops:
+    the edges that are not loops in their order, then one loop per node 0..N-1."""
+    if edge_attr is not None and edge_dim is None:
+        raise ValueError("edge_attr was given but the layer was built with edge_dim=None")
+    graph = graph_of_adj_t(edge_index)
+    if edge_attr is not None and edge_attr.dim() == 1:
+        edge_attr = edge_attr.view(-1, 1)  # PyG takes (E,) as one feature per edge
+    if edge_attr is not None:
+        assert edge_dim is not None
+        edge_attr = check_edge_attr(edge_attr, edge_count(graph), edge_dim, "edge_dim")  # type: ignore[arg-type]
+    index = graph.edge_index if isinstance(graph, Graph) else graph
+    if not isinstance(index, Tensor):
+        raise TypeError(
+            f"edge_index must be a (2, E) tensor, a Graph or a torch.sparse adj_t, got {type(index).__name__}"
+        )
+    if not add_loops:
+        return graph, index, edge_attr  # type: ignore[return-value]
+    if index.dim() != 2 or index.shape[0] != 2 or index.dtype.is_floating_point:
+        raise ValueError(f"edge_index must be a (2, E) integer tensor, got {index.dtype} {tuple(index.shape)}")
+    num_nodes = min(num_src, num_dst)
+
+    def looped() -> Tuple[Tensor, Graph]:
+        keep = index[0] != index[1]
+        loops = torch.arange(num_nodes, device=index.device, dtype=index.dtype).view(1, -1).expand(2, -1)
+        with_loops = torch.cat([index[:, keep], loops], dim=1)
+        return keep, Graph(with_loops, num_src=num_src, num_dst=num_dst)
+
+    # a Graph the caller keeps keeps its looped Graph (and that one's kernel structure) too
+    keep, out = graph.cached(f"gat_self_loops_{num_src}_{num_dst}", looped) if isinstance(graph, Graph) else looped()
+    if edge_attr is not None:
+        edge_attr = edge_attr[keep]
+        edge_attr = torch.cat([edge_attr, loop_attr(edge_attr, index[1][keep], num_nodes, fill_value)])
+    return out, out.edge_index, edge_attr
+
+
+def attend(
+    layer: Any,
+    scores: Tensor,
+    values: Tensor,
+    graph: Union[Tensor, Graph],
+    num_dst: int,
+    want_alpha: bool,
+):
+    """edge_attention with the scores as the whole per-edge score (zero queries and keys of width 1,
+    scale 0) and exact softmax. scores (E, H), values (N_src, H, C)."""
+    h = values.shape[1]
+    q0 = values.new_zeros(num_dst, h, 1)
+    k0 = values.new_zeros(values.shape[0], h, 1)
+    return edge_attention(
+        q0,
+        k0,
+        values,
+        graph,
+        scale=0.0,
+        clamp=None,
+        bias=scores,
+        dropout_p=layer.dropout if layer.training else 0.0,
+        backend=layer.backend,
+        return_weights=want_alpha,
+    )
+
+
+def finish(layer: Any, result, res: Optional[Tensor], index: Tensor, want_alpha: bool):
+    """Heads concatenated or averaged, residual and bias added; (out, (edge_index, alpha)) when asked."""
+    out, alpha = result if isinstance(result, tuple) else (result, None)
+    h, c = layer.heads, layer.out_channels
+    out = out.reshape(-1, h * c) if layer.concat else out.mean(dim=1)
+    if res is not None:
+        out = out + res
+    if layer.bias is not None:
+        out = out + layer.bias
+    if not want_alpha:
+        return out
+    return out, (index, alpha)
