@@ -2,6 +2,8 @@
 
     python benchmarks/bench_triton_gpu.py --out $OUT --budget 400             # the table, both clamp modes
     python benchmarks/bench_triton_gpu.py --cases random,window8 --contenders triton,pyg --no-backward
+    python benchmarks/bench_triton_gpu.py --cases random --contenders triton --dtype float32 --out $OUT
+    python benchmarks/bench_triton_gpu.py --cases random --contenders triton --dtype float32 --float32-scores wide
     python benchmarks/bench_triton_gpu.py --sweep --cases random,window8 --out $OUT  # forward layouts x tiles
     python benchmarks/bench_triton_gpu.py --sweep-backward --cases random,window8 --modes clamp --out $OUT
     python benchmarks/bench_triton_gpu.py --smoke --contenders csr,reference,pyg --out /tmp/b  # tiny, CPU
@@ -34,6 +36,7 @@ H, D = 8, 64
 SCALE = D**-0.5
 CLAMPS = {"clamp": (-5.0, 5.0), "exact": None}
 TOL = {torch.bfloat16: 4e-2, torch.float16: 1e-2, torch.float32: 1e-4}  # |out - ref| <= TOL (1 + |ref|)
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 PEAK_GBS = [("H200", 4800), ("H100 NVL", 3900), ("H100 PCIe", 2000), ("H100", 3350), ("A100-SXM4-80GB", 2039)]
 PEAK_GBS += [("A100", 1555)]  # datasheet HBM GB/s, by the first substring of the device name that matches
 SWEEP_BACKWARD = {  # the two backward kernels' layouts and launch settings (backward_config)
@@ -375,6 +378,13 @@ def parse_args(argv):
     parser.add_argument("--contender-s", type=float, default=3.0, help="seconds of timing per contender at most")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds; later cases are skipped")
     parser.add_argument("--peak-gbs", type=float, default=None, help="peak HBM GB/s (default: PEAK_GBS by name)")
+    parser.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="of q, k, v on the GPU (--smoke: float32)")
+    parser.add_argument(
+        "--float32-scores",
+        default="saved",
+        choices=["saved", "wide"],
+        help="float32: the backward reads the forward's scores (saved) or every kernel sums them in float64 (wide)",
+    )
     args = parser.parse_args(argv)
     names = args.cases.split(",") + args.modes.split(",") + args.contenders.split(",")
     unknown = [x for x in names if x not in {**CASES, **CLAMPS, **CONTENDERS}]
@@ -387,7 +397,11 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", torch.bfloat16)
+    device, dtype = ("cpu", torch.float32) if args.smoke else ("cuda", DTYPES[args.dtype])
+    if args.float32_scores == "wide":
+        from sparseattn.kernels.triton import launch
+
+        launch.SAVE_FLOAT32_SCORES = False
     if device == "cpu":  # triton on CPU runs interpreted; read when triton (PyG imports it) and the kernels load
         os.environ.setdefault("TRITON_INTERPRET", "1")
     if device == "cuda" and not torch.cuda.is_available():
@@ -399,7 +413,10 @@ def main(argv=None) -> int:
         contenders = {n: CONTENDERS[n] for n in args.contenders.split(",")}
     args.no_backward = args.no_backward or args.sweep  # the backward does not depend on forward settings
     info = machine(args, device)
-    tag = "_".join(["sweep"] * args.sweep + ["sweep-backward"] * args.sweep_backward + ["smoke"] * args.smoke)
+    dtype_tag = [args.dtype] * (args.dtype != "bfloat16" and not args.smoke)  # bfloat16 keeps the untagged name
+    dtype_tag += ["wide"] * (args.float32_scores == "wide")
+    kinds = ["sweep"] * args.sweep + ["sweep-backward"] * args.sweep_backward + ["smoke"] * args.smoke
+    tag = "-".join(kinds + dtype_tag)
     out = harness.Output("benchmarks.bench_triton_gpu", argv, args.out, info, tag)
     out.header = info["header"]
     out.log(

@@ -427,35 +427,13 @@ def test_exact_gradients_of_a_peaked_softmax_within_csr_error(independent, magni
     assert not failures, "beyond 10x csr's error: " + "; ".join(failures)
 
 
-def test_float32_scores_do_not_depend_on_the_order_of_the_sum():
-    """float32 scores are the float64 sum rounded once (`common.score`), so the order in which a
-    kernel sums a tile's channels cannot change a bit: on an H100 each kernel summed its own way,
-    the backward's weights were a bit off the forward's, and peaked softmaxes lost dq to 1e-3
-    (`test_exact_gradients_of_a_peaked_softmax_within_csr_error` failed there). Here the channels of
-    q and k are permuted together, which changes the order of the sum and nothing else."""
-    ei, n_src, n_dst = awkward_graph(n_src=40, n_dst=50, num_edges=400)
-    gen = torch.Generator().manual_seed(3)
-    q, k, v = (30 * torch.randn(n, 2, 24, generator=gen) for n in (n_dst, n_src, n_src))
-    perm = torch.randperm(24, generator=gen)
-    ei, v = ei.to(DEVICE), v.to(DEVICE)
-    runs = [
-        edge_attention(qq.to(DEVICE), kk.to(DEVICE), v, ei, clamp=None, backend="triton", return_weights=True)
-        for qq, kk in ((q, k), (q[..., perm], k[..., perm]))
-    ]
-    plain = [((qq[ei[1].cpu()] * kk[ei[0].cpu()]).sum(-1)) for qq, kk in ((q, k), (q[..., perm], k[..., perm]))]
-    assert not torch.equal(*plain)  # float32 sums in two orders differ somewhere: the test can fail
-    assert torch.equal(runs[0][1], runs[1][1]) and torch.equal(runs[0][0], runs[1][0])
-
-
-@pytest.mark.skipif(
-    DEVICE == "cuda", reason="bit for bit only in the interpreter: compiled kernels may sum in another order"
-)
 @pytest.mark.parametrize("bwd_layout", tk.BACKWARD_LAYOUTS)
 def test_backward_recomputes_the_forward_weights_bit_for_bit(bwd_layout):
     """dv[s] sums p_e do[t] over s's out-edges: with one out-edge per source and do = 1, dv holds the
-    weights the dk/dv kernel recomputed, which must be the forward's (returned) weights bit for bit.
-    Exact mode, float32, edge keys and scales, scores ~1e3: there a score summed in another
-    association (as the dk/dv kernel did with edge scales) moved weights by up to 2e-4 (relative)."""
+    weights the dk/dv kernel recomputed, which must be the forward's (returned) weights bit for bit,
+    on a GPU too: float32 backward kernels read the forward's scores (`common.score`). Exact mode,
+    edge keys and scales, scores ~1e3: there a score summed in another association (as the dk/dv
+    kernel once did with edge scales) moved weights by up to 2e-4 (relative)."""
     num_edges, n_dst = 20, 5
     ei = torch.stack([torch.arange(num_edges), torch.arange(num_edges) % n_dst])
     x = {n: t.to(DEVICE, torch.float32) for n, t in peaked_inputs(num_edges, n_dst, num_edges, 3, 5, 1, 30.0).items()}
@@ -637,6 +615,7 @@ _COMPILE = textwrap.dedent("""
             if name in constexprs: sig[name] = "constexpr"
             elif name in ("PTR", "IDX", "PERM"): sig[name] = "*i64"
             elif name in ("STATS", "DELTA", "DS", "SCALARS"): sig[name] = "*" + acc
+            elif name == "S": sig[name] = "*fp32"  # the forward's float32 scores
             elif name in ("H", "D", "DV"): sig[name] = "i32"
             elif name.isupper(): sig[name] = "*" + dtype
             else: sig[name] = "i64"  # strides
@@ -647,7 +626,7 @@ _COMPILE = textwrap.dedent("""
         assert compiled.asm["cubin"]
         assert compiled.metadata.shared <= 227 * 1024, (kernel.__name__, constexprs, compiled.metadata.shared)
     for clamp in (True, False):
-        flags = dict(CLAMP=clamp, HAS_BIAS=True, HAS_MASK=True, ACC=ACC)
+        flags = dict(CLAMP=clamp, HAS_BIAS=True, HAS_MASK=True, ACC=ACC, SAVE_SCORES=dtype == "fp32", WIDE=False)
         terms = dict(HAS_EDGE_KEY=clamp, HAS_EDGE_VALUE=clamp, HAS_EDGE_SCALE=clamp)  # with and without
         grads = dict(GRAD_EDGE_KEY=clamp, GRAD_EDGE_VALUE=clamp, GRAD_EDGE_SCALE=clamp)
         for layout in tk.LAYOUTS:
@@ -734,3 +713,17 @@ def test_scalars_are_made_once_per_setting_and_kept_exact():
     assert other is not first and other.tolist() == [0.1, -4.0, 5.0]
     assert first.dtype == torch.float64 and first[0].item() == 0.1
     assert half.dtype == torch.float32 and half is not first
+
+
+def test_float32_forward_starts_from_its_own_settings():
+    """float32 rows are twice bfloat16's: up to D = 64 the forward starts from FLOAT32_FORWARD (2x
+    faster than the bfloat16 choice on an H200); a given layout, or wider heads, keep the general rule."""
+    assert policy.forward_settings(64, 64, 8, 16.0, float32=True) == policy.forward_settings(
+        64, 64, 8, 16.0, policy.FLOAT32_FORWARD
+    )
+    assert policy.forward_settings(64, 64, 8, 16.0, {"BLOCK_E": 16}, float32=True)["BLOCK_E"] == 16
+    for given in ({"layout": "heads"}, None):
+        wide = 128 if given is None else 64
+        assert policy.forward_settings(wide, wide, 8, 16.0, given, float32=True) == policy.forward_settings(
+            wide, wide, 8, 16.0, given
+        )

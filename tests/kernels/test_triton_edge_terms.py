@@ -213,12 +213,14 @@ def test_compiled_with_edge_terms():
         assert_close(got.cpu(), want.cpu(), torch.float64, "compiled")
 
 
-def test_opcheck_of_both_ops_with_edge_terms():
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_opcheck_of_both_ops_with_edge_terms(dtype):
     """Schema, fake implementations (shapes, strides, dtypes as the real ones) and the autograd
-    registration of the forward op and the backward op, a shared (E, 1, Dv) edge_value included."""
+    registration of the forward op and the backward op, a shared (E, 1, Dv) edge_value included;
+    float32 keeps the forward's scores (E, H) for the backward, float64 none."""
     ei, x = _case(seed=8, n_src=4, n_dst=5, num_edges=10, d=4, dv=3)
     x["edge_value"] = x["edge_value"][:, :1].contiguous()
-    x = {n: t.to(DEVICE).requires_grad_() for n, t in x.items()}
+    x = {n: t.to(DEVICE, dtype).requires_grad_() for n, t in x.items()}
     g = Graph(ei.to(DEVICE), 4, 5)
     terms = [x[n] for n in TERMS]
     ptr, idx, perm = g.csr()
@@ -231,14 +233,20 @@ def test_opcheck_of_both_ops_with_edge_terms():
     )  # fmt: skip
     checks = ("test_schema", "test_faketensor", "test_autograd_registration")
     torch.library.opcheck(tk.triton_attention_fwd, fwd, test_utils=checks)
-    _, _, stats = tk.triton_attention_fwd(*fwd)
-    d_out, d_w = (torch.randn(*shape, dtype=torch.float64, device=DEVICE) for shape in ((5, 2, 3), (ei.shape[1], 2)))
+    _, _, stats, scores = tk.triton_attention_fwd(*fwd)
+    assert scores.shape == ((ei.shape[1], 2) if dtype == torch.float32 else (0, 2))
+    d_out, d_w = (torch.randn(*shape, dtype=dtype, device=DEVICE) for shape in ((5, 2, 3), (ei.shape[1], 2)))
     named = {n: t.detach() if isinstance(t, torch.Tensor) else t for n, t in zip(tk.TRITON_OP.forward.names, fwd)}
     given = {n: named[n] for n in tk.TRITON_OP.backward.names if n in named}
     for layout in tk.BACKWARD_LAYOUTS:
         given["backward_launch"] = policy.launch_ints(policy.backward_settings(4, 3, 2, {"layout": layout}))
         for needs in ([True] * 7, [True, True, True, False, False, True, False]):  # unwanted: empty
-            bwd = tk.TRITON_OP.backward.bind(**given, stats=stats, grad_out=d_out, grad_weights=d_w, needs=needs)
+            bwd = tk.TRITON_OP.backward.bind(
+                **given, stats=stats, scores=scores, grad_out=d_out, grad_weights=d_w, needs=needs
+            )
             grads = tk.triton_attention_bwd(*bwd)
             assert [t.numel() > 0 for t in grads] == needs
+            if dtype == torch.float32:  # the backward reads the forward's scores, not its own sums
+                moved = dict(given, stats=stats, scores=scores + 0.25, grad_out=d_out, grad_weights=d_w, needs=needs)
+                assert not torch.allclose(tk.triton_attention_bwd(*tk.TRITON_OP.backward.bind(**moved))[0], grads[0])
             torch.library.opcheck(tk.triton_attention_bwd, bwd, test_utils=checks[:2])

@@ -19,6 +19,7 @@ def dq_kernel(
     MASK,
     DO,
     STATS,
+    S,
     DW,
     DQ,
     DELTA,
@@ -65,6 +66,8 @@ def dq_kernel(
     HAS_EDGE_KEY: tl.constexpr,
     HAS_EDGE_VALUE: tl.constexpr,
     HAS_EDGE_SCALE: tl.constexpr,
+    SAVE_SCORES: tl.constexpr,
+    WIDE: tl.constexpr,
     ACC: tl.constexpr,
 ):
     """One pass per destination t and group of BLOCK_H heads (`BACKWARD_LAYOUTS`): with g = clamp
@@ -74,8 +77,7 @@ def dq_kernel(
     largest weight so far (the first sum is shifted along when c changes): where one weight is near
     1 and its dp near delta, neither sum is large, where c = 0 would cancel two sums of size
     |dp key| into a far smaller dq (errors up to 20x csr's, 1e4x where nearly all weights round
-    away)."""
-    WIDE: tl.constexpr = K.dtype.element_ty == tl.float32  # scores summed in float64 (common.score)
+    away). SAVE_SCORES: the scores are read from S (E, H), the forward's, in caller order."""
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BLOCK_H,)
     in_h = heads < H
@@ -108,9 +110,12 @@ def dq_kernel(
             kt = edge_keys(
                 kt, EK, ES, pos, heads, offs_d, sek_e, sek_h, ses_e, ses_h, live_h, D, HAS_EDGE_KEY, HAS_EDGE_SCALE
             )
-        s = score(kt, q[None, :, :], sc, WIDE)  # (BLOCK_E, BLOCK_H)
-        if HAS_BIAS:
-            s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
+        if SAVE_SCORES:  # the forward's scores, bit for bit (common.score)
+            s = tl.load(S + pos[:, None] * H + heads[None, :], mask=live_h, other=0.0)
+        else:
+            s = score(kt, q[None, :, :], sc, WIDE)  # (BLOCK_E, BLOCK_H)
+            if HAS_BIAS:
+                s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
         p = tl.where(live_h, weight(s, m[None, :], z[None, :], lo, hi, CLAMP), 0.0)
         vt = gather(V, src, heads, offs_dv, sv_n, sv_h, live_h, DV).to(ACC)  # (BLOCK_E, BLOCK_H, BLOCK_DV)
         if HAS_EDGE_VALUE:
@@ -147,6 +152,7 @@ def dkdv_kernel(
     MASK,
     DO,
     STATS,
+    S,
     DELTA,
     DS,
     DK,
@@ -196,13 +202,15 @@ def dkdv_kernel(
     GRAD_EDGE_KEY: tl.constexpr,
     GRAD_EDGE_VALUE: tl.constexpr,
     GRAD_EDGE_SCALE: tl.constexpr,
+    SAVE_SCORES: tl.constexpr,
+    WIDE: tl.constexpr,
     ACC: tl.constexpr,
 ):
     """One pass per source u and group of BLOCK_H heads. DS holds dp from `dq_kernel` and
     leaves holding dscore = g p (dp - delta): overwritten in place, so a triton.autotune of this
     kernel needs restore_value=["DS"]. DEK, DEV, DES: the edge terms' gradients, (E, H, D / Dv)
-    contiguous in caller order, written where their GRAD_ flag is set."""
-    WIDE: tl.constexpr = K.dtype.element_ty == tl.float32  # scores summed in float64 (common.score)
+    contiguous in caller order, written where their GRAD_ flag is set; SAVE_SCORES: the scores are
+    read from S (E, H), the forward's, in caller order."""
     u = tl.program_id(0).to(tl.int64)  # a source node; PTR/IDX/PERM are the transposed CSR
     heads = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BLOCK_H,)
     in_h = heads < H
@@ -230,9 +238,12 @@ def dkdv_kernel(
         if HAS_EDGE_SCALE:
             es = gather(ES, pos, heads, offs_d, ses_e, ses_h, live_h, D).to(ACC)
             kt = key * es
-        s = score(kt, qt, sc, WIDE)  # (BLOCK_E, BLOCK_H)
-        if HAS_BIAS:
-            s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
+        if SAVE_SCORES:  # the forward's scores, bit for bit (common.score)
+            s = tl.load(S + slot, mask=live_h, other=0.0)
+        else:
+            s = score(kt, qt, sc, WIDE)  # (BLOCK_E, BLOCK_H)
+            if HAS_BIAS:
+                s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
         stat = STATS + (dst[:, None] * H + heads[None, :]) * 2  # (BLOCK_E, BLOCK_H): m, then z
         m = tl.load(stat, mask=live_h, other=0.0)
         z = tl.load(stat + 1, mask=live_h, other=1.0)

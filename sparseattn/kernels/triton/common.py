@@ -65,17 +65,18 @@ def edge_keys(
 @triton.jit
 def score(kt, q, sc, WIDE: tl.constexpr):
     """The scores of a tile, sum_d kt * q times the scale, (BLOCK_E, BLOCK_H): kt the keys with their
-    edge terms (`edge_keys`), q the queries, both broadcast to (BLOCK_E, BLOCK_H, BLOCK_D). Every
-    kernel computes them here: a peaked softmax turns the last bit of a large score into a relative
-    error of its weight, which dscore = p (dp - delta) then cancels into, so the backward must find
-    the forward's scores bit for bit. One association is not enough on a GPU: each kernel sums its
-    tile in its own tree and fuses multiply-adds its own way (dq 1e-3 off on an H100, float32). WIDE
-    (float32 inputs): each product is rounded to float32 on its own (the conversion leaves no add to
-    fuse it with), and their sum, scaled in float64, rounds back to the same float32 in any order,
-    with no float32 multiply left for a bias add to fuse with. Half inputs skip it: their rounding is
-    far coarser than a float32 ulp."""
+    edge terms (`edge_keys`), q the queries, both broadcast to (BLOCK_E, BLOCK_H, BLOCK_D). A peaked
+    softmax turns the last bit of a large score into a relative error of its weight, which
+    dscore = p (dp - delta) then cancels into, so the backward must use the forward's scores bit for
+    bit; on a GPU each kernel sums its tile in its own tree and fuses multiply-adds its own way (dq
+    1e-3 off on an H100 in float32). So float32 calls that will be differentiated keep the forward's
+    scores (`SAVE_SCORES`, (E, H) float32, 4 bytes per edge and head) and the backward kernels read
+    them; half types recompute (their rounding is far coarser than a float32 ulp) and float64 too
+    (its ulp is far below any tolerance). WIDE (`launch.wide_scores`, the other way, off by default):
+    each float32 product rounded on its own and summed in float64, rounded once, so every kernel
+    finds the same float32 score in any order."""
     if WIDE:
-        return (tl.sum((kt * q).to(tl.float64), 2) * sc).to(tl.float32)  # one rounding of the sum
+        return (tl.sum((kt * q).to(tl.float64), 2) * sc).to(tl.float32)
     return tl.sum(kt * q, 2) * sc
 
 

@@ -19,6 +19,7 @@ def forward_kernel(
     OUT,
     STATS,
     W,
+    S,
     EK,
     EV,
     ES,
@@ -62,16 +63,18 @@ def forward_kernel(
     HAS_EDGE_VALUE: tl.constexpr,
     HAS_EDGE_SCALE: tl.constexpr,
     HAS_EPS: tl.constexpr,
+    SAVE_SCORES: tl.constexpr,
+    WIDE: tl.constexpr,
     ACC: tl.constexpr,
 ):
     """One program per destination t and group of BLOCK_H heads (see LAYOUTS). Accumulators have
     ROWS = BLOCK_E rows with per-lane accumulators (LANES), else 1: z, m (ROWS, BLOCK_H),
     acc (ROWS, BLOCK_H, BLOCK_DV); the lanes are combined once, after the loop. EK, EV, ES: the edge
     terms (E, H or 1, D / Dv) in caller order, read when their HAS_ flag is set; HAS_EPS: SCALARS[3]
-    is eps."""
+    is eps; SAVE_SCORES: each edge's score (bias added, before the clamp) into S (E, H) in caller
+    order, for the backward (`common.score`)."""
     ROWS: tl.constexpr = BLOCK_E if LANES else 1
     TERMS: tl.constexpr = HAS_EDGE_KEY or HAS_EDGE_VALUE or HAS_EDGE_SCALE
-    WIDE: tl.constexpr = K.dtype.element_ty == tl.float32  # scores summed in float64 (common.score)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1).to(tl.int64) * BLOCK_H + tl.arange(0, BLOCK_H)  # (BLOCK_H,)
     in_h = heads < H
@@ -101,10 +104,12 @@ def forward_kernel(
                 kt, EK, ES, pos, heads, offs_d, sek_e, sek_h, ses_e, ses_h, live_h, D, HAS_EDGE_KEY, HAS_EDGE_SCALE
             )
         s = score(kt, q[None, :, :], sc, WIDE)  # (BLOCK_E, BLOCK_H)
-        if (HAS_BIAS or HAS_MASK) and not TERMS:
+        if (HAS_BIAS or HAS_MASK or SAVE_SCORES) and not TERMS:
             pos = tl.load(PERM + e, mask=live, other=0)  # caller-order position of each edge
         if HAS_BIAS:
             s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
+        if SAVE_SCORES:
+            tl.store(S + pos[:, None] * H + heads[None, :], s, mask=live_h)
         if CLAMP:
             w = tl.where(live_h, tl.exp(logit(s, lo, hi, CLAMP)), 0.0)
             z_i += fold(w, LANES)
@@ -142,19 +147,25 @@ def forward_kernel(
     tl.store(STATS + (t * H + heads) * 2, m, mask=in_h)
     tl.store(STATS + (t * H + heads) * 2 + 1, z_safe, mask=in_h)
     if RETURN_WEIGHTS:  # second pass over the scores, now that m and z are known
+        if SAVE_SCORES:
+            tl.debug_barrier()  # the pass reads back S, which other threads of the program wrote
         for e0 in range(start, end, BLOCK_E):
             e = e0 + offs_e
             live = e < end
             live_h = live[:, None] & in_h[None, :]
             src = tl.load(IDX + e, mask=live, other=0)
             pos = tl.load(PERM + e, mask=live, other=0)
-            kt = gather(K, src, heads, offs_d, sk_n, sk_h, live_h, D).to(ACC)
-            if HAS_EDGE_KEY or HAS_EDGE_SCALE:
-                kt = edge_keys(
-                    kt, EK, ES, pos, heads, offs_d, sek_e, sek_h, ses_e, ses_h, live_h, D, HAS_EDGE_KEY, HAS_EDGE_SCALE
-                )
-            s = score(kt, q[None, :, :], sc, WIDE)
-            if HAS_BIAS:
-                s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
+            if SAVE_SCORES:
+                s = tl.load(S + pos[:, None] * H + heads[None, :], mask=live_h, other=0.0)
+            else:
+                kt = gather(K, src, heads, offs_d, sk_n, sk_h, live_h, D).to(ACC)
+                if HAS_EDGE_KEY or HAS_EDGE_SCALE:
+                    kt = edge_keys(
+                        kt, EK, ES, pos, heads, offs_d, sek_e, sek_h, ses_e, ses_h, live_h, D, HAS_EDGE_KEY,
+                        HAS_EDGE_SCALE,
+                    )  # fmt: skip
+                s = score(kt, q[None, :, :], sc, WIDE)
+                if HAS_BIAS:
+                    s += tl.load(BIAS + pos[:, None] * sb_e + heads[None, :] * sb_h, mask=live_h, other=0.0).to(ACC)
             p = weight(s, m[None, :], z_safe[None, :], lo, hi, CLAMP)
             tl.store(W + pos[:, None] * H + heads[None, :], p.to(W.dtype.element_ty), mask=live_h)

@@ -87,13 +87,36 @@ def _index(index: Index) -> Dict[str, Tensor]:
     return dict(zip(("PTR", "IDX", "PERM"), (t.contiguous() for t in index)))
 
 
-def forward(q, k, v, csr: Index, scale, clamp, bias, mask, return_weights: bool, terms=NO_TERMS, eps=0.0, *, cfg):
+# False: float32 calls sum every score in float64 in all three kernels instead of keeping the forward's
+# (the previous way, 3x bfloat16's forward time on an H100); benchmarks/gpu_check.sh compares the two
+SAVE_FLOAT32_SCORES = True
+
+
+def saves_scores(q: Tensor, backward: bool) -> bool:
+    """Whether the forward keeps each edge's score for the backward: float32 calls that will be
+    differentiated (`common.score`)."""
+    return backward and q.dtype == torch.float32 and SAVE_FLOAT32_SCORES
+
+
+def wide_scores(q: Tensor, backward: bool) -> bool:
+    """Whether the kernels sum float32 scores in float64 (each rounded once, so that every kernel
+    finds the same score whatever its order): float32 calls to be differentiated that keep no scores."""
+    return backward and q.dtype == torch.float32 and not SAVE_FLOAT32_SCORES
+
+
+def forward(
+    q, k, v, csr: Index, scale, clamp, bias, mask, return_weights: bool, terms=NO_TERMS, eps=0.0, *, cfg,
+    backward: bool = False,
+):  # fmt: skip
     """q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv) contiguous; csr: the destination-sorted
     (ptr, idx, perm); bias, mask (E, H) or None; terms: edge_key (E, H or 1, D), edge_value
     (E, H or 1, Dv), edge_scale (E, H or 1, D), each or None; eps added to each normalizer; cfg:
     `policy.forward_settings`. Returns out (N_dst, H, Dv), stats (N_dst, H, 2) (m and z:
-    `common.weight`) in the accumulation dtype, weights (E, H) or None."""
+    `common.weight`) in the accumulation dtype, weights (E, H) or None, and scores: (E, H) float32
+    in caller order where `saves_scores(q, backward)`, else an empty tensor."""
     (n_dst, h), num_edges = q.shape[:2], csr[1].shape[0]
+    save = saves_scores(q, backward)
+    scores = torch.empty(num_edges if save else 0, h, dtype=torch.float32, device=q.device)
     out = torch.empty(n_dst, h, v.shape[2], dtype=q.dtype, device=q.device)
     stats = torch.empty(n_dst, h, 2, dtype=accumulation_dtype(q.dtype), device=q.device)  # m, z
     weights = torch.empty(num_edges, h, dtype=q.dtype, device=q.device) if return_weights else stats
@@ -104,6 +127,7 @@ def forward(q, k, v, csr: Index, scale, clamp, bias, mask, return_weights: bool,
         OUT=out,
         STATS=stats,
         W=weights,
+        S=scores if save else stats,
         **_index(csr),
         **_named_strides(q, "sq_n", "sq_h"),
         **_named_strides(k, "sk_n", "sk_h"),
@@ -113,9 +137,11 @@ def forward(q, k, v, csr: Index, scale, clamp, bias, mask, return_weights: bool,
         **edge_args(q, terms),
         RETURN_WEIGHTS=return_weights,
         HAS_EPS=bool(eps),
+        SAVE_SCORES=save,
+        WIDE=wide_scores(q, backward),
         **cfg,
     )
-    return out, stats, (weights if return_weights else None)
+    return out, stats, (weights if return_weights else None), scores
 
 
 def _term_grad(t: Optional[Tensor], needed: bool, heads: int, acc: torch.dtype) -> Tuple[Optional[Tensor], bool]:
@@ -129,17 +155,20 @@ def _term_grad(t: Optional[Tensor], needed: bool, heads: int, acc: torch.dtype) 
 
 
 def backward(
-    q, k, v, csr: Index, csc: Index, scale, clamp, bias, mask, stats, d_out, d_weights,
+    q, k, v, csr: Index, csc: Index, scale, clamp, bias, mask, stats, scores, d_out, d_weights,
     terms: EdgeTerms, needs_terms: Sequence[bool], *, tiles: Dict[str, Any],
 ):  # fmt: skip
     """Gradients (dq, dk, dv, dscore, d edge_key, d edge_value, d edge_scale) of out (and of weights,
     if d_weights is given); dscore is (E, H) in caller order and the accumulation dtype: it is
     dbias. The edge terms' gradients are shaped as the terms, None where absent or where
     needs_terms (3 bools) says no. csr, csc: the destination- and source-sorted (ptr, idx, perm);
-    tiles: both kernels' launch settings (`policy.backward_settings`)."""
+    tiles: both kernels' launch settings (`policy.backward_settings`); scores: the forward's (an
+    empty tensor where it kept none)."""
     (n_dst, h), n_src, num_edges = q.shape[:2], k.shape[0], csr[1].shape[0]
     acc = accumulation_dtype(q.dtype)
+    saved = scores.numel() > 0
     common = dict(shared_args(q, v, scale, clamp, bias, mask), **edge_args(q, terms), **tiles, STATS=stats)
+    common.update(S=scores if saved else stats, SAVE_SCORES=saved, WIDE=wide_scores(q, True))
     common.update(Q=q, K=k, DO=d_out.contiguous())
     common.update(**_named_strides(q, "sq_n", "sq_h"), **_named_strides(k, "sk_n", "sk_h"))
     common.update(**_named_strides(v, "sv_n", "sv_h"), **_named_strides(common["DO"], "sdo_n", "sdo_h"))
@@ -179,4 +208,4 @@ def backward(
     return (dq, dk, dv, ds, *d_terms)
 
 
-__all__ = ["shared_args", "edge_args", "forward", "backward", "EdgeTerms", "NO_TERMS"]
+__all__ = ["shared_args", "edge_args", "saves_scores", "forward", "backward", "EdgeTerms", "NO_TERMS"]

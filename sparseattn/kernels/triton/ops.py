@@ -2,13 +2,14 @@
 (`attention_op.define_attention_op`), and `triton_attention`, the backend's entry.
 
     sparseattn::triton_attention_fwd(<ATTENTION_ARGS>, ptr, idx, perm, cptr, cidx, cperm,
-                                     forward_settings, backward_launch) -> out, weights, stats
-    sparseattn::triton_attention_bwd(grad_out, grad_weights, <saved>, stats, <options>, needs)
+                                     forward_settings, backward_launch) -> out, weights, stats, scores
+    sparseattn::triton_attention_bwd(grad_out, grad_weights, <saved>, stats, scores, <options>, needs)
                                      -> dq, dk, dv, dbias, dedge_key, dedge_value, dedge_scale
 
 ptr, idx, perm: the destination-sorted CSR; cptr, cidx, cperm: the source-sorted one, for the
 backward (None when no gradient is wanted). stats (N_dst, H, 2) in the accumulation dtype: (m, z)
-per destination and head, saved for the backward. forward_settings: the call's
+per destination and head, saved for the backward; scores (E, H) float32: the forward's scores where
+`launch.saves_scores` (float32 with a backward to come, `common.score`), else empty. forward_settings: the call's
 `KernelOptions.triton_forward` (`policy.forward_ints`; the forward's launch follows from it and
 the shapes inside the op); backward_launch: `policy.launch_ints` of the backward's settings as they
 were when the forward ran (`KernelOptions.triton_backward`). The settings are ints, not a string:
@@ -51,18 +52,22 @@ def _forward(a: Saved) -> Tuple[Tensor, ...]:
     q, v = a.q, a.v
     mean_degree = a.idx.shape[0] / max(q.shape[0], 1)
     given = policy.forward_from_ints(a.forward_settings)
-    cfg = policy.forward_settings(q.shape[2], v.shape[2], q.shape[1], mean_degree, given)
+    cfg = policy.forward_settings(q.shape[2], v.shape[2], q.shape[1], mean_degree, given, q.dtype == torch.float32)
     with on(q.device):
-        out, stats, weights = launch.forward(
+        out, stats, weights, scores = launch.forward(
             q, a.k, v, (a.ptr, a.idx, a.perm), a.scale, _pair(a.clamp), a.bias, a.mask, a.return_weights,
-            (a.edge_key, a.edge_value, a.edge_scale), a.eps, cfg=cfg,
+            (a.edge_key, a.edge_value, a.edge_scale), a.eps, cfg=cfg, backward=a.cptr is not None,
         )  # fmt: skip
-    return out, weights if weights is not None else q.new_empty(0), stats
+    return out, weights if weights is not None else q.new_empty(0), stats, scores
 
 
 def _saved_fake(a: Saved) -> Tuple[Tensor, ...]:
     q = a.q
-    return (q.new_empty(q.shape[0], q.shape[1], 2, dtype=accumulation_dtype(q.dtype)),)
+    kept = a.idx.shape[0] if launch.saves_scores(q, a.cptr is not None) else 0
+    return (
+        q.new_empty(q.shape[0], q.shape[1], 2, dtype=accumulation_dtype(q.dtype)),
+        q.new_empty(kept, q.shape[1], dtype=torch.float32),
+    )
 
 
 def _backward(a: Saved) -> Tuple[Tensor, ...]:
@@ -74,7 +79,8 @@ def _backward(a: Saved) -> Tuple[Tensor, ...]:
     with on(q.device):
         dq, dk, dv, ds, *d_terms = launch.backward(
             q, a.k, v, (a.ptr, a.idx, a.perm), (a.cptr, a.cidx, a.cperm), a.scale, _pair(a.clamp), a.bias, a.mask,
-            a.stats, a.grad_out, a.grad_weights, (a.edge_key, a.edge_value, a.edge_scale), needs[4:], tiles=tiles,
+            a.stats, a.scores, a.grad_out, a.grad_weights, (a.edge_key, a.edge_value, a.edge_scale), needs[4:],
+            tiles=tiles,
         )  # fmt: skip
     dbias = ds.to(a.bias.dtype) if needs[3] and a.bias is not None else None
     grads = (dq, dk, dv, dbias, *d_terms)
@@ -82,7 +88,7 @@ def _backward(a: Saved) -> Tuple[Tensor, ...]:
 
 
 # what triton_attention calls (`TRITON_OP.call(*TRITON_OP.forward.bind(...))`)
-TRITON_OP = define_attention_op("triton_attention", INDEX_ARGS, ("stats",), _forward, _saved_fake, _backward)
+TRITON_OP = define_attention_op("triton_attention", INDEX_ARGS, ("stats", "scores"), _forward, _saved_fake, _backward)
 triton_attention_fwd, triton_attention_bwd = TRITON_OP.forward_op.op, TRITON_OP.backward_op.op  # the custom ops
 
 
@@ -121,7 +127,7 @@ def triton_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]
     wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in differentiable)
     ptr, idx, perm = graph.csr()
     cptr, cidx, cperm = graph.csc() if wants_grad else (None, None, None)  # the backward walks both orders
-    out, weights, _ = TRITON_OP.call(
+    out, weights, *_ = TRITON_OP.call(
         *TRITON_OP.forward.bind(
             q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), edge_index=graph.edge_index,
             bias=bias, mask=None if dropout_mask is None else dropout_mask.detach(),

@@ -112,7 +112,15 @@ def _overridden(cfg: dict, settings: Dict[str, Any]) -> dict:
     return cfg
 
 
-def forward_settings(d: int, dv: int, heads: int, mean_degree: float, settings: Settings = None) -> dict:
+# float32 forward, D and Dv <= 64, unless settings say otherwise: H200, random graph of 2^20 nodes and
+# in-degree 16, H=8 D=64, exact mode, fwd ms: 21.0 lanes E8 w2 s1, 26.8 tile E16 w2, 42.1 with the
+# bfloat16 choice (heads); 39 settings swept (benchmarks/results/bench_triton_gpu_*_sweep-float32.*)
+FLOAT32_FORWARD = dict(layout="lanes", BLOCK_E=8, num_warps=2, num_stages=1)
+
+
+def forward_settings(
+    d: int, dv: int, heads: int, mean_degree: float, settings: Settings = None, float32: bool = False
+) -> dict:
     """Launch settings of the forward kernel: the layout's flags, BLOCK_H heads per program, tile
     sizes, num_warps, and NUM_STAGES for the edge loop (None: Triton's default, no explicit
     pipelining); `settings` (checked) override them. tile and lanes use `tiles`; heads keeps
@@ -120,8 +128,11 @@ def forward_settings(d: int, dv: int, heads: int, mean_degree: float, settings: 
     warps. Unless a layout is given, head sets narrower than 512 elements (H * D) take tile instead.
     Forward ms on an H100, bf16, a 65K-node random graph of in-degree 16, heads / tile: H=4 D=64
     1.12 / 0.77; H=32 D=64 3.32 / 4.22; H=8 D=256 3.47 / 8.98; H=16 D=256 6.40 / 17.3 (and H=8 D=64
-    on 1M nodes 13.2 / 18.3, `benchmarks/results/`)."""
+    on 1M nodes 13.2 / 18.3, `benchmarks/results/`). float32 inputs (`float32`) with D, Dv <= 64
+    start from FLOAT32_FORWARD: their rows are twice as wide, and the bfloat16 choice ran 2x slower."""
     given = check_forward(settings)
+    if float32 and max(d, dv) <= 64 and "layout" not in given:
+        given = {**FLOAT32_FORWARD, **given}
     cfg = tiles(d, dv, mean_degree)
     all_heads = triton.next_power_of_2(max(heads, 1))
     per_edge = all_heads * max(cfg["BLOCK_D"], cfg["BLOCK_DV"])  # elements of one edge's rows, all heads
