@@ -1,13 +1,14 @@
 """Layers of graph-learning libraries rebuilt on `edge_attention`, with the originals' parameter
 names so state dicts load both ways: PyG's `TransformerConv`, `GATConv` and `GATv2Conv`,
-Exphormer's attention, anemoi's `GraphTransformerConv`, and GraphGPS's global attention over
-batches of graphs (no padding); `to_hetero` for heterogeneous graphs."""
+Exphormer's attention, anemoi's `GraphTransformerConv`, GraphGPS's global attention over
+batches of graphs (no padding) and PyG's `GPSConv` built on it; `to_hetero` for heterogeneous graphs."""
 
 from .anemoi import GraphTransformerConv
 from .exphormer import ExphormerAttention
 from .gat import GATConv
 from .gatv2 import GATv2Conv
 from .global_attention import GlobalAttention, complete_per_graph
+from .gps_conv import GPSConv
 from .hetero import to_hetero
 from .transformer_conv import TransformerConv
 
@@ -19,5 +20,6 @@ __all__ = [
     "GraphTransformerConv",
     "GlobalAttention",
     "complete_per_graph",
+    "GPSConv",
     "to_hetero",
 ]

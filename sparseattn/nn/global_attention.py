@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Optional, Tuple, Union
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -44,14 +43,16 @@ def complete_per_graph(batch: Optional[Tensor] = None, ptr: Optional[Tensor] = N
     return graphs.from_blocks([("full", n, n) for n in sizes if n > 0], device=device)
 
 
-class GlobalAttention(NotScriptable, nn.Module):
+class GlobalAttention(NotScriptable, nn.MultiheadAttention):
     """Full self-attention within each graph of a PyG-style batch (GraphGPS's global attention
     block), without padding every graph to the largest. Not PyG's `GlobalAttention` pooling layer.
 
     GraphGPS computes `to_dense_batch` + `nn.MultiheadAttention(..., key_padding_mask)`; this layer
     computes the same over `complete_per_graph(batch)` with one `edge_attention` call. Parameters
     mirror `nn.MultiheadAttention` (in_proj_weight, in_proj_bias, out_proj; same init), so
-    `load_state_dict(mha.state_dict())` works both ways.
+    `load_state_dict(mha.state_dict())` works both ways. It is an `nn.MultiheadAttention` subclass,
+    so code that tests `isinstance(attn, nn.MultiheadAttention)` before its padded call (PyG's
+    `GPSConv`, whose attention is otherwise skipped without an error) calls it, and gets MHA's answer.
 
     Args:
         embed_dim: model width, divisible by num_heads; head dim D = embed_dim // num_heads.
@@ -93,32 +94,19 @@ class GlobalAttention(NotScriptable, nn.Module):
         backend: str = "auto",
     ) -> None:
         """Build the layer; the arguments are described in the class docstring."""
-        super().__init__()
         if num_heads <= 0 or embed_dim <= 0 or embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim must be divisible by num_heads, got {embed_dim} and {num_heads}")
-        self.embed_dim = embed_dim
-        self.num_heads = num_heads
-        self.head_dim = embed_dim // num_heads
-        self.dropout = check_dropout(dropout)
-        self.batch_first = batch_first
+        dropout = check_dropout(dropout)
+        # nn.MultiheadAttention's parameters and init (in_proj_weight, in_proj_bias, out_proj)
+        super().__init__(embed_dim, num_heads, dropout=dropout, bias=bias, batch_first=batch_first)
         self.clamp = clamp
         self.backend = check_backend(backend)
-        self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
-        if bias:
-            self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim))
-        else:
-            self.register_parameter("in_proj_bias", None)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """nn.MultiheadAttention's init: xavier-uniform in_proj_weight, zero biases."""
-        nn.init.xavier_uniform_(self.in_proj_weight)
-        if self.in_proj_bias is not None:
-            nn.init.zeros_(self.in_proj_bias)
-            nn.init.zeros_(self.out_proj.bias)
+        """nn.MultiheadAttention's init (its `_reset_parameters`): xavier-uniform in_proj_weight, zero biases."""
+        self._reset_parameters()
 
-    def forward(
+    def forward(  # type: ignore[override]  # MHA's call is one of the two this forward takes
         self,
         x: Tensor,
         batch: Optional[Tensor] = None,

@@ -1,0 +1,180 @@
+"""sparseattn.nn.GPSConv against torch_geometric.nn.GPSConv (same state dict, float64): outputs,
+gradients and norm statistics over conv (none, PyG's GINConv, our TransformerConv and GATConv),
+batch (one graph, graphs of different sizes) and norm; and PyG's own GPSConv with our
+GlobalAttention swapped in for its nn.MultiheadAttention."""
+
+import copy
+import sys
+from typing import Optional
+
+import pytest
+import torch
+from torch import nn
+
+from sparseattn.nn import GATConv, GlobalAttention, GPSConv, TransformerConv
+
+from ..optional import needs_module
+from .helpers import assert_close, grads_of
+
+C, HEADS = 12, 3
+SIZES = [5, 9, 1, 7]  # graphs of different sizes, a single-node one among them
+
+
+def make_conv(kind: str) -> Optional[nn.Module]:
+    """The local message passing layer of a case, (x, edge_index) -> (N, C)."""
+    if kind == "none":
+        return None
+    if kind == "gin":
+        from torch_geometric.nn import GINConv
+
+        return GINConv(nn.Sequential(nn.Linear(C, C), nn.ReLU(), nn.Linear(C, C)))
+    if kind == "transformer":
+        return TransformerConv(C, C // HEADS, heads=HEADS)
+    return GATConv(C, C // HEADS, heads=HEADS)
+
+
+def make_pair(conv: str, norm: Optional[str], **options):
+    """PyG's GPSConv with every parameter (norms' included) drawn from U(-0.7, 0.7), float64, and
+    ours with its state dict loaded."""
+    from torch_geometric.nn import GPSConv as PyGGPSConv
+
+    local = make_conv(conv)
+    pyg = PyGGPSConv(C, local, heads=HEADS, norm=norm, **options).double()
+    with torch.no_grad():
+        for p in pyg.parameters():
+            p.uniform_(-0.7, 0.7)
+    ours = GPSConv(C, copy.deepcopy(local), heads=HEADS, norm=norm, **options).double()
+    ours.load_state_dict(pyg.state_dict())
+    return pyg, ours
+
+
+def inputs(sizes: Optional[list]):
+    """x (N, C) float64 requiring grad, a random edge_index within each graph, and batch (N,) or None."""
+    torch.manual_seed(0)
+    counts = sizes or [15]
+    edges, start = [], 0
+    for n in counts:
+        edges.append(torch.randint(start, start + n, (2, 3 * n)))
+        start += n
+    x = torch.randn(start, C, dtype=torch.float64, requires_grad=True)
+    batch = None if sizes is None else torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    return x, torch.cat(edges, dim=1), batch
+
+
+def assert_same_run(pyg: nn.Module, ours: nn.Module, sizes: Optional[list], what: str) -> None:
+    """Outputs and gradients (x and every parameter) of the two layers on the same input agree."""
+    x, edge_index, batch = inputs(sizes)
+    expected = pyg(x, edge_index, batch)
+    got = ours(x, edge_index, batch)
+    assert_close(got, expected, torch.float64, f"{what}: output", f"{what}: output")
+    w = torch.randn_like(expected)
+    g_ref = grads_of((expected * w).sum(), {"x": x, **dict(pyg.named_parameters())})
+    g_got = grads_of((got * w).sum(), {"x": x, **dict(ours.named_parameters())})
+    assert g_ref.keys() == g_got.keys()
+    for name in g_ref:
+        assert_close(g_got[name], g_ref[name], torch.float64, f"{what}: grad of {name}", f"{what}: grads")
+
+
+@needs_module("torch_geometric")
+@pytest.mark.parametrize("norm", ["batch_norm", "layer_norm", "graph_norm", None])
+@pytest.mark.parametrize("sizes", [None, SIZES], ids=["one-graph", "batch"])
+@pytest.mark.parametrize("conv", ["none", "gin", "transformer", "gat"])
+def test_matches_pyg_gps_conv_in_eval_and_training(conv, sizes, norm):
+    pyg, ours = make_pair(conv, norm)
+    assert ours.norm_with_batch == pyg.norm_with_batch == (norm in ("layer_norm", "graph_norm"))
+    pyg.eval(), ours.eval()
+    assert_same_run(pyg, ours, sizes, "GPSConv vs PyG (eval)")
+    pyg.train(), ours.train()  # dropout 0: batch norm's batch statistics, and its running ones updated
+    assert_same_run(pyg, ours, sizes, "GPSConv vs PyG (train)")
+    for key, value in pyg.state_dict().items():
+        assert_close(ours.state_dict()[key].double(), value.double(), torch.float64, key, "GPSConv vs PyG: buffers")
+
+
+@needs_module("torch_geometric")
+@pytest.mark.parametrize("backend", ["auto", "csr"])
+def test_attention_backends_and_attention_options_match_pyg(backend):
+    """The graph path (csr) and the padded one (auto on small graphs) alike, with an MLP activation
+    given with its kwargs and attention without biases."""
+    options = dict(act="leaky_relu", act_kwargs={"negative_slope": 0.3}, attn_kwargs={"bias": False})
+    pyg, ours = make_pair("gin", "layer_norm", **options)
+    ours.attn.backend = backend
+    pyg.eval(), ours.eval()
+    assert_same_run(pyg, ours, SIZES, "GPSConv vs PyG (eval)")
+
+
+@needs_module("torch_geometric")
+def test_state_dict_loads_both_ways_and_init_matches_pyg():
+    from torch_geometric.nn import GPSConv as PyGGPSConv
+
+    torch.manual_seed(3)
+    pyg = PyGGPSConv(C, None, heads=HEADS, norm="graph_norm")
+    torch.manual_seed(3)
+    ours = GPSConv(C, None, heads=HEADS, norm="graph_norm")
+    assert list(ours.state_dict()) == list(pyg.state_dict())
+    for key, value in pyg.state_dict().items():
+        assert torch.equal(ours.state_dict()[key], value), key  # same init order, same values
+    assert [name for name, _ in ours.named_children()] == [name for name, _ in pyg.named_children()]
+    PyGGPSConv(C, None, heads=HEADS, norm="graph_norm").load_state_dict(ours.state_dict())
+    assert isinstance(ours.attn, GlobalAttention) and repr(ours) == repr(pyg)
+    ours.reset_parameters()
+
+
+def test_bad_attn_type_is_refused_naming_the_argument():
+    with pytest.raises(ValueError, match="attn_type must be 'multihead'.*'performer'"):
+        GPSConv(C, None, heads=HEADS, norm=None, attn_type="performer")
+
+
+def test_without_torch_geometric_names_resolve_in_torch_or_ask_for_the_extra(monkeypatch):
+    """Activations resolve among torch.nn's; PyG's norm layers need PyG: an ImportError naming the extra."""
+    for name in [m for m in sys.modules if m == "torch_geometric" or m.startswith("torch_geometric.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "torch_geometric", None)
+    layer = GPSConv(C, None, heads=HEADS, act="leaky_relu", act_kwargs={"negative_slope": 0.3}, norm=None)
+    assert isinstance(layer.mlp[1], nn.LeakyReLU) and layer.mlp[1].negative_slope == 0.3
+    assert layer(torch.randn(6, C), None, torch.tensor([0, 0, 1, 1, 1, 2])).shape == (6, C)
+    with pytest.raises(ImportError, match=r"norm='batch_norm'.*sparseattn\[examples\]"):
+        GPSConv(C, None, heads=HEADS)
+    with pytest.raises(ValueError, match="act='nope'"):
+        GPSConv(C, None, heads=HEADS, act="nope", norm=None)
+
+
+@needs_module("torch_geometric")
+@pytest.mark.parametrize("sizes", [None, SIZES], ids=["one-graph", "batch"])
+def test_our_attention_inside_pygs_gps_conv_equals_its_multihead_attention(sizes):
+    """PyG's GPSConv runs its attention only if `isinstance(self.attn, nn.MultiheadAttention)`: before
+    GlobalAttention subclassed it, swapping ours in switched attention off without an error. Now PyG
+    calls it as MHA (padded, key_padding_mask) and the layer gives MHA's output and gradients."""
+    from torch_geometric.nn import GINConv
+    from torch_geometric.nn import GPSConv as PyGGPSConv
+
+    local = GINConv(nn.Sequential(nn.Linear(C, C), nn.ReLU(), nn.Linear(C, C)))
+    pyg = PyGGPSConv(C, local, heads=HEADS, norm="layer_norm").double()
+    with torch.no_grad():
+        for p in pyg.parameters():
+            p.uniform_(-0.7, 0.7)
+    swapped = copy.deepcopy(pyg)
+    swapped.attn = GlobalAttention(C, HEADS, batch_first=True).double()
+    swapped.attn.load_state_dict(pyg.attn.state_dict())
+    pyg.eval(), swapped.eval()
+    assert_same_run(pyg, swapped, sizes, "PyG GPSConv, GlobalAttention vs MHA")
+    pyg.train(), swapped.train()
+    assert_same_run(pyg, swapped, sizes, "PyG GPSConv, GlobalAttention vs MHA")
+    swapped.reset_parameters()  # PyG's reset calls attn._reset_parameters(), MHA's
+
+
+@needs_module("torch_geometric")
+def test_our_attention_in_pygs_gps_conv_with_the_wrong_layout_fails_loudly():
+    """batch_first=False (MHA's default, and ours) reads PyG's (B, L, C) as (L, B, C): the key
+    padding mask's shape then disagrees, a ValueError, never a silently wrong output."""
+    from torch_geometric.nn import GPSConv as PyGGPSConv
+
+    pyg = PyGGPSConv(C, None, heads=HEADS, norm=None)
+    pyg.attn = GlobalAttention(C, HEADS)
+    x, _, batch = inputs(SIZES)
+    with pytest.raises(ValueError, match="key_padding_mask must be a bool tensor"):
+        pyg(x.float(), None, batch)
+
+
+def test_torch_jit_script_fails_in_one_line_naming_torch_compile():
+    with pytest.raises(RuntimeError, match=r"^sparseattn\.nn\.GPSConv does not support torch\.jit\.script"):
+        torch.jit.script(GPSConv(C, None, heads=HEADS, norm=None))
