@@ -16,6 +16,7 @@ from ..graphs import Graph
 from ._common import edge_count, graph_of_adj_t
 
 PairTensor = Tuple[Tensor, Tensor]
+OptPairTensor = Tuple[Tensor, Optional[Tensor]]
 FillValue = Union[float, Tensor, str]
 FILL_REDUCTIONS = ("add", "sum", "mean", "min", "max", "mul")
 
@@ -71,14 +72,37 @@ def check_common(out_channels: int, heads: int, negative_slope: float, fill_valu
         raise TypeError(f"fill_value must be a float, a Tensor or a reduction name, got {type(fill_value).__name__}")
 
 
-def split_x(x: Union[Tensor, PairTensor]) -> PairTensor:
-    """(x_src, x_dst): x twice for one tensor, the pair otherwise (x_dst None refused)."""
+def split_x(x: Union[Tensor, OptPairTensor], allow_missing_dst: bool = False) -> OptPairTensor:
+    """(x_src, x_dst): x twice for one tensor, the pair otherwise. (x_src, None) is PyG's GATConv's
+    bipartite input without destination features (allow_missing_dst); GATv2Conv refuses it, as
+    PyG's asserts."""
     if isinstance(x, Tensor):
         return x, x
     x_src, x_dst = x
-    if x_dst is None:
+    if x_dst is None and not allow_missing_dst:
         raise ValueError("x as a pair needs destination features: (x_src, None) is not supported, pass (x_src, x_dst)")
     return x_src, x_dst
+
+
+def node_counts(
+    x_src: Tensor, x_dst: Optional[Tensor], size: Optional[Tuple[int, int]], graph: object
+) -> Tuple[int, int]:
+    """(N_src, N_dst) as PyG's MessagePassing sets them: from the features, checked against size
+    where both are given; without x_dst, N_dst is size[1], else the Graph's (or sparse adj_t's)
+    N_dst, else N_src."""
+    num_src = x_src.shape[0]
+    if size is not None:
+        if len(size) != 2:
+            raise ValueError(f"size must be (N_src, N_dst), got {size!r}")
+        dst_rows = None if x_dst is None else x_dst.shape[0]
+        for n, rows, side in ((size[0], num_src, "x_src"), (size[1], dst_rows, "x_dst")):
+            if rows is not None and n is not None and int(n) != rows:
+                raise ValueError(f"size={tuple(size)} does not match {side} ({rows} rows)")
+    if x_dst is not None:
+        return num_src, x_dst.shape[0]
+    if size is not None and size[1] is not None:
+        return num_src, int(size[1])
+    return num_src, graph.num_dst if isinstance(graph, Graph) else num_src
 
 
 def loop_attr(edge_attr: Tensor, dst: Tensor, num_nodes: int, fill_value: FillValue) -> Tensor:
@@ -123,7 +147,8 @@ def attention_edges(
         edge_attr = edge_attr.view(-1, 1)  # PyG takes (E,) as one feature per edge
     if edge_attr is not None:
         assert edge_dim is not None
-        edge_attr = check_edge_attr(edge_attr, edge_count(graph), edge_dim, "edge_dim")  # type: ignore[arg-type]
+        width = edge_attr.shape[-1] if edge_dim == -1 and edge_attr.dim() == 2 else edge_dim  # -1: lazy, any width
+        edge_attr = check_edge_attr(edge_attr, edge_count(graph), width, "edge_dim")  # type: ignore[arg-type]
     index = graph.edge_index if isinstance(graph, Graph) else graph
     if not isinstance(index, Tensor):
         raise TypeError(
@@ -176,8 +201,18 @@ def attend(
     )
 
 
-def finish(layer: Any, result, res: Optional[Tensor], index: Tensor, want_alpha: bool):
-    """Heads concatenated or averaged, residual and bias added; (out, (edge_index, alpha)) when asked."""
+def finish(
+    layer: Any,
+    result,
+    res: Optional[Tensor],
+    index: Tensor,
+    want_alpha: bool,
+    given: object = None,
+    num_src: int = 0,
+    num_dst: int = 0,
+):
+    """Heads concatenated or averaged, residual and bias added; when asked, (out, (edge_index,
+    alpha)), or for a torch.sparse adj_t (out, (weights, alpha)) as PyG (`sparse_weights`)."""
     out, alpha = result if isinstance(result, tuple) else (result, None)
     h, c = layer.heads, layer.out_channels
     out = out.reshape(-1, h * c) if layer.concat else out.mean(dim=1)
@@ -187,4 +222,27 @@ def finish(layer: Any, result, res: Optional[Tensor], index: Tensor, want_alpha:
         out = out + layer.bias
     if not want_alpha:
         return out
+    if isinstance(given, Tensor) and given.layout != torch.strided:
+        weights = sparse_weights(given.layout, index, alpha, num_src, num_dst)
+        return out, (weights, weights.values())
     return out, (index, alpha)
+
+
+def sparse_weights(layout: torch.layout, index: Tensor, alpha: Tensor, num_src: int, num_dst: int) -> Tensor:
+    """PyG's set_sparse_value(adj_t, alpha) for an adj_t given in `layout`: the attended edges
+    (self loops included) as a hybrid sparse (N_dst, N_src, H) tensor in that layout, alpha its
+    values, entries in the layout's order (COO and CSR by destination then source, CSC by source
+    then destination; ties in edge order). index (2, E') (source, destination), alpha (E', H)."""
+    src, dst = index[0], index[1]
+    size = (num_dst, num_src, alpha.shape[1])
+    by_src = layout == torch.sparse_csc
+    order = torch.argsort(src * num_dst + dst if by_src else dst * num_src + src, stable=True)
+    src, dst, values = src[order], dst[order], alpha[order]
+    if layout == torch.sparse_coo:  # adj_t was coalesced, and self loops are added once: no duplicates
+        return torch.sparse_coo_tensor(torch.stack([dst, src]), values, size, is_coalesced=True, check_invariants=False)
+    major, minor, count = (src, dst, num_src) if by_src else (dst, src, num_dst)
+    pointers = torch.zeros(count + 1, dtype=torch.long, device=index.device)
+    pointers[1:] = torch.bincount(major, minlength=count).cumsum(0)
+    if by_src:
+        return torch.sparse_csc_tensor(pointers, minor, values, size, check_invariants=False)
+    return torch.sparse_csr_tensor(pointers, minor, values, size, check_invariants=False)

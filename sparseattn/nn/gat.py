@@ -10,16 +10,17 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..graphs import Graph
-from ._common import NotScriptable, check_backend, check_dropout
+from ._common import NotScriptable, check_backend, check_dropout, graph_of_adj_t
 from ._gat_common import (
     FillValue,
-    PairTensor,
+    OptPairTensor,
     attend,
     attention_edges,
     check_common,
     finish,
     glorot_,
     glorot_linear,
+    node_counts,
     reset_glorot_linear,
     split_x,
 )
@@ -52,7 +53,8 @@ class GATConv(NotScriptable, nn.Module):
         dropout: dropout on the normalized attention weights (training mode only).
         add_self_loops: remove each edge i -> i, then add one per node (of min(N_src, N_dst)),
             as PyG; their edge features follow fill_value.
-        edge_dim: edge feature width; None for no edge features.
+        edge_dim: edge feature width; None for no edge features; -1 infers it at the first call
+            with edge_attr (a lazy lin_edge, as PyG's lazy Linear).
         fill_value: the self loops' edge features: a float, a tensor (edge_dim,), or a reduction
             of each node's in-edges' features ("mean", "add"/"sum", "min", "max", "mul").
         bias: add a learned bias to the output.
@@ -60,16 +62,20 @@ class GATConv(NotScriptable, nn.Module):
         backend: kernel backend for `edge_attention` (keyword only; not in PyG).
 
     Shapes:
-        x: (N, in_channels), or a pair ((N_src, in_src), (N_dst, in_dst)).
+        x: (N, in_channels), or a pair ((N_src, in_src), (N_dst, in_dst)), or (x_src, None) as
+            PyG (no destination term in the score, no residual; N_dst from size, else from a
+            Graph or adj_t, else N_src).
         edge_index: (2, E) int64 (row 0 source, row 1 destination), a `Graph`, or a torch.sparse
             adj_t (N_dst, N_src) (COO coalesced, CSR or CSC; edges in its storage order).
         edge_attr: (E, edge_dim) or (E,) for edge_dim=1; optional even with edge_dim set (then
             no edge term, as PyG). Given with edge_dim=None it is refused.
-        Output: (N_dst, H * C) if concat else (N_dst, C); with return_attention_weights also
-        (edge_index (2, E'), alpha (E', H)) over the edges attended (self loops appended).
+        size: (N_src, N_dst), optional, as PyG's.
+        Output: (N_dst, H * C) if concat else (N_dst, C); with return_attention_weights=True also
+        (edge_index (2, E'), alpha (E', H)) over the edges attended (self loops appended), or for
+        a sparse adj_t (weights, alpha): a sparse (N_dst, N_src, H) tensor in adj_t's layout, as PyG.
 
-    Differences from PyG: alpha is returned before dropout (PyG returns it after); a sparse
-    adj_t is answered with a (2, E') edge_index, not a sparse tensor; (x_src, None) is refused.
+    Differences from PyG: alpha is returned before dropout (PyG returns it after); a
+    torch_sparse.SparseTensor is refused (pass a torch.sparse adj_t).
     `torch.jit.script` is refused in one line (use torch.compile).
     """
 
@@ -138,37 +144,47 @@ class GATConv(NotScriptable, nn.Module):
 
     def forward(
         self,
-        x: Union[Tensor, PairTensor],
+        x: Union[Tensor, OptPairTensor],
         edge_index: Union[Tensor, Graph],
         edge_attr: Optional[Tensor] = None,
+        size: Optional[Tuple[int, int]] = None,
         return_attention_weights: Optional[bool] = None,
-    ) -> Union[Tensor, Tuple[Tensor, PairTensor]]:
-        """Args as the class docstring's Shapes. return_attention_weights: as PyG, any bool also
-        returns (edge_index, alpha), alpha (E', H) in that edge_index's order."""
-        x_src, x_dst = split_x(x)
+    ) -> Union[Tensor, Tuple[Tensor, Tuple[Tensor, Tensor]]]:
+        """PyG's GATConv.forward, argument for argument (shapes in the class docstring).
+
+        size: (N_src, N_dst), checked against the features; N_dst of (x_src, None) (else the
+        adj_t's or Graph's N_dst, else N_src). return_attention_weights: True also returns
+        (edge_index, alpha), alpha (E', H) in that edge_index's order; for a torch.sparse adj_t,
+        (weights, alpha) with weights a sparse (N_dst, N_src, H) tensor in adj_t's layout and alpha
+        its values. None or False return the output alone (PyG tests the value, not its type)."""
+        x_src, x_dst = split_x(x, allow_missing_dst=True)
         h, c = self.heads, self.out_channels
-        res = self.res(x_dst) if self.res is not None else None
-        if self.lin is not None:
-            xs = self.lin(x_src).view(-1, h, c)  # (N_src, H, C)
-            xd = xs if isinstance(x, Tensor) else self.lin(x_dst).view(-1, h, c)  # (N_dst, H, C)
-        else:
-            assert self.lin_src is not None and self.lin_dst is not None
-            xs = self.lin_src(x_src).view(-1, h, c)
-            xd = self.lin_dst(x_dst).view(-1, h, c)
-        alpha_src = (xs * self.att_src).sum(-1)  # (N_src, H)
-        alpha_dst = (xd * self.att_dst).sum(-1)  # (N_dst, H)
+        res = self.res(x_dst) if self.res is not None and x_dst is not None else None  # PyG: none without x_dst
+        lin_src, lin_dst = (self.lin, self.lin) if self.lin is not None else (self.lin_src, self.lin_dst)
+        assert lin_src is not None and lin_dst is not None
+        xs = lin_src(x_src).view(-1, h, c)  # (N_src, H, C)
+        xd: Optional[Tensor] = None
+        if x_dst is not None:
+            shared = isinstance(x, Tensor) and self.lin is not None
+            xd = xs if shared else lin_dst(x_dst).view(-1, h, c)  # (N_dst, H, C)
+        graph = graph_of_adj_t(edge_index)
+        num_src, num_dst = node_counts(x_src, x_dst, size, graph)
         graph, index, edge_attr = attention_edges(
-            edge_index, edge_attr, self.edge_dim, self.add_self_loops, self.fill_value, xs.shape[0], xd.shape[0]
+            graph, edge_attr, self.edge_dim, self.add_self_loops, self.fill_value, num_src, num_dst
         )
-        scores = alpha_src.index_select(0, index[0]) + alpha_dst.index_select(0, index[1])  # (E, H)
+        scores = (xs * self.att_src).sum(-1).index_select(0, index[0])  # (E, H)
+        if xd is not None:
+            scores = scores + (xd * self.att_dst).sum(-1).index_select(0, index[1])
         if self.lin_edge is not None and self.att_edge is not None and edge_attr is not None:
+            if isinstance(self.lin_edge, nn.LazyLinear):
+                self.lin_edge(edge_attr[:0])  # edge_dim=-1: infer the width
             # att_edge . (W_e a) = a . (W_e^T att_edge) per head: (H, edge_dim) instead of (E, H, C)
             w = torch.einsum("hcf,hc->hf", self.lin_edge.weight.view(h, c, -1), self.att_edge[0])
             scores = scores + edge_attr @ w.t()
         scores = F.leaky_relu(scores, self.negative_slope)
-        want_alpha = isinstance(return_attention_weights, bool)
-        result = attend(self, scores, xs, graph, xd.shape[0], want_alpha)
-        return finish(self, result, res, index, want_alpha)
+        want_alpha = bool(return_attention_weights)
+        result = attend(self, scores, xs, graph, num_dst, want_alpha)
+        return finish(self, result, res, index, want_alpha, edge_index, num_src, num_dst)
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"

@@ -51,7 +51,8 @@ class GATv2Conv(NotScriptable, nn.Module):
             `sparseattn.kernels.scores.default_chunk` (2^20 values per buffer on a CPU, 4 MiB in
             float32; 2^27 on a GPU).
 
-    Shapes, return value, differences from PyG: as `GATConv`.
+    Shapes, return value, differences from PyG: as `GATConv`, without its size argument (PyG's
+    GATv2Conv.forward has none) and with (x_src, None) refused (PyG's asserts x_dst).
     """
 
     def __init__(
@@ -121,25 +122,31 @@ class GATv2Conv(NotScriptable, nn.Module):
         edge_attr: Optional[Tensor] = None,
         return_attention_weights: Optional[bool] = None,
     ) -> Union[Tensor, Tuple[Tensor, PairTensor]]:
-        """Args as the class docstring's Shapes. return_attention_weights: as PyG, any bool also
-        returns (edge_index, alpha), alpha (E', H) in that edge_index's order."""
+        """PyG's GATv2Conv.forward, argument for argument (shapes in the class docstring).
+        return_attention_weights: True also returns (edge_index, alpha), alpha (E', H) in that
+        edge_index's order; for a torch.sparse adj_t, (weights, alpha) with weights a sparse
+        (N_dst, N_src, H) tensor in adj_t's layout and alpha its values. None or False return the
+        output alone (PyG tests the value). (x_src, None) is refused (PyG asserts)."""
         x_src, x_dst = split_x(x)
         h, c = self.heads, self.out_channels
         res = self.res(x_dst) if self.res is not None else None
         x_l = self.lin_l(x_src).view(-1, h, c)  # (N_src, H, C)
         x_r = x_l if self.share_weights and isinstance(x, Tensor) else self.lin_r(x_dst).view(-1, h, c)  # (N_dst, H, C)
+        num_src, num_dst = x_l.shape[0], x_r.shape[0]
         graph, index, edge_attr = attention_edges(
-            edge_index, edge_attr, self.edge_dim, self.add_self_loops, self.fill_value, x_l.shape[0], x_r.shape[0]
+            edge_index, edge_attr, self.edge_dim, self.add_self_loops, self.fill_value, num_src, num_dst
         )
+        if isinstance(self.lin_edge, nn.LazyLinear) and edge_attr is not None:
+            self.lin_edge(edge_attr[:0])  # edge_dim=-1: infer the width
         edge_weight = self.lin_edge.weight if self.lin_edge is not None and edge_attr is not None else None
         edge_attr = edge_attr if edge_weight is not None else None
         att = self.att.view(h, c)
         scores = gatv2_edge_scores(
             x_l, x_r, graph, index, att, self.negative_slope, edge_attr, edge_weight, chunk=self.edge_chunk
         )
-        want_alpha = isinstance(return_attention_weights, bool)
-        result = attend(self, scores, x_l, graph, x_r.shape[0], want_alpha)
-        return finish(self, result, res, index, want_alpha)
+        want_alpha = bool(return_attention_weights)
+        result = attend(self, scores, x_l, graph, num_dst, want_alpha)
+        return finish(self, result, res, index, want_alpha, edge_index, num_src, num_dst)
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"

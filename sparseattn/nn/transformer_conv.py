@@ -50,7 +50,8 @@ class TransformerConv(NotScriptable, nn.Module):
         beta: gate the skip connection (only with root_weight, as in PyG).
         dropout: dropout on the normalized attention weights (training mode only), as PyG: dropped
             after the softmax, survivors scaled by 1 / (1 - dropout), no renormalization.
-        edge_dim: edge feature width; None for no edge features.
+        edge_dim: edge feature width; None for no edge features; -1 infers it at the first call
+            with edge_attr (a lazy lin_edge, as PyG's lazy Linear).
         bias: biases in lin_key, lin_query, lin_value and lin_skip.
         root_weight: add the transformed destination features lin_skip(x_dst).
         backend: kernel backend for `edge_attention` (keyword only; not in PyG).
@@ -98,12 +99,13 @@ class TransformerConv(NotScriptable, nn.Module):
         self.dropout = check_dropout(dropout)
         self.edge_dim = edge_dim
         self.backend = check_backend(backend)
+        self._alpha: Optional[Tensor] = None  # PyG's attribute: None outside a call (see forward)
         width = heads * out_channels
         # registration order = PyG's, so one seed draws the same kind of init in the same order
         self.lin_key = lazy_or_linear(src_dim, width, bias)
         self.lin_query = lazy_or_linear(dst_dim, width, bias)
         self.lin_value = lazy_or_linear(src_dim, width, bias)
-        self.lin_edge: Optional[nn.Linear] = None if edge_dim is None else nn.Linear(edge_dim, width, bias=False)
+        self.lin_edge: Optional[nn.Linear] = None if edge_dim is None else lazy_or_linear(edge_dim, width, False)
         out_width = width if concat else out_channels
         self.lin_skip = lazy_or_linear(dst_dim, out_width, bias)
         self.lin_beta: Optional[nn.Linear] = nn.Linear(3 * out_width, 1, bias=False) if self.beta else None
@@ -123,9 +125,17 @@ class TransformerConv(NotScriptable, nn.Module):
         edge_attr: Optional[Tensor] = None,
         return_attention_weights: Optional[bool] = None,
     ) -> Union[Tensor, Tuple[Tensor, PairTensor]]:
-        """Args as the class docstring's Shapes. return_attention_weights: as PyG, any bool (True or
-        False) also returns (edge_index, alpha) with alpha (E, H) the softmax weights before dropout,
-        in edge_index's order (a Graph's `edge_index` when a Graph was passed)."""
+        """PyG's TransformerConv.forward, argument for argument (shapes in the class docstring; no
+        size argument, as PyG's). return_attention_weights: as PyG's, any bool (True or False) also
+        returns (edge_index, alpha) with alpha (E, H) the softmax weights before dropout, in
+        edge_index's order (a Graph's `edge_index` when a Graph was passed; a sparse adj_t as it
+        came). `_alpha`, where PyG's message() leaves the weights for its forward to read and
+        clear, is None before and after every call here too. (x_src, None) is refused (PyG fails
+        in lin_query)."""
+        if not isinstance(x, Tensor) and x[1] is None:
+            raise ValueError(
+                "x as a pair needs destination features: (x_src, None) is not supported, pass (x_src, x_dst)"
+            )
         x_src, x_dst = (x, x) if isinstance(x, Tensor) else x
         given, edge_index = edge_index, graph_of_adj_t(edge_index)  # type: ignore[assignment]
         h, c = self.heads, self.out_channels
@@ -136,6 +146,8 @@ class TransformerConv(NotScriptable, nn.Module):
             raise ValueError("edge_attr was given but the layer was built with edge_dim=None")
         if self.lin_edge is not None and edge_attr is None:
             raise ValueError(f"edge_attr (E, {self.edge_dim}) is required: the layer was built with edge_dim")
+        if isinstance(self.lin_edge, nn.LazyLinear) and isinstance(edge_attr, Tensor) and edge_attr.dim() == 2:
+            self.lin_edge(edge_attr[:0])  # edge_dim=-1: infer the width
         if self.lin_edge is not None and edge_attr is not None:
             edge_attr = check_edge_attr(edge_attr, edge_count(edge_index), self.lin_edge.in_features, "edge_dim")
         num_edges = edge_count(edge_index) or 0

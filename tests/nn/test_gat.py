@@ -144,8 +144,8 @@ def test_residual_no_bias_and_slope_equal_pyg(name, bipartite):
 
 @pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
 def test_a_graph_or_adj_t_equals_its_edge_index(name):
-    """A Graph (with or without self loops added) and a CSR adj_t (duplicate edges kept) give PyG's
-    edge_index result."""
+    """A Graph (with or without self loops added) gives PyG's edge_index result; a CSR adj_t
+    (duplicate edges kept) PyG's adj_t result, the weights as a sparse (N_dst, N_src, H) CSR tensor."""
     torch.manual_seed(3)
     for loops in (True, False):
         theirs, ours = make_pair(name, True, heads=2, edge_dim=EDGE_DIM, add_self_loops=loops)
@@ -159,11 +159,14 @@ def test_a_graph_or_adj_t_equals_its_edge_index(name):
         crow, sorted_index[0], torch.ones(order.shape[0]), (N_DST, N_SRC), check_invariants=False
     )
     x, _, _ = make_inputs(True, None)
-    expected, (_, alpha_t) = theirs(x, sorted_index, return_attention_weights=True)
-    got, (index, alpha) = ours(x, adj_t, return_attention_weights=True)
-    assert torch.equal(index, sorted_index)
+    expected, (weights_t, alpha_t) = theirs(x, adj_t, return_attention_weights=True)
+    got, (weights, alpha) = ours(x, adj_t, return_attention_weights=True)
+    assert weights.layout == weights_t.layout == torch.sparse_csr  # PyG's answer to an adj_t: adj_t's weights
+    assert torch.equal(weights.crow_indices(), weights_t.crow_indices())
+    assert torch.equal(weights.col_indices(), weights_t.col_indices())
     assert_close(got, expected, torch.float64, "adj_t vs PyG", "GAT output")
     assert_close(alpha, alpha_t, torch.float64, "adj_t alpha vs PyG", "GAT alpha")
+    assert_close(weights.values(), alpha_t, torch.float64, "adj_t weights vs PyG", "GAT alpha")
 
 
 @pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
@@ -239,8 +242,8 @@ def test_edge_attr_errors_name_the_argument():
         GATConv(4, 2, edge_dim=3)(torch.randn(3, 4), torch.tensor([[0, 1], [1, 2]]), torch.randn(5, 3))
     with pytest.raises(ValueError, match="fill_value must be"):
         GATConv(4, 2, fill_value="median")
-    with pytest.raises(ValueError, match=r"\(x_src, None\) is not supported"):
-        GATConv((4, 4), 2)((torch.randn(3, 4), None), torch.tensor([[0, 1], [1, 2]]))
+    with pytest.raises(ValueError, match=r"\(x_src, None\) is not supported"):  # PyG's GATv2Conv asserts
+        GATv2Conv((4, 4), 2)((torch.randn(3, 4), None), torch.tensor([[0, 1], [1, 2]]))
 
 
 class _LargestSaved:
