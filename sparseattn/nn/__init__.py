@@ -1,10 +1,12 @@
 """Layers of graph-learning libraries rebuilt on `edge_attention`, with the originals' parameter
 names so state dicts load both ways: PyG's `TransformerConv`, `GATConv` and `GATv2Conv`,
 Exphormer's attention, anemoi's `GraphTransformerConv`, GraphGPS's global attention over
-batches of graphs (no padding) and PyG's `GPSConv` built on it; `to_hetero` for heterogeneous graphs."""
+batches of graphs (no padding) and PyG's `GPSConv` built on it; `to_hetero` for heterogeneous
+graphs and `attention_explainer` for PyG's Explainer."""
 
 from .anemoi import GraphTransformerConv
 from .exphormer import ExphormerAttention
+from .explain import attention_explainer
 from .gat import GATConv
 from .gatv2 import GATv2Conv
 from .global_attention import GlobalAttention, complete_per_graph
@@ -22,4 +24,5 @@ __all__ = [
     "complete_per_graph",
     "GPSConv",
     "to_hetero",
+    "attention_explainer",
 ]
