@@ -100,14 +100,20 @@ def test_other_layers_refuse_missing_destination_features(name):
 @pytest.mark.parametrize("bipartite", [False, True])
 def test_sparse_adj_t_gets_sparse_weights_as_pyg(name, layout, add_self_loops, bipartite):
     """With a torch.sparse adj_t, return_attention_weights=True gives (weights, alpha): weights a
-    sparse (N_dst, N_src, H) tensor in adj_t's layout (self loops added), alpha its values."""
+    sparse (N_dst, N_src, H) tensor in adj_t's layout (self loops added), alpha its values, with
+    PyG's gradients."""
     torch.manual_seed(3)
     theirs, ours = pair(name, (6, 6) if bipartite else 6, heads=2, add_self_loops=add_self_loops)
     num_dst = N_DST if bipartite else N_SRC
-    x = (features(N_SRC), features(N_DST)) if bipartite else features(N_SRC)
+    x_src = features(N_SRC).requires_grad_()
+    x = (x_src, features(N_DST)) if bipartite else x_src
     adj = adj_t(layout, N_SRC, num_dst)
     out_t, (weights_t, alpha_t) = theirs(x, adj, return_attention_weights=True)
     out_o, (weights_o, alpha_o) = ours(x, adj, return_attention_weights=True)
+    proj = torch.randn_like(alpha_t)
+    (grad_t,) = torch.autograd.grad((alpha_t * proj).sum(), x_src)
+    (grad_o,) = torch.autograd.grad((alpha_o * proj).sum(), x_src)
+    assert_close(grad_o, grad_t, torch.float64, "d alpha / d x_src vs PyG", "forward API")
     assert weights_o.layout == weights_t.layout == adj.layout
     assert weights_o.shape == weights_t.shape == (num_dst, N_SRC, 2)
     if layout == "csr":
