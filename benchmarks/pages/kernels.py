@@ -5,11 +5,27 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import stream
 from ..kernels_report import TARGETS, KernelResult, ratio_table, target_of
+from ..kernels_report import stream_table as stream_rows
 from ..threads import setting_label
-from . import common
-from .common import DASH, Run, by_key, cell, f_int, f_ms, f_pct, f_x, header, joined, ordered, plot, table
+from .common import (
+    DASH,
+    Run,
+    by_key,
+    by_machine,
+    cell,
+    f_int,
+    f_ms,
+    f_pct,
+    f_x,
+    header,
+    joined,
+    machine_desc,
+    ordered,
+    plot,
+    span,
+    table,
+)
 
 KERNEL_ORDER = ("csr", "dense", "auto", "auto (raw)", "auto (compiled)", "sdpa", "sdpa-masked", "dense bmm", "pyg")
 KERNEL_ORDER += ("pyg (compiled)",)
@@ -175,7 +191,7 @@ def kernels_main(run: Run, legend: str) -> List[str]:
     if run.config.get("ratios"):
         ratios, met, total = kernel_ratios(run)
         parts.append(
-            "The ratios the CPU targets are about (issue 44), fwd / fwd+bwd: times of the peer over `auto`'s"
+            "The ratios the CPU targets are about, fwd / fwd+bwd: times of the peer over `auto`'s"
             " (compiled PyG at least 3x on windows, 1.5x on random and power-law graphs, 2x on structured graphs"
             " with shuffled ids; its fwd+bwd peak memory at least 2x `auto`'s); `csr` fwd+bwd / fwd: its"
             " forward+backward time over its forward time; `auto` fwd over the family's gather floor; `auto` on"
@@ -195,9 +211,9 @@ def kernels_headline(run: Run) -> str:
     compiled, eager = span_of("compiled pyg/auto"), span_of("pyg/auto")
     out = []
     if compiled:
-        out.append(f"`auto` fwd+bwd {common.span(compiled)} against compiled torch_geometric")
+        out.append(f"`auto` fwd+bwd {span(compiled)} against compiled torch_geometric")
     if eager and compiled:
-        out.append(f"{common.span(eager)} against eager")
+        out.append(f"{span(eager)} against eager")
     elif eager:  # eager figures never stand alone in a headline
         out.append("no compiled torch_geometric in this run")
     if run.config.get("ratios"):
@@ -231,8 +247,8 @@ def thp_headline(off: Run, on: Run) -> str:
 
 def page_kernels(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
     parts, heads = [], {}
-    for machine, group in common.by_machine(runs):
-        parts.append(f"## {common.machine_desc(group[0].info)}")
+    for machine, group in by_machine(runs):
+        parts.append(f"## {machine_desc(group[0].info)}")
         off = next((r for r in group if r.variant == "thp-off"), None)
         on = next((r for r in group if r.variant == "thp-on"), None)
         lines = []
@@ -269,7 +285,7 @@ def _measured_apart(run: Run, first: Run) -> str:
 
 def stream_table(run: Run) -> str:
     """bench_kernels --stream: per contender, seconds of the first and second pass and each over `auto`'s."""
-    return "\n".join(stream.stream_table(run.data.get("stream", [])))
+    return "\n".join(stream_rows(run.data.get("stream", [])))
 
 
 def gqa_table(run: Run) -> str:
@@ -310,4 +326,4 @@ def dgl_headline(group: List[Run]) -> str:
     ]
     if not ratios:
         return "DGL not measured"
-    return f"`auto` {common.span(ratios)} faster than DGL fused forward+backward ({len(ratios)} families)"
+    return f"`auto` {span(ratios)} faster than DGL fused forward+backward ({len(ratios)} families)"

@@ -6,8 +6,23 @@ from __future__ import annotations
 import statistics
 from typing import Any, Dict, List, Tuple
 
-from . import common
-from .common import DASH, Run, by_key, f_int, f_ms, f_pct, f_x, median_range, ordered, span, table
+from .common import (
+    DASH,
+    Run,
+    by_key,
+    by_machine,
+    f_int,
+    f_ms,
+    f_pct,
+    f_x,
+    header,
+    machine_desc,
+    median_range,
+    ordered,
+    plot,
+    span,
+    table,
+)
 
 OURS, THEIRS = "sparseattn.nn.TransformerConv", "PyG TransformerConv"
 TERMS = ("csr, edge_key + edge_value (E,H,D)", "csr, one shared (E,1,D) row as both")
@@ -208,16 +223,16 @@ def compile_headline(group: List[Run]) -> str:
 
 def page_compile(runs: List[Run], snippet) -> Tuple[List[str], Dict[str, str]]:
     parts, heads = [], {}
-    for machine, group in common.by_machine(runs):
-        parts.append(f"## {common.machine_desc(group[0].info)}")
+    for machine, group in by_machine(runs):
+        parts.append(f"## {machine_desc(group[0].info)}")
         for run in [r for r in group if r.bench == "compile"]:
             if run.variant:
                 parts.append(f"### Variant `{run.variant}`")
-            parts += [common.header(run)] + compile_table(run) + [common.plot(run)]
+            parts += [header(run)] + compile_table(run) + [plot(run)]
         trains = [r for r in group if r.bench == "train"]
         if trains:
             parts += ["### Training step", snippet("compile_train"), compile_train_table(trains)]
             for run in trains:
-                parts += [f"#### Run `{run.variant}`", common.header(run), common.plot(run)]
+                parts += [f"#### Run `{run.variant}`", header(run), plot(run)]
         heads[machine] = compile_headline(group)
     return parts, heads

@@ -5,7 +5,7 @@ from .builders import batch, bipartite, block_edges, causal, complete, from_bloc
 from .exported import exported_module
 from .graph import CSR, Graph
 from .order import locality_order, locality_pays, locality_view, relabel, source_spread
-from .pyg import from_pyg
+from .pyg import complete_per_graph, from_pyg
 
 __all__ = [
     "Graph",
@@ -21,6 +21,7 @@ __all__ = [
     "from_row_pointers",
     "block_edges",
     "from_pyg",
+    "complete_per_graph",
     "locality_order",
     "locality_view",
     "locality_pays",

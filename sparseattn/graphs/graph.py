@@ -13,6 +13,7 @@ from .._checks import check_edge_index, check_node_count, check_node_ids, edge_i
 from .._tracing import caching_in_trace, tracing
 from .block import Block, checked_blocks
 from .detect import find_blocks
+from .memo import recall
 from .structure import CSR, compress, compress_op, destination_major, row_pointers
 
 _EXPORT_CALLS = itertools.count()  # names the Dims of each `Graph.dynamic_shapes()` call
@@ -62,7 +63,14 @@ class Graph:
         `edge_attention` wraps for the length of one call (one_call=True, see `one_call`). User code
         calls `Graph(...)`, which keeps a copy of its own."""
         g = cls.__new__(cls)
-        g._validate_and_init(check_edge_index(edge_index).contiguous(), num_src, num_dst)
+        index = check_edge_index(edge_index).contiguous()
+        if one_call and num_src is not None and num_dst is not None and not tracing():
+            # the raw index a model hands to each of its layers: checked by the first call alone (graphs.memo)
+            key = ("edge_index checked", num_src, num_dst)
+            facts = recall(edge_index, key, lambda: g._checked(index, num_src, num_dst))
+            g._init(index, *facts)
+        else:
+            g._validate_and_init(index, num_src, num_dst)
         g._one_call = one_call
         return g
 
@@ -117,6 +125,15 @@ class Graph:
                 )
             self._init(edge_index, num_src, num_dst)
             return
+        self._init(edge_index, *self._checked(edge_index, num_src, num_dst, counts_given))
+
+    @staticmethod
+    def _checked(
+        edge_index: Tensor, num_src: Optional[int], num_dst: Optional[int], counts_given: bool = False
+    ) -> Tuple[int, int, None, None, None, bool, bool]:
+        """`_init`'s arguments after edge_index: the node counts (counted where None), ids checked against
+        them, and whether the index is destination-major and free of duplicates (as the builders list
+        edges: no sort needed, and dense blocks are recognized on first use of `blocks`)."""
         src, dst = edge_index[0], edge_index[1]
         if num_src is None:
             num_src = int(src.max()) + 1 if src.numel() else 0
@@ -125,10 +142,8 @@ class Graph:
         num_src, num_dst = check_node_count("num_src", num_src), check_node_count("num_dst", num_dst)
         check_node_ids(src, num_src, "edge_index[0] (sources)", "num_src" if counts_given else None)
         check_node_ids(dst, num_dst, "edge_index[1] (destinations)", "num_dst" if counts_given else None)
-        # destination-major input (as the builders list edges) needs no sort, and without
-        # duplicates its dense blocks are recognized on first use of `blocks`
         sorted_by_dst, unique = destination_major(src, dst, num_src, num_dst)
-        self._init(edge_index, num_src, num_dst, sorted_by_dst=sorted_by_dst, detect_blocks=unique)
+        return num_src, num_dst, None, None, None, sorted_by_dst, unique
 
     def _init(
         self,

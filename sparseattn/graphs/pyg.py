@@ -155,4 +155,31 @@ def _complete_blocks(edge_index: Tensor, ptr: Tuple[int, ...]) -> Optional[Graph
     return None
 
 
-__all__ = ["from_pyg"]
+def complete_per_graph(batch: Optional[Tensor] = None, ptr: Optional[Tensor] = None, num_nodes: int = -1) -> Graph:
+    """The graph in which every node attends to every node of its own graph (itself included):
+    block-diagonal, one recorded "full" block per graph, so the "dense" backend can serve it.
+
+    Args:
+        batch: (N,) PyG batch vector, graph id of each node, sorted.
+        ptr: (B + 1,) node offsets of the graphs (PyG's `data.ptr`); used instead of batch if given.
+        num_nodes: N; with neither batch nor ptr, all N nodes form one graph.
+
+    Returns: a `Graph` over N nodes with sum_b n_b^2 edges, destination-major.
+    """
+    given = ptr if ptr is not None else batch
+    if given is None:
+        if num_nodes < 0:
+            raise ValueError("pass batch, ptr or num_nodes")
+        sizes, device = [num_nodes], None
+    else:
+        n = num_nodes
+        if n < 0:  # no x to count: the nodes ptr or batch cover
+            n = (int(ptr[-1]) if ptr.numel() else 0) if ptr is not None else given.numel()
+        offsets = batch_offsets(ptr, batch, n)
+        assert offsets is not None
+        sizes, device = [b - a for a, b in zip(offsets[:-1], offsets[1:])], given.device
+    # empty graphs hold no nodes: leaving them out changes no node id
+    return from_blocks([("full", n, n) for n in sizes if n > 0], device=device)
+
+
+__all__ = ["from_pyg", "batch_offsets", "complete_per_graph"]

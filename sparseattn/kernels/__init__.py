@@ -18,7 +18,7 @@ from .contract import ALL_FLOATS, AttentionInputs, Backend, BackendFn
 from .csr import csr_attention
 from .dense import DENSE_MAX_SHAPES, DENSE_MIN_EDGES_PER_BLOCK, dense_attention, plan
 from .guard import checked
-from .local import LOCAL_MIN_DEGREE, LOCAL_MIN_DENSITY, local_attention
+from .local import LOCAL_MIN_DEGREE, LOCAL_MIN_DENSITY, local_attention, local_takes
 from .options import KernelOptions, as_kernel_options, kernel_options
 from .reference import reference_attention
 from .small import SMALL_MAX_VALUES, small_attention
@@ -138,7 +138,7 @@ register_backend(
     )
 )
 # tiles of consecutive destinations over their shared source span, batched matmuls (eager only)
-register_backend(Backend("local", checked(local_attention, csr_attention), grouped_kv=True))
+register_backend(Backend("local", checked(local_attention, csr_attention, takes=local_takes), grouped_kv=True))
 # small graphs in few ops: gathers and index_adds over the caller's edges, a hand-written backward
 register_backend(Backend("small", small_attention, edge_terms=True))
 # the reference on torch_scatter

@@ -1,7 +1,8 @@
 """The "auto" rule, in one place: which backend runs a call (`choose_auto`) and whether it runs in the
 graph's locality order (`choose_order`), decided from the graph, the tensors and whether code is being
-traced. Each threshold lives beside the kernel it was measured for (dense/plan.py, local/plan.py,
-small.py); layers never choose (they pass "auto" or what their caller named).
+traced, and how attention within the graphs of a batch runs (`choose_padding`). Each threshold
+lives beside the kernel it was measured for (dense/plan.py, local/plan.py, small.py, padded.py);
+layers never choose (they pass "auto" or what their caller named).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..graphs.order import locality_pays
 from .contract import Backend
 from .dense import DENSE_MAX_SHAPES, DENSE_MIN_EDGES_PER_BLOCK, plan
 from .local import LOCAL_MIN_DEGREE, LOCAL_MIN_DENSITY, TILE_ROWS, cached_layout
+from .padded import PADDED_MAX_WASTE
 from .small import SMALL_MAX_VALUES
 
 # "auto" relabels a graph in its locality order (graphs.locality_pays) only from this many nodes: the
@@ -78,6 +80,14 @@ def factor_edge_projection(num_edges: int, heads: int, channels: int, edge_dim: 
     return channels + edge_dim < heads * channels and num_edges * heads * channels > SMALL_MAX_VALUES
 
 
+def choose_padding(num_graphs: int, longest: int, edges: int) -> bool:
+    """Whether attention within each graph of a batch (`kernels.within_graphs`, exact softmax without
+    bias or returned weights, backend "auto", eager) runs as one SDPA over the batch padded to its
+    largest graph (`kernels.padded`) rather than over its block graph: when the padded score matrix,
+    num_graphs * longest^2, is at most PADDED_MAX_WASTE times the graphs' sum_b n_b^2 edges."""
+    return num_graphs * longest * longest <= PADDED_MAX_WASTE * edges
+
+
 def _local_pays(graph: Graph) -> bool:
     """The "local" part of the rule: enough edges per destination first (O(1)), then the tiles'
     density (O(E) once, cached on the graph): of tiles of 16 rows first, which bounds that of any
@@ -110,4 +120,4 @@ def choose_order(graph: Graph, node_order: Optional[str], backend: str) -> bool:
     return locality_pays(graph)
 
 
-__all__ = ["choose_auto", "choose_order", "factor_edge_projection", "ORDER_MIN_NODES"]
+__all__ = ["choose_auto", "choose_order", "choose_padding", "factor_edge_projection", "ORDER_MIN_NODES"]

@@ -123,14 +123,21 @@ def _checked_with_gradients(inputs: AttentionInputs, tiles: BackendFn, sparse: B
 
 
 def checked(
-    tiles: BackendFn, sparse: BackendFn, reaches_non_edges: Callable[[AttentionInputs], bool] = lambda _: True
+    tiles: BackendFn,
+    sparse: BackendFn,
+    reaches_non_edges: Callable[[AttentionInputs], bool] = lambda _: True,
+    takes: Callable[[AttentionInputs], bool] = lambda _: True,
 ) -> BackendFn:
     """The backend function `tiles` (one that computes whole tiles) with its results checked: an
     output or a gradient holding a non-finite value comes from `sparse` instead (the module
     docstring). Unchecked inside a trace, and where `reaches_non_edges(inputs)` says that the tiles
-    hold edges only (then their products are the edges' own, whatever the values)."""
+    hold edges only (then their products are the edges' own, whatever the values). Inputs the tiles
+    do not compute (`takes(inputs)` false) go to `sparse` directly, so the tiles' module never calls
+    another backend."""
 
     def run(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
+        if not takes(inputs):
+            return sparse(inputs)
         if tracing() or not reaches_non_edges(inputs):
             return tiles(inputs)
         if torch.is_grad_enabled() and any(

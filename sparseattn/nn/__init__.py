@@ -4,12 +4,13 @@ Exphormer's attention, anemoi's `GraphTransformerConv`, GraphGPS's global attent
 batches of graphs (no padding) and PyG's `GPSConv` built on it; `to_hetero` for heterogeneous
 graphs and `attention_explainer` for PyG's Explainer."""
 
+from ..graphs import complete_per_graph
 from .anemoi import GraphTransformerConv
 from .exphormer import ExphormerAttention
 from .explain import attention_explainer
 from .gat import GATConv
 from .gatv2 import GATv2Conv
-from .global_attention import GlobalAttention, complete_per_graph
+from .global_attention import GlobalAttention
 from .gps_conv import GPSConv
 from .hetero import to_hetero
 from .transformer_conv import TransformerConv

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import List, Optional, Sequence, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_dropout as _check_dropout
@@ -68,6 +69,20 @@ def graph_of_adj_t(edge_index: object) -> object:
         )
     dst, src = adj.indices()
     return Graph(torch.stack([src, dst]), num_src=num_src, num_dst=num_dst)
+
+
+def fused_linear(x: Tensor, lins: Sequence[nn.Linear]) -> List[Tensor]:
+    """[lin(x) for lin in lins] as one matrix product over their stacked weights: the same values (to
+    rounding), one GEMM and one bias add instead of len(lins), which is what a mini-batch of small
+    graphs pays for (per-op overhead, not arithmetic). The layers' parameters and state dicts stay
+    those of the separate Linear layers. x (N, in) -> [(N, lin.out_features)], views of one output."""
+    if len(lins) == 1:
+        return [lins[0](x)]
+    weight = torch.cat([lin.weight for lin in lins])
+    bias = None
+    if any(lin.bias is not None for lin in lins):
+        bias = torch.cat([lin.weight.new_zeros(lin.out_features) if lin.bias is None else lin.bias for lin in lins])
+    return list(F.linear(x, weight, bias).split([lin.out_features for lin in lins], dim=-1))
 
 
 def lazy_or_linear(in_features: int, out_features: int, bias: bool) -> nn.Linear:

@@ -1,6 +1,5 @@
-"""Padding for `GlobalAttention`: its nn.MultiheadAttention-style call (padded (B, L, E)
-self-attention with a key padding mask, computed without attending to padding, returning MHA's
-(out, weights)), and its padded path for batches of many small graphs (`padded_batch_attention`)."""
+"""`GlobalAttention`'s nn.MultiheadAttention-style call: padded (B, L, E) self-attention with a key
+padding mask, computed without attending to padding, returning MHA's (out, weights)."""
 
 from __future__ import annotations
 
@@ -88,56 +87,3 @@ def padded_attention(
     if average_attn_weights:
         weights = weights.mean(dim=1)
     return out, weights.squeeze(0) if unbatched else weights
-
-
-# `GlobalAttention(x, batch)` with backend "auto" pads the batch to (B, L_max) and runs one SDPA with a
-# key mask when its padded score matrix B * L_max^2 is at most this many times the graph's sum_b n_b^2
-# edges: no per-call graph to build, one batched kernel. Measured (1 thread, CPU, dim 64, 4 heads): 128
-# graphs of 20-40 nodes (ratio ~1.7) padded beat the block graph (built per call or prebuilt) forward
-# and fwd+bwd; see docs/guide/nn.md.
-PADDED_MAX_WASTE = 4.0
-
-
-def graph_sizes(batch: Optional[Tensor], ptr: Optional[Tensor], n: int) -> Optional[Tensor]:
-    """(B,) node counts of the graphs of a batch of n nodes from ptr (B + 1,) offsets, else a sorted
-    batch (n,) vector, with tensor ops only (no per-graph Python); None if neither is given. Only
-    shapes and dtypes are checked here: the graph path checks the values."""
-    if ptr is not None:
-        if ptr.dim() == 1 and ptr.numel() > 1 and ptr.dtype in (torch.int32, torch.int64) and int(ptr[0]) == 0:
-            return ptr.diff()
-        return None
-    if batch is not None and batch.dim() == 1 and batch.numel() == n and batch.dtype in (torch.int32, torch.int64):
-        if n > 0 and int(batch[0]) >= 0 and not bool((batch.diff() < 0).any()):
-            return torch.bincount(batch)
-    return None
-
-
-def padded_batch_attention(layer, x: Tensor, batch: Optional[Tensor], ptr: Optional[Tensor]) -> Optional[Tensor]:
-    """`layer(x, batch)` (a GlobalAttention) as one SDPA over the batch padded to (B, H, L_max, D),
-    keys masked past each graph's size: x (N, E) -> (N, E). None when the batch does not qualify
-    (invalid or unsorted ids, ptr not spanning x, or padding costlier than PADDED_MAX_WASTE times the
-    edges): the caller then takes the graph path, which also names what is wrong."""
-    n, e, h, d = x.shape[0], layer.embed_dim, layer.num_heads, layer.head_dim
-    sizes = graph_sizes(batch, ptr, n)
-    if sizes is None:
-        return None
-    stats = torch.stack([sizes.min(), sizes.max(), sizes.sum(), (sizes * sizes).sum()]).tolist()
-    smallest, length, total, edges = stats
-    if smallest < 0 or total != n or length == 0 or sizes.numel() * length * length > PADDED_MAX_WASTE * edges:
-        return None
-    b = sizes.numel()
-    starts = sizes.cumsum(0) - sizes  # (B,) first node of each graph
-    graph_id = batch if ptr is None else torch.repeat_interleave(torch.arange(b, device=x.device), sizes, output_size=n)
-    slot = graph_id * length + torch.arange(n, device=x.device) - starts[graph_id]  # (N,) row in (B * L)
-    qkv = F.linear(x, layer.in_proj_weight, layer.in_proj_bias)  # (N, 3E)
-    dense = qkv.new_zeros(b * length, 3 * e).index_copy_(0, slot, qkv)  # (B * L, 3E), padding rows 0
-    q, k, v = dense.view(b, length, 3, h, d).permute(2, 0, 3, 1, 4)  # (B, H, L, D) each
-    # keys past a graph's size are masked; an empty graph's rows are all padding, so keep its first key
-    pad = torch.arange(length, device=x.device) >= sizes.clamp(min=1).unsqueeze(1)  # (B, L)
-    # an additive float mask: measured faster in CPU SDPA than a bool one
-    mask = torch.zeros(b, 1, 1, length, dtype=q.dtype, device=x.device).masked_fill_(pad[:, None, None], float("-inf"))
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=layer.dropout if layer.training else 0.0
-    )  # (B, H, L, D)
-    out = out.transpose(1, 2).reshape(b * length, e).index_select(0, slot)  # (N, E)
-    return layer.out_proj(out)

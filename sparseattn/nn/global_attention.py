@@ -7,40 +7,11 @@ from typing import Optional, Tuple, Union
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import graphs
-from .._tracing import tracing
 from ..functional import edge_attention
 from ..graphs import Graph
-from ..graphs.pyg import batch_offsets
+from ..kernels.within_graphs import attention_within_graphs
 from ._common import NotScriptable, check_backend, check_dropout
-from ._padded import is_mha_call, padded_attention, padded_batch_attention
-
-
-def complete_per_graph(batch: Optional[Tensor] = None, ptr: Optional[Tensor] = None, num_nodes: int = -1) -> Graph:
-    """The graph in which every node attends to every node of its own graph (itself included):
-    block-diagonal, one recorded "full" block per graph, so the "dense" backend can serve it.
-
-    Args:
-        batch: (N,) PyG batch vector, graph id of each node, sorted.
-        ptr: (B + 1,) node offsets of the graphs (PyG's `data.ptr`); used instead of batch if given.
-        num_nodes: N; with neither batch nor ptr, all N nodes form one graph.
-
-    Returns: a `Graph` over N nodes with sum_b n_b^2 edges, destination-major.
-    """
-    given = ptr if ptr is not None else batch
-    if given is None:
-        if num_nodes < 0:
-            raise ValueError("pass batch, ptr or num_nodes")
-        sizes, device = [num_nodes], None
-    else:
-        n = num_nodes
-        if n < 0:  # no x to count: the nodes ptr or batch cover
-            n = (int(ptr[-1]) if ptr.numel() else 0) if ptr is not None else given.numel()
-        offsets = batch_offsets(ptr, batch, n)
-        assert offsets is not None
-        sizes, device = [b - a for a, b in zip(offsets[:-1], offsets[1:])], given.device
-    # empty graphs hold no nodes: leaving them out changes no node id
-    return graphs.from_blocks([("full", n, n) for n in sizes if n > 0], device=device)
+from ._padded import is_mha_call, padded_attention
 
 
 class GlobalAttention(NotScriptable, nn.MultiheadAttention):
@@ -62,11 +33,10 @@ class GlobalAttention(NotScriptable, nn.MultiheadAttention):
         bias: biases in the input and output projections.
         batch_first: the layout of the nn.MultiheadAttention-style call: (B, L, E), else (L, B, E).
         clamp: None for exact softmax (nn.MultiheadAttention's), or (lo, hi) for clamp mode.
-        backend: kernel backend for `edge_attention`. With "auto" (exact softmax, no weights asked
-            for), a `batch` or `ptr` of graphs small enough that padding them all to the largest
-            costs at most `_padded.PADDED_MAX_WASTE` times their edges runs as one padded SDPA with a
-            key mask, no graph built (`padded_batch_attention`); otherwise batches whose graphs come
-            in at most `kernels.DENSE_MAX_SHAPES` sizes run on "dense" (SDPA), others on "csr".
+        backend: kernel backend for `edge_attention`; with "auto" the kernels decide how a batch
+            runs (`kernels.within_graphs`: padded to its largest graph in one SDPA where that wastes
+            little, else over the batch's block-diagonal complete graph), planned once per batch
+            tensor and shared by every layer given the same `batch` or `ptr`.
 
     Shapes:
         x: (N, embed_dim); batch: (N,) sorted graph ids; ptr: (B + 1,) offsets; graph: a prebuilt
@@ -142,27 +112,14 @@ class GlobalAttention(NotScriptable, nn.MultiheadAttention):
                 "key_padding_mask, attn_mask and is_causal belong to the nn.MultiheadAttention-style call "
                 "layer(x_dense, x_dense, x_dense, key_padding_mask=...); with batch, ptr or graph no padding is needed"
             )
-        padded_ok = attn_bias is None and self.backend == "auto" and self.clamp is None and not need_weights
-        if graph is None and padded_ok and not tracing():
-            padded = padded_batch_attention(self, x, batch, ptr)  # many small graphs: one SDPA, no graph built
-            if padded is not None:
-                return padded if need_weights is None else (padded, None)
-        if graph is None:
-            # built for this call: csr skips indexes that pay off only when reused
-            graph = complete_per_graph(batch, ptr, num_nodes=x.shape[0]).for_one_call()
         h, d = self.num_heads, self.head_dim
-        q, k, v = F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)  # (N, E) each
-        out = edge_attention(
-            q.reshape(-1, h, d),  # (N, H, D)
-            k.reshape(-1, h, d),
-            v.reshape(-1, h, d),
-            graph,
-            clamp=self.clamp,
-            dropout_p=self.dropout if self.training else 0.0,
-            bias=attn_bias,
-            backend=self.backend,
-            return_weights=bool(need_weights),
-        )
+        q, k, v = F.linear(x, self.in_proj_weight, self.in_proj_bias).view(-1, 3, h, d).unbind(1)  # (N, H, D) each
+        kwargs = dict(clamp=self.clamp, dropout_p=self.dropout if self.training else 0.0, bias=attn_bias)
+        kwargs.update(backend=self.backend, return_weights=bool(need_weights))
+        if graph is None:
+            out = attention_within_graphs(q, k, v, batch, ptr, **kwargs)  # type: ignore[arg-type]
+        else:
+            out = edge_attention(q, k, v, graph, **kwargs)  # type: ignore[arg-type]
         out, weights = out if isinstance(out, tuple) else (out, None)
         out = self.out_proj(out.reshape(-1, self.embed_dim))  # (N, H, D) -> (N, embed_dim)
         return out if need_weights is None else (out, weights)

@@ -12,7 +12,15 @@ from .._checks import check_edge_attr
 from ..functional import edge_attention
 from ..graphs import Graph
 from ..kernels.auto import factor_edge_projection
-from ._common import NotScriptable, check_backend, check_dropout, edge_count, graph_of_adj_t, lazy_or_linear
+from ._common import (
+    NotScriptable,
+    check_backend,
+    check_dropout,
+    edge_count,
+    fused_linear,
+    graph_of_adj_t,
+    lazy_or_linear,
+)
 
 PairTensor = Tuple[Tensor, Tensor]
 
@@ -158,20 +166,18 @@ class TransformerConv(NotScriptable, nn.Module):
         ):
             if isinstance(self.lin_query, nn.LazyLinear) or isinstance(self.lin_key, nn.LazyLinear):
                 self.lin_query(x_dst[:0]), self.lin_key(x_src[:0]), self.lin_value(x_src[:0])  # infer the widths
-            lins = (self.lin_query, self.lin_key, self.lin_value)
+            lins, x_r = (self.lin_query, self.lin_key, self.lin_value), None
             result = _attend_through_edge_weight(
                 h, *lins, x_src, x_dst, edge_index, edge_attr, self.lin_edge.weight, kwargs
             )
         else:
-            q = self.lin_query(x_dst).view(-1, h, c)  # (N_dst, H, C)
-            k = self.lin_key(x_src).view(-1, h, c)  # (N_src, H, C)
-            v = self.lin_value(x_src).view(-1, h, c)
+            q, k, v, x_r = self._project(x_src, x_dst)
             e = None if self.lin_edge is None else self.lin_edge(edge_attr).view(-1, h, c)  # (E, H, C)
             result = edge_attention(q, k, v, edge_index, edge_key=e, edge_value=e, **kwargs)  # type: ignore[arg-type]
         out, alpha = result if isinstance(result, tuple) else (result, None)
         out = out.reshape(-1, h * c) if self.concat else out.mean(dim=1)  # (N_dst, H*C) or (N_dst, C)
         if self.root_weight:
-            x_r = self.lin_skip(x_dst)
+            x_r = self.lin_skip(x_dst) if x_r is None else x_r
             if self.lin_beta is not None:
                 b = torch.sigmoid(self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)))  # (N_dst, 1)
                 out = b * x_r + (1 - b) * out
@@ -184,6 +190,21 @@ class TransformerConv(NotScriptable, nn.Module):
             return out, (given, alpha)  # PyG returns a sparse adj_t as it came
         index = edge_index.edge_index if isinstance(edge_index, Graph) else edge_index
         return out, (index, alpha)
+
+    def _project(self, x_src: Tensor, x_dst: Tensor) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+        """q (N_dst, H, C), k and v (N_src, H, C), and lin_skip(x_dst) (None without root_weight): one
+        GEMM per input (`fused_linear`), lazy widths inferred first."""
+        lins = [self.lin_query, self.lin_key, self.lin_value, self.lin_skip]
+        if any(isinstance(lin, nn.LazyLinear) for lin in lins):
+            self.lin_query(x_dst[:0]), self.lin_key(x_src[:0]), self.lin_value(x_src[:0]), self.lin_skip(x_dst[:0])
+        h, c = self.heads, self.out_channels
+        on_dst = [self.lin_query, self.lin_skip] if self.root_weight else [self.lin_query]
+        if x_src is x_dst:
+            q, k, v, *skip = fused_linear(x_dst, [on_dst[0], self.lin_key, self.lin_value, *on_dst[1:]])
+        else:
+            q, *skip = fused_linear(x_dst, on_dst)
+            k, v = fused_linear(x_src, [self.lin_key, self.lin_value])
+        return q.view(-1, h, c), k.view(-1, h, c), v.view(-1, h, c), (skip[0] if skip else None)
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"

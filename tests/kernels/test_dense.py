@@ -359,7 +359,7 @@ def test_cuda_buckets_take_fused_kernels_in_the_input_dtype(monkeypatch, dtype, 
     within a few times the reference backend's own error in that dtype."""
     import torch.nn.functional as F
 
-    from sparseattn.kernels.triton import blocks as triton_blocks
+    from sparseattn.kernels.dense import triton_blocks
 
     seen = []
 

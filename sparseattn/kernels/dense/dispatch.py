@@ -96,15 +96,15 @@ def _tensor_cores_take(dtype: torch.dtype, capability: Tuple[int, int]) -> bool:
 
 
 def _fused_clamp_kernel(qb: Tensor, kb: Tensor, vb: Tensor) -> Optional[Callable[..., Tensor]]:
-    """`triton.blocks.block_clamp_attention` when it takes clamp mode on this unpadded full/causal
+    """`triton_blocks.block_clamp_attention` when it takes clamp mode on this unpadded full/causal
     bucket: CUDA inputs of FUSED_CLAMP_DTYPES on a GPU whose tensor cores take them, triton
-    importable, shapes it runs (`triton.blocks.runs`); else None."""
+    importable, shapes it runs (`triton_blocks.runs`); else None."""
     if not qb.is_cuda or qb.dtype not in FUSED_CLAMP_DTYPES:
         return None
     if not _tensor_cores_take(qb.dtype, torch.cuda.get_device_capability(qb.device)):
         return None
     try:
-        from ..triton import blocks
+        from . import triton_blocks as blocks
     except ImportError:
         return None
     return blocks.block_clamp_attention if blocks.runs(qb, kb, vb) else None

@@ -22,7 +22,7 @@ forward and backward), attention.py (`LocalAttention`, `local_attention`).
 Shapes: q (N_dst, H, D), k (N_src, H, D), v (N_src, H, Dv).
 """
 
-from .attention import CHUNK_BYTES, LocalAttention, local_attention
+from .attention import CHUNK_BYTES, LocalAttention, local_attention, local_takes
 from .plan import (
     LOCAL_MIN_DEGREE,
     LOCAL_MIN_DENSITY,
@@ -41,6 +41,7 @@ __all__ = [
     "LOCAL_MIN_DEGREE",
     "LOCAL_MIN_DENSITY",
     "local_attention",
+    "local_takes",
     "LocalAttention",
     "CHUNK_BYTES",
     "Layout",

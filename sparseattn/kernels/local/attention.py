@@ -19,7 +19,6 @@ from torch import Tensor
 
 from .. import memory
 from ..contract import AttentionInputs
-from ..csr import csr_attention
 from ..reference import differentiable_grads
 from . import tiles
 from .plan import Plan, plan
@@ -160,14 +159,20 @@ class LocalAttention(torch.autograd.Function):
         return dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None, None, None, None, None
 
 
+def local_takes(inputs: AttentionInputs) -> bool:
+    """Whether "local" computes this call: not with a bias, dropout or returned weights (its
+    registration sends those to the sparse backend, `guard.checked`)."""
+    return inputs.bias is None and inputs.dropout_mask is None and not inputs.return_weights
+
+
 def local_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
-    """The "local" backend (the contract in contract.py): out (N_dst, H, Dv). Calls with a bias,
-    dropout or returned weights go to the csr backend (this one computes none of them)."""
-    if inputs.bias is not None or inputs.dropout_mask is not None or inputs.return_weights:
-        return csr_attention(inputs)  # (the registered backend checks this function's results: guard.py)
+    """The "local" backend's tiles (the contract in contract.py): out (N_dst, H, Dv), for calls it
+    takes (`local_takes`); registered checked, `guard.checked`."""
+    if not local_takes(inputs):
+        raise ValueError("local_attention computes no bias, dropout or returned weights (see local_takes)")
     p = plan(inputs.graph)
     q, k, v = (x.contiguous() for x in (inputs.q, inputs.k, inputs.v))
     return LocalAttention.apply(q, k, v, p, inputs.graph, inputs.scale, inputs.clamp), None
 
 
-__all__ = ["LocalAttention", "local_attention", "CHUNK_BYTES"]
+__all__ = ["LocalAttention", "local_attention", "local_takes", "CHUNK_BYTES"]

@@ -52,7 +52,7 @@ import contextlib
 from typing import Any, Iterator
 
 from ..options import as_kernel_options, kernel_options
-from .common import MAX_HEAD_DIM
+from ..triton_common import MAX_HEAD_DIM
 from .ops import TRITON_OP, triton_attention, triton_attention_bwd, triton_attention_fwd
 from .policy import BACKWARD_LAYOUTS, LAYOUTS, backward_settings, check_backward, check_forward, forward_settings
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import edge_keys, gather, score, weight
+from ..triton_common import edge_keys, gather, score, weight
 
 
 @triton.jit

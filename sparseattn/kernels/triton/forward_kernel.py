@@ -6,7 +6,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import edge_keys, fold, fold_max, gather, logit, score, weight
+from ..triton_common import edge_keys, fold, fold_max, gather, logit, score, weight
 
 
 @triton.jit

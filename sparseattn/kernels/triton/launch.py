@@ -15,8 +15,8 @@ import triton
 from torch import Tensor
 
 from ..reference import accumulation_dtype
+from ..triton_common import TL_DTYPE, strides
 from .backward_kernels import dkdv_kernel, dq_kernel
-from .common import TL_DTYPE, strides
 from .forward_kernel import forward_kernel
 
 EdgeTerms = Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]  # edge_key, edge_value, edge_scale

@@ -28,8 +28,8 @@ from ..attention_op import define_attention_op
 from ..contract import AttentionInputs
 from ..op_spec import Arg, Saved
 from ..reference import accumulation_dtype
+from ..triton_common import MAX_HEAD_DIM, on
 from . import launch, policy
-from .common import MAX_HEAD_DIM, on
 from .forward_kernel import forward_kernel
 
 INDEX_ARGS = (

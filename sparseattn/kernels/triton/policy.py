@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..options import TRITON_BACKWARD_LAYOUTS, TRITON_SETTINGS, check_triton_settings
-from .common import padded_dims
+from ..triton_common import padded_dims
 
 LAYOUTS = {  # the names are options.TRITON_LAYOUTS, in that order
     "tile": dict(all_heads=False, LANES=False, V_EARLY=False),

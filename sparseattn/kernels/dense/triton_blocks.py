@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import MAX_HEAD_DIM, logit, on, padded_dims, strides
+from ..triton_common import MAX_HEAD_DIM, logit, on, padded_dims, strides
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

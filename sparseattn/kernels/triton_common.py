@@ -1,6 +1,8 @@
-"""What every Triton kernel of the package shares: the jit helpers that gather rows and compute
-scores and weights (each defined once, so every kernel computes a score in one association), the
-padded tile dims, the strides passed to the kernels, and the launch device."""
+"""What every Triton kernel of the package shares, the `triton` backend's and `dense`'s fused block
+kernel (`dense/triton_blocks.py`) alike, in a module of its own so that neither backend imports the
+other: the jit helpers that gather rows and compute scores and weights (each defined once, so every
+kernel computes a score in one association), the padded tile dims, the strides passed to the kernels,
+and the launch device."""
 
 from __future__ import annotations
 

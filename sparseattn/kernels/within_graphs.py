@@ -1,0 +1,79 @@
+"""Attention within each graph of a PyG-style batch (every node attends to every node of its own graph,
+GraphGPS's global attention), decided here rather than in the layers: the batch padded to its largest
+graph and one SDPA with a key mask (no graph built), or `edge_attention` over the batch's block-diagonal
+complete graph (`graphs.complete_per_graph`). Either way the plan of a batch vector (its graph sizes, the
+padded slot of each node, or the Graph) is made once per batch and shared by every layer that receives
+the same tensor (`graphs.memo`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from .._tracing import tracing
+from ..graphs import Graph
+from ..graphs.memo import recall
+from ..graphs.pyg import complete_per_graph
+from .auto import choose_padding
+from .padded import PaddedBatch, graph_sizes, padded_attention, plan_padding
+
+
+def padded_batch(batch: Optional[Tensor], ptr: Optional[Tensor], n: int, dtype: torch.dtype) -> Optional[PaddedBatch]:
+    """The padded plan of a batch of n nodes where `auto.choose_padding` takes it, else None (also for a
+    batch that is not a valid sorted one, or a ptr that does not span the n nodes: the graph path then
+    names what is wrong)."""
+    sizes = graph_sizes(batch, ptr, n)
+    if sizes is None:
+        return None
+    stats = torch.stack([sizes.min(), sizes.max(), sizes.sum(), (sizes * sizes).sum()]).tolist()
+    smallest, length, total, edges = stats
+    if smallest < 0 or total != n or length == 0 or not choose_padding(sizes.numel(), length, edges):
+        return None
+    return plan_padding(sizes, n, length, dtype)
+
+
+def attention_within_graphs(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    batch: Optional[Tensor] = None,
+    ptr: Optional[Tensor] = None,
+    *,
+    clamp: Optional[Tuple[float, float]] = None,
+    dropout_p: float = 0.0,
+    bias: Optional[Tensor] = None,
+    backend: str = "auto",
+    return_weights: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Every node attends to every node of its own graph: q, k, v (N, H, D), the graphs given by ptr
+    (B + 1,) offsets, else a sorted batch (N,) vector of graph ids, else all N nodes as one graph.
+    Returns what `edge_attention` returns over `graphs.complete_per_graph(batch, ptr)`'s edges (bias
+    (E, H) or (E,) in its edge order; weights likewise)."""
+    from ..functional import edge_attention
+
+    n = q.shape[0]
+    key = ("padded batch", n, q.dtype, q.device)
+    padded_ok = backend == "auto" and clamp is None and bias is None and not return_weights and not tracing()
+    given = ptr if ptr is not None else batch
+    if padded_ok and given is not None:
+        plan = recall(given, key, lambda: padded_batch(batch, ptr, n, q.dtype))
+        if plan is not None:
+            return padded_attention(q, k, v, plan, dropout_p)
+    graph = within_graphs_graph(batch, ptr, n)
+    return edge_attention(
+        q, k, v, graph, clamp=clamp, dropout_p=dropout_p, bias=bias, backend=backend, return_weights=return_weights
+    )
+
+
+def within_graphs_graph(batch: Optional[Tensor], ptr: Optional[Tensor], n: int) -> Graph:
+    """`complete_per_graph(batch, ptr, n)` for one model step: built once per batch tensor (`graphs.memo`);
+    csr skips the indexes that pay off only over many steps."""
+    given = ptr if ptr is not None else batch
+    build = lambda: complete_per_graph(batch, ptr, num_nodes=n).for_one_call()  # noqa: E731
+    return build() if given is None else recall(given, ("complete per graph", n, ptr is not None), build)
+
+
+__all__ = ["attention_within_graphs", "padded_batch", "within_graphs_graph"]
