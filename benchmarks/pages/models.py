@@ -53,8 +53,29 @@ def _layer_rows(rows: List[Dict[str, Any]]) -> List[List[str]]:
     return out
 
 
+def _train_step_table(rows: List[dict]) -> str:
+    """bench_layers --gps: a model's training step per contender, against PyG's eager and compiled model."""
+    cells = {r["contender"]: r for r in rows}
+    eager, compiled = (cells.get(f"PyG GPS model{s}", {}).get("ms") for s in ("", " compiled"))
+    body = []
+    for r in rows:
+        ms = r["ms"]
+        vs = [f_x(x / ms) if x and ms else DASH for x in (eager, compiled)]
+        row = [f"`{r['family']}`", r["contender"], f_ms(ms), f_int(r["peak_extra_mib"]), *vs]
+        body.append(row + [r.get("note") or ""])
+    errs = [r["max_err_vs_reference"] for r in rows if r.get("max_err_vs_reference") is not None]
+    check = f" The two models' predictions on the first batch agree within {max(errs):.1e} (float32)." if errs else ""
+    head = ["batches", "model", "ms per step", "peak MiB", "PyG eager / this", "PyG compiled / this", "compile"]
+    return (
+        "A training step (forward, backward, Adam), ms per batch (median of interleaved epochs), peak extra MiB of "
+        f"an epoch; compile time apart.{check}\n\n" + table(head, body, right=(2, 3, 4, 5))
+    )
+
+
 def layers_tables(run: Run) -> List[str]:
     rows = run.results
+    if any(r["mode"] == "train step" for r in rows):
+        return [_train_step_table([r for r in rows if r["mode"] == "train step"])]
     cells = by_key(rows, "family", "contender", "mode")
     warm, cold, terms = [], [], []
     big = _layer_rows(rows) if any(r["contender"].endswith(" compiled") for r in rows) else []
