@@ -4,6 +4,7 @@ measurement, and the results table."""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import random
 import statistics
@@ -15,8 +16,8 @@ import torch
 
 MEMORY_NOTE = (
     "peak_MiB: the process's peak resident memory during one training step (forward, backward, optimizer) "
-    "minus its resident memory before it, from Linux's /proc/self/status (VmHWM reset through "
-    "/proc/self/clear_refs); n/a elsewhere"
+    "minus its resident memory before it (freed memory returned to the system first, glibc's malloc_trim), "
+    "from Linux's /proc/self/status (VmHWM reset through /proc/self/clear_refs); n/a elsewhere"
 )
 
 
@@ -63,6 +64,10 @@ def peak_step_mib(step: Callable[[], object]) -> Optional[float]:
     """Peak MiB the process's resident memory grows by during `step()` (Linux: VmHWM after resetting it
     through /proc/self/clear_refs, minus VmRSS before); None where the system does not expose it."""
     gc.collect()
+    try:  # hand freed memory back to the system first, so the step's allocations show in its RSS
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     before = _status_kib("VmRSS")
     try:
         with open("/proc/self/clear_refs", "w") as f:
