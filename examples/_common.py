@@ -48,8 +48,8 @@ def import_pyg_conv() -> Optional[type]:
     return TransformerConv
 
 
-def _status_kib(field: str) -> Optional[int]:
-    """A memory field of /proc/self/status ("VmRSS", "VmHWM") in KiB; None off Linux."""
+def status_kib(field: str) -> Optional[int]:
+    """A /proc/self/status field in KiB ("VmRSS", "VmHWM"), or None off Linux."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -60,22 +60,31 @@ def _status_kib(field: str) -> Optional[int]:
     return None
 
 
+def reset_peak() -> bool:
+    """Reset VmHWM to the current resident set (Linux; False elsewhere), after a garbage collection."""
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
 def peak_step_mib(step: Callable[[], object]) -> Optional[float]:
-    """Peak MiB the process's resident memory grows by during `step()` (Linux: VmHWM after resetting it
-    through /proc/self/clear_refs, minus VmRSS before); None where the system does not expose it."""
+    """Peak MiB the process's resident memory grows by during `step()` (Linux: VmHWM after resetting it,
+    minus VmRSS before, freed memory first handed back to the system by glibc's malloc_trim); None
+    where the system does not expose it."""
     gc.collect()
     try:  # hand freed memory back to the system first, so the step's allocations show in its RSS
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
-    before = _status_kib("VmRSS")
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM to the current RSS
-    except OSError:
+    before = status_kib("VmRSS")
+    if not reset_peak():
         return None
     step()
-    peak = _status_kib("VmHWM")
+    peak = status_kib("VmHWM")
     return None if peak is None or before is None else max(0.0, (peak - before) / 1024)
 
 

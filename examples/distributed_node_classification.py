@@ -23,7 +23,6 @@ trains on the whole `Graph`; P processes compute the same losses up to float32 r
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import statistics
 import time
@@ -34,6 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from _common import reset_peak, status_kib
 from torch import Tensor, nn
 
 from sparseattn import EdgeAttention, Graph
@@ -114,29 +114,6 @@ class Net(nn.Module):
         for block in self.blocks:
             h = block(h, graph)
         return self.head(h)
-
-
-def status_kib(key: str) -> Optional[int]:
-    """A /proc/self/status field in KiB (VmRSS, VmHWM), or None off Linux."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def reset_peak() -> bool:
-    """Reset VmHWM to the current resident set (Linux)."""
-    gc.collect()
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def train(
