@@ -15,7 +15,7 @@ from .blocks import (
     xavier_init_,
 )
 from .decoding import beam_search, decode, greedy_decode
-from .seq2seq import DecodeState, Seq2SeqModel, Seq2SeqOutput
+from .seq2seq import DecodeState, Seq2SeqModel, Seq2SeqOptions, Seq2SeqOutput
 from .tagger import TransformerTagger
 from .token_features import CAPS_CLASSES, IGNORE, Tagger, TaggingBatch, TokenFeatures
 from .transformer import GraphTransformer
@@ -37,6 +37,7 @@ __all__ = [
     "GraphTransformer",
     "UniversalTransformer",
     "Seq2SeqModel",
+    "Seq2SeqOptions",
     "Seq2SeqOutput",
     "DecodeState",
     "greedy_decode",

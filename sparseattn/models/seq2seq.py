@@ -11,7 +11,7 @@ Decoding (decoding.py) drives any `Seq2SeqModel` through
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple, TypedDict
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +22,24 @@ from .blocks import DecoderLayer, Embeddings, EncoderLayer, PositionalEncoding, 
 
 NewEncoderLayer = Callable[[], EncoderLayer]  # a new layer of the model's widths
 NewDecoderLayer = Callable[[], DecoderLayer]
+
+
+class Seq2SeqOptions(TypedDict, total=False):
+    """The keyword arguments every encoder-decoder model passes on to `Seq2SeqModel` unchanged
+    (defaults: `Seq2SeqModel`'s).
+
+    share_embeddings: one embedding table for source and target (needs equal vocabularies).
+    tie_generator: the output projection reuses the target embedding matrix.
+    clamp: (lo, hi) bounds of the attention scores (DGL's scaled_exp), or None for exact softmax.
+    backend: edge-attention backend ("auto", "csr", ...).
+    max_len: longest sentence the positional table covers.
+    """
+
+    share_embeddings: bool
+    tie_generator: bool
+    clamp: Optional[Tuple[float, float]]
+    backend: str
+    max_len: int
 
 
 class Seq2SeqOutput(NamedTuple):
@@ -78,7 +96,14 @@ class Seq2SeqModel(nn.Module):
     (optionally shared), sinusoidal positions, dropout, the layer stacks (`build_stacks`, each
     model's own), final LayerNorms, generator (optionally tied to the target embedding), then Xavier
     init of every matrix. Subclasses implement build_stacks, encode, forward, decode_next and
-    `decoder_cross_attentions` (for start_decoding)."""
+    `decoder_cross_attentions` (for start_decoding).
+
+    Args:
+        src_vocab_size, tgt_vocab_size: vocabulary sizes.
+        d_model, num_heads, d_ff: widths of every layer.
+        dropout: on embeddings, sublayer outputs, attention weights and the feed-forward.
+        share_embeddings, tie_generator, clamp, backend, max_len: see `Seq2SeqOptions`.
+    """
 
     def __init__(
         self,
@@ -89,11 +114,11 @@ class Seq2SeqModel(nn.Module):
         num_heads: int,
         d_ff: int,
         dropout: float,
-        share_embeddings: bool,
-        tie_generator: bool,
-        clamp: Optional[Tuple[float, float]],
-        backend: str,
-        max_len: int,
+        share_embeddings: bool = False,
+        tie_generator: bool = False,
+        clamp: Optional[Tuple[float, float]] = (-5.0, 5.0),
+        backend: str = "auto",
+        max_len: int = 1024,
     ) -> None:
         super().__init__()
         self.d_model, self.num_heads = d_model, num_heads

@@ -12,7 +12,7 @@ feed-forward `ffn`; `load_state_dict` renames them to `self_attn` and `ff`.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from .. import Graph, graphs
 from .blocks import EncoderLayer, sinusoid
 from .sentence_ops import positions_in_sentence
-from .token_features import Tagger, TaggingBatch, TokenFeatures
+from .token_features import Tagger, TaggingBatch
 
 
 class TransformerTagger(Tagger):
@@ -28,15 +28,14 @@ class TransformerTagger(Tagger):
     EdgeAttention over each sentence (complete graph, or window `window`) -> per-token classifier.
 
     Args:
-        num_words, num_pos, num_chars, num_tags: vocabulary sizes (`TaggingVocab`).
+        num_words, num_pos, num_chars, num_tags, features: as `Tagger`.
         dim, heads, layers, ffn_dim: encoder width, heads, depth, feed-forward hidden size.
         ffn: "linear" or "conv" (width-3 convolutions along each sentence, see `FeedForward`).
         window: None for complete graphs, else attend only to |i - j| <= window.
         rel_pos: clip distance of a learned per-head relative-position bias (0: none).
         clamp: score clamp passed to EdgeAttention (None: exact softmax).  backend: its kernel backend.
-        features: keyword arguments of `TokenFeatures`.
 
-    Shapes: batch of L tokens -> logits (L, num_tags).
+    Shapes: batch of L tokens -> features (L, F) -> encoder states (L, dim) -> logits (L, num_tags).
     """
 
     def __init__(
@@ -56,12 +55,10 @@ class TransformerTagger(Tagger):
         dropout: float = 0.1,
         clamp: Optional[Tuple[float, float]] = None,
         backend: str = "auto",
-        features: Optional[Dict] = None,
+        features: Optional[Dict[str, Any]] = None,
     ) -> None:
-        super().__init__()
-        self.num_tags = num_tags
+        super().__init__(num_words, num_pos, num_chars, num_tags, features)
         self.window = window
-        self.features = TokenFeatures(num_words, num_pos, num_chars, **(features or {}))
         self.input = nn.Linear(self.features.out_dim, dim)
         self.layers = nn.ModuleList(
             EncoderLayer(dim, heads, ffn_dim, dropout, ffn=ffn, rel_pos=rel_pos, clamp=clamp, backend=backend)
@@ -93,14 +90,14 @@ class TransformerTagger(Tagger):
         """The batch's block-diagonal graph: one complete (or window) graph per sentence."""
         return graphs.batch([self._sentence_graph(n, device) for n in lengths])
 
-    def forward(self, batch: TaggingBatch) -> Tensor:
-        """A batch of L tokens in B sentences -> per-token logits (L, num_tags)."""
+    def encode(self, features: Tensor, batch: TaggingBatch) -> Tensor:
+        """Token features (L, F) -> encoder states (L, dim), attention within each sentence's graph."""
         g = self.graph(batch.lengths.tolist(), batch.words.device)
-        x = self.input(self.features(batch))  # (L, dim)
+        x = self.input(features)  # (L, dim)
         x = x + sinusoid(positions_in_sentence(batch.lengths), self.dim)
         for layer in self.layers:
             x = layer(x, g, batch.lengths)
-        return self.classifier(self.norm(x))  # (L, num_tags)
+        return self.norm(x)
 
 
 def current_key(key: str) -> str:

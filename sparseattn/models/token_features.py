@@ -1,5 +1,5 @@
-"""What both sequence taggers share: their input (`TaggingBatch`), token-feature embeddings and
-the loss/predict interface.
+"""What both sequence taggers share: their input (`TaggingBatch`), token-feature embeddings, and
+the `Tagger` base: its constructor arguments, the classifier head and the loss/predict interface.
 
 A tagger is an `nn.Module` whose `forward(batch)` maps a `TaggingBatch` (L tokens of B
 sentences, concatenated, no padding) to per-token logits (L, num_tags).
@@ -8,7 +8,7 @@ sentences, concatenated, no padding) to per-token logits (L, num_tags).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -126,9 +126,38 @@ class TokenFeatures(nn.Module):
 
 
 class Tagger(nn.Module):
-    """Base class: subclasses implement `forward(batch) -> (L, num_tags)` logits."""
+    """Base of the sequence taggers: `TokenFeatures` of each token -> the subclass's encoder
+    (`encode`) -> a linear `classifier` per token.
+
+    A subclass calls `Tagger.__init__` first, which makes the token features, then makes its
+    encoder and last the classifier: parameters are created in that order, so that seeded
+    initialisation is the same for every subclass and checkpoint.
+
+    Args:
+        num_words, num_pos, num_chars, num_tags: vocabulary sizes (`TaggingVocab`).
+        features: keyword arguments of `TokenFeatures`.
+
+    Shapes: batch of L tokens -> features (L, features.out_dim) -> encoded (L, H) -> logits (L, num_tags).
+    """
 
     num_tags: int
+    features: TokenFeatures
+    classifier: nn.Linear
+
+    def __init__(
+        self, num_words: int, num_pos: int, num_chars: int, num_tags: int, features: Optional[Dict[str, Any]] = None
+    ) -> None:
+        super().__init__()
+        self.num_tags = num_tags
+        self.features = TokenFeatures(num_words, num_pos, num_chars, **(features or {}))
+
+    def encode(self, features: Tensor, batch: TaggingBatch) -> Tensor:
+        """Token features (L, features.out_dim) of `batch` -> the classifier's input (L, H)."""
+        raise NotImplementedError
+
+    def forward(self, batch: TaggingBatch) -> Tensor:
+        """A batch of L tokens in B sentences -> per-token logits (L, num_tags)."""
+        return self.classifier(self.encode(self.features(batch), batch))
 
     def loss(self, batch: TaggingBatch) -> Tensor:
         """Mean token-level cross entropy against `batch.tags`."""

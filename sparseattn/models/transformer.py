@@ -15,7 +15,7 @@ reads the keys and values of the earlier steps from a `KVCache`.
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List
 
 import torch
 from torch import Tensor, nn
@@ -23,7 +23,10 @@ from torch.nn import functional as F
 
 from .. import EdgeAttention, KVCache
 from .batch import GraphBatch
-from .seq2seq import DecodeState, NewDecoderLayer, NewEncoderLayer, Seq2SeqModel, Seq2SeqOutput
+from .seq2seq import DecodeState, NewDecoderLayer, NewEncoderLayer, Seq2SeqModel, Seq2SeqOptions, Seq2SeqOutput
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 
 class GraphTransformer(Seq2SeqModel):
@@ -33,11 +36,7 @@ class GraphTransformer(Seq2SeqModel):
         src_vocab_size, tgt_vocab_size: vocabulary sizes.
         num_layers: encoder and decoder layers each. d_model, num_heads, d_ff: widths.
         dropout: on embeddings, sublayer outputs, attention weights and the feed-forward.
-        share_embeddings: one embedding table for source and target (needs equal vocabularies).
-        tie_generator: the output projection reuses the target embedding matrix.
-        clamp: (lo, hi) bounds of the attention scores (DGL's scaled_exp), or None for exact softmax.
-        backend: edge-attention backend ("auto", "csr", ...).
-        max_len: longest sentence the positional table covers.
+        options: share_embeddings, tie_generator, clamp, backend, max_len (`Seq2SeqOptions`).
     """
 
     def __init__(
@@ -49,25 +48,11 @@ class GraphTransformer(Seq2SeqModel):
         num_heads: int = 1,
         d_ff: int = 128,
         dropout: float = 0.1,
-        share_embeddings: bool = False,
-        tie_generator: bool = False,
-        clamp: Optional[Tuple[float, float]] = (-5.0, 5.0),
-        backend: str = "auto",
-        max_len: int = 1024,
+        **options: Unpack[Seq2SeqOptions],
     ) -> None:
         self.num_layers = num_layers
         super().__init__(
-            src_vocab_size,
-            tgt_vocab_size,
-            d_model=d_model,
-            num_heads=num_heads,
-            d_ff=d_ff,
-            dropout=dropout,
-            share_embeddings=share_embeddings,
-            tie_generator=tie_generator,
-            clamp=clamp,
-            backend=backend,
-            max_len=max_len,
+            src_vocab_size, tgt_vocab_size, d_model=d_model, num_heads=num_heads, d_ff=d_ff, dropout=dropout, **options
         )
 
     def build_stacks(self, new_encoder_layer: NewEncoderLayer, new_decoder_layer: NewDecoderLayer) -> None:

@@ -22,7 +22,7 @@ Shapes as in `GraphTransformer`; forward(batch).stats holds "act_steps_enc" (N_e
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -31,7 +31,18 @@ from torch.nn import functional as F
 from .. import EdgeAttention, Graph, KeyValue, NodeKV, graphs
 from .batch import GraphBatch
 from .blocks import PositionalEncoding
-from .seq2seq import DecodeState, NewDecoderLayer, NewEncoderLayer, Seq2SeqModel, Seq2SeqOutput, cross_graph_for_hyps
+from .seq2seq import (
+    DecodeState,
+    NewDecoderLayer,
+    NewEncoderLayer,
+    Seq2SeqModel,
+    Seq2SeqOptions,
+    Seq2SeqOutput,
+    cross_graph_for_hyps,
+)
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 
 class HaltingUnit(nn.Module):
@@ -54,8 +65,8 @@ LayerStep = Callable[[Tensor, Tensor], Tensor]  # (x of the active rows (R, d), 
 
 
 class UniversalTransformer(Seq2SeqModel):
-    """Universal Transformer with ACT on graph batches (arguments as `GraphTransformer`, plus
-    max_steps, threshold and act_loss_weight; there is one shared layer per stack)."""
+    """Universal Transformer with ACT on graph batches (arguments as `GraphTransformer`, less
+    num_layers: there is one shared layer per stack; plus max_steps, threshold and act_loss_weight)."""
 
     def __init__(
         self,
@@ -68,25 +79,11 @@ class UniversalTransformer(Seq2SeqModel):
         max_steps: int = 8,
         threshold: float = 0.99,
         act_loss_weight: float = 0.01,
-        share_embeddings: bool = False,
-        tie_generator: bool = False,
-        clamp: Optional[Tuple[float, float]] = (-5.0, 5.0),
-        backend: str = "auto",
-        max_len: int = 1024,
+        **options: Unpack[Seq2SeqOptions],
     ) -> None:
         self.max_steps, self.threshold, self.act_loss_weight = max_steps, threshold, act_loss_weight
         super().__init__(
-            src_vocab_size,
-            tgt_vocab_size,
-            d_model=d_model,
-            num_heads=num_heads,
-            d_ff=d_ff,
-            dropout=dropout,
-            share_embeddings=share_embeddings,
-            tie_generator=tie_generator,
-            clamp=clamp,
-            backend=backend,
-            max_len=max_len,
+            src_vocab_size, tgt_vocab_size, d_model=d_model, num_heads=num_heads, d_ff=d_ff, dropout=dropout, **options
         )
         self.halt_enc.reset_bias()
         self.halt_dec.reset_bias()

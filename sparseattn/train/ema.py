@@ -1,64 +1,69 @@
 """WeightEMA: an exponential moving average of a model's parameters, for evaluation.
 
-After each optimizer step, avg <- d * avg + (1 - d) * weight with d = min(decay, n / (n + 1)) at
-update n (from 0): the plain mean of all weights so far until n reaches 1 / (1 - decay), then an
-exponential average over about the last 1 / (1 - decay) steps. The initial weights never count.
-Averaging the weights of a noisy small-batch run smooths the step noise out.
+A `torch.optim.swa_utils.AveragedModel` whose update n (from 0) computes
+avg <- d_n * avg + (1 - d_n) * weight with d_n = min(decay, n / (n + 1)): the plain mean of all
+weights so far until n reaches 1 / (1 - decay), then an exponential average over about the last
+1 / (1 - decay) steps. Update 0 copies the weights, so the initial weights never count. Averaging
+the weights of a noisy small-batch run smooths the step noise out.
+
+Checkpoints hold {"decay", "num_updates", "average": {parameter name: tensor}}, the format of the
+WeightEMA that predates AveragedModel, so checkpoints of either load with either.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Dict, Iterator, Optional
+from typing import Callable, Dict, List, Union
 
 import torch
 from torch import Tensor, nn
+from torch.optim.swa_utils import AveragedModel
+
+MultiAvgFn = Callable[[List[Tensor], List[Tensor], Union[Tensor, int]], None]
 
 
-class WeightEMA:
-    """Averages of `model`'s parameters (tied parameters once), updated by `update()`."""
+def warmed_up_ema(decay: float) -> MultiAvgFn:
+    """AveragedModel's multi_avg_fn for avg <- d * avg + (1 - d) * weight with
+    d = min(decay, n / (n + 1)), n the number of updates before this one."""
+
+    @torch.no_grad()
+    def update(average: List[Tensor], weights: List[Tensor], num_averaged: Union[Tensor, int]) -> None:
+        n = int(num_averaged)
+        torch._foreach_lerp_(average, weights, 1.0 - min(decay, n / (n + 1)))
+
+    return update
+
+
+class WeightEMA(AveragedModel):
+    """The moving average (see the module docstring) of `model`'s parameters, tied ones once, in
+    `self.module`: a copy of `model`, the one to evaluate. `update_parameters(model)` after each
+    optimizer step adds the current weights; buffers are copied from `model` at each update, not
+    averaged."""
 
     def __init__(self, model: nn.Module, decay: float) -> None:
         if not 0.0 < decay < 1.0:
-            raise ValueError(f"ema decay must be in (0, 1), got {decay}")
-        self.decay, self.num_updates = decay, 0
-        self.params: Dict[str, nn.Parameter] = dict(model.named_parameters())
-        self.average: Dict[str, Tensor] = {k: p.detach().clone() for k, p in self.params.items()}
+            raise ValueError(f"ema decay must be in (0, 1), got decay={decay}")
+        super().__init__(model, multi_avg_fn=warmed_up_ema(decay))
+        self.module.requires_grad_(False)
+        self.decay = decay
 
-    def current_decay(self) -> float:
-        return min(self.decay, self.num_updates / (self.num_updates + 1))
+    @property
+    def num_updates(self) -> int:
+        return int(self.n_averaged)
+
+    def average(self) -> Dict[str, Tensor]:
+        """{parameter name: its average}, tied parameters under their first name."""
+        return {k: p.detach() for k, p in self.module.named_parameters()}
+
+    def checkpoint_state(self) -> dict:
+        return {"decay": self.decay, "num_updates": self.num_updates, "average": self.average()}
 
     @torch.no_grad()
-    def update(self) -> None:
-        keys = list(self.params)
-        torch._foreach_lerp_(
-            [self.average[k] for k in keys], [self.params[k].detach() for k in keys], 1.0 - self.current_decay()
-        )
-        self.num_updates += 1
-
-    @torch.no_grad()
-    def copy_to_model(self, weights: Optional[Dict[str, Tensor]] = None) -> None:
-        """Overwrite the model's parameters with `weights` (default: the averages)."""
-        weights = self.average if weights is None else weights
-        for k, p in self.params.items():
-            p.copy_(weights[k])
-
-    @contextmanager
-    def applied(self) -> Iterator[None]:
-        """The model holds the averaged weights inside the block and its own weights again after."""
-        saved = {k: p.detach().clone() for k, p in self.params.items()}
-        self.copy_to_model()
-        try:
-            yield
-        finally:
-            self.copy_to_model(saved)
-
-    def state_dict(self) -> dict:
-        return {"decay": self.decay, "num_updates": self.num_updates, "average": dict(self.average)}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state["average"].keys() != self.average.keys():
+    def load_checkpoint_state(self, state: dict) -> None:
+        """Continue from `checkpoint_state()`'s dict (also the one the pre-AveragedModel WeightEMA
+        wrote); its decay is the one the run was configured with, not read back."""
+        average = self.average()
+        if state["average"].keys() != average.keys():
             raise ValueError("ema state does not match the model's parameters")
-        self.num_updates = int(state["num_updates"])
         for k, v in state["average"].items():
-            self.average[k].copy_(v)
+            average[k].copy_(v)
+        self.n_averaged.fill_(int(state["num_updates"]))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Tuple
@@ -124,7 +123,7 @@ class Trainer:
             "history": self.history,
             "train_seconds": self.elapsed(),
             RUN_ID: self.run_id,
-            **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
+            **({"ema": self.ema.checkpoint_state()} if self.ema is not None else {}),
         }
 
     def elapsed(self) -> float:
@@ -191,7 +190,7 @@ class Trainer:
         if self.ema is not None:
             if "ema" not in state:
                 raise ValueError(f"--ema_decay={self.cfg.run.ema_decay} but {self.ckpt_path} was trained without it")
-            self.ema.load_state_dict(state["ema"])
+            self.ema.load_checkpoint_state(state["ema"])
         try:
             ckpt_io.set_rng_state(self.rng)
         except ckpt_io.MALFORMED as e:
@@ -256,11 +255,11 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         if self.ema is not None:
-            self.ema.update()
+            self.ema.update_parameters(self.model)
 
-    def eval_weights(self):
-        """Context in which the model holds the weights to evaluate (the EMA when ema_decay > 0)."""
-        return self.ema.applied() if self.ema is not None else nullcontext()
+    def eval_model(self) -> torch.nn.Module:
+        """The model to evaluate: the moving average's copy when ema_decay > 0, else the model."""
+        return self.ema.module if self.ema is not None else self.model
 
     def fit(self) -> str:
         """Train to cfg.epochs (or cfg.max_steps, or cfg.time_budget_min). Returns "finished",
@@ -381,23 +380,23 @@ class Trainer:
         if first_batch and train:
             train["from_batch"] = first_batch
         valid = {}
-        with self.eval_weights():
-            if self.main_process:  # under torchrun the other ranks go on to the next collective and wait
-                valid = self.task.evaluate(self.model, "valid", self.cfg, decode=self.cfg.run.eval_decode)
-            record = {
-                "epoch": pos["epoch"] + 1,
-                "step": pos["step"],
-                "time_s": round(self.elapsed(), 1),
-                "train": train,
-                "valid": valid,
-            }
-            self.log({"kind": "valid", **record})
-            score = best_score(valid)
-            if self.cfg.run.keep_best and all(score > best_score(r["valid"]) for r in self.history):
-                best = {k: v for k, v in self.state().items() if k not in ("optimizer", "scheduler", "rng", "ema")}
-                ckpt_io.save_atomic(
-                    {**best, "epoch": pos["epoch"] + 1, "score": score}, self.best_path
-                )  # the evaluated weights, which evaluate/plot read
+        model = self.eval_model()
+        if self.main_process:  # under torchrun the other ranks go on to the next collective and wait
+            valid = self.task.evaluate(model, "valid", self.cfg, decode=self.cfg.run.eval_decode)
+        record = {
+            "epoch": pos["epoch"] + 1,
+            "step": pos["step"],
+            "time_s": round(self.elapsed(), 1),
+            "train": train,
+            "valid": valid,
+        }
+        self.log({"kind": "valid", **record})
+        score = best_score(valid)
+        if self.cfg.run.keep_best and all(score > best_score(r["valid"]) for r in self.history):
+            best = {k: v for k, v in self.state().items() if k not in ("optimizer", "scheduler", "rng", "ema")}
+            ckpt_io.save_atomic(
+                {**best, "model": model.state_dict(), "epoch": pos["epoch"] + 1, "score": score}, self.best_path
+            )  # the evaluated weights, which evaluate/plot read
         self.history.append(record)
         if self.main_process:  # one line per epoch, with or without progress bars
             print(epoch_line(record, self.cfg.run.epochs), file=sys.stderr)
@@ -415,7 +414,7 @@ class Trainer:
             self.model.load_state_dict(best["model"])
             extra = {"best_epoch": best["epoch"]}
         elif self.ema is not None:  # training is over: keep the averaged weights
-            self.ema.copy_to_model()
+            self.model.load_state_dict(self.ema.module.state_dict())
         results = self.task.evaluate(self.model, "test", self.cfg, decode=True)
         results = {
             "split": "test",

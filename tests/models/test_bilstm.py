@@ -29,3 +29,8 @@ def test_tiny_run_learns_the_sample():
     gold = [list(s.tags) for s in sentences]
     pred = [[vocab.tags.itos[i] for i in p] for p in model.predict(batch)]
     assert chunk_f1(gold, pred) > 0.9
+
+
+def test_parameters_run_from_the_token_features_to_the_classifier():
+    names = [name for name, _ in small(sample()[1]).named_parameters()]
+    assert names[0].startswith("features.") and names[-2:] == ["classifier.weight", "classifier.bias"]

@@ -35,6 +35,11 @@ def test_batched_equals_one_sentence_at_a_time(kw):
     assert torch.allclose(together, alone, atol=1e-10)
 
 
+def test_parameters_run_from_the_token_features_to_the_classifier():
+    names = [name for name, _ in small(sample()[1]).named_parameters()]
+    assert names[0].startswith("features.") and names[-2:] == ["classifier.weight", "classifier.bias"]
+
+
 def test_graph_is_block_diagonal_without_padding():
     _, vocab, _ = sample()
     g = small(vocab).graph([3, 2], torch.device("cpu"))

@@ -1,7 +1,9 @@
+import inspect
+
 import pytest
 import torch
 
-from sparseattn.models import GraphPool, GraphTransformer
+from sparseattn.models import GraphPool, GraphTransformer, Seq2SeqModel, Seq2SeqOptions, UniversalTransformer
 
 from .helpers import BOS, EOS, V, make_batch, make_model, random_pairs
 
@@ -66,6 +68,21 @@ def test_shared_and_tied_weights():
     assert m.generator.weight is m.tgt_embed.lut.weight
     with pytest.raises(ValueError, match="share_embeddings"):
         GraphTransformer(V, V + 1, share_embeddings=True)
+
+
+def test_seq2seq_options_are_the_defaulted_keywords_of_seq2seq_model():
+    params = inspect.signature(Seq2SeqModel.__init__).parameters.values()
+    assert [p.name for p in params if p.default is not p.empty] == list(Seq2SeqOptions.__annotations__)
+
+
+@pytest.mark.parametrize("model_class", [GraphTransformer, UniversalTransformer])
+def test_options_reach_seq2seq_model(model_class):
+    m = model_class(V, V, d_model=16, num_heads=2, share_embeddings=True, tie_generator=True, clamp=None, max_len=7)
+    assert m.src_embed is m.tgt_embed and m.generator.weight is m.tgt_embed.lut.weight
+    assert m.pos_enc.table.shape[0] == 7
+    assert all(a.clamp is None for a in m.decoder_cross_attentions())
+    with pytest.raises(TypeError, match="tie_generatr"):
+        model_class(V, V, tie_generatr=True)
 
 
 def test_cross_attention_has_its_own_projections():

@@ -1,16 +1,21 @@
 """Checkpoints written before the redesign (flat config, tagger layers named attn/ffn; made with
-`sparseattn train` at commit 10ee8d8) still load and evaluate to the metrics they gave then."""
+`sparseattn train` at commit 10ee8d8) still load and evaluate to the metrics they gave then, and a
+checkpoint.pt of the WeightEMA before AveragedModel (5a781c3) resumes."""
 
 import json
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from sparseattn.train import checkpoint as ckpt_io
 from sparseattn.train.cli import main
 from sparseattn.train.config import config_from_dict, with_overrides
 from sparseattn.train.tasks import get_task
+from sparseattn.train.trainer import Trainer
+
+from .helpers import assert_same_weights
 
 LEGACY = Path(__file__).resolve().parents[1] / "fixtures" / "legacy"
 METRICS = json.loads((LEGACY / "metrics.json").read_text())
@@ -41,3 +46,25 @@ def test_old_tagger_checkpoint_loads_its_renamed_layers(tmp_path):
     model.load_state_dict(state["model"])  # strict: every old key found its new name
     metrics = task.evaluate(model.eval(), "test", cfg)
     assert metrics == pytest.approx(METRICS["chunking-tagger"], rel=RTOL, abs=1e-12)
+
+
+def test_old_ema_checkpoint_resumes_with_its_average(tmp_path):
+    """copy-transformer-ema-checkpoint.pt: checkpoint.pt of a tiny copy run with --ema_decay=0.95
+    stopped at max_steps=5, written by the WeightEMA that kept its own averages."""
+    state = ckpt_io.load(LEGACY / "copy-transformer-ema-checkpoint.pt")
+    old = state["ema"]
+    assert old.keys() == {"decay", "num_updates", "average"} and old["num_updates"] == 5
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(LEGACY / "copy-transformer-ema-checkpoint.pt", run / "checkpoint.pt")
+    cfg = with_overrides(config_from_dict(state["config"]), {"out": str(run), "max_steps": 0})
+    t = Trainer(cfg, resume=True)
+    assert t.ema.num_updates == 5
+    assert_same_weights(t.ema.average(), old["average"])
+    assert t.fit() == "finished" and t.position["step"] == 6  # the last step of the two epochs
+    d = min(0.95, 5 / 6)
+    weights = dict(t.model.named_parameters())
+    for k, average in t.ema.average().items():
+        torch.testing.assert_close(average, d * old["average"][k] + (1 - d) * weights[k].detach())
+    saved = ckpt_io.load(run / "checkpoint.pt")["ema"]
+    assert saved["num_updates"] == 6 and saved["average"].keys() == old["average"].keys()
