@@ -164,7 +164,38 @@ def make_flex(g, clamp, q, k, v):
     return Run(fn, detail, poison=False, backward=q.is_cuda)
 
 
+def local_tiles(tiles: str, **constants):
+    """The local backend with kernel_options local_tiles=`tiles` ("torch" or "triton"), and for the
+    Triton tiles other launch constants (`local.triton_tiles` BLOCK_N, TILE_ROWS) for the call."""
+
+    def make(g, clamp, q, k, v):
+        def fn():
+            if not constants:
+                return edge_attention(
+                    q, k, v, g, scale=SCALE, clamp=clamp, backend="local", kernel_options={"local_tiles": tiles}
+                )
+            from sparseattn.kernels.local import triton_tiles
+
+            before = {name: getattr(triton_tiles, name) for name in constants}
+            try:
+                for name, value in constants.items():
+                    setattr(triton_tiles, name, value)
+                return edge_attention(
+                    q, k, v, g, scale=SCALE, clamp=clamp, backend="local", kernel_options={"local_tiles": tiles}
+                )
+            finally:
+                for name, value in before.items():
+                    setattr(triton_tiles, name, value)
+
+        return Run(fn)
+
+    return make
+
+
 CONTENDERS = {name: make_backend(name) for name in ("triton", "csr", "reference", "auto")}
+CONTENDERS.update({"local-torch": local_tiles("torch"), "local-triton": local_tiles("triton")})
+CONTENDERS.update({f"local-triton-n{n}": local_tiles("triton", BLOCK_N=n) for n in (16, 64)})
+CONTENDERS.update({f"local-triton-t{t}": local_tiles("triton", TILE_ROWS=t) for t in (32, 64)})
 CONTENDERS["triton-tile-bwd"] = make_backend("triton", backward=dict(layout="tile"))  # the backward's other layout
 CONTENDERS.update(pyg=pyg, **{"pyg-compiled": pyg_compiled}, flex=make_flex, sdpa=sdpa)
 
@@ -302,6 +333,7 @@ def machine(args, device) -> dict:
 
 RATIO_TARGETS = [("random", "pyg", "triton", ""), ("random", "pyg-compiled", "triton", " (>= 3)")]
 RATIO_TARGETS += [(case, "triton", "flex", " (<= 1.1)") for case in ("window8", "window64")]
+RATIO_TARGETS += [(case, "local-triton", "flex", " (<= 1.1)") for case in ("window8", "window64")]
 RATIO_TARGETS += [("complete512", "auto", "sdpa", " (<= 1.3)")]
 
 

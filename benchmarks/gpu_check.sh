@@ -4,7 +4,9 @@
 #   1. versions; the triton tests on CUDA (test_triton.py, edge terms, bf16, non-finite values, GQA);
 #   2. random 2^20 nodes, in-degree 16, both modes: triton fwd and fwd+bwd in float32 and in bfloat16
 #      (the float32 / bfloat16 time ratio is read from the two JSON files);
-#   3. windows of radius 8 and 64 against FlexAttention (bfloat16, clamp);
+#   3. windows of radius 8 and 64 against FlexAttention (bfloat16, clamp): the triton backend, and the
+#      local backend's Triton tiles (kernel_options local_tiles="triton") with other key blocks and
+#      tile rows, and its torch tiles;
 #   4. TransformerConv, GATConv and GATv2Conv on 20K nodes against PyG eager and compiled;
 #   5. float32 A/B: the peaked-softmax gradient tests and the random graph's times with the forward's
 #      scores kept (the default) and with every kernel summing them in float64 instead
@@ -15,7 +17,7 @@
 set -o pipefail
 OUT=${OUT:-benchmarks/results}
 RUNS=$(mktemp -d)
-mkdir -p "$OUT" "$RUNS/windows"
+mkdir -p "$OUT" "$RUNS/windows" "$RUNS/local"
 LOG="$OUT/gpu_check.log"
 export PYTHONUNBUFFERED=1
 t0=$(date +%s)
@@ -42,13 +44,15 @@ has() { [[ " $PARTS " == *" $1 "* ]]; }
 PYTEST=(python3 -m pytest -q -p no:cacheprovider -m "not slow" -n 8 --maxfail=20)
 has tests && step 150 "${PYTEST[@]}" tests/kernels/test_triton.py tests/kernels/test_triton_edge_terms.py
 has tests && step 80 "${PYTEST[@]}" tests/kernels/test_sharp_bf16.py tests/kernels/test_non_finite.py tests/kernels/test_gqa.py \
-    tests/kernels/test_triton_blocks.py -k "triton or cuda"
+    tests/kernels/test_triton_blocks.py tests/kernels/test_local_triton.py -k "triton or cuda"
 
 BENCH=(python3 benchmarks/bench_triton_gpu.py --warmup 2 --rep 5 --contender-s 2)
 has random && step 75 "${BENCH[@]}" --out "$RUNS" --cases random --contenders triton --dtype float32 --budget 60
 has random && step 65 "${BENCH[@]}" --out "$RUNS" --cases random --contenders triton --budget 50
 has windows && step 60 "${BENCH[@]}" --out "$RUNS/windows" --cases window8,window64 --modes clamp \
     --contenders triton,flex --budget 45
+has windows && step 100 "${BENCH[@]}" --out "$RUNS/local" --cases window8,window64 --modes clamp,exact \
+    --contenders local-triton,local-triton-n16,local-triton-n64,local-triton-t32,local-triton-t64,local-torch,flex --budget 85
 has layers && step 110 python3 -m benchmarks.bench_layers --device cuda --big-layers --nodes 20000 --out "$RUNS"
 
 WIDE="from sparseattn.kernels.triton import launch; launch.SAVE_FLOAT32_SCORES = False"

@@ -119,8 +119,8 @@ def edge_attention(
             does not pick it for them.
         return_weights: also return the normalized weights (before dropout).
         kernel_options: per-call kernel settings (`sparseattn.kernels.KernelOptions`, or a dict of
-            its fields: csr_layout, dense_tile_bytes, triton_forward, triton_backward, node_order), as
-            FlexAttention's kernel_options; None: the default in force (`kernels.kernel_options`).
+            its fields: csr_layout, dense_tile_bytes, triton_forward, triton_backward, node_order,
+            local_tiles), as FlexAttention's kernel_options; None: the default in force (`kernels.kernel_options`).
 
     Returns:
         out: (N_dst, H, Dv) in q's dtype. A destination with no in-edges gets exactly 0 (and zero

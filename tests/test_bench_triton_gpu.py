@@ -84,7 +84,7 @@ def test_smoke_run_writes_results_and_flags_a_wrong_contender(tmp_path, monkeypa
     assert data["wrong"] == [f"{c} {m} broken" for c in cases for m in bench.CLAMPS]
     assert "wrong: window8 clamp broken" in next(tmp_path.glob("*.log")).read_text()
     assert_rates(data, cases, peak=50.0)
-    assert "scale" not in data and len(data["targets"]) == 16
+    assert "scale" not in data and len(data["targets"]) == 20
 
 
 def assert_rates(data, cases, peak):
@@ -133,6 +133,7 @@ def test_targets_from_rows():
         row("window8", 1, "flex", "fwd+bwd clamp", ms=10.0),
         row("window64", 1, "triton", "fwd+bwd clamp", ms=5.0),
         row("window64", 1, "flex", "fwd+bwd clamp", note="out of memory"),  # no time: no ratio
+        row("window8", 1, "local-triton", "fwd+bwd clamp", ms=8.0),
     ]
     goals = bench.targets(rows)
     assert goals == {
@@ -143,10 +144,12 @@ def test_targets_from_rows():
         "random clamp: pyg-compiled / triton fwd+bwd time (>= 3)": 3.0,
         "window8 clamp: triton / flex fwd+bwd time (<= 1.1)": 1.1,
         "window64 clamp: triton / flex fwd+bwd time (<= 1.1)": None,
+        "window8 clamp: local-triton / flex fwd+bwd time (<= 1.1)": 0.8,
+        "window64 clamp: local-triton / flex fwd+bwd time (<= 1.1)": None,
         "complete512 clamp: auto / sdpa fwd+bwd time (<= 1.3)": None,
         **{k: None for k in bench.targets([]) if " exact: " in k},
     }
-    assert len(bench.targets([])) == 16 and all(v is None for v in bench.targets([]).values())
+    assert len(bench.targets([])) == 20 and all(v is None for v in bench.targets([]).values())
 
 
 def test_chunked_reference_and_compare_find_bad_rows_and_the_device_random_graph_is_sorted():

@@ -16,6 +16,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
 
 CSR_LAYOUTS = ("interleaved", "head-major")
 NODE_ORDERS = ("locality",)
+LOCAL_TILES = ("torch", "triton")
 # the triton backend's launch settings (kernels/triton/policy.py reads them): the names a call may set,
 # the layouts of its forward kernel and of its two backward kernels, and the largest num_warps
 TRITON_SETTINGS = ("layout", "BLOCK_E", "num_warps", "num_stages")
@@ -40,15 +41,22 @@ class KernelOptions:
     for graphs with structure stored in a shuffled order (kNN points, meshes), and only where that
     order brings each destination's sources nearer (`graphs.locality_pays`, decided once per Graph;
     elsewhere the plain call); None: the graph's own order. Ignored inside torch.compile and
-    torch.export traces."""
+    torch.export traces. local_tiles: how the local backend computes its tiles on a GPU, "torch"
+    (batched matmuls, `local/tiles.py`) or "triton" (`local/triton_tiles.py`, tensor cores); None:
+    "torch" until the Triton tiles are measured on a device (CPU calls always run "torch")."""
 
     csr_layout: Optional[str] = None
     dense_tile_bytes: Optional[int] = None
     triton_forward: Mapping[str, Any] = field(default_factory=dict)
     triton_backward: Mapping[str, Any] = field(default_factory=dict)
     node_order: Optional[str] = None
+    local_tiles: Optional[str] = None
 
     def __post_init__(self) -> None:
+        if self.local_tiles is not None and self.local_tiles not in LOCAL_TILES:
+            raise ValueError(
+                f"kernel_options local_tiles must be one of {LOCAL_TILES} or None, got {self.local_tiles!r}"
+            )
         if self.node_order is not None and self.node_order not in NODE_ORDERS:
             raise ValueError(f"kernel_options node_order must be one of {NODE_ORDERS} or None, got {self.node_order!r}")
         if self.csr_layout is not None and self.csr_layout not in CSR_LAYOUTS:
@@ -140,6 +148,7 @@ __all__ = [
     "OptionsLike",
     "CSR_LAYOUTS",
     "NODE_ORDERS",
+    "LOCAL_TILES",
     "TRITON_SETTINGS",
     "TRITON_LAYOUTS",
     "TRITON_BACKWARD_LAYOUTS",

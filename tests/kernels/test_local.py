@@ -173,6 +173,19 @@ def test_repeated_edges_count_once_each(clamp):
     check_against_references(twice, clamp)
 
 
+@pytest.mark.parametrize("clamp", CLAMPS)
+def test_interior_tiles_with_the_same_edges_but_other_counts_are_not_shared(clamp):
+    """Interior tiles whose edges sit at the same positions but repeat other edges need their own
+    biases (the shared one gave outputs off by 0.9)."""
+    g = graphs.window(60, 4)
+    extra = torch.cat([g.edge_index[:, ::7], g.edge_index[:, ::11], g.edge_index[:, ::11]], 1)
+    repeated = Graph(torch.cat([g.edge_index, extra], 1), 60, 60)
+    p = plan(repeated)
+    assert p.layout.interior > 1 and bool((p.edges[p.layout.first] == p.edges[p.layout.first + 1]).all())
+    assert not p.shared
+    check_against_references(repeated, clamp)
+
+
 def test_refuses_edge_terms_and_graphs_that_are_not_locally_dense():
     g = graphs.window(10, 2)
     q = torch.randn(10, 1, 4)

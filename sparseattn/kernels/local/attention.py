@@ -159,6 +159,47 @@ class LocalAttention(torch.autograd.Function):
         return dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None, None, None, None, None
 
 
+class TritonLocalAttention(torch.autograd.Function):
+    """`LocalAttention` computed by the Triton tiles (`triton_tiles.py`): same arguments and result;
+    saves q, k, v and the forward's (m, z) per row and head."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, p: Plan, graph, scale: float, clamp):
+        from . import triton_tiles
+
+        out, stats = triton_tiles.forward(q, k, v, p, scale, clamp)
+        ctx.save_for_backward(q, k, v, stats)
+        ctx.plan, ctx.graph, ctx.scale, ctx.clamp = p, graph, scale, clamp
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        from . import triton_tiles
+
+        q, k, v, stats = ctx.saved_tensors
+        needs = tuple(ctx.needs_input_grad[:3])
+        if torch.is_grad_enabled():
+            grads = differentiable_grads(
+                ctx.graph.edge_index, q, k, v, None, None, (*needs, False), ctx.scale, ctx.clamp, grad_out, None
+            )
+            return (*grads[:3], None, None, None, None)
+        dq, dk, dv = triton_tiles.backward(grad_out, q, k, v, stats, ctx.plan, ctx.scale, ctx.clamp)
+        return dq if needs[0] else None, dk if needs[1] else None, dv if needs[2] else None, None, None, None, None
+
+
+def _triton_tiles(inputs: AttentionInputs, q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether this call runs the Triton tiles: kernel_options local_tiles="triton" (not yet the
+    default: no device has measured them), triton importable, inputs it takes (`triton_tiles.runs`:
+    CUDA tensors, or CPU ones in Triton's interpreter)."""
+    if inputs.options.local_tiles != "triton":
+        return False
+    try:
+        from . import triton_tiles
+    except ImportError:
+        return False
+    return triton_tiles.runs(q, k, v)
+
+
 def local_takes(inputs: AttentionInputs) -> bool:
     """Whether "local" computes this call: not with a bias, dropout or returned weights (its
     registration sends those to the sparse backend, `guard.checked`)."""
@@ -170,9 +211,13 @@ def local_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     takes (`local_takes`); registered checked, `guard.checked`."""
     if not local_takes(inputs):
         raise ValueError("local_attention computes no bias, dropout or returned weights (see local_takes)")
-    p = plan(inputs.graph)
     q, k, v = (x.contiguous() for x in (inputs.q, inputs.k, inputs.v))
-    return LocalAttention.apply(q, k, v, p, inputs.graph, inputs.scale, inputs.clamp), None
+    if _triton_tiles(inputs, q, k, v):
+        from . import triton_tiles
+
+        p = plan(inputs.graph, triton_tiles.tile_rows(inputs.graph))
+        return TritonLocalAttention.apply(q, k, v, p, inputs.graph, inputs.scale, inputs.clamp), None
+    return LocalAttention.apply(q, k, v, plan(inputs.graph), inputs.graph, inputs.scale, inputs.clamp), None
 
 
-__all__ = ["LocalAttention", "local_attention", "local_takes", "CHUNK_BYTES"]
+__all__ = ["LocalAttention", "TritonLocalAttention", "local_attention", "local_takes", "CHUNK_BYTES"]

@@ -168,12 +168,13 @@ def _build(graph: Graph, lay: Layout) -> Plan:
     boundary = ids[(ids < lay.first) | (ids >= lay.stop)]
     q_rows = (boundary[:, None] * t_rows + torch.arange(t_rows, device=device)).flatten()
     k_rows = (boundary[:, None] * t_rows - lay.offset + torch.arange(span, device=device)).flatten()
-    inner = edges[lay.first : lay.stop]
+    repeated = bool((counts > 1).any())
+    inner = (counts if repeated else edges)[lay.first : lay.stop]  # a repeated edge's count is in its bias too
     shared = lay.interior > 0 and bool((inner == inner[:1]).all())
     return Plan(
         lay,
         edges,
-        counts if bool((counts > 1).any()) else None,
+        counts if repeated else None,
         empty_rows,
         boundary,
         q_rows.clamp(max=graph.num_dst - 1),
