@@ -4,7 +4,7 @@ measures: benchmarks/templates/layers.md).
 
     python -m benchmarks.bench_layers                        # 50K-node graphs, 1 thread (~10 min on 2 cores)
     python -m benchmarks.bench_layers --molecules --global-attention --tag small-graphs  # both small-graph cases
-    python -m benchmarks.bench_layers --gps --tag gps                 # a GraphGPS model's training step
+    python -m benchmarks.bench_layers --gps --standalone --tag gps    # a GraphGPS model's training step (and alone)
     python -m benchmarks.bench_layers --device cuda --big-layers --nodes 1048576 --dtype bfloat16  # a GPU
 """
 
@@ -13,11 +13,16 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import json
+import os
+import shutil
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from functools import partial
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import torch
 
@@ -163,6 +168,22 @@ def _molecule_cases(device: str, log: Callable[[str], None]) -> List[Result]:
     return _rows("molecules-32x5-60", edges, passes, None, device, 1, log, FWD_BWD, len(batches), **timing)
 
 
+def _empty_inductor_cache() -> str:
+    """Point Inductor at a new empty cache folder (read at each compile) and return it: a compile then
+    starts as a user's first one does, not from kernels an earlier run left in the shared cache."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder = tempfile.mkdtemp(prefix="sparseattn-inductor-")
+    return folder
+
+
+def _start_inductor(device: str) -> float:
+    """Seconds to compile (dynamic=True) and train one step of a small MLP: torch.compile's one-time
+    start, paid here so that neither model's compile time below carries it (the first one did)."""
+    start = time.perf_counter()
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(device)
+    torch.compile(mlp, dynamic=True)(torch.randn(5, 8, device=device)).sum().backward()
+    return time.perf_counter() - start
+
+
 def _gps_cases(device: str, log: Callable[[str], None]) -> List[Result]:
     """A GraphGPS model's training step (`molecules.GPSModel`: 3 x GPSConv(TransformerConv(edge_dim) + global
     multi-head attention), hidden 64, Adam) per molecule batch: sparseattn's and PyG's, one initial state
@@ -177,6 +198,8 @@ def _gps_cases(device: str, log: Callable[[str], None]) -> List[Result]:
     log(f"gps: {family}: {len(batches)} batches, {sum(b.num_nodes for b in batches) / len(batches):.0f} nodes and "
         f"{sum(b.num_edges for b in batches) / len(batches):.0f} edges per batch")  # fmt: skip
     models = gps_pair(device)
+    caches = [_empty_inductor_cache()]  # one per compile below, removed at the end
+    log(f"gps: torch.compile's one-time start (imports, caches) paid apart: {_start_inductor(device):.1f} s")
     with torch.no_grad():
         b = batches[0]
         outs = [m.eval()(b.x, b.edge_index, b.edge_attr, b.batch, b.num_graphs) for m in models]
@@ -199,6 +222,7 @@ def _gps_cases(device: str, log: Callable[[str], None]) -> List[Result]:
 
             label = f"{name} GPS model{' compiled' * compiled}"
             if compiled:
+                caches.append(_empty_inductor_cache())
                 before, t = counters["stats"]["unique_graphs"], time.perf_counter()
                 epoch()  # batches of many sizes: the compile, and any recompile a new size brings
                 graphs_made = counters["stats"]["unique_graphs"] - before
@@ -215,6 +239,42 @@ def _gps_cases(device: str, log: Callable[[str], None]) -> List[Result]:
         if r.contender in compile_notes:
             r.note = f"{compile_notes[r.contender]}, {recompiled} more in the timed rounds"
     rows[0].max_err_vs_reference = err
+    for folder in caches:
+        shutil.rmtree(folder, ignore_errors=True)
+    return rows
+
+
+def _gps_standalone(family: str, edges: int, threads: int, log: Callable[[str], None], rounds: int = 3) -> List[Result]:
+    """Each GPS model and form trained alone in a fresh process (benchmarks/standalone_gps.py), as a user
+    writes it: rows "<model> GPS model[ compiled] (standalone)", the median of `rounds` processes per eager
+    model (sparseattn's and PyG's alternating, since this machine's speed drifts) and one per compiled model
+    (each from an empty Inductor cache), their first epoch (compile) in the note."""
+    runs: Dict[Tuple[str, bool], List[dict]] = {}
+    order = [(m, False) for _ in range(rounds) for m in ("sparseattn", "pyg")] + [
+        (m, True) for m in ("sparseattn", "pyg")
+    ]
+    for model, compiled in order:
+        cmd = [sys.executable, "-m", "benchmarks.standalone_gps", model, "--threads", str(threads)]
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="sparseattn-inductor-"))
+        done = subprocess.run(cmd + ["--compiled"] * compiled, capture_output=True, text=True, env=env)
+        shutil.rmtree(env["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
+        lines = done.stdout.strip().splitlines()
+        report = json.loads(lines[-1]) if done.returncode == 0 and lines else {"error": done.stderr.strip()[-200:]}
+        runs.setdefault((model, compiled), []).append(report)
+    rows = []
+    for (model, compiled), reports in runs.items():
+        name = "sparseattn" if model == "sparseattn" else "PyG"
+        r = Result(family, edges, f"{name} GPS model{' compiled' * compiled} (standalone)", "train step")
+        good = [x for x in reports if "error" not in x]
+        if good:
+            r.ms = statistics.median(x["ms_per_step"] for x in good)
+            r.times_ms = [x["ms_per_step"] for x in good]
+            first = ", ".join(f"{x['first_epoch_s']:.0f}" for x in good)
+            r.note = f"{len(good)} fresh process(es) (benchmarks/standalone_gps.py); first epoch {first} s"
+        else:
+            r.note = f"failed: benchmarks.standalone_gps: {reports[-1]['error']}"
+        log(f"gps: {r.contender}: {fmt(r.ms, '.1f')} ms per step ({r.times_ms}); {r.note}")
+        rows.append(r)
     return rows
 
 
@@ -244,10 +304,32 @@ def _global_cases(device: str, log: Callable[[str], None]) -> List[Result]:
     return _rows("graphgps-128x20-40", edges, calls, leaves, device, 1, log, errs=errs, warmup=2, reps=15)
 
 
-def _big_layer_cases(nodes: int, dtype: torch.dtype, device: str, log: Callable[[str], None]) -> List[Result]:
+def _chunked(call: Callable, device: str, log2_values: int) -> Callable:
+    """`call` with GATv2's score op in chunks of 2^log2_values edge x head x channel values on `device`'s
+    type (`kernels.scores.gatv2.CHUNK_VALUES`; the forward's chunk is the backward's)."""
+    from sparseattn.kernels.scores import gatv2
+
+    kind = torch.device(device).type
+
+    def chunked():
+        before = gatv2.CHUNK_VALUES.get(kind)
+        gatv2.CHUNK_VALUES[kind] = 1 << log2_values
+        try:
+            return call()
+        finally:
+            gatv2.CHUNK_VALUES[kind] = before
+
+    return chunked
+
+
+def _big_layer_cases(
+    nodes: int, dtype: torch.dtype, device: str, log: Callable[[str], None], gatv2_chunks: List[int] = ()
+) -> List[Result]:
     """Each BIG_LAYERS layer fwd+bwd on a random graph of in-degree 16 in dtype: sparseattn, PyG eager and PyG
     under torch.compile (static shapes; its compile, the first fwd+bwd, logged apart), peak memory, speedups
-    over PyG's best form (the last row); each pair first checked on a 4,096-node graph in float32."""
+    over PyG's best form (the last row); each pair first checked on a 4,096-node graph in float32. GATv2Conv
+    also in chunks of 2^c values for each c of gatv2_chunks (rows "... (chunk 2^c)"), the sweep that sets
+    `CHUNK_VALUES` per device."""
     small = graphs.random(4096, 4096, 16 * 4096, seed=1, device=device)
     xs, es = _features(4096, small.num_edges, device)
     g = graphs.random(nodes, nodes, 16 * nodes, seed=0, device=device)
@@ -271,6 +353,8 @@ def _big_layer_cases(nodes: int, dtype: torch.dtype, device: str, log: Callable[
         torch.cuda.empty_cache() if device == "cuda" else None
         log(f"{name_of} {name}: max |sparseattn - PyG| float32, 4,096 nodes: {err:.2e}; PyG compiled: {note}")
         calls = {f"sparseattn.nn.{name}": partial(ours, x, g, edge_attr)}
+        for c in gatv2_chunks if name == "GATv2Conv" else ():
+            calls[f"sparseattn.nn.{name} (chunk 2^{c})"] = _chunked(partial(ours, x, g, edge_attr), device, c)
         calls[f"PyG {name}"] = partial(pyg, x, g.edge_index, edge_attr)
         if compiled is not None:
             calls[f"PyG {name} compiled"] = partial(compiled, x, g.edge_index, edge_attr)
@@ -291,8 +375,10 @@ def main(argv=None) -> None:
     p.add_argument("--molecules", action="store_true", help="only the molecule-batch case")
     p.add_argument("--global-attention", action="store_true", help="only GlobalAttention against GraphGPS's")
     p.add_argument("--gps", action="store_true", help="only a GraphGPS model's training step against PyG's")
+    p.add_argument("--standalone", action="store_true", help="with --gps: also each model alone in a fresh process")
     p.add_argument("--big-layers", action="store_true", help="only BIG_LAYERS on one random graph, PyG compiled too")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="of the --big-layers case")
+    p.add_argument("--gatv2-chunks", default="", help="with --big-layers: GATv2Conv also at these log2 chunk sizes")
     p.add_argument("--cold", choices=list(COLD), help=argparse.SUPPRESS)  # the child of a cold case
     p.add_argument("--cold-graph", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -312,11 +398,14 @@ def main(argv=None) -> None:
     out.log(f"nodes {args.nodes}, H={HEADS}, C={CHANNELS}, edge_dim={EDGE_DIM}")
     small = args.molecules or args.global_attention or args.gps  # only the small-graph cases named
     if args.big_layers:
-        results = _big_layer_cases(args.nodes, getattr(torch, args.dtype), args.device, out.log)
+        chunks = [int(c) for c in args.gatv2_chunks.split(",") if c]
+        results = _big_layer_cases(args.nodes, getattr(torch, args.dtype), args.device, out.log, chunks)
     else:
         results = [] if args.skip_layers or (small and not args.molecules) else _molecule_cases(args.device, out.log)
         results += _global_cases(args.device, out.log) if args.global_attention else []
         results += _gps_cases(args.device, out.log) if args.gps else []
+        if args.gps and args.standalone:
+            results += _gps_standalone(results[-1].family, results[-1].edges, args.threads, out.log)
     for name, g in _graphs(args.nodes, args.device).items() if not (small or args.big_layers) else ():
         if not args.skip_layers:
             results += _layer_cases(name, g, args.device, out.log)

@@ -7,7 +7,8 @@
 #   3. windows of radius 8 and 64 against FlexAttention (bfloat16, clamp): the triton backend, and the
 #      local backend's Triton tiles (kernel_options local_tiles="triton") with other key blocks and
 #      tile rows, and its torch tiles;
-#   4. TransformerConv, GATConv and GATv2Conv on 20K nodes against PyG eager and compiled;
+#   4. TransformerConv, GATConv and GATv2Conv on 20K nodes against PyG eager and compiled, GATv2's score
+#      op also in chunks of 2^20 .. 2^27 values (the sweep behind its CUDA CHUNK_VALUES);
 #   5. float32 A/B: the peaked-softmax gradient tests and the random graph's times with the forward's
 #      scores kept (the default) and with every kernel summing them in float64 instead
 #      (--float32-scores wide); the float32 forward's launch settings swept.
@@ -53,7 +54,8 @@ has windows && step 60 "${BENCH[@]}" --out "$RUNS/windows" --cases window8,windo
     --contenders triton,flex --budget 45
 has windows && step 100 "${BENCH[@]}" --out "$RUNS/local" --cases window8,window64 --modes clamp,exact \
     --contenders local-triton,local-triton-n16,local-triton-n64,local-triton-t32,local-triton-t64,local-torch,flex --budget 85
-has layers && step 110 python3 -m benchmarks.bench_layers --device cuda --big-layers --nodes 20000 --out "$RUNS"
+has layers && step 130 python3 -m benchmarks.bench_layers --device cuda --big-layers --nodes 20000 --out "$RUNS" \
+    --gatv2-chunks 20,22,24,26,27
 
 WIDE="from sparseattn.kernels.triton import launch; launch.SAVE_FLOAT32_SCORES = False"
 PEAKED=(tests/kernels/test_triton.py -q -p no:cacheprovider -k "peaked or bit_for_bit")
