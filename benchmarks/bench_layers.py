@@ -139,7 +139,7 @@ def _edge_term_cases(name: str, g, device: str, log: Callable[[str], None]) -> L
 def _molecule_cases(device: str, log: Callable[[str], None]) -> List[Result]:
     """TransformerConv(64, 16, heads=4) fwd+bwd per molecule batch, each a graph never seen before:
     sparseattn (`graphs.from_pyg` timed) and PyG, each eager and under torch.compile(dynamic=True) (compile
-    logged apart)."""
+    logged apart); then GATConv's and GATv2Conv's rows (`_molecule_gat_rows`)."""
     batches = molecule_batches(8, device=device)
     ours, pyg = _layer_pair(device, "TransformerConv", 16, 4)
     compiled, ours_compiled = torch.compile(pyg, dynamic=True), torch.compile(ours, dynamic=True)
@@ -165,6 +165,32 @@ def _molecule_cases(device: str, log: Callable[[str], None]) -> List[Result]:
     passes["sparseattn.nn.TransformerConv compiled"] = partial(run, ours_compiled, False)
     passes["sparseattn.nn.TransformerConv (edge_index) compiled"] = partial(run, ours_compiled, True)
     edges, timing = sum(b.num_edges for b in batches) // len(batches), dict(warmup=1, reps=15, budget_s=60)
+    rows = _rows("molecules-32x5-60", edges, passes, None, device, 1, log, FWD_BWD, len(batches), **timing)
+    return rows + [r for name in ("GATConv", "GATv2Conv") for r in _molecule_gat_rows(name, batches, device, log)]
+
+
+def _molecule_gat_rows(name: str, batches: list, device: str, log: Callable[[str], None]) -> List[Result]:
+    """`name`(64, 16, heads=4, edge_dim=16) fwd+bwd per molecule batch given its edge_index, as a PyG user
+    calls it: sparseattn and PyG, each eager and under torch.compile(dynamic=True) (compile logged apart)."""
+    ours, pyg = _layer_pair(device, name, 16, 4)
+    compiled = {"PyG": torch.compile(pyg, dynamic=True), "sparseattn": torch.compile(ours, dynamic=True)}
+    for who, module in compiled.items():
+        t = time.perf_counter()
+        for b in batches[:2]:
+            module(b.x, b.edge_index, b.edge_attr).sum().backward()
+        seconds = time.perf_counter() - t
+        log(f"molecules: {who} {name} torch.compile(dynamic=True) first 2 batches (compile) {seconds:.1f} s")
+
+    def run(module) -> None:
+        for b in batches:
+            module(b.x, b.edge_index, b.edge_attr).sum().backward()
+        for m in (pyg, ours):
+            m.zero_grad(set_to_none=True)
+
+    passes = {f"sparseattn.nn.{name} (edge_index)": partial(run, ours), f"PyG {name}": partial(run, pyg)}
+    passes[f"PyG {name} compiled"] = partial(run, compiled["PyG"])
+    passes[f"sparseattn.nn.{name} (edge_index) compiled"] = partial(run, compiled["sparseattn"])
+    edges, timing = sum(b.num_edges for b in batches) // len(batches), dict(warmup=1, reps=15, budget_s=40)
     return _rows("molecules-32x5-60", edges, passes, None, device, 1, log, FWD_BWD, len(batches), **timing)
 
 

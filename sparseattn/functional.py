@@ -30,6 +30,7 @@ from .graphs.exported import check_node_counts
 from .graphs.order import locality_view
 from .kernels import AttentionInputs, get_backend, reference_backend
 from .kernels.auto import choose_order
+from .kernels.contract import EDGE_TERMS
 from .kernels.options import OptionsLike, as_kernel_options
 from .kernels.permute import permute_rows
 
@@ -136,24 +137,22 @@ def edge_attention(
     destination such a value touches, or whose incoming gradient is non-finite (its dq row, its edges'
     sources' dk and dv rows, its edges' bias and edge-term rows); elsewhere it equals the reference's.
     """
-    g, scale, clamp, bias, edge_key, edge_value, edge_scale, eps, dropout_p = _checked_arguments(
-        q, k, v, graph, scale, clamp, bias, edge_key, edge_value, edge_scale, eps, dropout_p, return_weights
+    terms = dict(edge_key=edge_key, edge_value=edge_value, edge_scale=edge_scale)  # EDGE_TERMS, by name
+    g, scale, clamp, bias, terms, eps, dropout_p = _checked_arguments(
+        q, k, v, graph, scale, clamp, bias, terms, eps, dropout_p, return_weights
     )
     options = as_kernel_options(kernel_options)
     if _reorders(g, options, backend):
-        per_edge = dict(bias=bias, edge_key=edge_key, edge_value=edge_value, edge_scale=edge_scale, eps=eps)
         return _in_locality_order(
-            q, k, v, g, options, scale=scale, clamp=clamp, **per_edge, dropout_p=dropout_p, backend=backend,
-            return_weights=return_weights,
+            q, k, v, g, options, scale=scale, clamp=clamp, bias=bias, **terms, eps=eps, dropout_p=dropout_p,
+            backend=backend, return_weights=return_weights,
         )  # fmt: skip
     num_heads, kv_heads = q.shape[1], k.shape[1]
     dropout_mask = None
     if dropout_p > 0.0:
         keep = torch.rand(g.num_edges, num_heads, device=q.device) >= dropout_p
         dropout_mask = keep.to(q.dtype) / (1.0 - dropout_p)
-    edge_terms = (edge_key, edge_value, edge_scale)
-    has_edge_terms = eps > 0 or any(t is not None for t in edge_terms)
-    chosen = get_backend(backend, q, g, edge_terms=has_edge_terms, value_dim=v.shape[2])
+    chosen = get_backend(backend, q, g, edge_terms=_has_edge_terms(terms, eps), value_dim=v.shape[2])
     if g.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):
         chosen = reference_backend()  # the definition gives zeros (or empty tensors); kernels reject empty shapes
     if kv_heads != num_heads and not chosen.grouped_kv:  # this backend reads H heads of k and v: repeat them
@@ -161,11 +160,10 @@ def edge_attention(
     dtype = q.dtype
     work = chosen.compute_dtype(dtype, q.device.type)  # half types run in float32 where a backend lacks them
     q, k, v = (t.to(work) for t in (q, k, v))
-    bias, dropout_mask, edge_key, edge_value, edge_scale = (
-        None if t is None else t.to(work) for t in (bias, dropout_mask, *edge_terms)
-    )
+    bias, dropout_mask = (None if t is None else t.to(work) for t in (bias, dropout_mask))
+    terms = {name: None if t is None else t.to(work) for name, t in terms.items()}
     inputs = AttentionInputs(
-        q, k, v, g, scale, clamp, bias, dropout_mask, return_weights, edge_key, edge_value, edge_scale, eps, options
+        q, k, v, g, scale, clamp, bias, dropout_mask, return_weights, **terms, eps=eps, options=options
     )
     with torch.autocast(q.device.type, enabled=False):  # backends keep their own precision rules under autocast
         out, weights = chosen.fn(inputs)
@@ -200,11 +198,16 @@ def _in_locality_order(q, k, v, g: Graph, options, *, return_weights: bool, **kw
     return permute_rows(result, rank, order)
 
 
+def _has_edge_terms(terms: Dict[str, Optional[Tensor]], eps: float) -> bool:
+    return eps > 0 or any(t is not None for t in terms.values())
+
+
 def _checked_arguments(
-    q, k, v, graph, scale, clamp, bias, edge_key, edge_value, edge_scale, eps, dropout_p, return_weights
+    q, k, v, graph, scale, clamp, bias, terms: Dict[str, Optional[Tensor]], eps, dropout_p, return_weights
 ):
-    """edge_attention's checks of its arguments (ValueError or TypeError naming the argument):
-    returns the Graph and the normalized scale, clamp, bias, edge terms, eps and dropout_p."""
+    """edge_attention's checks of its arguments (ValueError or TypeError naming the argument), terms
+    the edge terms by name (`kernels.contract.EDGE_TERMS`): returns the Graph and the normalized scale,
+    clamp, bias, edge terms, eps and dropout_p."""
     check_qkv(q, k, v)
     if not isinstance(graph, Graph):  # a torch_geometric.EdgeIndex becomes its plain tensor; a PyG Data is refused
         graph = check_graph_tensor(graph)
@@ -213,17 +216,19 @@ def _checked_arguments(
     g = as_graph(graph, num_src=k.shape[0], num_dst=q.shape[0])
     num_heads, num_edges, d, dv, kv_heads = q.shape[1], g.num_edges, q.shape[2], v.shape[2], k.shape[1]
     bias = check_bias(bias, num_edges, num_heads)
-    edge_key = check_edge_term(edge_key, "edge_key", (num_edges, num_heads, d), "D", kv_heads)
-    edge_value = check_edge_term(edge_value, "edge_value", (num_edges, num_heads, dv), "Dv", kv_heads)
-    edge_scale = check_edge_term(edge_scale, "edge_scale", (num_edges, num_heads, d), "D", kv_heads)
-    check_same_device(q=q, bias=bias, edge_key=edge_key, edge_value=edge_value, edge_scale=edge_scale)
+    widths = {"D": d, "Dv": dv}
+    terms = {
+        t.name: check_edge_term(terms[t.name], t.name, (num_edges, num_heads, widths[t.width]), t.width, kv_heads)
+        for t in EDGE_TERMS
+    }
+    check_same_device(q=q, bias=bias, **terms)
     clamp = check_clamp(clamp, q.dtype)
     eps = check_eps(eps, clamp)
     scale = check_scale(scale, q.shape[2])
     dropout_p = check_dropout(dropout_p)
     if not isinstance(return_weights, bool):
         raise TypeError(f"return_weights must be a bool, got {type(return_weights).__name__}")
-    return g, scale, clamp, bias, edge_key, edge_value, edge_scale, eps, dropout_p
+    return g, scale, clamp, bias, terms, eps, dropout_p
 
 
 @functools.cache
@@ -244,11 +249,12 @@ def check_arguments(q: Tensor, k: Tensor, v: Tensor, graph: GraphLike, **kwargs)
         raise TypeError(f"edge_attention() got unexpected keyword arguments: {', '.join(unknown)}")
     given = {**defaults, **kwargs}
     checked = {name: value for name, value in given.items() if name not in ("backend", "kernel_options")}
-    g, _, _, _, edge_key, edge_value, edge_scale, eps, _ = _checked_arguments(q, k, v, graph, **checked)
+    checked["terms"] = {t.name: checked.pop(t.name) for t in EDGE_TERMS}
+    g, _, _, _, terms, eps, _ = _checked_arguments(q, k, v, graph, **checked)
     as_kernel_options(given["kernel_options"])
     backend = given["backend"]
     if backend != "auto":  # a named backend resolves without the data ("auto" chooses in the call)
-        get_backend(backend, q, g, edge_terms=eps > 0 or any(t is not None for t in (edge_key, edge_value, edge_scale)))
+        get_backend(backend, q, g, edge_terms=_has_edge_terms(terms, eps))
 
 
 __all__ = ["edge_attention", "as_graph", "check_arguments"]

@@ -21,7 +21,7 @@ from .guard import checked
 from .local import LOCAL_MIN_DEGREE, LOCAL_MIN_DENSITY, local_attention, local_takes
 from .options import KernelOptions, as_kernel_options, kernel_options
 from .reference import reference_attention
-from .small import SMALL_MAX_VALUES, small_attention
+from .small import SMALL_MAX_VALUES, SMALL_MAX_VALUES_ONE_CALL, small_attention
 
 _BACKENDS: Dict[str, Backend] = {}
 
@@ -178,6 +178,7 @@ __all__ = [
     "LOCAL_MIN_DEGREE",
     "LOCAL_MIN_DENSITY",
     "SMALL_MAX_VALUES",
+    "SMALL_MAX_VALUES_ONE_CALL",
     "small_attention",
     "local_attention",
     "KernelOptions",

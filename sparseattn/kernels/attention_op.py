@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .._tracing import TraceableOp
 from . import reference
-from .op_spec import ATTENTION_ARGS, EDGE_TERMS, Arg, OpSpec, Out, Saved
+from .op_spec import ATTENTION_ARGS, EDGE_TERM_NAMES, Arg, OpSpec, Out, Saved
 
 
 class AttentionOp(NamedTuple):
@@ -114,7 +114,7 @@ def define_attention_op(
             again = reference.differentiable_grads(
                 saved.edge_index, saved.q, saved.k, saved.v, saved.bias, saved.mask,
                 tuple(needs[n] for n in grads), saved.scale, saved.clamp, grad_out, grad_weights,
-                tuple(saved[n] for n in EDGE_TERMS), saved.eps,
+                tuple(saved[n] for n in EDGE_TERM_NAMES), saved.eps,
             )  # fmt: skip
             return dict(zip(grads, again))
         if grad_out is None:  # only the weights were used

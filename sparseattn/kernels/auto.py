@@ -18,7 +18,7 @@ from .contract import Backend
 from .dense import DENSE_MAX_SHAPES, DENSE_MIN_EDGES_PER_BLOCK, plan
 from .local import LOCAL_MIN_DEGREE, LOCAL_MIN_DENSITY, TILE_ROWS, cached_layout
 from .padded import PADDED_MAX_WASTE
-from .small import SMALL_MAX_VALUES
+from .small import small_pays
 
 # "auto" relabels a graph in its locality order (graphs.locality_pays) only from this many nodes: the
 # order search costs O(E) once per Graph, and graphs below this size gain little from a nearer source.
@@ -34,8 +34,9 @@ def choose_auto(
 ) -> str:
     """The backend "auto" picks for these inputs (see docs/guide/backends.md), in this order:
 
-    - "small" for CPU tensors with at most SMALL_MAX_VALUES gathered values (E * H * max(D, Dv)): a
-      mini-batch of small graphs, where per-op overhead decides (tiny blocks included);
+    - "small" for CPU tensors with few gathered values (E * H * max(D, Dv): `small.small_pays`, more
+      on a graph seen once than on a reused Graph): a mini-batch of small graphs, where per-op overhead
+      decides (tiny blocks included);
     - "dense" when the graph records dense blocks in at most DENSE_MAX_SHAPES distinct (kind, n_src,
       n_dst) shapes that either average >= DENSE_MIN_EDGES_PER_BLOCK edges or form unpadded batches
       of "full"/"causal" blocks: batched matmuls (or SDPA) beat any sparse kernel there;
@@ -51,7 +52,7 @@ def choose_auto(
     take them: never "dense" or "local". `registered` maps names to the registered backends."""
     cpu = q.device.type == "cpu"
     width = max(q.shape[2], q.shape[2] if value_dim is None else value_dim)
-    if cpu and not exporting() and graph.num_edges * q.shape[1] * width <= SMALL_MAX_VALUES:
+    if cpu and not exporting() and small_pays(graph.num_edges * q.shape[1] * width, graph.one_call):
         return "small"
     blocks = None if tracing() or edge_terms else graph.blocks
     if blocks and len({(b.kind, b.n_src, b.n_dst) for b in blocks}) <= DENSE_MAX_SHAPES:
@@ -69,15 +70,15 @@ def choose_auto(
     return "csr"
 
 
-def factor_edge_projection(num_edges: int, heads: int, channels: int, edge_dim: int) -> bool:
+def factor_edge_projection(num_edges: int, heads: int, channels: int, edge_dim: int, one_call: bool = False) -> bool:
     """Whether a layer whose per-edge term is a projection e = W_h a (TransformerConv's lin_edge of
     edge_attr, H heads of C channels from F features) attends through the factored form
     <q, W_h a> = <W_h^T q, a> with one (E, 1, C + F) edge row, instead of the (E, H, C) term: where the
-    row is narrower (C + F < H * C) and the graph is beyond "small"'s size (E * H * C >
-    SMALL_MAX_VALUES). On a batch of 32 molecules (454 edges, H=4, C=16, F=16) the factored form's
-    extra ops made the layer's fwd+bwd 1.5x slower (1 thread); on large graphs it saves the (E, H, C)
-    tensors."""
-    return channels + edge_dim < heads * channels and num_edges * heads * channels > SMALL_MAX_VALUES
+    row is narrower (C + F < H * C) and the graph is beyond "small"'s size (`small.small_pays` false
+    for E * H * C values on a graph seen once, one_call, or reused). On a batch of 32 molecules (454
+    edges, H=4, C=16, F=16) the factored form's extra ops made the layer's fwd+bwd 1.5x slower (1
+    thread); on large graphs it saves the (E, H, C) tensors."""
+    return channels + edge_dim < heads * channels and not small_pays(num_edges * heads * channels, one_call)
 
 
 def choose_padding(num_graphs: int, longest: int, edges: int) -> bool:

@@ -21,6 +21,25 @@ from ..graphs import Graph
 from .options import KernelOptions
 
 
+@dataclass(frozen=True)
+class EdgeTerm:
+    """A per-edge tensor of a call beside bias: `name` (its argument everywhere: edge_attention's
+    keyword, AttentionInputs' field, the ops' schema), `width` "D" (q and k's head dim: it enters the
+    score) or "Dv" (v's: it enters the message), shape (E, H or 1, width), differentiable. A new term
+    is an entry in EDGE_TERMS, edge_attention's keyword, an AttentionInputs field, and its math in the
+    reference and in each backend that declares `Backend.edge_terms`."""
+
+    name: str
+    width: str
+
+
+EDGE_TERMS: Tuple[EdgeTerm, ...] = (
+    EdgeTerm("edge_key", "D"),
+    EdgeTerm("edge_value", "Dv"),
+    EdgeTerm("edge_scale", "D"),
+)
+
+
 class AttentionInputs(NamedTuple):
     """What a backend computes attention of.
 
@@ -53,9 +72,20 @@ class AttentionInputs(NamedTuple):
     options: KernelOptions = KernelOptions()
 
     @property
+    def terms(self) -> Dict[str, Optional[Tensor]]:
+        """The call's edge terms by name, in EDGE_TERMS' order (None where absent)."""
+        return {t.name: getattr(self, t.name) for t in EDGE_TERMS}
+
+    @property
     def has_edge_terms(self) -> bool:
         """Whether any edge term or a normalizer eps is present (what `Backend.edge_terms` gates)."""
-        return self.edge_key is not None or self.edge_value is not None or self.edge_scale is not None or self.eps != 0
+        return self.eps != 0 or any(t is not None for t in self.terms.values())
+
+    def wants_grad(self) -> bool:
+        """Whether autograd will ask this call for a gradient: grad mode on and q, k, v, bias or an edge
+        term requiring one."""
+        tensors = (self.q, self.k, self.v, self.bias, *self.terms.values())
+        return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
     def op_args(self, **overrides: Any) -> Dict[str, Any]:
         """The attention arguments of a backend's forward op (`op_spec.ATTENTION_ARGS`) by name, as
@@ -67,9 +97,7 @@ class AttentionInputs(NamedTuple):
             edge_index=self.graph.edge_index,
             bias=self.bias,
             mask=self.dropout_mask,
-            edge_key=self.edge_key,
-            edge_value=self.edge_value,
-            edge_scale=self.edge_scale,
+            **self.terms,
             eps=float(self.eps),
             scale=self.scale,
             clamp=None if self.clamp is None else list(self.clamp),
@@ -135,4 +163,4 @@ class Backend:
         return dtype if dtype in self.dtypes.get(device_type, FLOATS) else torch.float32
 
 
-__all__ = ["AttentionInputs", "Backend", "BackendFn", "FLOATS", "ALL_FLOATS"]
+__all__ = ["AttentionInputs", "Backend", "BackendFn", "EdgeTerm", "EDGE_TERMS", "FLOATS", "ALL_FLOATS"]

@@ -15,7 +15,8 @@ then backs everything itself), or inside `huge_pages(False)`; elsewhere `torch.e
 `torch.zeros`. Below MIN_BYTES glibc reuses its heap, which has no faults left to save. Such a
 tensor is an ordinary tensor except that its storage cannot grow (`resize_` beyond it raises).
 A mapping whose tensors are gone is kept for the next buffer of its size (up to POOL_BYTES of free
-ones; `release` unmaps them).
+ones; `release` unmaps them). The mappings belong to a `BufferPool`; the module's functions are
+those of `DEFAULT_POOL`, the one the kernels use.
 """
 
 from __future__ import annotations
@@ -70,14 +71,6 @@ class _Mapping:
         return sys.getrefcount(self.block) > 2
 
 
-# mappings are kept for reuse after their tensors are gone, up to POOL_BYTES of free ones: a fresh
-# mapping faults its pages in again, and on a virtual machine whose host reclaims free memory that
-# can cost several times the fill (2026-11-27, a 65K-token window's forward: 216 to 838 ms)
-POOL_BYTES = 1 << 30
-_pool: List[_Mapping] = []
-_pool_lock = threading.Lock()
-
-
 def _new_mapping(nbytes: int) -> _Mapping:
     block = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     block.madvise(mmap.MADV_HUGEPAGE)
@@ -85,103 +78,116 @@ def _new_mapping(nbytes: int) -> _Mapping:
     return _Mapping(block, -address % HUGE_PAGE, nbytes)
 
 
-def _reuse(nbytes: int) -> Optional[_Mapping]:
-    """A free pooled mapping of nbytes up to 1.25 * nbytes + 2 MiB (the smallest), or None; drops the
-    oldest free ones beyond POOL_BYTES."""
-    free = [m for m in _pool if not m.in_use()]
-    fits = [m for m in free if nbytes <= m.capacity <= nbytes * 1.25 + HUGE_PAGE]
-    found = min(fits, key=lambda m: m.capacity) if fits else None
-    total = sum(m.capacity for m in free if m is not found)
-    for m in free:  # oldest first
-        if total <= POOL_BYTES:
-            break
-        if m is not found:
-            _pool.remove(m)
-            total -= m.capacity
-    return found
+# mappings are kept for reuse after their tensors are gone, up to POOL_BYTES of free ones: a fresh
+# mapping faults its pages in again, and on a virtual machine whose host reclaims free memory that
+# can cost several times the fill (2026-11-27, a 65K-token window's forward: 216 to 838 ms)
+POOL_BYTES = 1 << 30
 
 
-def release() -> None:
-    """Unmap the pooled mappings no tensor uses (their memory returns to the system)."""
-    with _pool_lock:
-        _pool[:] = [m for m in _pool if m.in_use()]
+class BufferPool:
+    """The huge-page mappings of large CPU buffers (module docstring): `empty`, `zeros`, `take` give
+    tensors on them, keeping up to `capacity` bytes of mappings whose tensors are gone for reuse;
+    `release` unmaps those; `huge_pages(False)` turns them off within a block. The kernels use
+    `DEFAULT_POOL` (through the module's functions); a pool of its own is an object like any other
+    (tests make one instead of resetting the default)."""
 
+    def __init__(self, capacity: int = POOL_BYTES) -> None:
+        self.capacity = capacity
+        self.mappings: List[_Mapping] = []
+        self.enabled = True
+        self._lock = threading.Lock()
 
-def _mapped(shape: Sequence[int], dtype: torch.dtype, nbytes: int, zero: bool) -> Tensor:
-    """A (shape) tensor of dtype on a pooled or fresh anonymous mapping, 2 MiB aligned; zeros if zero."""
-    with _pool_lock:
-        m = _reuse(nbytes) if nbytes <= POOL_BYTES else None
-        fresh = m is None
-        if m is None:
-            m = _new_mapping(nbytes)
-            if nbytes <= POOL_BYTES:
-                _pool.append(m)
-        raw = torch.frombuffer(m.block, dtype=torch.uint8)[m.start : m.start + nbytes]  # holds the block
-    if not fresh and zero:
-        raw.zero_()
-    elif fresh and torch.get_num_threads() > 1:
-        # fault every huge page in now, from this thread: first writes from several threads at once
-        # into fresh huge pages ran up to 10x slower (2 threads, 100 MB: 200 against 18 ms), while one
-        # thread's first write zeroes each page just before it fills it, in cache
-        raw[::HUGE_PAGE].zero_()
-    return raw.view(dtype).view(shape)
+    def _reuse(self, nbytes: int) -> Optional[_Mapping]:
+        """A free mapping of nbytes up to 1.25 * nbytes + 2 MiB (the smallest), or None; drops the
+        oldest free ones beyond the capacity."""
+        free = [m for m in self.mappings if not m.in_use()]
+        fits = [m for m in free if nbytes <= m.capacity <= nbytes * 1.25 + HUGE_PAGE]
+        found = min(fits, key=lambda m: m.capacity) if fits else None
+        total = sum(m.capacity for m in free if m is not found)
+        for m in free:  # oldest first
+            if total <= self.capacity:
+                break
+            if m is not found:
+                self.mappings.remove(m)
+                total -= m.capacity
+        return found
 
+    def release(self) -> None:
+        """Unmap the mappings no tensor uses (their memory returns to the system)."""
+        with self._lock:
+            self.mappings[:] = [m for m in self.mappings if m.in_use()]
 
-_switched_off = False
+    def _mapped(self, shape: Sequence[int], dtype: torch.dtype, nbytes: int, zero: bool) -> Tensor:
+        """A (shape) tensor of dtype on a kept or fresh anonymous mapping, 2 MiB aligned; zeros if zero."""
+        with self._lock:
+            m = self._reuse(nbytes) if nbytes <= self.capacity else None
+            fresh = m is None
+            if m is None:
+                m = _new_mapping(nbytes)
+                if nbytes <= self.capacity:
+                    self.mappings.append(m)
+            raw = torch.frombuffer(m.block, dtype=torch.uint8)[m.start : m.start + nbytes]  # holds the block
+        if not fresh and zero:
+            raw.zero_()
+        elif fresh and torch.get_num_threads() > 1:
+            # fault every huge page in now, from this thread: first writes from several threads at once
+            # into fresh huge pages ran up to 10x slower (2 threads, 100 MB: 200 against 18 ms), while one
+            # thread's first write zeroes each page just before it fills it, in cache
+            raw[::HUGE_PAGE].zero_()
+        return raw.view(dtype).view(shape)
 
-
-@contextmanager
-def huge_pages(enabled: bool) -> Iterator[None]:
-    """Within the block, `empty` and `zeros` use huge pages where available (True) or never (False):
-    `with memory.huge_pages(False): ...` for calls that should run on torch's allocator."""
-    global _switched_off
-    before, _switched_off = _switched_off, not enabled
-    try:
-        yield
-    finally:
-        _switched_off = before
-
-
-def on_huge_pages(nbytes: int, like: Tensor) -> bool:
-    """Whether `empty` and `zeros` give a buffer of nbytes on like's device huge pages."""
-    return like.device.type == "cpu" and nbytes >= MIN_BYTES and not _switched_off and huge_pages_available()
-
-
-def _fresh(shape: Shape, like: Tensor, dtype: Union[torch.dtype, None], zero: bool) -> Tensor:
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    dtype = like.dtype if dtype is None else dtype
-    nbytes = math.prod(shape) * dtype.itemsize
-    if on_huge_pages(nbytes, like):
+    @contextmanager
+    def huge_pages(self, enabled: bool) -> Iterator[None]:
+        """Within the block, `empty` and `zeros` use huge pages where available (True) or never (False):
+        `with memory.huge_pages(False): ...` for calls that should run on torch's allocator."""
+        before, self.enabled = self.enabled, enabled
         try:
-            return _mapped(shape, dtype, nbytes, zero)
-        except (OSError, ValueError):  # no address space or mapping refused: the ordinary allocator
-            pass
-    make = torch.zeros if zero else torch.empty
-    return make(shape, dtype=dtype, device=like.device)
+            yield
+        finally:
+            self.enabled = before
+
+    def on_huge_pages(self, nbytes: int, like: Tensor) -> bool:
+        """Whether `empty` and `zeros` give a buffer of nbytes on like's device huge pages."""
+        cpu = like.device.type == "cpu"
+        return cpu and nbytes >= MIN_BYTES and self.enabled and huge_pages_available()
+
+    def _fresh(self, shape: Shape, like: Tensor, dtype: Optional[torch.dtype], zero: bool) -> Tensor:
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        dtype = like.dtype if dtype is None else dtype
+        nbytes = math.prod(shape) * dtype.itemsize
+        if self.on_huge_pages(nbytes, like):
+            try:
+                return self._mapped(shape, dtype, nbytes, zero)
+            except (OSError, ValueError):  # no address space or mapping refused: the ordinary allocator
+                pass
+        make = torch.zeros if zero else torch.empty
+        return make(shape, dtype=dtype, device=like.device)
+
+    def empty(self, shape: Shape, like: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
+        """An uninitialized contiguous tensor of `shape` on like's device, in `dtype` (default like's)."""
+        return self._fresh(shape, like, dtype, zero=False)
+
+    def zeros(self, shape: Shape, like: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
+        """A contiguous tensor of zeros of `shape` on like's device, in `dtype` (default like's)."""
+        return self._fresh(shape, like, dtype, zero=True)
+
+    def empty_like(self, x: Tensor) -> Tensor:
+        """An uninitialized tensor shaped as x, with x's strides: `empty` where x is contiguous, else
+        `torch.empty_like` (which keeps its memory layout)."""
+        return self.empty(x.shape, x) if x.is_contiguous() else torch.empty_like(x)
+
+    def take(self, x: Tensor, index: Tensor) -> Tensor:
+        """x.index_select(0, index), its result from `empty`."""
+        return torch.index_select(x, 0, index, out=self.empty((index.numel(), *x.shape[1:]), x))
 
 
-def empty(shape: Shape, like: Tensor, dtype: Union[torch.dtype, None] = None) -> Tensor:
-    """An uninitialized contiguous tensor of `shape` on like's device, in `dtype` (default like's)."""
-    return _fresh(shape, like, dtype, zero=False)
-
-
-def empty_like(x: Tensor) -> Tensor:
-    """An uninitialized tensor shaped as x, with x's strides: `empty` where x is contiguous, else
-    `torch.empty_like` (which keeps its memory layout)."""
-    return empty(x.shape, x) if x.is_contiguous() else torch.empty_like(x)
-
-
-def take(x: Tensor, index: Tensor) -> Tensor:
-    """x.index_select(0, index), its result from `empty`."""
-    return torch.index_select(x, 0, index, out=empty((index.numel(), *x.shape[1:]), x))
-
-
-def zeros(shape: Shape, like: Tensor, dtype: Union[torch.dtype, None] = None) -> Tensor:
-    """A contiguous tensor of zeros of `shape` on like's device, in `dtype` (default like's)."""
-    return _fresh(shape, like, dtype, zero=True)
-
+DEFAULT_POOL = BufferPool()
+empty, zeros, empty_like, take = DEFAULT_POOL.empty, DEFAULT_POOL.zeros, DEFAULT_POOL.empty_like, DEFAULT_POOL.take
+release, huge_pages, on_huge_pages = DEFAULT_POOL.release, DEFAULT_POOL.huge_pages, DEFAULT_POOL.on_huge_pages
 
 __all__ = [
+    "BufferPool",
+    "DEFAULT_POOL",
     "release",
     "POOL_BYTES",
     "empty",

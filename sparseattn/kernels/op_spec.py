@@ -14,8 +14,9 @@ list the spec derives
   name), so callers never splat positional lists.
 
 The arguments every attention op shares (q, k, v, the score and edge terms, the options) are
-declared once in `ATTENTION_ARGS`; a backend's spec adds the index views it asks for. A new score
-or edge term is one entry there plus its math in each kernel and the reference.
+declared once in `ATTENTION_ARGS` (its edge terms from `contract.EDGE_TERMS`); a backend's spec adds
+the index views it asks for. A new edge term is an entry in EDGE_TERMS plus its math in each kernel
+and the reference.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from torch import Tensor
 
 from .._tracing import TraceableOp, tracing
+from .contract import EDGE_TERMS
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ class Out:
 
 
 # The inputs of an attention call that every backend's forward op takes, in this order (shapes in
-# contract.AttentionInputs). A new score or edge term is one entry here.
+# contract.AttentionInputs). A new edge term is an entry in contract.EDGE_TERMS.
 ATTENTION_ARGS: Tuple[Arg, ...] = (
     Arg("q", "Tensor", grad=True, saved=True),
     Arg("k", "Tensor", grad=True, saved=True),
@@ -63,15 +65,13 @@ ATTENTION_ARGS: Tuple[Arg, ...] = (
     Arg("edge_index", "Tensor", saved=True),  # for a double backward through the reference
     Arg("bias", "Tensor?", grad=True, saved=True),
     Arg("mask", "Tensor?", saved=True),
-    Arg("edge_key", "Tensor?", grad=True, saved=True),
-    Arg("edge_value", "Tensor?", grad=True, saved=True),
-    Arg("edge_scale", "Tensor?", grad=True, saved=True),
+    *(Arg(term.name, "Tensor?", grad=True, saved=True) for term in EDGE_TERMS),
     Arg("eps", "float"),
     Arg("scale", "float"),
     Arg("clamp", "float[]?"),
     Arg("return_weights", "bool"),
 )
-EDGE_TERMS: Tuple[str, ...] = ("edge_key", "edge_value", "edge_scale")
+EDGE_TERM_NAMES: Tuple[str, ...] = tuple(term.name for term in EDGE_TERMS)
 
 
 class Saved(dict):
@@ -182,4 +182,4 @@ def autograd_entry(op: TraceableOp, setup_context: Callable, backward: Callable)
     return call
 
 
-__all__ = ["Arg", "Out", "OpSpec", "Saved", "ATTENTION_ARGS", "EDGE_TERMS", "autograd_entry"]
+__all__ = ["Arg", "Out", "OpSpec", "Saved", "ATTENTION_ARGS", "EDGE_TERM_NAMES", "autograd_entry"]

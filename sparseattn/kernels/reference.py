@@ -32,7 +32,8 @@ def reference_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tenso
     asked, the weights (E, H) in the graph's edge order. Any float dtype; half types accumulate in
     float32. k and v may have H_kv < H heads (grouped-query attention). Degenerate shapes (E = 0;
     H, D or Dv = 0) give their defined result."""
-    q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights = inputs[:9]
+    q, k, v, graph, scale, clamp = inputs.q, inputs.k, inputs.v, inputs.graph, inputs.scale, inputs.clamp
+    bias, dropout_mask, return_weights = inputs.bias, inputs.dropout_mask, inputs.return_weights
     src, dst = graph.src, graph.dst
     acc = accumulation_dtype(q.dtype)
     num_edges, heads, kv_heads = src.shape[0], q.shape[1], k.shape[1]

@@ -67,7 +67,8 @@ class _Gather(torch.autograd.Function):
 
 def scatter_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     """The "scatter" backend (the contract in contract.py): float32/float64 inputs."""
-    q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights = inputs[:9]
+    q, k, v, graph, scale, clamp = inputs.q, inputs.k, inputs.v, inputs.graph, inputs.scale, inputs.clamp
+    bias, dropout_mask, return_weights = inputs.bias, inputs.dropout_mask, inputs.return_weights
     from torch_scatter import segment_csr
 
     csr = graph.csr()
@@ -76,7 +77,7 @@ def scatter_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]
     def sorted_(x: Optional[Tensor]) -> Optional[Tensor]:  # a per-edge tensor in caller order -> sorted
         return x if x is None or perm is None else x[perm]
 
-    edge_key, edge_value, edge_scale = (sorted_(t) for t in (inputs.edge_key, inputs.edge_value, inputs.edge_scale))
+    edge_key, edge_value, edge_scale = (sorted_(t) for t in inputs.terms.values())
     q_e = _Gather.apply(q, ptr)  # (E, H, D): q of each sorted edge's destination
     keys = k[src] if edge_key is None else k[src] + edge_key
     score = (keys * q_e if edge_scale is None else keys * edge_scale * q_e).sum(-1) * scale  # (E, H)

@@ -31,12 +31,22 @@ from .._tracing import tracing
 from .contract import AttentionInputs
 from .reference import differentiable_grads, reference_attention
 
-# "auto" (kernels/auto.py) picks this backend on CPU for at most this many gathered values (E * H * D).
-# Measured fwd+bwd against csr, 1 thread (the other core busy), random graphs of 16 in-edges, medians of
-# 30 interleaved: E * H * D = 2^15 (H=4, D=16) 1.5x faster on a reused Graph, 2.0x on a new Graph per
-# call; 2^17 0.62x / 1.78x; 2^18 (H=8, D=64) 0.78x / 1.26x; 2^19 0.32x / 0.54x. A mini-batch of
-# molecules brings a new graph every step, where this is the faster side up to ~2^18.
-SMALL_MAX_VALUES = 1 << 17
+# "auto" (kernels/auto.py, `small_pays`) picks this backend on CPU for at most this many gathered
+# values (E * H * D): SMALL_MAX_VALUES on a Graph that is reused (csr's index, built once, pays off),
+# SMALL_MAX_VALUES_ONE_CALL on a graph seen once (a raw edge_index, `Graph.one_call`: csr would build
+# its index for this call alone). Measured fwd+bwd against csr, 1 thread (the other core busy), random
+# graphs of 16 in-edges, medians of 30 interleaved: E * H * D = 2^15 (H=4, D=16) 1.5x faster on a
+# reused Graph, 2.0x on a new Graph per call; 2^17 0.62x / 1.78x; 2^18 (H=8, D=64) 0.78x / 1.26x; 2^19
+# 0.32x / 0.54x. One bound of 2^17 for both sent a batch of 32 molecules of 5-60 atoms (2,300 edges,
+# H=4, D=16: 2^17.2 values, a raw edge_index) to csr: TransformerConv's fwd+bwd 2.3x slower than here.
+SMALL_MAX_VALUES = 1 << 16
+SMALL_MAX_VALUES_ONE_CALL = 1 << 18
+
+
+def small_pays(values: int, one_call: bool) -> bool:
+    """Whether "small" is the faster side for a call gathering `values` (E * H * max(D, Dv)) on a graph
+    seen once (one_call) or reused."""
+    return values <= (SMALL_MAX_VALUES_ONE_CALL if one_call else SMALL_MAX_VALUES)
 
 
 def _dot(a: Tensor, b: Tensor) -> Tensor:
@@ -72,10 +82,12 @@ class SmallAttention(torch.autograd.Function):
         q_e = q.index_select(0, dst)  # (E, H, D)
         k_e = k.index_select(0, src)
         v_e = v.index_select(0, src)  # (E, H, Dv)
-        if edge_key is not None:
-            k_e = k_e + edge_key
+        if (
+            edge_key is not None
+        ):  # in place: the gathers are this call's own (a fresh (E, H, D) sum faulted its pages in)
+            k_e.add_(edge_key)
         if edge_value is not None:
-            v_e = v_e + edge_value
+            v_e.add_(edge_value)
         score = _dot(q_e, k_e).mul_(scale)  # (E, H)
         if bias is not None:
             score.add_(bias)
@@ -107,7 +119,7 @@ class SmallAttention(torch.autograd.Function):
                 edge_index, q, k, v, bias, mask, (*needs, False), ctx.scale, ctx.clamp,
                 grad_out, grad_p, edge_terms=(edge_key, edge_value, None),
             )  # fmt: skip
-            return (None,) * 5 + _per_tensor(ctx.slots, grads[:6], len(wants))
+            return (None,) * 5 + _per_tensor(ctx.slots, grads[:6], len(wants), in_place=False)
         need_q, need_k, need_v, need_bias, need_ek, need_ev = needs
         src, dst, scale = edge_index[0], edge_index[1], ctx.scale
         grad_out = out.new_zeros(()).expand_as(out) if grad_out is None else grad_out.contiguous()
@@ -139,12 +151,14 @@ class SmallAttention(torch.autograd.Function):
         return (None,) * 5 + _per_tensor(ctx.slots, (dq, dk, dv, ds if need_bias else None, d_ek, d_ev), len(wants))
 
 
-def _per_tensor(slots, grads, count: int) -> tuple:
-    """The gradients of the roles (ROLES' first len(grads)) summed per distinct tensor (count of them)."""
+def _per_tensor(slots, grads, count: int, in_place: bool = True) -> tuple:
+    """The gradients of the roles (ROLES' first len(grads)) summed per distinct tensor (count of them):
+    in place where each is the backward's own tensor (not under create_graph, whose sums autograd
+    differentiates)."""
     out: list = [None] * count
     for s, g in zip(slots, grads):
         if g is not None:
-            out[s] = g if out[s] is None else out[s] + g
+            out[s] = g if out[s] is None else (out[s].add_(g) if in_place else out[s] + g)
     return tuple(out)
 
 
@@ -184,4 +198,11 @@ def small_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     return SmallAttention.apply(tuple(slots), edge_index, inputs.scale, inputs.clamp, inputs.return_weights, *distinct)
 
 
-__all__ = ["SMALL_MAX_VALUES", "SmallAttention", "small_attention", "checked_edge_index"]
+__all__ = [
+    "SMALL_MAX_VALUES",
+    "SMALL_MAX_VALUES_ONE_CALL",
+    "small_pays",
+    "SmallAttention",
+    "small_attention",
+    "checked_edge_index",
+]

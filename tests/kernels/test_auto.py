@@ -11,6 +11,7 @@ from sparseattn.kernels import (
     DENSE_MAX_SHAPES,
     DENSE_MIN_EDGES_PER_BLOCK,
     SMALL_MAX_VALUES,
+    SMALL_MAX_VALUES_ONE_CALL,
     Backend,
     choose_auto,
 )
@@ -42,8 +43,9 @@ def test_rule(graph, expected):
 
 
 def test_small_is_for_small_graphs_on_cpu_outside_export(monkeypatch):
-    """ "small" up to SMALL_MAX_VALUES gathered values (E * H * max(D, Dv)), before dense and local (a
-    batch of tiny complete blocks runs there too); never for CUDA tensors or inside torch.export."""
+    """ "small" up to SMALL_MAX_VALUES gathered values (E * H * max(D, Dv)) on a reused Graph and up to
+    SMALL_MAX_VALUES_ONE_CALL on a graph seen once (a raw edge_index), before dense and local (a batch
+    of tiny complete blocks runs there too); never for CUDA tensors or inside torch.export."""
     import sparseattn.kernels.auto as auto
 
     edges = SMALL_MAX_VALUES // 64  # at H=4, D=16
@@ -53,7 +55,12 @@ def test_small_is_for_small_graphs_on_cpu_outside_export(monkeypatch):
     assert choose_auto(q, fits) == "small"
     assert choose_auto(q, beyond) != "small"
     assert choose_auto(q, fits, value_dim=32) != "small"  # Dv counts
-    assert choose_auto(q, graphs.batch([graphs.complete(16)] * 8)) == "small"  # not dense
+    assert choose_auto(q, graphs.batch([graphs.complete(8)] * 8)) == "small"  # not dense
+    once = SMALL_MAX_VALUES_ONE_CALL // 64
+    seen_once = graphs.Graph.borrowed(graphs.random(once // 8, once // 8, once, seed=0).edge_index, one_call=True)
+    assert seen_once.one_call and choose_auto(q, seen_once) == "small"
+    more = graphs.Graph.borrowed(graphs.random(once // 8, once // 8, once + 1, seed=0).edge_index, one_call=True)
+    assert choose_auto(q, more) != "small"
     cuda_q = types.SimpleNamespace(device=torch.device("cuda"), shape=(1, 4, 16))
     assert choose_auto(cuda_q, fits) != "small"
     monkeypatch.setattr(auto, "exporting", lambda: True)

@@ -54,43 +54,51 @@ def test_a_large_buffer_is_a_zeroed_aligned_mapping_that_outlives_its_mapping_ob
 
 def test_a_freed_buffer_is_reused_and_released_on_request():
     _needs_huge_pages()
-    memory.release()
+    pool = memory.BufferPool()  # its own mappings: nothing of the kernels' pool to reset
     size = memory.MIN_BYTES * 2
     before = _rss_kib()
-    x = memory.zeros(size // 4, CPU)
+    x = pool.zeros(size // 4, CPU)
     x.fill_(7.0)
     address = x.data_ptr()
     assert _rss_kib() - before > 0.9 * size / 1024  # the whole buffer is resident
     del x
     gc.collect()
     assert _rss_kib() - before > 0.9 * size / 1024  # kept, free, for the next buffer of its size
-    y = memory.zeros(size // 4, CPU)  # the same mapping, its old contents cleared
+    y = pool.zeros(size // 4, CPU)  # the same mapping, its old contents cleared
     assert y.data_ptr() == address and int(torch.count_nonzero(y)) == 0
-    z = memory.empty(size // 4, CPU)  # y still holds it: another one
+    z = pool.empty(size // 4, CPU)  # y still holds it: another one
     assert z.data_ptr() != address
     z.fill_(1.0)
     assert int(torch.count_nonzero(y)) == 0
     del y, z
     gc.collect()
-    memory.release()  # unmapped: the memory returns to the system
+    pool.release()  # unmapped: the memory returns to the system
     assert _rss_kib() - before < 0.25 * size / 1024
 
 
-def test_free_mappings_beyond_the_pool_size_are_unmapped(monkeypatch):
+def test_free_mappings_beyond_the_pool_size_are_unmapped():
     _needs_huge_pages()
-    memory.release()
-    monkeypatch.setattr(memory, "POOL_BYTES", memory.MIN_BYTES)
-    a, b, c = (memory.empty(memory.MIN_BYTES // 4, CPU) for _ in range(3))
+    pool = memory.BufferPool(capacity=memory.MIN_BYTES)
+    a, b, c = (pool.empty(memory.MIN_BYTES // 4, CPU) for _ in range(3))
     newest = c.data_ptr()
     del a, b, c
     gc.collect()
-    d = memory.empty(memory.MIN_BYTES // 4, CPU)  # reuses one; of the two others the older is unmapped
-    addresses = [_address(m) + m.start for m in memory._pool]
-    assert len(memory._pool) == 2 and d.data_ptr() in addresses and newest in addresses
-    assert sum(m.capacity for m in memory._pool if not m.in_use()) <= memory.POOL_BYTES
+    d = pool.empty(memory.MIN_BYTES // 4, CPU)  # reuses one; of the two others the older is unmapped
+    addresses = [_address(m) + m.start for m in pool.mappings]
+    assert len(pool.mappings) == 2 and d.data_ptr() in addresses and newest in addresses
+    assert sum(m.capacity for m in pool.mappings if not m.in_use()) <= pool.capacity
     del d
-    memory.release()
-    assert memory._pool == []
+    pool.release()
+    assert pool.mappings == []
+
+
+def test_the_kernels_pool_is_the_module_functions_and_switches_off_in_a_block():
+    assert memory.empty.__self__ is memory.DEFAULT_POOL and memory.release.__self__ is memory.DEFAULT_POOL
+    pool = memory.BufferPool()
+    with pool.huge_pages(False):
+        assert not pool.on_huge_pages(memory.MIN_BYTES, CPU)
+        assert memory.DEFAULT_POOL.enabled  # another pool's switch
+    assert pool.enabled
 
 
 def _address(m) -> int:

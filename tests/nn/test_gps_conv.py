@@ -209,4 +209,5 @@ def test_compiled_with_dynamic_shapes_equals_eager_and_builds_the_graph_outside_
     batch = torch.tensor([0, 0, 1, 1, 1])
     explained = torch._dynamo.explain(GlobalAttention(16, 4))(torch.randn(5, 16), batch)
     assert explained.graph_break_count <= 2
-    assert all("within_graphs_graph" in str(b.reason) for b in explained.break_reasons)
+    for reason in explained.break_reasons:  # only where the graph is built (eagerly)
+        assert reason.user_stack[-1].filename.endswith("within_graphs.py"), reason.reason

@@ -61,11 +61,11 @@ def csr_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     always interleaved. Builds (or reads from the graph's cache) the parts of the index this call
     needs, then calls the forward op."""
     layout = inputs.options.csr_layout
-    q, k, v, graph, scale, clamp, bias, mask, return_weights = inputs[:9]
-    terms = (inputs.edge_key, inputs.edge_value, inputs.edge_scale)
-    has_terms = any(t is not None for t in terms)
+    q, k, v, graph, clamp = inputs.q, inputs.k, inputs.v, inputs.graph, inputs.clamp
+    bias, mask, return_weights = inputs.bias, inputs.dropout_mask, inputs.return_weights
+    has_terms = any(t is not None for t in inputs.terms.values())
     grad = torch.is_grad_enabled()
-    wants_grad = grad and any(t is not None and t.requires_grad for t in (q, k, v, bias, *terms))
+    wants_grad = inputs.wants_grad()
     kv_grad = grad and (k.requires_grad or v.requires_grad)
     groups = q.shape[1] // k.shape[1]  # query heads per kv head (grouped-query attention; 1 without)
     if has_terms:

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ..attention_op import define_attention_op
-from ..op_spec import Arg, Saved
+from ..op_spec import EDGE_TERM_NAMES, Arg, Saved
 from . import head_major, interleaved
 from .index import HeadMajorIndex
 from .interleaved import EdgeTerms
@@ -118,7 +118,7 @@ def _forward(a: Saved) -> Tuple[Tensor, ...]:
     lo_hi = _clamp(a.clamp)
     bias_l, mask_l = (_to_layout(x, a.from_caller, heads, head_major_layout) for x in (a.bias, a.mask))
     groups = heads // a.k.shape[1]
-    terms = _edge_terms(a.edge_index, (a.edge_key, a.edge_value, a.edge_scale), a.from_caller, a.to_caller, groups)
+    terms = _edge_terms(a.edge_index, tuple(a[name] for name in EDGE_TERM_NAMES), a.from_caller, a.to_caller, groups)
     if head_major_layout:
         assert a.row is not None and terms is None, "edge terms run in the interleaved layout"
         out, w, score, z = head_major.forward(q, k, v, _index(a), a.scale, lo_hi, bias_l, mask_l, a.eps)
@@ -170,7 +170,7 @@ def _backward(a: Saved) -> Tuple[Tensor, ...]:
     else:
         q2, k2, v2 = (t.contiguous().view(-1, t.shape[2]) for t in (q, k, v))
         g2 = a.grad_out.reshape(q2.shape[0], v.shape[2])  # (N_dst * H, Dv)
-        given = (a.edge_key, a.edge_value, a.edge_scale)
+        given = tuple(a[name] for name in EDGE_TERM_NAMES)
         terms = _edge_terms(a.edge_index, given, a.from_caller, a.to_caller, heads // k.shape[1])
         dq, dk, dv, ds, *d_terms = interleaved.backward(
             g2, gw, q2, k2, v2, a.w, sc, a.z, mask_l, _slots(a), a.scale, lo_hi, need, terms

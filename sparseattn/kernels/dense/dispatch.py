@@ -204,7 +204,8 @@ def dense_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     """The "dense" backend (the contract in contract.py; graphs with recorded blocks only,
     ValueError otherwise): out (N_dst, H, Dv) in q's dtype and, if asked, weights (E, H) in the
     graph's edge order. Half types arrive only on CUDA (its SDPA and fused kernels take them)."""
-    q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights = inputs[:9]
+    q, k, v, graph, scale, clamp = inputs.q, inputs.k, inputs.v, inputs.graph, inputs.scale, inputs.clamp
+    bias, dropout_mask, return_weights = inputs.bias, inputs.dropout_mask, inputs.return_weights
     p = plan(graph)
     heads, dtype, acc = q.shape[1], q.dtype, accumulation_dtype(q.dtype)
     bias = None if bias is None else bias.to(acc)

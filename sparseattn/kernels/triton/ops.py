@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..attention_op import define_attention_op
 from ..contract import AttentionInputs
-from ..op_spec import Arg, Saved
+from ..op_spec import EDGE_TERM_NAMES, Arg, Saved
 from ..reference import accumulation_dtype
 from ..triton_common import MAX_HEAD_DIM, on
 from . import launch, policy
@@ -56,7 +56,7 @@ def _forward(a: Saved) -> Tuple[Tensor, ...]:
     with on(q.device):
         out, stats, weights, scores = launch.forward(
             q, a.k, v, (a.ptr, a.idx, a.perm), a.scale, _pair(a.clamp), a.bias, a.mask, a.return_weights,
-            (a.edge_key, a.edge_value, a.edge_scale), a.eps, cfg=cfg, backward=a.cptr is not None,
+            tuple(a[name] for name in EDGE_TERM_NAMES), a.eps, cfg=cfg, backward=a.cptr is not None,
         )  # fmt: skip
     return out, weights if weights is not None else q.new_empty(0), stats, scores
 
@@ -79,7 +79,7 @@ def _backward(a: Saved) -> Tuple[Tensor, ...]:
     with on(q.device):
         dq, dk, dv, ds, *d_terms = launch.backward(
             q, a.k, v, (a.ptr, a.idx, a.perm), (a.cptr, a.cidx, a.cperm), a.scale, _pair(a.clamp), a.bias, a.mask,
-            a.stats, a.scores, a.grad_out, a.grad_weights, (a.edge_key, a.edge_value, a.edge_scale), needs[4:],
+            a.stats, a.scores, a.grad_out, a.grad_weights, tuple(a[name] for name in EDGE_TERM_NAMES), needs[4:],
             tiles=tiles,
         )  # fmt: skip
     dbias = ds.to(a.bias.dtype) if needs[3] and a.bias is not None else None
@@ -113,7 +113,7 @@ def triton_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]
     """The fused Triton backend (the contract in contract.py): D, Dv <= 256; float16/bfloat16/float32
     accumulate in float32, float64 in float64. Takes the edge terms and eps (`Backend.edge_terms`)
     and, from `inputs.options`, the launch settings triton_forward and triton_backward (`policy`)."""
-    q, k, v, graph, scale, clamp, bias, dropout_mask, return_weights = inputs[:9]
+    q, k, v, graph, dropout_mask = inputs.q, inputs.k, inputs.v, inputs.graph, inputs.dropout_mask
     _check_runnable(q)
     if max(q.shape[2], v.shape[2]) > MAX_HEAD_DIM:
         raise ValueError(
@@ -122,23 +122,20 @@ def triton_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]
         )
     forward_settings = policy.forward_ints(inputs.options.triton_forward)
     backward = policy.backward_settings(q.shape[2], v.shape[2], q.shape[1], inputs.options.triton_backward)
-    terms = tuple(_last_dim_contiguous(t) for t in (inputs.edge_key, inputs.edge_value, inputs.edge_scale))
-    differentiable = (q, k, v, bias, *terms)
-    wants_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in differentiable)
+    terms = {name: _last_dim_contiguous(t) for name, t in inputs.terms.items()}
     ptr, idx, perm = graph.csr()
-    cptr, cidx, cperm = graph.csc() if wants_grad else (None, None, None)  # the backward walks both orders
+    cptr, cidx, cperm = graph.csc() if inputs.wants_grad() else (None, None, None)  # the backward walks both orders
+    qkv = dict(q=q.contiguous(), k=k.contiguous(), v=v.contiguous())
+    mask = None if dropout_mask is None else dropout_mask.detach()
     out, weights, *_ = TRITON_OP.call(
         *TRITON_OP.forward.bind(
-            q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), edge_index=graph.edge_index,
-            bias=bias, mask=None if dropout_mask is None else dropout_mask.detach(),
-            edge_key=terms[0], edge_value=terms[1], edge_scale=terms[2], eps=float(inputs.eps), scale=scale,
-            clamp=None if clamp is None else list(clamp), return_weights=return_weights,
+            **inputs.op_args(**qkv, mask=mask, **terms),
             ptr=ptr, idx=idx, perm=perm, cptr=cptr, cidx=cidx, cperm=cperm,
             forward_settings=forward_settings,
             backward_launch=policy.launch_ints(backward),
         )
     )  # fmt: skip
-    return out, weights if return_weights else None
+    return out, weights if inputs.return_weights else None
 
 
 __all__ = ["TRITON_OP", "INDEX_ARGS", "triton_attention", "triton_attention_fwd", "triton_attention_bwd"]
