@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Every GPU check of the triton backend in one call on a CUDA machine (about 9 minutes on an H200),
-# from the repository root:  OUT=<folder> bash benchmarks/gpu_check.sh
+# Every GPU check of the triton backend on a CUDA machine (about 9 minutes on an H200 before the
+# local tiles' step and the GATv2 chunk rows: about 11 now; the step limits add up to 17), from the
+# repository root:  OUT=<folder> bash benchmarks/gpu_check.sh
+# Where one command may run 10 minutes at most, split it in two:
+#   PARTS="tests random windows" OUT=<folder> bash benchmarks/gpu_check.sh
+#   PARTS="layers ab" OUT=<folder> bash benchmarks/gpu_check.sh
 #   1. versions; the triton tests on CUDA (test_triton.py, edge terms, bf16, non-finite values, GQA);
 #   2. random 2^20 nodes, in-degree 16, both modes: triton fwd and fwd+bwd in float32 and in bfloat16
 #      (the float32 / bfloat16 time ratio is read from the two JSON files);
