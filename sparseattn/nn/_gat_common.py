@@ -160,14 +160,18 @@ def attention_edges(
         raise ValueError(f"edge_index must be a (2, E) integer tensor, got {index.dtype} {tuple(index.shape)}")
     num_nodes = min(num_src, num_dst)
 
-    def looped() -> Tuple[Tensor, Graph]:
+    def looped(one_call: bool) -> Tuple[Tensor, Graph]:
         keep = index[0] != index[1]
         loops = torch.arange(num_nodes, device=index.device, dtype=index.dtype).view(1, -1).expand(2, -1)
         with_loops = torch.cat([index[:, keep], loops], dim=1)
-        return keep, Graph(with_loops, num_src=num_src, num_dst=num_dst)
+        return keep, Graph.borrowed(with_loops, num_src, num_dst, one_call=one_call)
 
-    # a Graph the caller keeps keeps its looped Graph (and that one's kernel structure) too
-    keep, out = graph.cached(f"gat_self_loops_{num_src}_{num_dst}", looped) if isinstance(graph, Graph) else looped()
+    # a Graph the caller keeps keeps its looped Graph (and that one's kernel structure) too; the looped
+    # graph of a raw edge_index lives for this call only, and says so (`Graph.one_call`) to the kernels
+    if isinstance(graph, Graph):
+        keep, out = graph.cached(f"gat_self_loops_{num_src}_{num_dst}", lambda: looped(False))
+    else:
+        keep, out = looped(True)
     if edge_attr is not None:
         edge_attr = edge_attr[keep]
         edge_attr = torch.cat([edge_attr, loop_attr(edge_attr, index[1][keep], num_nodes, fill_value)])
