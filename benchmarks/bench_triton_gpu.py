@@ -23,6 +23,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from unittest import mock
 
 import torch
 
@@ -170,22 +171,13 @@ def local_tiles(tiles: str, **constants):
 
     def make(g, clamp, q, k, v):
         def fn():
-            if not constants:
-                return edge_attention(
-                    q, k, v, g, scale=SCALE, clamp=clamp, backend="local", kernel_options={"local_tiles": tiles}
-                )
-            from sparseattn.kernels.local import triton_tiles
+            with contextlib.ExitStack() as stack:
+                if constants:
+                    from sparseattn.kernels.local import triton_tiles
 
-            before = {name: getattr(triton_tiles, name) for name in constants}
-            try:
-                for name, value in constants.items():
-                    setattr(triton_tiles, name, value)
-                return edge_attention(
-                    q, k, v, g, scale=SCALE, clamp=clamp, backend="local", kernel_options={"local_tiles": tiles}
-                )
-            finally:
-                for name, value in before.items():
-                    setattr(triton_tiles, name, value)
+                    stack.enter_context(mock.patch.multiple(triton_tiles, **constants))
+                options = {"local_tiles": tiles}
+                return edge_attention(q, k, v, g, scale=SCALE, clamp=clamp, backend="local", kernel_options=options)
 
         return Run(fn)
 
