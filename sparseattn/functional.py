@@ -152,7 +152,9 @@ def edge_attention(
     if dropout_p > 0.0:
         keep = torch.rand(g.num_edges, num_heads, device=q.device) >= dropout_p
         dropout_mask = keep.to(q.dtype) / (1.0 - dropout_p)
-    chosen = get_backend(backend, q, g, edge_terms=_has_edge_terms(terms, eps), value_dim=v.shape[2])
+    chosen = get_backend(
+        backend, q, g, edge_terms=_has_edge_terms(terms, eps), value_dim=v.shape[2], edge_kv=_only_key_value(terms, eps)
+    )
     if g.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):
         chosen = reference_backend()  # the definition gives zeros (or empty tensors); kernels reject empty shapes
     if kv_heads != num_heads and not chosen.grouped_kv:  # this backend reads H heads of k and v: repeat them
@@ -200,6 +202,12 @@ def _in_locality_order(q, k, v, g: Graph, options, *, return_weights: bool, **kw
 
 def _has_edge_terms(terms: Dict[str, Optional[Tensor]], eps: float) -> bool:
     return eps > 0 or any(t is not None for t in terms.values())
+
+
+def _only_key_value(terms: Dict[str, Optional[Tensor]], eps: float) -> bool:
+    """The call's edge terms are edge_key and/or edge_value alone ("small" runs those itself)."""
+    has_kv = terms["edge_key"] is not None or terms["edge_value"] is not None
+    return has_kv and eps == 0 and terms["edge_scale"] is None
 
 
 def _checked_arguments(

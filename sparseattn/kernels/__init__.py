@@ -54,10 +54,12 @@ def backends_for(device_type: str) -> list:
     return [name for name, b in _BACKENDS.items() if device_type in b.devices and b.available]
 
 
-def choose_auto(q: Tensor, graph: Graph, edge_terms: bool = False, value_dim: Optional[int] = None) -> str:
+def choose_auto(
+    q: Tensor, graph: Graph, edge_terms: bool = False, value_dim: Optional[int] = None, edge_kv: bool = False
+) -> str:
     """The backend "auto" picks for these inputs (value_dim: v's width Dv, default q's D):
     `auto.choose_auto` over the registered backends."""
-    return auto.choose_auto(q, graph, _BACKENDS, edge_terms, value_dim)
+    return auto.choose_auto(q, graph, _BACKENDS, edge_terms, value_dim, edge_kv)
 
 
 def prepare(graph: Graph, heads: int, head_dim: Optional[int] = None, dtype: torch.dtype = torch.float32) -> None:
@@ -74,14 +76,20 @@ def prepare(graph: Graph, heads: int, head_dim: Optional[int] = None, dtype: tor
 
 
 def get_backend(
-    name: str, q: Tensor, graph: Graph, edge_terms: bool = False, value_dim: Optional[int] = None
+    name: str,
+    q: Tensor,
+    graph: Graph,
+    edge_terms: bool = False,
+    value_dim: Optional[int] = None,
+    edge_kv: bool = False,
 ) -> Backend:
     """Resolve a backend name ("auto" included) to a usable Backend, or raise. edge_terms: the call
-    has edge_key, edge_value, edge_scale or eps, which the backend must take."""
+    has edge_key, edge_value, edge_scale or eps, which the backend must take; edge_kv: it has edge_key
+    or edge_value only (`auto.choose_auto`)."""
     if not isinstance(name, str):
         raise TypeError(f"backend must be a str, got {type(name).__name__}")
     if name == "auto":
-        name = choose_auto(q, graph, edge_terms, value_dim)
+        name = choose_auto(q, graph, edge_terms, value_dim, edge_kv)
     if name not in _BACKENDS:
         raise ValueError(f"unknown backend {name!r}; valid names are {', '.join(map(repr, backend_names()))}")
     backend = _BACKENDS[name]

@@ -31,12 +31,13 @@ def choose_auto(
     registered: Mapping[str, Backend],
     edge_terms: bool = False,
     value_dim: Optional[int] = None,
+    edge_kv: bool = False,
 ) -> str:
     """The backend "auto" picks for these inputs (see docs/guide/backends.md), in this order:
 
     - "small" for CPU tensors with few gathered values (E * H * max(D, Dv): `small.small_pays`, more
-      on a graph seen once than on a reused Graph): a mini-batch of small graphs, where per-op overhead
-      decides (tiny blocks included);
+      on a graph seen once, or with per-edge key or value terms (edge_kv), than on a reused Graph): a
+      mini-batch of small graphs, where per-op overhead decides (tiny blocks included);
     - "dense" when the graph records dense blocks in at most DENSE_MAX_SHAPES distinct (kind, n_src,
       n_dst) shapes that either average >= DENSE_MIN_EDGES_PER_BLOCK edges or form unpadded batches
       of "full"/"causal" blocks: batched matmuls (or SDPA) beat any sparse kernel there;
@@ -49,10 +50,11 @@ def choose_auto(
     the block structure, so every new batch would compile anew; pass backend="dense" to have it anyway)
     nor "local" (eager only); inside torch.export never "small" (its programs keep the library's
     custom ops). With edge_terms (edge_key, edge_value, edge_scale or eps given), only backends that
-    take them: never "dense" or "local". `registered` maps names to the registered backends."""
+    take them: never "dense" or "local". edge_kv: the call has edge_key or edge_value and neither
+    edge_scale nor eps. `registered` maps names to the registered backends."""
     cpu = q.device.type == "cpu"
     width = max(q.shape[2], q.shape[2] if value_dim is None else value_dim)
-    if cpu and not exporting() and small_pays(graph.num_edges * q.shape[1] * width, graph.one_call):
+    if cpu and not exporting() and small_pays(graph.num_edges * q.shape[1] * width, graph.one_call, edge_kv):
         return "small"
     blocks = None if tracing() or edge_terms else graph.blocks
     if blocks and len({(b.kind, b.n_src, b.n_dst) for b in blocks}) <= DENSE_MAX_SHAPES:
@@ -70,15 +72,17 @@ def choose_auto(
     return "csr"
 
 
-def factor_edge_projection(num_edges: int, heads: int, channels: int, edge_dim: int, one_call: bool = False) -> bool:
+def factor_edge_projection(num_edges: int, heads: int, channels: int, edge_dim: int) -> bool:
     """Whether a layer whose per-edge term is a projection e = W_h a (TransformerConv's lin_edge of
     edge_attr, H heads of C channels from F features) attends through the factored form
     <q, W_h a> = <W_h^T q, a> with one (E, 1, C + F) edge row, instead of the (E, H, C) term: where the
-    row is narrower (C + F < H * C) and the graph is beyond "small"'s size (`small.small_pays` false
-    for E * H * C values on a graph seen once, one_call, or reused). On a batch of 32 molecules (454
-    edges, H=4, C=16, F=16) the factored form's extra ops made the layer's fwd+bwd 1.5x slower (1
-    thread); on large graphs it saves the (E, H, C) tensors."""
-    return channels + edge_dim < heads * channels and not small_pays(num_edges * heads * channels, one_call)
+    row is narrower (C + F < H * C) and the graph is beyond "small"'s size for a call with edge terms
+    (`small.small_pays` false for E * H * C values, edge_kv), whether the graph is seen once or reused.
+    On a batch of 32 molecules (454 edges, H=4, C=16, F=16) the factored form's extra ops made the
+    layer's fwd+bwd 1.5x slower (1 thread), and three layers sharing a `from_pyg` Graph of 32
+    molecules (2,300 edges) ran 1.3x slower factored than not, on csr as well as "small"; on large
+    graphs it saves the (E, H, C) tensors."""
+    return channels + edge_dim < heads * channels and not small_pays(num_edges * heads * channels, False, edge_kv=True)
 
 
 def choose_padding(num_graphs: int, longest: int, edges: int) -> bool:

@@ -10,6 +10,7 @@ the reference. So a backend sees E >= 1 and H, D, Dv >= 1 in one of its dtypes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
@@ -109,6 +110,15 @@ class AttentionInputs(NamedTuple):
 
 # returns out (N_dst, H, Dv) in q's dtype and, when inputs.return_weights, the weights (E, H), else None
 BackendFn = Callable[[AttentionInputs], Tuple[Tensor, Optional[Tensor]]]
+
+
+def gradient_bounds(clamp: Tuple[float, float], dtype: torch.dtype) -> Tuple[float, float]:
+    """The clamp's (lo, hi) widened to the next values outside them in dtype, for a backend that masks
+    the clamp's gradient with hardtanh_backward (which passes it strictly inside its bounds): the
+    contract is torch.clamp's backward, which passes it at lo and hi too."""
+    lo, hi, inf = (torch.tensor(x, dtype=dtype) for x in (clamp[0], clamp[1], math.inf))
+    return torch.nextafter(lo, -inf).item(), torch.nextafter(hi, inf).item()
+
 
 FLOATS = (torch.float32, torch.float64)
 ALL_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

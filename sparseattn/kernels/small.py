@@ -34,19 +34,25 @@ from .reference import differentiable_grads, reference_attention
 # "auto" (kernels/auto.py, `small_pays`) picks this backend on CPU for at most this many gathered
 # values (E * H * D): SMALL_MAX_VALUES on a Graph that is reused (csr's index, built once, pays off),
 # SMALL_MAX_VALUES_ONE_CALL on a graph seen once (a raw edge_index, `Graph.one_call`: csr would build
-# its index for this call alone). Measured fwd+bwd against csr, 1 thread (the other core busy), random
-# graphs of 16 in-edges, medians of 30 interleaved: E * H * D = 2^15 (H=4, D=16) 1.5x faster on a
-# reused Graph, 2.0x on a new Graph per call; 2^17 0.62x / 1.78x; 2^18 (H=8, D=64) 0.78x / 1.26x; 2^19
-# 0.32x / 0.54x. One bound of 2^17 for both sent a batch of 32 molecules of 5-60 atoms (2,300 edges,
-# H=4, D=16: 2^17.2 values, a raw edge_index) to csr: TransformerConv's fwd+bwd 2.3x slower than here.
+# its index for this call alone) or a call with per-edge key or value terms (csr reads them through a
+# second pattern in the interleaved layout; here they are one more gather). Measured fwd+bwd against
+# csr, 1 thread (the other core busy), random graphs of 16 in-edges, medians of 30 interleaved:
+# E * H * D = 2^15 (H=4, D=16) 1.5x faster on a reused Graph, 2.0x on a new Graph per call; 2^17
+# 0.62x / 1.78x; 2^18 (H=8, D=64) 0.78x / 1.26x; 2^19 0.32x / 0.54x. With edge_key and edge_value
+# (E, H, D), on a reused Graph, H=4, D=16, 2 / 4 / 16 in-edges (medians of 15 interleaved): 2^17 1.12x
+# / 1.63x / 1.72x, 2^18 0.93x / 0.99x / 1.33x. Without them at 2 / 4 / 16 in-edges, 2^17: 0.66x /
+# 0.90x / 0.90x. One bound of 2^17 for both sent a batch of 32 molecules of 5-60 atoms (2,300 edges,
+# H=4, D=16: 2^17.2 values, a raw edge_index) to csr: TransformerConv's fwd+bwd 2.3x slower than here;
+# the 2^16 bound sent the same batch as a `from_pyg` Graph shared by three layers to csr and the
+# factored edge projection: 1.5x slower than "small" on it.
 SMALL_MAX_VALUES = 1 << 16
 SMALL_MAX_VALUES_ONE_CALL = 1 << 18
 
 
-def small_pays(values: int, one_call: bool) -> bool:
+def small_pays(values: int, one_call: bool, edge_kv: bool = False) -> bool:
     """Whether "small" is the faster side for a call gathering `values` (E * H * max(D, Dv)) on a graph
-    seen once (one_call) or reused."""
-    return values <= (SMALL_MAX_VALUES_ONE_CALL if one_call else SMALL_MAX_VALUES)
+    seen once (one_call) or reused, with or without per-edge key or value terms (edge_kv)."""
+    return values <= (SMALL_MAX_VALUES_ONE_CALL if one_call or edge_kv else SMALL_MAX_VALUES)
 
 
 def _dot(a: Tensor, b: Tensor) -> Tensor:

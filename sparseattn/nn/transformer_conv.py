@@ -162,7 +162,7 @@ class TransformerConv(NotScriptable, nn.Module):
         if (
             edge_attr is not None
             and self.lin_edge is not None
-            and factor_edge_projection(num_edges, h, c, self.lin_edge.in_features, not isinstance(edge_index, Graph))
+            and factor_edge_projection(num_edges, h, c, self.lin_edge.in_features)
         ):
             if isinstance(self.lin_query, nn.LazyLinear) or isinstance(self.lin_key, nn.LazyLinear):
                 self.lin_query(x_dst[:0]), self.lin_key(x_src[:0]), self.lin_value(x_src[:0])  # infer the widths

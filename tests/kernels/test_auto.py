@@ -1,5 +1,6 @@
 """The "auto" rule (docs/guide/backends.md): which backend it picks, and that the pick computes the same."""
 
+import dataclasses
 import types
 
 import pytest
@@ -61,10 +62,36 @@ def test_small_is_for_small_graphs_on_cpu_outside_export(monkeypatch):
     assert seen_once.one_call and choose_auto(q, seen_once) == "small"
     more = graphs.Graph.borrowed(graphs.random(once // 8, once // 8, once + 1, seed=0).edge_index, one_call=True)
     assert choose_auto(q, more) != "small"
+    # per-edge key/value terms: the one-call bound on a reused Graph too (csr pays more for them)
+    reused = graphs.random(once // 8, once // 8, once, seed=0)
+    assert choose_auto(q, reused, edge_terms=True) != "small"
+    assert choose_auto(q, reused, edge_terms=True, edge_kv=True) == "small"
+    assert (
+        choose_auto(q, graphs.random(once // 8, once // 8, once + 1, seed=0), edge_terms=True, edge_kv=True) != "small"
+    )
     cuda_q = types.SimpleNamespace(device=torch.device("cuda"), shape=(1, 4, 16))
     assert choose_auto(cuda_q, fits) != "small"
     monkeypatch.setattr(auto, "exporting", lambda: True)
     assert choose_auto(q, fits) == "csr"
+
+
+def test_edge_key_and_value_alone_widen_the_small_bound(monkeypatch):
+    """edge_attention tells auto that a call's edge terms are edge_key / edge_value alone: on a reused
+    Graph between the two bounds such a call runs "small", one with edge_scale (which "small" hands to
+    the reference) or without terms does not."""
+    edges = SMALL_MAX_VALUES_ONE_CALL // 64
+    g = graphs.random(edges // 8, edges // 8, edges, seed=0)
+    q = k = v = torch.randn(edges // 8, 4, 16)
+    e = torch.randn(edges, 4, 16)
+    ran = []
+    for name in ("small", "csr"):
+        real = _BACKENDS[name]
+        recorded = lambda inputs, fn=real.fn, name=name: (ran.append(name), fn(inputs))[1]  # noqa: E731
+        monkeypatch.setitem(_BACKENDS, name, dataclasses.replace(real, fn=recorded))
+    edge_attention(q, k, v, g, edge_key=e, edge_value=e)
+    edge_attention(q, k, v, g, edge_key=e, edge_scale=torch.rand(edges, 4, 16))
+    edge_attention(q, k, v, g)
+    assert ran == ["small", "csr", "csr"]
 
 
 def test_dense_needs_enough_edges_per_block():

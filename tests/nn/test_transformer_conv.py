@@ -91,8 +91,8 @@ def test_matches_pyg_on_every_option(options, bipartite):
 def test_the_factored_edge_projection_matches_pyg(options, bipartite, monkeypatch):
     """The (E, 1, C + edge_dim) shared-row form that `kernels.auto.factor_edge_projection` picks for graphs
     beyond "small"'s size (here forced on the test graph): PyG's values and gradients."""
-    monkeypatch.setattr(sparseattn.kernels.auto, "small_pays", lambda values, one_call: False)
-    assert sparseattn.kernels.auto.factor_edge_projection(E, 3, C, EDGE_DIM, one_call=True)
+    monkeypatch.setattr(sparseattn.kernels.auto, "small_pays", lambda values, one_call, edge_kv=False: False)
+    assert sparseattn.kernels.auto.factor_edge_projection(E, 3, C, EDGE_DIM)
     theirs, ours = make_pair(torch.float64, bipartite, **options)
     x, edge_attr, leaves = make_inputs(torch.float64, bipartite, EDGE_DIM)
     compare(theirs, ours, x, edge_attr, leaves, torch.float64)

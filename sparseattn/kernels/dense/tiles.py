@@ -13,12 +13,12 @@ out (B, H, lq, Dv).
 
 from __future__ import annotations
 
-import math
 from typing import List, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
+from ..contract import gradient_bounds
 from .plan import Bucket, OffEdges
 
 # Each tile's clamp, softmax and products stay in cache. Tiles of 1 MiB of scores measured fastest
@@ -143,13 +143,6 @@ def _clamp_forward(qb, kb, vb, off: OffEdges, scale, clamp, causal, tile_bytes: 
     return out if off.rows is None else out.masked_fill_(~off.rows, 0.0)
 
 
-def _inclusive(clamp: Tuple[float, float], dtype: torch.dtype) -> Tuple[float, float]:
-    """Bounds just outside [lo, hi] in dtype: hardtanh_backward passes the gradient strictly
-    inside its bounds, torch.clamp's backward at lo and hi too."""
-    lo, hi, inf = (torch.tensor(x, dtype=dtype) for x in (clamp[0], clamp[1], math.inf))
-    return torch.nextafter(lo, -inf).item(), torch.nextafter(hi, inf).item()
-
-
 def _clamp_backward(grad_out, qb, kb, vb, off: OffEdges, scale, clamp, causal, tile_bytes: int):
     """Tile by tile, with the weights recomputed: with p = w / sum(w) and dp = grad_out v^T,
     ds = softmax's backward (p * (dp - sum(p * dp))) * [lo <= score <= hi], dq = scale ds k,
@@ -163,7 +156,7 @@ def _clamp_backward(grad_out, qb, kb, vb, off: OffEdges, scale, clamp, causal, t
     if accumulate:
         dk.zero_()
         dv.zero_()
-    lo, hi = _inclusive(clamp, qb.dtype)
+    lo, hi = gradient_bounds(clamp, qb.dtype)
     scratch = _Scratch(qb, tiles, max(d, dv_cols), 4)
     for t in tiles:
         scores, work, p, ds = (scratch.scores(i, t) for i in range(4))

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .. import memory
-from ..contract import AttentionInputs
+from ..contract import AttentionInputs, gradient_bounds
 from ..reference import differentiable_grads
 from . import tiles
 from .plan import Plan, plan
@@ -101,7 +101,7 @@ def _backward(g: Tensor, q: Tensor, k: Tensor, v: Tensor, p: Plan, scale: float,
         g = g.index_fill(0, p.empty_rows, 0.0)
     dq, dk, dv = (memory.zeros(x.shape, x) for x in (q, k, v))  # zeros: see _forward
     bias, boundary_bias = p.biases(q.dtype)
-    bounds = None if clamp is None else tiles.inclusive(clamp, q.dtype)
+    bounds = None if clamp is None else gradient_bounds(clamp, q.dtype)
     chunks = _chunks(p, q.element_size())
     nb = p.boundary.numel()
     scratch = tiles.Scratch(q, max([n for _, n in chunks] + [nb]), t_rows, span, max(d, dv_cols), 4)

@@ -16,7 +16,6 @@ bias (1 or n, T, S).
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Tuple
 
 import torch
@@ -35,13 +34,6 @@ class Scratch:
 
     def result(self, n: int, rows: int, width: int) -> Tensor:
         return self.results[: n * rows * width].view(n, rows, width)
-
-
-def inclusive(clamp: Tuple[float, float], dtype: torch.dtype) -> Tuple[float, float]:
-    """Bounds just outside [lo, hi] in dtype: hardtanh_backward passes the gradient strictly inside
-    its bounds, torch.clamp's backward at lo and hi too."""
-    lo, hi, inf = (torch.tensor(x, dtype=dtype) for x in (clamp[0], clamp[1], math.inf))
-    return torch.nextafter(lo, -inf).item(), torch.nextafter(hi, inf).item()
 
 
 def _probs(q, k, bias, scale, clamp, scratch: Scratch) -> Tuple[Tensor, Tensor]:
@@ -67,7 +59,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor, scale: float, clamp, 
 def backward(g, q, k, v, bias, scale: float, clamp, bounds: Optional[Tuple[float, float]], scratch: Scratch, into):
     """One head's tiles: dq (n, T, D) into into[0] and, per tile, dk (n, S, D) and dv (n, S, Dv),
     passed to into[1] and into[2] (callables that add or copy them into their spans). bounds:
-    `inclusive(clamp)` or None in exact mode. Needs scratch with 4 score buffers."""
+    `contract.gradient_bounds(clamp)` or None in exact mode. Needs scratch with 4 score buffers."""
     n, rows, span = q.shape[0], q.shape[1], k.shape[1]
     scores, p = _probs(q, k, bias, scale, clamp, scratch)
     dp = torch.bmm(g, v.transpose(1, 2), out=scratch.scores(2, n, rows, span))
@@ -81,4 +73,4 @@ def backward(g, q, k, v, bias, scale: float, clamp, bounds: Optional[Tuple[float
     into[1](torch.baddbmm(dk, ds.transpose(1, 2), q, beta=0.0, alpha=scale, out=dk))
 
 
-__all__ = ["Scratch", "forward", "backward", "inclusive"]
+__all__ = ["Scratch", "forward", "backward"]
