@@ -1,6 +1,7 @@
-"""The benchmark pages (docs/benchmarks/) are what benchmarks/pages renders from the stored results
-and the templates, every stored result is on a page and records its commit and command, and every
-results file is named by the convention."""
+"""The benchmark pages (docs/benchmarks/) and mkdocs.yml's benchmark nav are what benchmarks/pages
+renders from the stored results, the registry and the templates, every stored result is on a page and
+records its commit and command, every results file is named by the convention, and a new benchmark is
+its script plus one registry line."""
 
 import json
 import os
@@ -10,8 +11,11 @@ import subprocess
 
 import pytest
 
-from benchmarks import pages
+from benchmarks import harness, pages
 from benchmarks.harness import ROOT, machine_tag
+from benchmarks.pages import registry
+from benchmarks.pages.registry import Bench
+from benchmarks.records import Result
 
 RESULTS = pages.RESULTS
 
@@ -41,7 +45,10 @@ def test_every_result_is_on_a_page():
 def test_results_follow_the_naming_convention():
     for name in sorted(os.listdir(RESULTS)):
         parsed = pages.parse_name(name)
-        assert parsed is not None, f"{name}: not <bench>_<machine>[_<variant>].{{json,png,log}}"
+        assert parsed is not None, (
+            f"{name}: not bench_<name>_<machine>[_<variant>].{{json,png,log}} of a benchmark in"
+            " benchmarks/pages/registry.py, nor a probe's log"
+        )
         assert parsed["ext"] == "log" or parsed["bench"].startswith("bench_"), f"{name}: a probe keeps a log only"
         history = {"rerun", "earlier", "old", "new", "current", "targeted", "recheck", "final", "final2", "run"}
         words = set(parsed["variant"].split("-")) | set(parsed["machine"].split("-"))
@@ -166,3 +173,85 @@ def test_layer_rows_pair_every_sparseattn_form_with_pygs():
     assert table["TransformerConv"][-2] == "0.60x"  # compiled PyG (3 ms) over 5 ms
     assert table["TransformerConv (edge_index) compiled"][4:8] == ["6.00", "4", "3.00", "4"]
     assert table["TransformerConv (edge_index) compiled"][-2] == "1.50x"
+
+
+def test_the_nav_lists_the_registered_pages():
+    with open(pages.MKDOCS) as f:
+        config = f.read()
+    for line in pages.nav_entries():
+        assert f"      {line}\n" in config, f"mkdocs.yml: nav line `{line}` missing: run `python -m benchmarks.pages`"
+    assert pages.with_nav(config) == config, "mkdocs.yml: benchmark nav out of order: run `python -m benchmarks.pages`"
+
+
+def test_registry_lines_are_checked(monkeypatch):
+    with pytest.raises(ValueError, match="lowercase"):
+        Bench("Foo-bar", "Foo")
+    monkeypatch.setattr(registry, "BENCHES", (*registry.BENCHES, Bench("layers", "Layers again")))
+    with pytest.raises(ValueError, match="registered twice"):
+        pages.generate()
+
+
+def test_a_new_benchmark_is_its_script_and_one_registry_line(tmp_path, monkeypatch, capsys):
+    """bench_foo's run, written through the harness as a script writes it, and one registry line
+    make its page (the run's header, its rows as a table, its other stored table and its plot), its
+    index line and its nav entry: no template, renderer or other file."""
+    results, docs, mkdocs = tmp_path / "results", tmp_path / "docs", tmp_path / "mkdocs.yml"
+    mkdocs.write_text(open(pages.MKDOCS).read())
+    monkeypatch.setattr(pages, "RESULTS", str(results))
+    monkeypatch.setattr(pages, "DOCS", str(docs))
+    monkeypatch.setattr(pages, "MKDOCS", str(mkdocs))
+    monkeypatch.setattr(registry, "BENCHES", (*registry.BENCHES, Bench("foo", "Foo")))
+    assert not os.path.exists(os.path.join(pages.TEMPLATES, "foo.md"))
+
+    out = harness.Output("benchmarks.bench_foo", ["--quick"], str(results), _info())
+    rows = [
+        Result("windows", 17000, "csr", "fwd", ms=1.234, times_ms=[1.2, 1.234, 1.3, 1.25, 1.22], peak_extra_mib=12.5),
+        Result("windows", 17000, "dense", "fwd", note="out of memory"),
+    ]
+    out.log("a line of the log")
+    out.save({"reps": 5, "families": ["windows"] * 9}, rows, summary={"csr": {"speedup": 3.25, "note": ""}})
+    with open(out.png, "wb") as f:
+        f.write(b"\x89PNG not really")
+    out.close()  # prints the page's section: the tables the renderer will show
+    table = "| windows | 17,000 | csr | fwd | 1.23 | 12.5 |  |\n"
+    table += "| windows | 17,000 | dense | fwd | – | – | out of memory |"
+    assert table in capsys.readouterr().out
+
+    assert pages.main([]) == 0
+    stem = f"bench_foo_{machine_tag(_info())}"
+    page = (docs / "foo.md").read_text()
+    assert page.startswith("# Foo\n\n## AMD EPYC (AVX512), 1 thread, no GPU\n")
+    assert re.search(r"\n- Command: `([A-Z_]+=\S+ )*python -m benchmarks\.bench_foo --quick`\n", page)
+    assert re.search(r"\n- Measured: 2026-11-24 09:00 UTC, commit .+, load average [0-9.-]+\n", page)
+    assert f"\n- Files: `{pages.RESULTS_REL}/{stem}.json`, `.log`, `.png`\n" in page
+    assert "Settings: `reps=5`." in page  # a long list stays out, as the times per rep do
+    assert "| `family` | `edges` | `contender` | `mode` | `ms` | `peak_extra_mib` | `note` |" in page
+    assert "| --- | ---: | --- | --- | ---: | ---: | --- |\n" + table in page
+    assert "`summary`:\n\n|  | `speedup` |\n| --- | ---: |\n| `csr` | 3.25 |" in page
+    assert f"![{stem}](img/{stem}.png)" in page and (docs / "img" / f"{stem}.png").read_bytes() == b"\x89PNG not really"
+    index = (docs / "index.md").read_text()
+    assert "- [Foo](foo.md), AMD EPYC (AVX512), 1 thread, no GPU, 2026-11-24: see the page\n" in index
+    assert "- [Kernels: edge attention per graph family](kernels.md): no stored run yet" in index
+    nav = "\n      - Several processes: benchmarks/distributed.md\n      - Foo: benchmarks/foo.md\n"
+    assert nav + "      # benchmark pages: end\n" in mkdocs.read_text()
+    assert pages.main(["--check"]) == 0
+
+
+def test_a_registry_line_may_name_its_tables_and_headline(tmp_path, monkeypatch, capsys):
+    """A line's `tables` and `headline` replace the default ones; a stale nav fails --check, naming the line."""
+    info = _info()
+    stem = f"bench_foo_bar_{machine_tag(info)}_small"
+    with open(tmp_path / f"{stem}.json", "w") as f:
+        json.dump({"commit": "c" * 40, "command": "python -m benchmarks.bench_foo_bar", "machine": info}, f)
+    line = Bench("foo_bar", "Foo: bar", lambda run: [f"{run.variant} tables"], lambda group: "2x faster")
+    monkeypatch.setattr(registry, "BENCHES", (line, *registry.BENCHES))
+    made, stems = pages.generate(str(tmp_path))
+    assert stems == [stem] and pages.parse_name(stem + ".json")["bench"] == "bench_foo_bar"
+    page = made["foo_bar.md"].decode()
+    assert page.startswith("# Foo: bar\n") and "### Variant `small`" in page and "\nsmall tables\n" in page
+    assert "](foo_bar.md), AMD EPYC (AVX512), 1 thread, no GPU, 2026-11-24: 2x faster" in made["index.md"].decode()
+    monkeypatch.setattr(pages, "MKDOCS", str(tmp_path / "mkdocs.yml"))
+    with open(pages.MKDOCS, "w") as f:
+        f.write(open(os.path.join(ROOT, "mkdocs.yml")).read())
+    assert pages.main(["--check"]) == 1
+    assert 'missing `- "Foo: bar": benchmarks/foo_bar.md`' in capsys.readouterr().out

@@ -3,6 +3,7 @@ each run's header (its about text, command, machine, versions, date, commit, loa
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -10,21 +11,24 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-from ..records import RESULTS
-
 RESULTS_REL = "benchmarks/results"
-BENCHES = ("kernels", "layers", "train", "compile", "dgl", "triton_gpu", "distributed")
 MACHINE_RE = r"[a-z0-9]+(?:-[a-z0-9]+)*-\d+(?:-\d+)?t-[a-z0-9]+(?:-[a-z0-9]+)*"
-NAME_RE = re.compile(
-    rf"^(?P<bench>bench_(?:{'|'.join(BENCHES)})|probe_[a-z0-9]+(?:_[a-z0-9]+)*?)_(?P<machine>{MACHINE_RE})"
-    r"(?:_(?P<variant>[a-z0-9]+(?:-[a-z0-9]+)*))?\.(?P<ext>json|png|log)$"
-)
 DASH = "–"
 
 
-def parse_name(filename: str) -> Optional[Dict[str, str]]:
-    """bench, machine, variant ("" for the default run) and ext of a results file, or None."""
-    m = NAME_RE.match(filename)
+@functools.lru_cache(maxsize=None)
+def name_re(benches: Tuple[str, ...]) -> "re.Pattern[str]":
+    """`bench_<one of benches>_<machine>[_<variant>].{json,png,log}` or a probe's `probe_<name>_<machine>...`."""
+    return re.compile(
+        rf"^(?P<bench>bench_(?:{'|'.join(map(re.escape, benches))})|probe_[a-z0-9]+(?:_[a-z0-9]+)*?)"
+        rf"_(?P<machine>{MACHINE_RE})(?:_(?P<variant>[a-z0-9]+(?:-[a-z0-9]+)*))?\.(?P<ext>json|png|log)$"
+    )
+
+
+def parse_name(filename: str, benches: Sequence[str]) -> Optional[Dict[str, str]]:
+    """bench, machine, variant ("" for the default run) and ext of a results file of one of `benches`
+    (the registry's names), or None."""
+    m = name_re(tuple(benches)).match(filename)
     return None if m is None else dict(m.groupdict(), variant=m["variant"] or "")
 
 
@@ -48,11 +52,12 @@ class Run:
         self.page = "compile" if self.bench == "train" and self.config.get("compile") else self.bench
 
 
-def load_runs(results: str = RESULTS) -> List[Run]:
+def load_runs(results: str, benches: Sequence[str]) -> List[Run]:
+    """The runs of `benches` stored in `results`, by file name."""
     names = set(os.listdir(results))
     runs = []
     for name in sorted(names):
-        parsed = parse_name(name)
+        parsed = parse_name(name, benches)
         if parsed is None or parsed["ext"] != "json" or not parsed["bench"].startswith("bench_"):
             continue
         stem = name[: -len(".json")]
