@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Optional, Tuple, Union
 
@@ -11,14 +10,12 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.hooks import RemovableHandle
 
-from ._checks import check_clamp, check_dropout, check_eps, check_graph_tensor, check_node_ids
-from .functional import GraphLike, as_graph, edge_attention
-from .graphs import Graph
-from .graphs.kinds import graph_kind
+from . import _mha_state
+from ._call_graph import attention_over, check_rows, kept_edges, select_destinations
+from ._checks import check_clamp, check_dropout, check_eps
+from .functional import GraphLike
 from .kernels import backend_names
 from .kv import KeyValue, KVStore
-
-Attend = Callable[..., Union[Tensor, Tuple[Tensor, Tensor]]]  # edge_attention, or a graph kind's
 
 
 class EdgeAttention(nn.Module):
@@ -166,14 +163,14 @@ class EdgeAttention(nn.Module):
 
     def project_q(self, x_dst: Tensor) -> Tensor:
         """Queries: (N, embed_dim) -> (N, H, D)."""
-        _check_rows("x_dst", x_dst, self.embed_dim, "embed_dim", "N_dst")
+        check_rows("x_dst", x_dst, self.embed_dim, "embed_dim", "N_dst")
         return F.linear(x_dst, *self._weights(0)).reshape(-1, self.num_heads, self.head_dim)
 
     def project_kv(self, x_src: Tensor, x_value: Optional[Tensor] = None) -> KeyValue:
         """Keys and values: x_src (N_src, kdim) and x_value (N_src, vdim), default x_src, -> two
         (N_src, H_kv, D) (H_kv = num_kv_heads). Project a fixed source set once (an encoder's
         memory) and pass the result as `kv=` to every later call."""
-        _check_rows("x_src", x_src, self.kdim, "kdim", "N_src")
+        check_rows("x_src", x_src, self.kdim, "kdim", "N_src")
         if x_value is None:
             if self.kdim != self.vdim:
                 raise ValueError(
@@ -181,7 +178,7 @@ class EdgeAttention(nn.Module):
                     "cannot be projected from x_src"
                 )
             x_value = x_src
-        _check_rows("x_value", x_value, self.vdim, "vdim", "N_src", num_rows=x_src.shape[0])
+        check_rows("x_value", x_value, self.vdim, "vdim", "N_src", num_rows=x_src.shape[0])
         h, d = self.num_kv_heads, self.head_dim
         return KeyValue(
             F.linear(x_src, *self._weights(1)).reshape(-1, h, d), F.linear(x_value, *self._weights(2)).reshape(-1, h, d)
@@ -235,15 +232,15 @@ class EdgeAttention(nn.Module):
         (E', H) weights of the edges attended along (E' = E, or the edges into `dst_rows`, in the
         order of `graph.dst_subgraph`). Registered weight hooks see the same weights.
         """
-        _check_rows("x_dst", x_dst, self.embed_dim, "embed_dim", "N_dst")
-        attend, target, graph = _attention_over(graph, cache=cache, dst_rows=dst_rows)
+        check_rows("x_dst", x_dst, self.embed_dim, "embed_dim", "N_dst")
+        attend, target, graph = attention_over(graph, cache=cache, dst_rows=dst_rows)
         per_edge = [edge_bias, *(self._split_heads(t) for t in (edge_key, edge_value, edge_scale))]
         q, kv = self._project(x_dst, x_src, x_value, kv, packed=cache is None and dst_rows is None)
         if cache is not None:
             kv = cache.update(kv, dst_rows)
         if dst_rows is not None:
-            graph, q, kept = _select_destinations(graph, q, kv.k.shape[0], dst_rows)
-            target, per_edge = graph, [_kept_edges(t, kept) for t in per_edge]
+            graph, q, kept = select_destinations(graph, q, kv.k.shape[0], dst_rows)
+            target, per_edge = graph, [kept_edges(t, kept) for t in per_edge]
         result = attend(
             q,
             kv.k,
@@ -307,44 +304,16 @@ class EdgeAttention(nn.Module):
         Raises ValueError for add_zero_attn=True or bias_k/bias_v (add_bias_kv=True): each adds a key
         row (zeros, or learned) that every query attends to, which has no node along graph edges.
         """
-        if not isinstance(mha, nn.MultiheadAttention):
-            raise TypeError(f"mha must be an nn.MultiheadAttention, got {type(mha).__name__}")
-        no_node = "every query attends to, and sparseattn attends only along graph edges (no extra key row)"
-        if mha.add_zero_attn:
-            raise ValueError(f"mha.add_zero_attn is True: it appends a zero key/value row {no_node}")
-        if mha.bias_k is not None or mha.bias_v is not None:
-            raise ValueError(f"mha.bias_k/bias_v exist (add_bias_kv=True): a learned key/value row {no_node}")
-        weight = mha.out_proj.weight
-        attn = cls(
-            mha.embed_dim,
-            mha.num_heads,
-            bias=mha.in_proj_bias is not None,
-            dropout=mha.dropout,
-            clamp=None,
-            backend=backend,
-            kdim=mha.kdim,
-            vdim=mha.vdim,
-        ).to(device=weight.device, dtype=weight.dtype)
-        attn.load_state_dict(mha.state_dict())
-        return attn.train(mha.training)
+        return _mha_state.from_multihead_attention(cls, mha, backend)
 
     def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
         """The parameters, as nn.MultiheadAttention saves them, and the clamp in the metadata."""
         super()._save_to_state_dict(destination, prefix, keep_vars)
-        metadata = getattr(destination, "_metadata", None)
-        if metadata is not None and prefix[:-1] in metadata:
-            metadata[prefix[:-1]][_CLAMP_RECORD] = self.clamp
+        _mha_state.record_clamp(destination, prefix, self.clamp)
 
     def _load_from_state_dict(self, state_dict: Any, prefix: str, local_metadata: dict, *args: Any) -> None:
         """Refuse MHA's bias_k/bias_v; warn where the clamp would change results (class docstring)."""
-        for name in ("bias_k", "bias_v"):
-            if prefix + name in state_dict:
-                raise ValueError(
-                    f"state dict key {prefix + name!r} comes from an nn.MultiheadAttention with add_bias_kv=True: "
-                    "its learned key/value row has no counterpart in EdgeAttention, which attends only along edges"
-                )
-        if prefix + "in_proj_weight" in state_dict or prefix + "q_proj_weight" in state_dict:
-            _warn_if_clamp_changes(self.clamp, local_metadata)
+        _mha_state.check_loading(state_dict, prefix, local_metadata, self.clamp)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)
 
     def register_weights_hook(self, hook: Callable[["EdgeAttention", GraphLike, Tensor], None]) -> RemovableHandle:
@@ -364,88 +333,3 @@ class EdgeAttention(nn.Module):
             + (f", num_kv_heads={self.num_kv_heads}" if self.num_kv_heads != self.num_heads else "")
             + (f", eps={self.eps}" if self.eps else "")
         )
-
-
-_CLAMP_RECORD = "sparseattn_clamp"  # the key EdgeAttention adds to its state-dict metadata
-
-
-def _warn_if_clamp_changes(clamp: Optional[Tuple[float, float]], metadata: dict) -> None:
-    """Warn when weights loaded into a module with `clamp` were saved under another clamp, or come
-    with a module's metadata but no record of a clamp while this module is in clamp mode (a plain
-    dict has no metadata: nothing is known). One text per case: shown once, not per layer."""
-    if _CLAMP_RECORD not in metadata:
-        if clamp is not None and "version" in metadata:  # metadata of a module other than EdgeAttention
-            warnings.warn(
-                "EdgeAttention.load_state_dict: these weights carry no record of an EdgeAttention's clamp (they "
-                "come from nn.MultiheadAttention, or from sparseattn before it kept the record); with this "
-                f"module's clamp={clamp} its outputs differ from nn.MultiheadAttention's wherever a scaled score "
-                "leaves the clamp: use clamp=None or EdgeAttention.from_multihead_attention",
-                stacklevel=3,
-            )
-        return
-    saved = metadata[_CLAMP_RECORD]
-    saved = tuple(saved) if isinstance(saved, (list, tuple)) else saved
-    if saved != clamp:
-        warnings.warn(
-            f"EdgeAttention.load_state_dict: weights saved with clamp={saved} load into a module with "
-            f"clamp={clamp}; outputs change wherever a scaled score lies outside either clamp",
-            stacklevel=3,
-        )
-
-
-def _check_rows(name: str, x: object, width: int, width_name: str, rows: str, num_rows: Optional[int] = None) -> None:
-    if (
-        not isinstance(x, Tensor)
-        or x.dim() != 2
-        or x.shape[1] != width
-        or (num_rows is not None and x.shape[0] != num_rows)
-    ):
-        rows = rows if num_rows is None else f"{rows}={num_rows}"
-        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"{name} must have shape ({rows}, {width_name}={width}), got {shape}")
-
-
-def _attention_over(graph: object, cache: Optional[KVStore], dst_rows: Optional[Tensor]) -> Tuple[Attend, Any, Any]:
-    """(attend, target, graph) for `forward`'s graph argument: `attend(q, k, v, target, **kwargs)`
-    computes the call and `graph` is what per-edge inputs and weights follow (hooks get it). A Graph
-    or (2, E) tensor is its own target, attended by `edge_attention`; an object of a kind registered
-    in `graphs.kinds` (a distributed Shard) attends over itself along its local graph."""
-    kind = graph_kind(graph)
-    if kind is None:  # a torch_geometric.EdgeIndex becomes its plain tensor
-        plain = graph if isinstance(graph, Graph) else check_graph_tensor(graph)
-        return edge_attention, plain, plain
-    for name, value in (("cache", cache), ("dst_rows", dst_rows)):
-        if value is not None:
-            raise ValueError(f"{name}= does not apply to attention on {kind.name} (graph is a {type(graph).__name__})")
-    return kind.attend, graph, kind.graph(graph)
-
-
-def _kept_edges(t: Optional[Tensor], kept: Tensor) -> Optional[Tensor]:
-    """A per-edge input with a row per edge of the graph: the rows of the `kept` (E,) edges; one
-    with a row per kept edge already (or a broadcast one) as it is."""
-    return t[kept] if isinstance(t, Tensor) and t.dim() and t.shape[0] == kept.shape[0] else t
-
-
-def _select_destinations(graph: GraphLike, q: Tensor, num_src: int, dst_rows: Tensor) -> Tuple[Graph, Tensor, Tensor]:
-    """The subgraph of edges into `dst_rows`, queries placed at those rows (zeros elsewhere) and
-    the (E,) bool mask of the kept edges. q: (R, H, D) -> (N_dst, H, D)."""
-    if not isinstance(dst_rows, Tensor) or dst_rows.dim() != 1 or dst_rows.dtype != torch.long:
-        raise TypeError("dst_rows must be a 1-D int64 tensor of destination ids")
-    if dst_rows.shape[0] != q.shape[0]:
-        raise ValueError(f"dst_rows has {dst_rows.shape[0]} ids but x_dst has {q.shape[0]} rows")
-    if isinstance(graph, Graph):
-        g = graph
-    else:  # a raw index does not say how many destinations there are: as many as it or dst_rows names
-        named = [int(t.max()) + 1 for t in (graph[1], dst_rows) if t.numel()]
-        g = as_graph(graph, num_src=num_src, num_dst=max(named, default=0))
-    check_node_ids(dst_rows, g.num_dst, "dst_rows")  # a negative id would index from the end
-    active = torch.zeros(g.num_dst, dtype=torch.bool, device=q.device)
-    active[dst_rows] = True
-    if dst_rows.numel() and int(active.sum()) != dst_rows.numel():
-        raise ValueError(
-            "dst_rows must not repeat a destination: the rows of x_dst given for one destination would "
-            "be written over each other"
-        )
-    q_all = q.new_zeros(g.num_dst, *q.shape[1:]).index_copy(0, dst_rows, q)
-    kept = active[g.dst]  # (E,) the edges into dst_rows
-    return g.edge_subgraph(kept), q_all, kept
