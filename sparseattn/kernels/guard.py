@@ -9,7 +9,10 @@ the sparse backend (csr), which touches the edges only, and so is a gradient of 
 that does (an identity node in front of the tiles replaces it in the backward). A finite result of
 the tiles is the edges' own result, since a finite value times a zero weight adds exactly 0. The
 checks are sums (`all_finite`): one pass over the output forward, one over the gradients backward,
-one host read each.
+one host read each. A tile backend that has shown its inputs finite in its forward (dense's causal
+blocks, whose clamp test reads the norms of q and k) says so with `claim_finite_inputs`; the
+backward then reads the incoming gradient instead of the three gradients it produces (why that is
+enough: `claim_finite_inputs`).
 
 The contract this restores, which every backend keeps (tests/kernels/test_non_finite.py):
 - out[t] has a non-finite element exactly where the reference's has one (returned weights too);
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
@@ -49,6 +53,35 @@ def all_finite(tensors: Sequence[Optional[Tensor]]) -> bool:
     return total is None or math.isfinite(total.item())
 
 
+class _Claims(threading.local):
+    """Whether the tile backend running in a checked call on this thread has claimed finite inputs."""
+
+    made = False
+
+
+_claims = _Claims()
+
+
+def claim_finite_inputs() -> None:
+    """Called by a tile backend during a checked call (guarded by `checked`) whose forward has shown
+    q and k finite in every row its tiles read, and every v row read by an edge of positive weight;
+    bias None. Then a finite output shows v finite too, so each non-edge pair of a tile holds a
+    finite value times a zero weight, and so does its backward under a finite incoming gradient:
+    the tiles' gradients are the edges' own, and the backward checks the incoming gradient (one
+    read) instead of dq, dk and dv (three). Outside a checked call it has no effect."""
+    _claims.made = True
+
+
+def _tiles_claiming(tiles: BackendFn, inputs: AttentionInputs) -> Tuple[Tuple[Tensor, Optional[Tensor]], bool]:
+    """tiles(inputs), and whether the call claimed finite inputs (`claim_finite_inputs`)."""
+    _claims.made = False
+    try:
+        results = tiles(inputs)
+        return results, _claims.made
+    finally:
+        _claims.made = False
+
+
 def _with(inputs: AttentionInputs, tensors: Dict[str, Any]) -> AttentionInputs:
     """inputs with some of q, k, v and bias replaced (by None too: what a `_Call` keeps of a call)."""
     return inputs._replace(**tensors)
@@ -63,6 +96,7 @@ class _Call:
         self.inputs = _with(inputs, dict.fromkeys(GRADIENT_INPUTS))  # the tensors are saved by `_Entry`
         self.sparse = sparse
         self.incoming: list = [None, None]
+        self.finite_inputs = False  # the tiles claimed finite inputs (`claim_finite_inputs`)
 
     def arrived(self, i: int, grad: Tensor) -> None:
         """The hook of output i (0: out, 1: weights): its incoming gradient in this backward pass."""
@@ -100,7 +134,9 @@ class _Entry(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         call, needs = ctx.call, ctx.needs_input_grad[1:]
-        if not all_finite(grads):
+        if call.finite_inputs and all_finite(call.incoming):
+            pass  # the tiles' gradients are the edges' own (`claim_finite_inputs`)
+        elif not all_finite(grads):
             bad = [need and not all_finite([g]) for g, need in zip(grads, needs)]
             sparse = call.sparse_gradients(ctx.saved_tensors, bad)
             grads = tuple(s if b else g for g, s, b in zip(grads, sparse, bad))
@@ -113,7 +149,7 @@ def _checked_with_gradients(inputs: AttentionInputs, tiles: BackendFn, sparse: B
     when out is finite; else the sparse backend's."""
     call = _Call(inputs, sparse)
     entered = _Entry.apply(call, *(getattr(inputs, n) for n in GRADIENT_INPUTS))
-    results = tiles(_with(inputs, dict(zip(GRADIENT_INPUTS, entered))))
+    results, call.finite_inputs = _tiles_claiming(tiles, _with(inputs, dict(zip(GRADIENT_INPUTS, entered))))
     if not all_finite([results[0]]):
         return sparse(inputs)
     for i, result in enumerate(results):
@@ -152,4 +188,4 @@ def checked(
     return run
 
 
-__all__ = ["all_finite", "checked"]
+__all__ = ["all_finite", "checked", "claim_finite_inputs"]

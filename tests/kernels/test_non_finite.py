@@ -247,6 +247,39 @@ def test_tiles_with_finite_inputs_stay_on_the_tiles(monkeypatch):
     assert torch.isfinite(out).all() and calls == [True]  # the tiles' gradients were not finite: csr's
 
 
+@pytest.mark.parametrize("backend", ["dense", "auto"])
+def test_blocks_that_show_their_inputs_finite_check_the_incoming_gradient_only(monkeypatch, backend):
+    """Causal blocks whose clamp cannot bind run on SDPA, and the clamp test's norms show q and k
+    finite (guard.claim_finite_inputs): the backward reads the incoming gradient (one tensor) instead
+    of dq, dk and dv. Where the clamp can bind, or a value is bad, it checks all three, and the
+    contract holds with a bad value in q, k, v or the incoming gradient, in either mode."""
+    from sparseattn.kernels import guard
+
+    reads = []
+    all_finite = guard.all_finite
+    monkeypatch.setattr(guard, "all_finite", lambda ts: reads.append(sum(t is not None for t in ts)) or all_finite(ts))
+    g = FAMILIES["causal"][0]()
+    inputs, grad_out = make_inputs(g)
+    small = {n: 0.3 * t for n, t in inputs.items()}  # |scale * q . k| < 5 on every pair
+    clamp = CLAMPS["clamp"]
+    attend(backend, g, small, grad_out, clamp)
+    assert reads == [1, 1]  # out in the forward, the incoming gradient in the backward
+    reads.clear()
+    attend(backend, g, {n: 3 * t for n, t in inputs.items()}, grad_out, clamp)  # the clamp binds: tiles
+    assert reads == [1, 3]
+    _, _, inside, _ = FAMILIES["causal"]
+    for place in ("q", "k", "v", "grad_out"):
+        for spoil_name in SPOILS:
+            bad = {n: t.clone() for n, t in small.items()}
+            bad_grad = grad_out.clone()
+            spoil(bad_grad if place == "grad_out" else bad[place], inside, *SPOILS[spoil_name])
+            for mode in CLAMPS.values():
+                try:
+                    check_contract(g, bad, bad_grad, mode, backend)
+                except AssertionError as e:
+                    raise AssertionError(f"{spoil_name} in {place}[{inside}]: {e}") from e
+
+
 def test_dense_checks_only_buckets_with_pairs_that_are_not_edges():
     """Complete and bipartite blocks are all edges (their padding zeros): dense runs them unchecked,
     and the contract holds there anyway (the families above); causal and no-self blocks are checked."""

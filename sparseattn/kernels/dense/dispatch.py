@@ -24,6 +24,7 @@ from torch import Tensor
 
 from ..._tracing import tracing
 from ..contract import AttentionInputs
+from ..guard import claim_finite_inputs
 from ..reference import accumulation_dtype
 from .plan import Bucket, plan
 from .tiles import CLAMP_TILE_BYTES, DenseClampAttention, clamp_forward_differentiable
@@ -120,11 +121,14 @@ def _sdpa(qb: Tensor, kb: Tensor, vb: Tensor, bk: Bucket, scale: float) -> Tenso
 
 def _plain_clamp(
     qb: Tensor, kb: Tensor, vb: Tensor, bk: Bucket, scale: float, clamp: Tuple[float, float], tile_bytes: int
-) -> Tensor:
+) -> Tuple[Tensor, bool]:
     """Clamp mode without bias, dropout or returned weights on one bucket (inputs in the caller's
-    dtype) -> (B, H, lq, Dv). Traced code: `clamp_forward_differentiable` for every row. Eager: the
-    fused kernel where it runs; DenseClampAttention's tiles on other shapes; on SDPA shapes, exact
-    softmax (SDPA) for the rows the clamp provably cannot reach and the tiles for the others."""
+    dtype) -> (B, H, lq, Dv), and whether q and k were shown finite. Traced code:
+    `clamp_forward_differentiable` for every row. Eager: the fused kernel where it runs;
+    DenseClampAttention's tiles on other shapes; on SDPA shapes, exact softmax (SDPA) for the rows
+    the clamp provably cannot reach and the tiles for the others. All rows on SDPA shows q and k
+    finite (`_clamp_cannot_bind` is False on NaN and inf), and every weight at least
+    exp(-2 * limit) / lk: each key is read with a positive weight (by itself when causal)."""
     causal = bk.kind == "causal"
     acc = accumulation_dtype(qb.dtype)
     if tracing():
@@ -133,18 +137,20 @@ def _plain_clamp(
         # graph too (its backward reads the clamp bounds with .item()) and torch 2.11 compiled it to
         # zero gradients (H100 run, tests/kernels/test_compile.py).
         qa, ka, va = (t.to(acc) for t in (qb, kb, vb))
-        return clamp_forward_differentiable(qa, ka, va, bk.mask, scale, clamp)
+        return clamp_forward_differentiable(qa, ka, va, bk.mask, scale, clamp), False
     fused = _fused_clamp_kernel(qb, kb, vb) if bk.sdpa_shape else None
     if fused is not None:
-        return fused(qb, kb, vb, scale=scale, clamp=clamp, causal=causal)
+        return fused(qb, kb, vb, scale=scale, clamp=clamp, causal=causal), False
     qa, ka, va = (t.to(acc) for t in (qb, kb, vb))
     if not bk.sdpa_shape:
-        return DenseClampAttention.apply(qa, ka, va, bk, scale, clamp, tile_bytes)
+        return DenseClampAttention.apply(qa, ka, va, bk, scale, clamp, tile_bytes), False
     exact = _clamp_cannot_bind(qa, ka, scale, clamp, causal)  # (B, H, lq, 1)
     if bool(exact.all()):
-        return _sdpa(qb, kb, vb, bk, scale)
+        return _sdpa(qb, kb, vb, bk, scale), True
     out = DenseClampAttention.apply(qa, ka, va, bk, scale, clamp, tile_bytes)
-    return torch.where(exact, _sdpa(qb, kb, vb, bk, scale).to(out.dtype), out) if bool(exact.any()) else out
+    if bool(exact.any()):
+        out = torch.where(exact, _sdpa(qb, kb, vb, bk, scale).to(out.dtype), out)
+    return out, False
 
 
 def _materialized(
@@ -184,20 +190,21 @@ def _materialized(
 def _bucket_attention(q, k, v, bk: Bucket, gathered, scale, clamp, bias, dropout_mask, return_weights, tile_bytes):
     """One bucket, q/k/v in the caller's dtype, `gathered` its rows of them or Nones (`_pad`);
     bias/dropout_mask in the accumulation dtype; tile_bytes: the clamp tiles' budget. Returns out
-    (B * lq, H, Dv) in q's dtype and normalized weights (B, H, lq, lk) or None."""
+    (B * lq, H, Dv) in q's dtype, normalized weights (B, H, lq, lk) or None, and whether the
+    bucket's inputs were shown finite (`_plain_clamp`)."""
     qb = _pad(q, bk.qrows, bk.qpos, bk.q0, bk.b, bk.lq, gathered[0])  # (B, H, lq, D)
     kb = _pad(k, bk.krows, bk.kpos, bk.k0, bk.b, bk.lk, gathered[1])  # (B, H, lk, D)
     vb = _pad(v, bk.krows, bk.kpos, bk.k0, bk.b, bk.lk, gathered[2])  # (B, H, lk, Dv)
     plain = bias is None and dropout_mask is None and not return_weights
-    weights = None
+    weights, finite = None, False
     if plain and clamp is None and bk.sdpa_shape:
         out = _sdpa(qb, kb, vb, bk, scale)
     elif plain and clamp is not None:
-        out = _plain_clamp(qb, kb, vb, bk, scale, clamp, tile_bytes)
+        out, finite = _plain_clamp(qb, kb, vb, bk, scale, clamp, tile_bytes)
     else:
         out, weights = _materialized(qb, kb, vb, bk, scale, clamp, bias, dropout_mask, return_weights)
     out = out.transpose(1, 2).reshape(bk.b * bk.lq, out.shape[1], out.shape[3])  # (B * lq, H, Dv)
-    return out.to(q.dtype), weights
+    return out.to(q.dtype), weights, finite
 
 
 def dense_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
@@ -216,8 +223,12 @@ def dense_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     krows = [bk.krows if once and not _all_rows(k, bk.k0, bk.b, bk.lk) else None for bk in p.buckets]
     gathered = zip(_gather_once(q, qrows), _gather_once(k, krows), _gather_once(v, krows))
     tile_bytes = inputs.options.dense_tile_bytes or CLAMP_TILE_BYTES
+    finite = bool(p.buckets)  # every bucket showed its inputs finite
     for bk, rows_of in zip(p.buckets, gathered):
-        out, w = _bucket_attention(q, k, v, bk, rows_of, scale, clamp, bias, dropout_mask, return_weights, tile_bytes)
+        out, w, shown = _bucket_attention(
+            q, k, v, bk, rows_of, scale, clamp, bias, dropout_mask, return_weights, tile_bytes
+        )
+        finite = finite and shown
         rows.append(bk.qrows)
         outs.append(out if bk.q0 >= 0 else out[bk.qpos])
         if return_weights:
@@ -230,6 +241,8 @@ def dense_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
         result = q.new_zeros(graph.num_dst, heads, v.shape[2]) + linked
         if outs:
             result = result.index_put((torch.cat(rows),), torch.cat(outs))
+    if finite:
+        claim_finite_inputs()
     weights = None
     if return_weights:
         weights = q.new_zeros(graph.num_edges, heads, dtype=acc)
