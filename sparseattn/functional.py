@@ -30,7 +30,7 @@ from .graphs.exported import check_node_counts
 from .graphs.order import locality_view
 from .kernels import AttentionInputs, get_backend, reference_backend
 from .kernels.auto import choose_order
-from .kernels.contract import EDGE_TERMS
+from .kernels.contract import EDGE_TERMS, extras_given
 from .kernels.options import OptionsLike, as_kernel_options
 from .kernels.permute import permute_rows
 
@@ -153,7 +153,7 @@ def edge_attention(
         keep = torch.rand(g.num_edges, num_heads, device=q.device) >= dropout_p
         dropout_mask = keep.to(q.dtype) / (1.0 - dropout_p)
     chosen = get_backend(
-        backend, q, g, edge_terms=_has_edge_terms(terms, eps), value_dim=v.shape[2], edge_kv=_only_key_value(terms, eps)
+        backend, q, g, edge_terms=extras_given(terms, eps), value_dim=v.shape[2], edge_kv=_only_key_value(terms, eps)
     )
     if g.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):
         chosen = reference_backend()  # the definition gives zeros (or empty tensors); kernels reject empty shapes
@@ -200,14 +200,10 @@ def _in_locality_order(q, k, v, g: Graph, options, *, return_weights: bool, **kw
     return permute_rows(result, rank, order)
 
 
-def _has_edge_terms(terms: Dict[str, Optional[Tensor]], eps: float) -> bool:
-    return eps > 0 or any(t is not None for t in terms.values())
-
-
 def _only_key_value(terms: Dict[str, Optional[Tensor]], eps: float) -> bool:
     """The call's edge terms are edge_key and/or edge_value alone ("small" runs those itself)."""
-    has_kv = terms["edge_key"] is not None or terms["edge_value"] is not None
-    return has_kv and eps == 0 and terms["edge_scale"] is None
+    given = extras_given(terms, eps)
+    return bool(given) and given <= {"edge_key", "edge_value"}
 
 
 def _checked_arguments(
@@ -262,7 +258,7 @@ def check_arguments(q: Tensor, k: Tensor, v: Tensor, graph: GraphLike, **kwargs)
     as_kernel_options(given["kernel_options"])
     backend = given["backend"]
     if backend != "auto":  # a named backend resolves without the data ("auto" chooses in the call)
-        get_backend(backend, q, g, edge_terms=_has_edge_terms(terms, eps))
+        get_backend(backend, q, g, edge_terms=extras_given(terms, eps))
 
 
 __all__ = ["edge_attention", "as_graph", "check_arguments"]

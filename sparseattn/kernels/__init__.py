@@ -7,14 +7,14 @@ are probed once, when a backend is first asked for.
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Iterable, Optional, Union
 
 import torch
 from torch import Tensor
 
 from ..graphs import Graph
-from . import auto, scatter
-from .contract import ALL_FLOATS, AttentionInputs, Backend, BackendFn
+from . import auto, csr, scatter
+from .contract import ALL_FLOATS, EPS, EXTRAS, AttentionInputs, Backend, BackendFn, declared_terms
 from .csr import csr_attention
 from .dense import DENSE_MAX_SHAPES, DENSE_MIN_EDGES_PER_BLOCK, dense_attention, plan
 from .guard import checked
@@ -55,11 +55,16 @@ def backends_for(device_type: str) -> list:
 
 
 def choose_auto(
-    q: Tensor, graph: Graph, edge_terms: bool = False, value_dim: Optional[int] = None, edge_kv: bool = False
+    q: Tensor,
+    graph: Graph,
+    edge_terms: Union[bool, Iterable[str]] = False,
+    value_dim: Optional[int] = None,
+    edge_kv: bool = False,
 ) -> str:
-    """The backend "auto" picks for these inputs (value_dim: v's width Dv, default q's D):
-    `auto.choose_auto` over the registered backends."""
-    return auto.choose_auto(q, graph, _BACKENDS, edge_terms, value_dim, edge_kv)
+    """The backend "auto" picks for these inputs (value_dim: v's width Dv, default q's D; edge_terms:
+    the names of the call's edge terms and "eps", or True for TERMS_OF_TRUE): `auto.choose_auto` over
+    the registered backends."""
+    return auto.choose_auto(q, graph, _BACKENDS, declared_terms(edge_terms), value_dim, edge_kv)
 
 
 def prepare(graph: Graph, heads: int, head_dim: Optional[int] = None, dtype: torch.dtype = torch.float32) -> None:
@@ -79,28 +84,28 @@ def get_backend(
     name: str,
     q: Tensor,
     graph: Graph,
-    edge_terms: bool = False,
+    edge_terms: Union[bool, Iterable[str]] = False,
     value_dim: Optional[int] = None,
     edge_kv: bool = False,
 ) -> Backend:
-    """Resolve a backend name ("auto" included) to a usable Backend, or raise. edge_terms: the call
-    has edge_key, edge_value, edge_scale or eps, which the backend must take; edge_kv: it has edge_key
-    or edge_value only (`auto.choose_auto`)."""
+    """Resolve a backend name ("auto" included) to a usable Backend, or raise. edge_terms: the names
+    of the call's edge terms and "eps" (`contract.extras_given`; True: TERMS_OF_TRUE), which the
+    backend must declare; edge_kv: it has edge_key or edge_value only (`auto.choose_auto`)."""
+    terms = declared_terms(edge_terms)
     if not isinstance(name, str):
         raise TypeError(f"backend must be a str, got {type(name).__name__}")
     if name == "auto":
-        name = choose_auto(q, graph, edge_terms, value_dim, edge_kv)
+        name = choose_auto(q, graph, terms, value_dim, edge_kv)
     if name not in _BACKENDS:
         raise ValueError(f"unknown backend {name!r}; valid names are {', '.join(map(repr, backend_names()))}")
     backend = _BACKENDS[name]
     reason = backend.unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"backend {name!r} is not available: {reason}")
-    if edge_terms and not backend.edge_terms:
-        takers = ", ".join(repr(n) for n, b in _BACKENDS.items() if b.edge_terms)
-        raise ValueError(
-            f"backend {name!r} does not take edge_key, edge_value, edge_scale or eps; use one of {takers} or 'auto'"
-        )
+    if not backend.takes_terms(terms):
+        missing = " or ".join(sorted(terms - backend.edge_terms))
+        takers = ", ".join(repr(n) for n, b in _BACKENDS.items() if b.takes_terms(terms))
+        raise ValueError(f"backend {name!r} does not take {missing}; use one of {takers} or 'auto'")
     return backend
 
 
@@ -114,6 +119,11 @@ def _triton_attention(inputs: AttentionInputs):
     from .triton import triton_attention
 
     return triton_attention(inputs)
+
+
+# what triton's fused kernels compute beside q, k, v and bias: triton/launch.py's TERM_ORDER and eps
+# (named here, where triton is not imported)
+TRITON_TERMS = frozenset({"edge_key", "edge_value", "edge_scale", EPS})
 
 
 def _probe_triton() -> Optional[str]:
@@ -130,12 +140,12 @@ register_backend(
         "reference",
         reference_attention,
         dtypes={"cpu": ALL_FLOATS, "cuda": ALL_FLOATS},
-        edge_terms=True,
+        edge_terms=EXTRAS,  # the definition of every term
         grouped_kv=True,
     )
 )
 # SDDMM + CSR SpMM with a hand-written backward
-register_backend(Backend("csr", csr_attention, edge_terms=True, grouped_kv=True))
+register_backend(Backend("csr", csr_attention, edge_terms=csr.TERMS, grouped_kv=True))
 # The two tile backends multiply whole tiles, non-edges too: `checked` gives a call whose result is not
 # finite to csr, so that a NaN or inf reaches only the destinations whose edges touch it (guard.py).
 # batched matmuls (or SDPA) over the graph's dense blocks; CUDA's SDPA and fused kernels take half types
@@ -148,9 +158,9 @@ register_backend(
 # tiles of consecutive destinations over their shared source span, batched matmuls (eager only)
 register_backend(Backend("local", checked(local_attention, csr_attention, takes=local_takes), grouped_kv=True))
 # small graphs in few ops: gathers and index_adds over the caller's edges, a hand-written backward
-register_backend(Backend("small", small_attention, edge_terms=True))
+register_backend(Backend("small", small_attention, edge_terms=EXTRAS))  # the reference's for the others
 # the reference on torch_scatter
-register_backend(Backend("scatter", scatter.scatter_attention, probe=scatter.probe, edge_terms=True))
+register_backend(Backend("scatter", scatter.scatter_attention, probe=scatter.probe, edge_terms=scatter.TERMS))
 register_backend(
     Backend(
         "triton",
@@ -160,7 +170,7 @@ register_backend(
         probe=_probe_triton,
         devices=("cuda",),
         dtypes={"cpu": ALL_FLOATS, "cuda": ALL_FLOATS},  # float32 (float64 for float64) accumulators
-        edge_terms=True,  # edge_key, edge_value, edge_scale and eps inside the fused kernels
+        edge_terms=TRITON_TERMS,  # inside the fused kernels
     )
 )
 

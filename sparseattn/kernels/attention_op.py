@@ -80,27 +80,43 @@ def _named(fn: Callable, spec: OpSpec) -> Callable:
     return kernel
 
 
+def _named_gradients(fn: Callable, spec: OpSpec, grads: Sequence[str]) -> Callable:
+    """The backward op's kernel: fn(args) with `args.wanted` (gradient argument name -> whether its
+    gradient is wanted, from `needs`) returns the gradients by name (None or absent: none); the op
+    returns one per name of `grads`, empty where not wanted or not given."""
+
+    def kernel(*args):
+        a = Saved(zip(spec.names, args))
+        a["wanted"] = dict(zip(grads, (bool(n) for n in a.needs)))
+        found = fn(a)
+        unknown = set(found) - set(grads)
+        assert not unknown, f"{spec.qualname} returned gradients of {sorted(unknown)}, which take none"
+        return tuple(found[n] if a.wanted[n] and found.get(n) is not None else a.q.new_empty(0) for n in grads)
+
+    return kernel
+
+
 def define_attention_op(
     name: str,
     extra_args: Sequence[Arg],
     saved_outputs: Sequence[str],
     forward: Callable[[Saved], tuple],
     saved_fake: Callable[[Saved], Sequence[Tensor]],
-    backward: Callable[[Saved], tuple],
+    backward: Callable[[Saved], Dict[str, Optional[Tensor]]],
 ) -> AttentionOp:
     """The ops `sparseattn::<name>_fwd` and `<name>_bwd` and their autograd rule.
 
     extra_args: the backend's index views and options, after `ATTENTION_ARGS`; saved_outputs: names
     of the forward's outputs after out and weights (carried to the backward). forward(args) returns
     (out, weights, *saved outputs); saved_fake(args) the saved outputs' fakes; backward(args) the
-    gradients of the gradient arguments (empty where `args.needs` says no). Each takes its op's
-    arguments by name (`args.q`, `args.needs`, ...)."""
+    gradients of the gradient arguments by name (`args.wanted[name]`: whether one is wanted; a name
+    left out gets none). Each takes its op's arguments by name (`args.q`, `args.wanted`, ...)."""
     outputs = [Out("out"), Out("weights"), *(Out(n, saved=True) for n in saved_outputs)]
     fwd = OpSpec(f"sparseattn::{name}_fwd", [*ATTENTION_ARGS, *extra_args], outputs)
     bwd = backward_spec(fwd, f"sparseattn::{name}_bwd")
     fwd_op = TraceableOp(fwd.qualname, _named(forward, fwd), schema=fwd.schema())
     fwd_op.register_fake(_forward_fake(fwd, saved_fake))
-    bwd_op = TraceableOp(bwd.qualname, _named(backward, bwd), schema=bwd.schema())
+    bwd_op = TraceableOp(bwd.qualname, _named_gradients(backward, bwd, fwd.grad_args), schema=bwd.schema())
     bwd_op.register_fake(_backward_fake(bwd, fwd.grad_args))
     grads = fwd.grad_args
 

@@ -7,7 +7,7 @@ layers never choose (they pass "auto" or what their caller named).
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import FrozenSet, Mapping, Optional
 
 from torch import Tensor
 
@@ -29,7 +29,7 @@ def choose_auto(
     q: Tensor,
     graph: Graph,
     registered: Mapping[str, Backend],
-    edge_terms: bool = False,
+    edge_terms: FrozenSet[str] = frozenset(),
     value_dim: Optional[int] = None,
     edge_kv: bool = False,
 ) -> str:
@@ -44,14 +44,30 @@ def choose_auto(
     - "local" for CPU tensors when the graph averages >= LOCAL_MIN_DEGREE edges per destination and
       its tiles hold >= LOCAL_MIN_DENSITY edges (`local.cached_layout`: wide windows, dense bands);
     - "triton" for CUDA tensors with D <= 256 when triton is importable;
-    - else "csr". Never "reference" or "scatter" (both slower everywhere).
+    - else "csr". Never "scatter" (slower everywhere), and "reference" only for a call with an edge
+      term that no faster backend declares (`Backend.edge_terms`).
 
     Inside a torch.compile or torch.export trace never "dense" (its batches take their shapes from
     the block structure, so every new batch would compile anew; pass backend="dense" to have it anyway)
     nor "local" (eager only); inside torch.export never "small" (its programs keep the library's
-    custom ops). With edge_terms (edge_key, edge_value, edge_scale or eps given), only backends that
-    take them: never "dense" or "local". edge_kv: the call has edge_key or edge_value and neither
-    edge_scale nor eps. `registered` maps names to the registered backends."""
+    custom ops). edge_terms: the names of the call's edge terms and "eps" (`contract.extras_given`); only
+    backends that declare them all are picked: never "dense" or "local" with any. edge_kv: the call has
+    edge_key or edge_value and neither edge_scale nor eps. `registered` maps names to the registered
+    backends."""
+    chosen = _choose(q, graph, registered, edge_terms, value_dim, edge_kv)
+    backend = registered.get(chosen)
+    return chosen if backend is not None and backend.takes_terms(edge_terms) else "reference"
+
+
+def _choose(
+    q: Tensor,
+    graph: Graph,
+    registered: Mapping[str, Backend],
+    edge_terms: FrozenSet[str],
+    value_dim: Optional[int],
+    edge_kv: bool,
+) -> str:
+    """`choose_auto`'s rule before the check that its choice declares the call's edge terms."""
     cpu = q.device.type == "cpu"
     width = max(q.shape[2], q.shape[2] if value_dim is None else value_dim)
     if cpu and not exporting() and small_pays(graph.num_edges * q.shape[1] * width, graph.one_call, edge_kv):
@@ -67,7 +83,7 @@ def choose_auto(
     triton = registered.get("triton")
     if q.device.type == "cuda" and q.shape[-1] <= 256 and triton is not None:
         # (probed only for CUDA tensors: the probe imports triton, ~1 s)
-        if (triton.edge_terms or not edge_terms) and triton.available:
+        if triton.takes_terms(edge_terms) and triton.available:
             return "triton"
     return "csr"
 

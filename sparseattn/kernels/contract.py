@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Mapping, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -27,8 +27,9 @@ class EdgeTerm:
     """A per-edge tensor of a call beside bias: `name` (its argument everywhere: edge_attention's
     keyword, AttentionInputs' field, the ops' schema), `width` "D" (q and k's head dim: it enters the
     score) or "Dv" (v's: it enters the message), shape (E, H or 1, width), differentiable. A new term
-    is an entry in EDGE_TERMS, edge_attention's keyword, an AttentionInputs field, and its math in the
-    reference and in each backend that declares `Backend.edge_terms`."""
+    is an entry in EDGE_TERMS, edge_attention's keyword, an AttentionInputs field (last: callers build
+    it by position), and its math in the reference; a backend computes it once its math is there and
+    its name in its `Backend.edge_terms`, and until then never receives it."""
 
     name: str
     width: str
@@ -39,6 +40,31 @@ EDGE_TERMS: Tuple[EdgeTerm, ...] = (
     EdgeTerm("edge_value", "Dv"),
     EdgeTerm("edge_scale", "D"),
 )
+
+EPS = "eps"  # the normalizer's eps (clamp mode): a backend declares it beside the edge terms it takes
+# Every name a backend can declare in `Backend.edge_terms`: the edge terms and eps.
+EXTRAS: FrozenSet[str] = frozenset(t.name for t in EDGE_TERMS) | {EPS}
+# What `Backend(edge_terms=True)` declares: the terms there were when it was a flag, and eps. A fixed
+# set, not "every term": a backend registered that way never receives a term added since.
+TERMS_OF_TRUE: FrozenSet[str] = frozenset({"edge_key", "edge_value", "edge_scale", EPS})
+
+
+def extras_given(terms: Mapping[str, Optional[Tensor]], eps: float) -> FrozenSet[str]:
+    """The names of the edge terms present in `terms` (by name, None when absent), and "eps" when
+    eps > 0: what a backend must take to compute the call."""
+    return frozenset(name for name, t in terms.items() if t is not None) | ({EPS} if eps else frozenset())
+
+
+def declared_terms(edge_terms: Union[bool, Iterable[str]]) -> FrozenSet[str]:
+    """`Backend.edge_terms` (or a call's needs) as a set of names: True -> TERMS_OF_TRUE, False -> none;
+    a name not in EXTRAS raises ValueError."""
+    if isinstance(edge_terms, bool):
+        return TERMS_OF_TRUE if edge_terms else frozenset()
+    names = frozenset(edge_terms)
+    unknown = sorted(names - EXTRAS)
+    if unknown:
+        raise ValueError(f"edge_terms names {unknown}, which are not edge terms; known: {sorted(EXTRAS)}")
+    return names
 
 
 class AttentionInputs(NamedTuple):
@@ -80,7 +106,12 @@ class AttentionInputs(NamedTuple):
     @property
     def has_edge_terms(self) -> bool:
         """Whether any edge term or a normalizer eps is present (what `Backend.edge_terms` gates)."""
-        return self.eps != 0 or any(t is not None for t in self.terms.values())
+        return bool(self.extras)
+
+    @property
+    def extras(self) -> FrozenSet[str]:
+        """The names of the edge terms present, and "eps" when eps > 0 (`extras_given`)."""
+        return extras_given(self.terms, self.eps)
 
     def wants_grad(self) -> bool:
         """Whether autograd will ask this call for a gradient: grad mode on and q, k, v, bias or an edge
@@ -134,8 +165,10 @@ class Backend:
     """A registered backend: its function, the device types it takes tensors on, the input dtypes it
     computes in per device type (others are cast to float32 by `edge_attention`), and a probe of
     its optional dependencies (returns why it is unavailable, or None), run once when first asked.
-    edge_terms: whether it computes edge_key, edge_value, edge_scale and eps (`AttentionInputs`);
-    `edge_attention` refuses those inputs for a backend that does not, and "auto" avoids it.
+    edge_terms: the names of the edge terms (and "eps") it computes, from EXTRAS; True declares
+    TERMS_OF_TRUE, False none. `edge_attention` refuses a call with a term its backend does not
+    declare, and "auto" picks only backends that declare the call's terms; a backend therefore never
+    receives a term it does not know, and a new term reaches only the backends that add it.
     grouped_kv: whether it takes k and v with H_kv < H heads (grouped-query attention);
     `edge_attention` repeats them to H heads for a backend that does not."""
 
@@ -144,7 +177,7 @@ class Backend:
     probe: Callable[[], Optional[str]] = _no_dependencies
     devices: Tuple[str, ...] = ("cpu", "cuda")
     dtypes: Dict[str, Tuple[torch.dtype, ...]] = field(default_factory=lambda: {"cpu": FLOATS, "cuda": FLOATS})
-    edge_terms: bool = False
+    edge_terms: FrozenSet[str] = frozenset()  # (True / False accepted: `declared_terms`)
     grouped_kv: bool = False
     _unavailable: Optional[str] = field(default=None, init=False)
     _probed: bool = field(default=False, init=False)
@@ -153,6 +186,11 @@ class Backend:
         # nothing to probe: known now, so compiled code reads a constant (a probe first run inside a
         # trace would change the backend and make the next call recompile)
         self._probed = self.probe is _no_dependencies
+        self.edge_terms = declared_terms(self.edge_terms)
+
+    def takes_terms(self, names: FrozenSet[str]) -> bool:
+        """Whether it computes a call with these edge terms (and eps): all of them declared."""
+        return names <= self.edge_terms
 
     def unavailable_reason(self) -> Optional[str]:
         """Why this backend cannot run here (a missing dependency, as its probe says), or None.
@@ -173,4 +211,17 @@ class Backend:
         return dtype if dtype in self.dtypes.get(device_type, FLOATS) else torch.float32
 
 
-__all__ = ["AttentionInputs", "Backend", "BackendFn", "EdgeTerm", "EDGE_TERMS", "FLOATS", "ALL_FLOATS"]
+__all__ = [
+    "AttentionInputs",
+    "Backend",
+    "BackendFn",
+    "EdgeTerm",
+    "EDGE_TERMS",
+    "EPS",
+    "EXTRAS",
+    "TERMS_OF_TRUE",
+    "declared_terms",
+    "extras_given",
+    "FLOATS",
+    "ALL_FLOATS",
+]

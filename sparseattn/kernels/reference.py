@@ -13,13 +13,16 @@ against this file.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from ..graphs import Graph
-from .contract import AttentionInputs
+from .contract import EDGE_TERMS, AttentionInputs
+
+# the differentiable inputs of an attention call, in the order `reference_backward` takes them
+GRADIENT_INPUTS: Tuple[str, ...] = ("q", "k", "v", "bias", *(t.name for t in EDGE_TERMS))
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -92,17 +95,19 @@ def reference_backward(
     eps: float = 0.0,
 ) -> list:
     """Gradients of <out, grad_out> + <weights, grad_weights> with respect to inputs = (q, k, v,
-    bias[, edge_key, edge_value, edge_scale]), recomputed through `reference_attention` with
-    create_graph=True, so they can be differentiated again. A fast backend's backward calls this
-    when it runs under create_graph=True (torch.is_grad_enabled() inside backward). needs[i] says
-    whether inputs[i] wants a gradient; the others get None. Shapes as `reference_attention`."""
-    q, k, v, bias, edge_key, edge_value, edge_scale = (*inputs, None, None, None)[:7]
+    bias, then the edge terms in EDGE_TERMS' order, as many as given), recomputed through
+    `reference_attention` with create_graph=True, so they can be differentiated again. A fast
+    backend's backward calls this when it runs under create_graph=True (torch.is_grad_enabled()
+    inside backward). needs[i] says whether inputs[i] wants a gradient; the others get None.
+    Shapes as `reference_attention`."""
+    if len(inputs) > len(GRADIENT_INPUTS):
+        raise ValueError(f"reference_backward takes at most {len(GRADIENT_INPUTS)} inputs {GRADIENT_INPUTS}")
+    given = dict(zip(GRADIENT_INPUTS, inputs))  # by name: a term added to EDGE_TERMS is carried too
+    q, k, v = given["q"], given["k"], given["v"]
     assert q is not None and k is not None and v is not None
-    out, weights = reference_attention(
-        AttentionInputs(q, k, v, graph, scale, clamp, bias, dropout_mask, grad_weights is not None)._replace(
-            edge_key=edge_key, edge_value=edge_value, edge_scale=edge_scale, eps=eps
-        )
-    )
+    terms: Dict[str, Any] = {t.name: given.get(t.name) for t in EDGE_TERMS}
+    call = AttentionInputs(q, k, v, graph, scale, clamp, given.get("bias"), dropout_mask, grad_weights is not None)
+    out, weights = reference_attention(call._replace(**terms, eps=eps))
     pairs = [(o, g) for o, g in ((out, grad_out), (weights, grad_weights)) if g is not None and o is not None]
     wanted = [t for t, need in zip(inputs, needs) if need and t is not None]
     grads = iter(
@@ -126,11 +131,11 @@ def differentiable_grads(
     edge_terms: Sequence[Optional[Tensor]] = (),
     eps: float = 0.0,
 ) -> list:
-    """What a fast backend's backward returns for (q, k, v, bias[, edge_key, edge_value,
-    edge_scale]) when it runs under create_graph=True (torch.is_grad_enabled() inside the
-    backward): `reference_backward`'s gradients on the graph edge_index (2, E) from k's N_src rows
-    into q's N_dst rows, which torch can differentiate again. bias and dropout_mask (E, H) and
-    edge_terms ((E, H, D), (E, H, Dv), (E, H, D) or None) in edge_index's order."""
+    """What a fast backend's backward returns for (q, k, v, bias, edge terms in EDGE_TERMS' order)
+    when it runs under create_graph=True (torch.is_grad_enabled() inside the backward):
+    `reference_backward`'s gradients on the graph edge_index (2, E) from k's N_src rows into q's
+    N_dst rows, which torch can differentiate again. bias and dropout_mask (E, H) and edge_terms
+    (shaped as `AttentionInputs` says, or None; a prefix of EDGE_TERMS' order) in edge_index's order."""
     graph = Graph.unchecked(edge_index, k.shape[0], q.shape[0])
     lo_hi = None if clamp is None else (float(clamp[0]), float(clamp[1]))
     return reference_backward(

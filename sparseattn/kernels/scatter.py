@@ -21,7 +21,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .contract import AttentionInputs
+from .contract import EPS, AttentionInputs
+
+TERM_ORDER = ("edge_key", "edge_value", "edge_scale")  # the edge terms computed here, in this order
+TERMS = frozenset(TERM_ORDER) | {EPS}  # its `Backend.edge_terms`
 
 
 def probe() -> Optional[str]:
@@ -77,7 +80,7 @@ def scatter_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]
     def sorted_(x: Optional[Tensor]) -> Optional[Tensor]:  # a per-edge tensor in caller order -> sorted
         return x if x is None or perm is None else x[perm]
 
-    edge_key, edge_value, edge_scale = (sorted_(t) for t in inputs.terms.values())
+    edge_key, edge_value, edge_scale = (sorted_(inputs.terms[name]) for name in TERM_ORDER)
     q_e = _Gather.apply(q, ptr)  # (E, H, D): q of each sorted edge's destination
     keys = k[src] if edge_key is None else k[src] + edge_key
     score = (keys * q_e if edge_scale is None else keys * edge_scale * q_e).sum(-1) * scale  # (E, H)
@@ -102,4 +105,4 @@ def scatter_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]
     return out, weights
 
 
-__all__ = ["scatter_attention", "probe"]
+__all__ = ["scatter_attention", "probe", "TERMS"]

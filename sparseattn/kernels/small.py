@@ -14,7 +14,7 @@ gradient):
     dv = index_add(src, p mask g)                                 (edge_key, edge_value: the per-edge terms)
 No CSR, no sort, nothing cached on the graph, so a graph seen once costs nothing to prepare; the
 saved gathers are O(E * H * D), which bounds it to small graphs (`SMALL_MAX_VALUES`). Calls with
-edge_scale or eps run the reference. A second derivative (create_graph=True) comes from the reference.
+another edge term (edge_scale, eps) run the reference. A second derivative (create_graph=True) comes from the reference.
 The op is an autograd.Function: eager and torch.compile (traced, dynamic sizes), not torch.export
 (whose programs keep the library's custom ops).
 """
@@ -68,6 +68,7 @@ def _per_edge_grad(grad: Tensor, term: Tensor) -> Tensor:
 
 
 ROLES = ("q", "k", "v", "bias", "edge_key", "edge_value", "dropout_mask")
+COMPUTED_TERMS = frozenset({"edge_key", "edge_value"})  # computed here; calls with others run the reference
 
 
 class SmallAttention(torch.autograd.Function):
@@ -185,8 +186,9 @@ def _(edge_index: Tensor, num_src: int, num_dst: int) -> Tensor:
 
 def small_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     """The "small" backend (the contract in contract.py): out (N_dst, H, Dv) and, if asked, the
-    weights (E, H). Calls with edge_scale or eps run the reference."""
-    if inputs.edge_scale is not None or inputs.eps:
+    weights (E, H). Calls with an edge term it does not compute (COMPUTED_TERMS: edge_scale, eps or
+    any term added since) run the reference."""
+    if not inputs.extras <= COMPUTED_TERMS:
         return reference_attention(inputs)
     distinct: list = []
     slots = []

@@ -150,3 +150,54 @@ def test_auto_equals_reference(graph):
     out = edge_attention(q, k, v, graph, backend="auto")
     ref = edge_attention(q, k, v, graph, backend="reference")
     assert torch.allclose(out, ref, atol=1e-12)
+
+
+def test_backends_declare_the_edge_terms_they_compute(monkeypatch):
+    """`Backend.edge_terms` names terms: a call with one its backend does not declare is refused with
+    the term named, "auto" picks only a backend that declares all of the call's (the reference, the
+    definition, when none faster does), and True means the fixed set of the flag's days, so a backend
+    registered with it never receives a term added since."""
+    from sparseattn.kernels import get_backend
+    from sparseattn.kernels.contract import EXTRAS, TERMS_OF_TRUE, declared_terms
+
+    assert declared_terms(True) == TERMS_OF_TRUE and declared_terms(False) == frozenset()
+    assert Backend("x", lambda i: i, edge_terms=True).edge_terms == TERMS_OF_TRUE
+    with pytest.raises(ValueError, match="edge_gate"):
+        Backend("x", lambda i: i, edge_terms={"edge_key", "edge_gate"})
+    assert _BACKENDS["reference"].edge_terms == EXTRAS  # every term has its math there
+    g, q = graphs.random(2000, 2000, 32_000, seed=0), torch.zeros(2000, 4, 16)  # beyond "small"
+    assert choose_auto(q, g, {"edge_scale"}) == "csr"
+    without_scale = dataclasses.replace(_BACKENDS["csr"], edge_terms=frozenset({"edge_key", "edge_value", "eps"}))
+    monkeypatch.setitem(_BACKENDS, "csr", without_scale)
+    assert choose_auto(q, g, {"edge_key"}) == "csr"
+    assert choose_auto(q, g, {"edge_key", "edge_scale"}) == "reference"
+    with pytest.raises(ValueError, match="backend 'csr' does not take edge_scale; use one of 'reference'"):
+        get_backend("csr", q, g, edge_terms={"edge_scale"})
+    k = torch.randn(2000, 4, 16)
+    out = edge_attention(k, k, k, g, edge_scale=torch.ones(g.num_edges, 4, 16))  # auto: the reference
+    torch.testing.assert_close(out, edge_attention(k, k, k, g, backend="reference"))
+
+
+def test_small_runs_the_reference_for_terms_it_does_not_compute(monkeypatch):
+    """ "small" declares every term and computes edge_key and edge_value itself (COMPUTED_TERMS): a call
+    with any other term (edge_scale, eps, or one added since) goes to the reference, by that list."""
+    from sparseattn.kernels import small
+
+    calls = []
+    monkeypatch.setattr(small, "reference_attention", lambda inputs: calls.append(inputs.extras) or (None, None))
+    g = graphs.random(20, 20, 60, seed=0)
+    q = torch.randn(20, 2, 4)
+    small.small_attention(_inputs(q, g, edge_key=torch.randn(60, 2, 4)))
+    assert calls == []
+    small.small_attention(_inputs(q, g, edge_scale=torch.randn(60, 2, 4)))
+    small.small_attention(_inputs(q, g, eps=1e-3))
+    assert calls == [frozenset({"edge_scale"}), frozenset({"eps"})]
+    monkeypatch.setattr(small, "COMPUTED_TERMS", frozenset({"edge_value"}))
+    small.small_attention(_inputs(q, g, edge_key=torch.randn(60, 2, 4)))
+    assert calls[-1] == frozenset({"edge_key"})
+
+
+def _inputs(q, g, **terms):
+    from sparseattn.kernels import AttentionInputs
+
+    return AttentionInputs(q, q, q, g, 0.5, (-5.0, 5.0), None, None, False)._replace(**terms)

@@ -240,7 +240,8 @@ def test_opcheck_of_both_ops_with_edge_terms(dtype):
     given = {n: named[n] for n in tk.TRITON_OP.backward.names if n in named}
     for layout in tk.BACKWARD_LAYOUTS:
         given["backward_launch"] = policy.launch_ints(policy.backward_settings(4, 3, 2, {"layout": layout}))
-        for needs in ([True] * 7, [True, True, True, False, False, True, False]):  # unwanted: empty
+        names = tk.TRITON_OP.forward.grad_args  # q, k, v, bias, then the edge terms
+        for needs in ([True] * len(names), [n in ("q", "k", "v", "edge_value") for n in names]):  # unwanted: empty
             bwd = tk.TRITON_OP.backward.bind(
                 **given, stats=stats, scores=scores, grad_out=d_out, grad_weights=d_w, needs=needs
             )
@@ -250,3 +251,14 @@ def test_opcheck_of_both_ops_with_edge_terms(dtype):
                 moved = dict(given, stats=stats, scores=scores + 0.25, grad_out=d_out, grad_weights=d_w, needs=needs)
                 assert not torch.allclose(tk.triton_attention_bwd(*tk.TRITON_OP.backward.bind(**moved))[0], grads[0])
             torch.library.opcheck(tk.triton_attention_bwd, bwd, test_utils=checks[:2])
+
+
+def test_the_registry_declares_the_terms_the_kernels_take():
+    """The registry names triton's terms without importing triton (TRITON_TERMS): they must be the
+    kernels' EK, EV, ES parameters (launch.TERM_ORDER) and eps, and its entry must declare them."""
+    from sparseattn.kernels import TRITON_TERMS, registered_backend
+    from sparseattn.kernels.contract import EPS
+    from sparseattn.kernels.triton import launch
+
+    assert TRITON_TERMS == frozenset(launch.TERM_ORDER) | {EPS}
+    assert registered_backend("triton").edge_terms == TRITON_TERMS

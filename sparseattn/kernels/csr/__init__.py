@@ -45,11 +45,15 @@ from torch import Tensor
 
 from ..._tracing import tracing
 from ...graphs import Graph
-from ..contract import AttentionInputs
+from ..contract import EPS, AttentionInputs
 from ..options import CSR_LAYOUTS
 from .head_major import HEAD_MAJOR_MIN_TRAINING_SLOTS, head_major_rule, prefers_head_major, source_spread
 from .index import head_major_index, interleaved_index
+from .interleaved import TERM_ORDER
 from .ops import CSR_OP
+
+# what csr computes beside q, k, v and bias (its `Backend.edge_terms`): the interleaved kernels' terms and eps
+TERMS = frozenset(TERM_ORDER) | {EPS}
 
 LAYOUTS = (None, *CSR_LAYOUTS)
 
@@ -70,7 +74,7 @@ def csr_attention(inputs: AttentionInputs) -> Tuple[Tensor, Optional[Tensor]]:
     groups = q.shape[1] // k.shape[1]  # query heads per kv head (grouped-query attention; 1 without)
     if has_terms:
         if layout == "head-major":
-            raise ValueError("edge terms (edge_key, edge_value, edge_scale) run in the interleaved layout only")
+            raise ValueError(f"edge terms ({', '.join(TERM_ORDER)}) run in the interleaved layout only")
         head_major_layout = False
     elif layout is None:  # traced code decides without looking at the data: head-major to train, else interleaved
         head_major_layout = wants_grad if tracing() else prefers_head_major(graph, k, wants_grad)
@@ -120,4 +124,4 @@ def prepare(graph: Graph, heads: int, head_dim: Optional[int] = None, dtype: tor
         ix.row, ix.from_caller, ix.to_caller, ix.transposed()  # noqa: B018 (touching them builds them)
 
 
-__all__ = ["csr_attention", "prepare", "LAYOUTS", "prefers_head_major"]
+__all__ = ["csr_attention", "prepare", "LAYOUTS", "TERMS", "prefers_head_major"]

@@ -43,6 +43,10 @@ class Slots(NamedTuple):
     shape: Tuple[int, int]
 
 
+# the edge terms these kernels compute, in the order of EdgeTerms' key, value and scale (`csr.TERMS`)
+TERM_ORDER: Tuple[str, ...] = ("edge_key", "edge_value", "edge_scale")
+
+
 class EdgeTerms(NamedTuple):
     """Edge terms as row matrices in the caller's order: (E * H, width), row e * H + h, or (E, width)
     when one row serves every head (`shared`); None when absent. What reading them takes:
@@ -256,4 +260,4 @@ def _edge_key_grads(ds, q2, k2, terms: EdgeTerms, scale: float, need, dk, d_valu
     return dk, (d_key, d_value, d_scale)
 
 
-__all__ = ["Slots", "EdgeTerms", "forward", "backward"]
+__all__ = ["Slots", "EdgeTerms", "TERM_ORDER", "forward", "backward"]

@@ -22,13 +22,13 @@ backward recomputes through the reference instead.
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from ..attention_op import define_attention_op
-from ..op_spec import EDGE_TERM_NAMES, Arg, Saved
+from ..op_spec import Arg, Saved
 from . import head_major, interleaved
 from .index import HeadMajorIndex
 from .interleaved import EdgeTerms
@@ -118,7 +118,8 @@ def _forward(a: Saved) -> Tuple[Tensor, ...]:
     lo_hi = _clamp(a.clamp)
     bias_l, mask_l = (_to_layout(x, a.from_caller, heads, head_major_layout) for x in (a.bias, a.mask))
     groups = heads // a.k.shape[1]
-    terms = _edge_terms(a.edge_index, tuple(a[name] for name in EDGE_TERM_NAMES), a.from_caller, a.to_caller, groups)
+    given = tuple(a[name] for name in interleaved.TERM_ORDER)
+    terms = _edge_terms(a.edge_index, given, a.from_caller, a.to_caller, groups)
     if head_major_layout:
         assert a.row is not None and terms is None, "edge terms run in the interleaved layout"
         out, w, score, z = head_major.forward(q, k, v, _index(a), a.scale, lo_hi, bias_l, mask_l, a.eps)
@@ -139,16 +140,15 @@ def _saved_fake(a: Saved) -> Tuple[Tensor, ...]:
     return q.new_empty(heads * num_edges), score, q.new_empty(q.shape[0] * heads)
 
 
-def _backward(a: Saved) -> Tuple[Tensor, ...]:
+def _backward(a: Saved) -> Dict[str, Optional[Tensor]]:
     """dq, dk, dv (shaped as q, k, v), dbias ((E, H), caller order) and the edge terms' gradients
-    (shaped as they are); an empty tensor where `needs` (q, k, v, bias, edge_key, edge_value,
-    edge_scale) says no gradient is wanted."""
+    (shaped as they are), by argument name; None where `a.wanted` says no gradient is wanted."""
     q, k, v, heads, head_major_layout = a.q, a.k, a.v, a.q.shape[1], a.head_major_layout
     lo_hi = _clamp(a.clamp)
     sc = a.score if a.clamp is not None else None
     mask_l = _to_layout(a.mask, a.from_caller, heads, head_major_layout)
     gw = _to_layout(a.grad_weights, a.from_caller, heads, head_major_layout)
-    need = tuple(bool(n) for n in a.needs)
+    need = tuple(a.wanted[n] for n in ("q", "k", "v", "bias", *interleaved.TERM_ORDER))
     d_terms: Tuple[Optional[Tensor], ...] = (None, None, None)
     if head_major_layout:
         w_l, z_l, sc = a.w.view(heads, -1), a.z.view(heads, -1), None if sc is None else sc.view(heads, -1)
@@ -170,7 +170,7 @@ def _backward(a: Saved) -> Tuple[Tensor, ...]:
     else:
         q2, k2, v2 = (t.contiguous().view(-1, t.shape[2]) for t in (q, k, v))
         g2 = a.grad_out.reshape(q2.shape[0], v.shape[2])  # (N_dst * H, Dv)
-        given = tuple(a[name] for name in EDGE_TERM_NAMES)
+        given = tuple(a[name] for name in interleaved.TERM_ORDER)
         terms = _edge_terms(a.edge_index, given, a.from_caller, a.to_caller, heads // k.shape[1])
         dq, dk, dv, ds, *d_terms = interleaved.backward(
             g2, gw, q2, k2, v2, a.w, sc, a.z, mask_l, _slots(a), a.scale, lo_hi, need, terms
@@ -178,8 +178,7 @@ def _backward(a: Saved) -> Tuple[Tensor, ...]:
         dq, dk, dv = (None if t is None else t.view(x.shape) for t, x in zip((dq, dk, dv), (q, k, v)))
         d_terms = tuple(None if d is None else d.view(t.shape) for d, t in zip(d_terms, given))
     dbias = _to_caller(ds, a.to_caller, heads, head_major_layout) if need[3] and ds is not None else None
-    grads = (dq, dk, dv, dbias, *d_terms)
-    return tuple(q.new_empty(0) if t is None else t for t in grads)
+    return dict(q=dq, k=dk, v=dv, bias=dbias, **dict(zip(interleaved.TERM_ORDER, d_terms)))
 
 
 # what csr_attention calls (`CSR_OP.call(*CSR_OP.forward.bind(...))`): the op with its rule (an

@@ -19,7 +19,10 @@ from ..triton_common import TL_DTYPE, strides
 from .backward_kernels import dkdv_kernel, dq_kernel
 from .forward_kernel import forward_kernel
 
-EdgeTerms = Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]  # edge_key, edge_value, edge_scale
+# the edge terms the kernels compute, in the order of their EK, EV and ES parameters (with eps: the
+# registry's TRITON_TERMS)
+TERM_ORDER: Tuple[str, ...] = ("edge_key", "edge_value", "edge_scale")
+EdgeTerms = Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]  # in TERM_ORDER
 NO_TERMS: EdgeTerms = (None, None, None)
 Index = Tuple[Tensor, Tensor, Tensor]  # ptr, idx, perm
 
@@ -208,4 +211,4 @@ def backward(
     return (dq, dk, dv, ds, *d_terms)
 
 
-__all__ = ["shared_args", "edge_args", "saves_scores", "forward", "backward", "EdgeTerms", "NO_TERMS"]
+__all__ = ["shared_args", "edge_args", "saves_scores", "forward", "backward", "EdgeTerms", "NO_TERMS", "TERM_ORDER"]

@@ -18,7 +18,7 @@ is not specialized on."""
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import triton
@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..attention_op import define_attention_op
 from ..contract import AttentionInputs
-from ..op_spec import EDGE_TERM_NAMES, Arg, Saved
+from ..op_spec import Arg, Saved
 from ..reference import accumulation_dtype
 from ..triton_common import MAX_HEAD_DIM, on
 from . import launch, policy
@@ -56,7 +56,7 @@ def _forward(a: Saved) -> Tuple[Tensor, ...]:
     with on(q.device):
         out, stats, weights, scores = launch.forward(
             q, a.k, v, (a.ptr, a.idx, a.perm), a.scale, _pair(a.clamp), a.bias, a.mask, a.return_weights,
-            tuple(a[name] for name in EDGE_TERM_NAMES), a.eps, cfg=cfg, backward=a.cptr is not None,
+            tuple(a[name] for name in launch.TERM_ORDER), a.eps, cfg=cfg, backward=a.cptr is not None,
         )  # fmt: skip
     return out, weights if weights is not None else q.new_empty(0), stats, scores
 
@@ -70,21 +70,20 @@ def _saved_fake(a: Saved) -> Tuple[Tensor, ...]:
     )
 
 
-def _backward(a: Saved) -> Tuple[Tensor, ...]:
+def _backward(a: Saved) -> Dict[str, Optional[Tensor]]:
     """dq, dk, dv, dbias ((E, H) in caller order, bias's dtype) and the edge terms' gradients
-    (shaped as they are); an empty tensor where `needs` (q, k, v, bias, edge_key, edge_value,
-    edge_scale) says no gradient is wanted."""
-    q, v, needs = a.q, a.v, [bool(n) for n in a.needs]
+    (shaped as they are), by argument name; None where `a.wanted` says no gradient is wanted."""
+    q, v = a.q, a.v
+    needs = [a.wanted[n] for n in ("q", "k", "v", "bias", *launch.TERM_ORDER)]
     tiles = policy.launch_settings(a.backward_launch, q.shape[2], v.shape[2])
     with on(q.device):
         dq, dk, dv, ds, *d_terms = launch.backward(
             q, a.k, v, (a.ptr, a.idx, a.perm), (a.cptr, a.cidx, a.cperm), a.scale, _pair(a.clamp), a.bias, a.mask,
-            a.stats, a.scores, a.grad_out, a.grad_weights, tuple(a[name] for name in EDGE_TERM_NAMES), needs[4:],
+            a.stats, a.scores, a.grad_out, a.grad_weights, tuple(a[name] for name in launch.TERM_ORDER), needs[4:],
             tiles=tiles,
         )  # fmt: skip
     dbias = ds.to(a.bias.dtype) if needs[3] and a.bias is not None else None
-    grads = (dq, dk, dv, dbias, *d_terms)
-    return tuple(g if need and g is not None else q.new_empty(0) for g, need in zip(grads, needs))
+    return dict(q=dq, k=dk, v=dv, bias=dbias, **dict(zip(launch.TERM_ORDER, d_terms)))
 
 
 # what triton_attention calls (`TRITON_OP.call(*TRITON_OP.forward.bind(...))`)
