@@ -116,8 +116,9 @@ def edge_attention(
         dropout_p: probability of dropping each normalized edge weight (attention dropout);
             survivors are scaled by 1/(1 - dropout_p). Deterministic under `torch.manual_seed`.
         backend: "auto" or a name from `sparseattn.kernels.backend_names()`. Edge terms and eps
-            run on "reference", "csr", "scatter" and "triton"; "dense" refuses them, and "auto"
-            does not pick it for them.
+            run on the backends that declare them (`registered_backend(name).edge_terms`: today
+            "reference", "csr", "small", "scatter" and "triton"); the others ("dense", "local")
+            refuse them naming the term, and "auto" picks only a backend that declares them.
         return_weights: also return the normalized weights (before dropout).
         kernel_options: per-call kernel settings (`sparseattn.kernels.KernelOptions`, or a dict of
             its fields: csr_layout, dense_tile_bytes, triton_forward, triton_backward, node_order,

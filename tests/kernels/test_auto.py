@@ -162,8 +162,8 @@ def test_backends_declare_the_edge_terms_they_compute(monkeypatch):
 
     assert declared_terms(True) == TERMS_OF_TRUE and declared_terms(False) == frozenset()
     assert Backend("x", lambda i: i, edge_terms=True).edge_terms == TERMS_OF_TRUE
-    with pytest.raises(ValueError, match="edge_gate"):
-        Backend("x", lambda i: i, edge_terms={"edge_key", "edge_gate"})
+    with pytest.raises(ValueError, match="edge_not_a_term"):
+        Backend("x", lambda i: i, edge_terms={"edge_key", "edge_not_a_term"})
     assert _BACKENDS["reference"].edge_terms == EXTRAS  # every term has its math there
     g, q = graphs.random(2000, 2000, 32_000, seed=0), torch.zeros(2000, 4, 16)  # beyond "small"
     assert choose_auto(q, g, {"edge_scale"}) == "csr"
