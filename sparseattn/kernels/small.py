@@ -57,7 +57,12 @@ def small_pays(values: int, one_call: bool, edge_kv: bool = False) -> bool:
 
 def _dot(a: Tensor, b: Tensor) -> Tensor:
     """(M, H, C), (M, H, C) -> (M, H) channel dot products, summed by a matrix-vector product with
-    ones (measured ~1.4x faster than .sum(-1) over C = 16 on CPU)."""
+    ones (measured ~1.4x faster than .sum(-1) over C = 16 on CPU). Traced code sums with .sum(-1),
+    which inductor fuses with the product and the gathers before it (a matrix-vector product is a
+    call of its own there): compiled TransformerConv fwd+bwd on batches of 32 molecules 1.07-1.09x
+    faster (GATConv 1.02x, GATv2Conv level; 1 thread, interleaved)."""
+    if tracing():
+        return (a * b).sum(-1)
     m, h, c = a.shape
     return torch.mv((a * b).reshape(m * h, c), a.new_ones(c)).view(m, h)
 
