@@ -256,7 +256,10 @@ def machine_info(device: str = "cpu") -> dict:
 
 
 # settings that change CPU timings, named in every result they were set for and in its command
-_ENV_NOTED = "THP_MEM_ALLOC_ENABLE ATEN_CPU_CAPABILITY MKL_ENABLE_INSTRUCTIONS OMP_NUM_THREADS OMP_WAIT_POLICY".split()
+_ENV_NOTED = (
+    "THP_MEM_ALLOC_ENABLE ATEN_CPU_CAPABILITY MKL_ENABLE_INSTRUCTIONS OMP_NUM_THREADS OMP_WAIT_POLICY "
+    "MALLOC_MMAP_THRESHOLD_ MALLOC_TRIM_THRESHOLD_ MALLOC_TOP_PAD_ MALLOC_ARENA_MAX LD_PRELOAD"  # the C allocator's
+).split()
 _OPENMP_ENV = ("OMP_", "GOMP_", "KMP_", "MKL_")  # what OpenMP and MKL read at start
 
 
