@@ -76,6 +76,17 @@ class GPSModel(nn.Module):
         return self.head(sums / counts).squeeze(1)
 
 
+def start_inductor(device: str = "cpu") -> float:
+    """Seconds to compile (dynamic=True) and train one step of a small MLP: torch.compile's one-time
+    start (imports, caches), paid apart so that a model's compile time does not carry it."""
+    import time
+
+    start = time.perf_counter()
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(device)
+    torch.compile(mlp, dynamic=True)(torch.randn(5, 8, device=device)).sum().backward()
+    return time.perf_counter() - start
+
+
 def gps_pair(device: str = "cpu", **sizes: int) -> List[GPSModel]:
     """[sparseattn's, PyG's] GPSModel with one seeded initial state."""
     torch.manual_seed(0)
