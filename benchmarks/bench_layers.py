@@ -31,7 +31,7 @@ from sparseattn.nn import GlobalAttention
 
 from .harness import ROOT, Output, Result, fmt, machine_info, measure, parser, row_line, timed_pass, write_times
 from .harness import failure as harness_failure
-from .molecules import freesolv_batches, gps_pair, molecule_batches, start_inductor
+from .molecules import freesolv_batches, gps_pair, molecule_batches, start_inductor, step_inputs
 
 HEADS, CHANNELS, EDGE_DIM = 8, 64, 16
 COLD = {  # contender -> (layer, edge_index layout)
@@ -231,7 +231,7 @@ def _gps_cases(device: str, log: Callable[[str], None]) -> List[Result]:
 
             def epoch(module=module, opt=opt) -> None:
                 for b in batches:
-                    pred = module(b.x, b.edge_index, b.edge_attr, b.batch, b.num_graphs)
+                    pred = module(*step_inputs(b))  # fresh tensors per step, as from a DataLoader
                     loss = torch.nn.functional.mse_loss(pred, b.y)
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
@@ -320,7 +320,50 @@ def _global_cases(device: str, log: Callable[[str], None]) -> List[Result]:
     calls = {"sparseattn.nn.GlobalAttention": partial(ours, x, batch), GRAPHGPS: graphgps}
     leaves, edges = [x, *mha.parameters(), *ours.parameters()], int((sizes * sizes).sum())
     errs = dict.fromkeys(calls, err)
-    return _rows("graphgps-128x20-40", edges, calls, leaves, device, 1, log, errs=errs, warmup=2, reps=15)
+    rows = _rows("graphgps-128x20-40", edges, calls, leaves, device, 1, log, errs=errs, warmup=2, reps=15)
+    return rows + _global_molecule_rows(mha, ours, device, log)
+
+
+def _global_molecule_rows(mha, ours, device: str, log: Callable[[str], None]) -> List[Result]:
+    """The same two layers fwd+bwd per molecule batch (the layer rows' 8 batches of 32 molecules of 5-60
+    atoms), each call given a batch vector it has not seen (`clone`: sparseattn plans per batch tensor,
+    and a model's later layers would share that plan), eager and under torch.compile(dynamic=True)
+    (compile logged apart)."""
+    from torch_geometric.utils import to_dense_batch
+
+    batches = molecule_batches(8, device=device)
+    xs = [torch.randn(b.num_nodes, 64, device=device, generator=None).requires_grad_() for b in batches]
+
+    def graphgps(x: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        h, mask = to_dense_batch(x, batch)
+        return mha(h, h, h, key_padding_mask=~mask, need_weights=False)[0][mask]
+
+    with torch.no_grad():
+        err = max((ours(x, b.batch) - graphgps(x, b.batch)).abs().max().item() for x, b in zip(xs, batches))
+    compiled = {"GraphGPS": torch.compile(graphgps, dynamic=True), "sparseattn": torch.compile(ours, dynamic=True)}
+    for who, fn in compiled.items():
+        t = time.perf_counter()
+        for x, b in list(zip(xs, batches))[:2]:
+            fn(x, b.batch.clone()).sum().backward()
+        seconds = time.perf_counter() - t
+        log(f"molecules: {who} global attention torch.compile(dynamic=True) first 2 batches (compile) {seconds:.1f} s")
+
+    def run(fn) -> None:
+        for x, b in zip(xs, batches):
+            fn(x, b.batch.clone()).sum().backward()
+            x.grad = None
+        for m in (mha, ours):
+            m.zero_grad(set_to_none=True)
+
+    passes = {"sparseattn.nn.GlobalAttention": partial(run, ours), GRAPHGPS: partial(run, graphgps)}
+    passes[f"{GRAPHGPS} compiled"] = partial(run, compiled["GraphGPS"])
+    passes["sparseattn.nn.GlobalAttention compiled"] = partial(run, compiled["sparseattn"])
+    edges = sum(int((torch.bincount(b.batch) ** 2).sum()) for b in batches) // len(batches)
+    errs = {"sparseattn.nn.GlobalAttention": err, "sparseattn.nn.GlobalAttention compiled": err}
+    timing = dict(warmup=1, reps=15, budget_s=60)
+    return _rows(
+        "graphgps-molecules-32x5-60", edges, passes, None, device, 1, log, FWD_BWD, len(batches), errs=errs, **timing
+    )
 
 
 def _chunked(call: Callable, device: str, log2_values: int) -> Callable:

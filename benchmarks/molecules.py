@@ -76,6 +76,13 @@ class GPSModel(nn.Module):
         return self.head(sums / counts).squeeze(1)
 
 
+def step_inputs(b) -> tuple:
+    """A batch's model inputs (x, edge_index, edge_attr, batch, num_graphs) as fresh tensors, as a
+    DataLoader hands each step new ones: nothing a library keeps per tensor (sparseattn plans per
+    `batch` tensor) carries from one epoch to the next."""
+    return b.x.clone(), b.edge_index.clone(), b.edge_attr.clone(), b.batch.clone(), b.num_graphs
+
+
 def start_inductor(device: str = "cpu") -> float:
     """Seconds to compile (dynamic=True) and train one step of a small MLP: torch.compile's one-time
     start (imports, caches), paid apart so that a model's compile time does not carry it."""

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from .molecules import freesolv_batches, gps_pair, molecule_batches, start_inductor
+from .molecules import freesolv_batches, gps_pair, molecule_batches, start_inductor, step_inputs
 
 
 def main(argv=None) -> None:
@@ -42,7 +42,7 @@ def main(argv=None) -> None:
     def epoch() -> float:
         start = time.perf_counter()
         for b in batches:
-            loss = torch.nn.functional.mse_loss(module(b.x, b.edge_index, b.edge_attr, b.batch, b.num_graphs), b.y)
+            loss = torch.nn.functional.mse_loss(module(*step_inputs(b)), b.y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -101,12 +101,12 @@ def factor_edge_projection(num_edges: int, heads: int, channels: int, edge_dim: 
     return channels + edge_dim < heads * channels and not small_pays(num_edges * heads * channels, False, edge_kv=True)
 
 
-def choose_padding(num_graphs: int, longest: int, edges: int) -> bool:
+def choose_padding(cost: int, edges: int) -> bool:
     """Whether attention within each graph of a batch (`kernels.within_graphs`, exact softmax without
-    bias or returned weights, backend "auto", eager) runs as one SDPA over the batch padded to its
-    largest graph (`kernels.padded`) rather than over its block graph: when the padded score matrix,
-    num_graphs * longest^2, is at most PADDED_MAX_WASTE times the graphs' sum_b n_b^2 edges."""
-    return num_graphs * longest * longest <= PADDED_MAX_WASTE * edges
+    bias or returned weights, backend "auto", eager) runs as one SDPA over the batch's graphs packed in
+    padded rows (`kernels.padded`) rather than over its block graph: when the padded plan's cost in
+    scores (`padded.rows_cost`) is at most PADDED_MAX_WASTE times the graphs' sum_b n_b^2 edges."""
+    return cost <= PADDED_MAX_WASTE * edges
 
 
 def _local_pays(graph: Graph) -> bool:

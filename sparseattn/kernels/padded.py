@@ -1,35 +1,64 @@
-"""Attention within each graph of a batch as one SDPA over the batch padded to its largest graph: the
-plan of a batch (each node's row in the (B, L) padding, the key mask past each graph) and the kernel.
-`kernels.auto.choose_padding` decides when it runs (PADDED_MAX_WASTE); `kernels.within_graphs` runs it."""
+"""Attention within each graph of a batch as one SDPA over rows of packed graphs: the plan of a batch
+(each node's slot in a (rows, C) padding, the mask that keeps each graph to its own keys) and the
+kernel. Graphs are packed several to a row (best-fit decreasing into rows of C slots), so a batch of
+molecules of 3-22 atoms runs as 9 rows of 32 rather than 32 rows of 22: CPU SDPA pays per (row, head)
+about as much as for 600 more scores, so fewer rows beat less padding. `kernels.auto.choose_padding`
+decides when it runs (PADDED_MAX_WASTE); `kernels.within_graphs` runs it, checked where a row holds
+more than one graph (`kernels.guard`: a NaN in one graph would otherwise reach the others of its row)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# The padded form runs when its score matrix B * L_max^2 is at most this many times the graph's
-# sum_b n_b^2 edges (exact softmax, no bias, no weights asked for, backend "auto", eager). Measured
-# (1 thread, CPU, GlobalAttention(64, 4 heads) fwd+bwd, padded over the block graph's time): waste
-# 2.4 (32 graphs of 5-25 nodes) 1.87x, 8.6 (5-15 and one of 40) 1.28x, 9.5 (16 of 20-60, one of 200)
-# 1.07x, 11.7 (64 of 10-40, one of 100) 0.85x, 16-22 (32 of 3-15, one of 60) 0.81-0.91x; FreeSolv's
-# batches of 32 molecules (waste 3.2-5.4) padded 1.0-2.1x, 62 against 87 ms an epoch with the
-# earlier bound of 4.
-PADDED_MAX_WASTE = 8.0
+# The padded form runs when its cost in scores, rows * (C^2 + PACK_ROW_SCORES), is at most this many
+# times the graphs' sum_b n_b^2 edges (exact softmax, no bias, no weights asked for, backend "auto",
+# eager). Measured (1 thread, CPU, GlobalAttention(64, 4 heads) fwd+bwd with a plan per batch, the
+# block graph's time over the packed rows'): cost/edges 2.0 (one graph of 120 or 300 nodes and
+# 40-100 of 1-4) 2.8-3.2x, 1.9-4.3 (32 graphs of 5-60, 5-25, 5-15 and one of 40, 3-15 and one of 60,
+# 64 of 10-40 and one of 100) 1.6-2.3x, FreeSolv's batches of 32 molecules (4.7-6.1) 2.0x, 128 of 2-10
+# (6.8-7.5) 1.4x, 11-34 (8 of 3-6, 32 of 2-4, 64 of 1-3) 1.3-1.4x, 51 (256 of 1 node) 1.09x.
+PADDED_MAX_WASTE = 48.0
+# What one row of a padded SDPA costs beyond its C^2 scores, in scores: CPU SDPA fwd+bwd (H=4, D=16,
+# 1 thread) took about 7 + 0.012 C^2 us per (row, head) from C = 8 to 96 (rows of 8: 7.7 us, 22: 14,
+# 32: 23, 64: 62, 96: 116).
+PACK_ROW_SCORES = 600
+# Row lengths tried beside the largest graph's (the cheapest by the cost above is taken): FreeSolv's
+# batches of 32 molecules (largest 17-22 atoms) packed in rows of 32 ran fwd+bwd 1.8x faster than one
+# molecule per row of 22 (48: 1.6x, 64: 1.5x); 32 graphs of 5-60 nodes in rows of the largest, 1.4x.
+PACK_LENGTHS = (16, 32, 48, 64)
 
 
 @dataclass(frozen=True)
 class PaddedBatch:
-    """A batch of B graphs padded to L rows each: slot (N,) each node's row in (B * L), key_mask
-    (B, 1, 1, L) 0 for a graph's keys and -inf past them (an empty graph keeps its first key)."""
+    """A batch of graphs in `rows` rows of `length` slots: slot (N,) each node's slot in (rows * length),
+    mask (rows, 1, length, length) 0 where a slot's key is of the same graph and -inf elsewhere (a
+    padding slot sees itself only, so no row of the softmax is empty); sizes (B,) the graphs' node
+    counts; packed: whether some row holds more than one graph."""
 
-    graphs: int
+    rows: int
     length: int
     slot: Tensor
-    key_mask: Tensor
+    mask: Tensor
+    sizes: Tensor
+    packed: bool
+    _alone: List["PaddedBatch"] = field(default_factory=list, repr=False, compare=False)
+
+    def alone(self) -> "PaddedBatch":
+        """The plan with one graph per row (each graph apart: what a packed row computes, without a
+        non-finite value of one graph reaching another), built on first use."""
+        if not self.packed:
+            return self
+        if not self._alone:
+            sizes = self.sizes.tolist()
+            self._alone.append(
+                _plan([[i] for i in range(len(sizes))], sizes, max(sizes), self.mask.dtype, self.slot.device)
+            )
+        return self._alone[0]
 
 
 def graph_sizes(batch: Optional[Tensor], ptr: Optional[Tensor], n: int) -> Optional[Tensor]:
@@ -46,29 +75,97 @@ def graph_sizes(batch: Optional[Tensor], ptr: Optional[Tensor], n: int) -> Optio
     return None
 
 
-def plan_padding(sizes: Tensor, n: int, length: int, dtype: torch.dtype) -> PaddedBatch:
-    """The padded plan of B graphs of `sizes` (B,) nodes, n in all, padded to `length` rows each."""
-    b, device = sizes.numel(), sizes.device
-    starts = sizes.cumsum(0) - sizes  # (B,) first node of each graph
-    graph_id = torch.repeat_interleave(torch.arange(b, device=device), sizes, output_size=n)
-    slot = graph_id * length + torch.arange(n, device=device) - starts[graph_id]  # (N,) row in (B * L)
-    past = torch.arange(length, device=device) >= sizes.clamp(min=1).unsqueeze(1)  # (B, L)
-    # an additive float mask: measured faster in CPU SDPA than a bool one
-    key_mask = torch.zeros(b, 1, 1, length, dtype=dtype, device=device).masked_fill_(past[:, None, None], float("-inf"))
-    return PaddedBatch(b, length, slot, key_mask)
+def pack(sizes: List[int], length: int) -> List[List[int]]:
+    """Graph ids in rows of `length` slots, first-fit decreasing: largest graph first, each into the
+    first row it fits (length >= max(sizes)); empty graphs take no row."""
+    rows: List[List[int]] = []
+    left: List[int] = []  # slots left per row
+    for i in sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True):
+        n = sizes[i]
+        if n == 0:
+            break
+        for r, free in enumerate(left):
+            if free >= n:
+                rows[r].append(i)
+                left[r] = free - n
+                break
+        else:
+            rows.append([i])
+            left.append(length - n)
+    return rows or [[]]
+
+
+def rows_cost(rows: int, length: int) -> int:
+    """A padded SDPA's cost in scores (PACK_ROW_SCORES): what `plan_padding` minimizes and
+    `auto.choose_padding` weighs against the graphs' edges."""
+    return rows * (length * length + PACK_ROW_SCORES)
+
+
+def plan_padding(sizes: Tensor, dtype: torch.dtype) -> PaddedBatch:
+    """The plan of B graphs of `sizes` (B,) nodes: packed in rows of the largest graph's
+    length or of PACK_LENGTHS, whichever `rows_cost` finds cheapest."""
+    counts = sizes.tolist()
+    longest, total = max(max(counts, default=1), 1), sum(counts)
+
+    def bound(length: int) -> int:  # the cost with every row full: no packing does better
+        return rows_cost(-(-total // length), length)
+
+    best: Optional[Tuple[int, int, List[List[int]]]] = None  # (cost, length, rows)
+    for length in sorted({longest, *(c for c in PACK_LENGTHS if c > longest)}, key=bound):
+        if best is not None and bound(length) >= best[0]:
+            break
+        rows = pack(counts, length)
+        if best is None or rows_cost(len(rows), length) < best[0]:
+            best = (rows_cost(len(rows), length), length, rows)
+    assert best is not None
+    return _plan(best[2], counts, best[1], dtype, sizes.device)
+
+
+def _plan(
+    rows: List[List[int]], sizes: List[int], length: int, dtype: torch.dtype, device: torch.device
+) -> PaddedBatch:
+    """The PaddedBatch of graphs placed in rows (graph ids per row, in slot order), sizes per graph."""
+    n = sum(sizes)
+    starts = [0] * len(sizes)
+    for i in range(1, len(sizes)):
+        starts[i] = starts[i - 1] + sizes[i - 1]
+    first_slot = [0] * len(sizes)  # each graph's first slot in (rows * length)
+    for r, graphs in enumerate(rows):
+        at = r * length
+        for i in graphs:
+            first_slot[i], at = at, at + sizes[i]
+    counts = torch.tensor(sizes, dtype=torch.long, device=device)
+    graph_id = torch.repeat_interleave(torch.arange(len(sizes), device=device), counts, output_size=n)
+    offset = torch.tensor([f - s for f, s in zip(first_slot, starts)], dtype=torch.long, device=device)
+    slot = torch.arange(n, device=device) + offset[graph_id]  # (N,)
+    owner = -1 - torch.arange(len(rows) * length, device=device)  # padding: its own slot only
+    owner = owner.index_copy_(0, slot, graph_id).view(len(rows), length)
+    apart = (owner.unsqueeze(2) != owner.unsqueeze(1)).unsqueeze(1)  # (rows, 1, length, length)
+    mask = torch.zeros(apart.shape, dtype=dtype, device=device).masked_fill_(apart, float("-inf"))
+    return PaddedBatch(len(rows), length, slot, mask, counts, any(len(g) > 1 for g in rows))
 
 
 def padded_attention(q: Tensor, k: Tensor, v: Tensor, plan: PaddedBatch, dropout_p: float) -> Tensor:
-    """q, k, v (N, H, D) -> (N, H, D): one SDPA over the plan's (B, H, L, D) padding."""
-    b, length, slot = plan.graphs, plan.length, plan.slot
+    """q, k, v (N, H, D) -> (N, H, D): one SDPA over the plan's (rows, H, length, D) padding."""
+    rows, length, slot = plan.rows, plan.length, plan.slot
     n, h, d = q.shape
 
-    def dense(t: Tensor) -> Tensor:  # (N, H, D) -> (B, H, L, D), padding rows 0
-        rows = t.new_zeros(b * length, h, t.shape[2]).index_copy_(0, slot, t)
-        return rows.view(b, length, h, t.shape[2]).transpose(1, 2)
+    def dense(t: Tensor) -> Tensor:  # (N, H, D) -> (rows, H, length, D), padding slots 0
+        padded = t.new_zeros(rows * length, h, t.shape[2]).index_copy_(0, slot, t)
+        return padded.view(rows, length, h, t.shape[2]).transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(dense(q), dense(k), dense(v), attn_mask=plan.key_mask, dropout_p=dropout_p)
-    return out.transpose(1, 2).reshape(b * length, h, v.shape[2]).index_select(0, slot)  # (N, H, Dv)
+    out = F.scaled_dot_product_attention(dense(q), dense(k), dense(v), attn_mask=plan.mask, dropout_p=dropout_p)
+    return out.transpose(1, 2).reshape(rows * length, h, v.shape[2]).index_select(0, slot)  # (N, H, Dv)
 
 
-__all__ = ["PADDED_MAX_WASTE", "PaddedBatch", "graph_sizes", "padded_attention", "plan_padding"]
+__all__ = [
+    "PACK_LENGTHS",
+    "PACK_ROW_SCORES",
+    "PADDED_MAX_WASTE",
+    "PaddedBatch",
+    "graph_sizes",
+    "pack",
+    "padded_attention",
+    "plan_padding",
+    "rows_cost",
+]

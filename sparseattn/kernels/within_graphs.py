@@ -1,9 +1,9 @@
 """Attention within each graph of a PyG-style batch (every node attends to every node of its own graph,
-GraphGPS's global attention), decided here rather than in the layers: the batch padded to its largest
-graph and one SDPA with a key mask (no graph built), or `edge_attention` over the batch's block-diagonal
-complete graph (`graphs.complete_per_graph`). Either way the plan of a batch vector (its graph sizes, the
-padded slot of each node, or the Graph) is made once per batch and shared by every layer that receives
-the same tensor (`graphs.memo`).
+GraphGPS's global attention), decided here rather than in the layers: the batch's graphs packed into
+padded rows and one SDPA with a mask that keeps each graph to itself (`kernels.padded`, no graph
+built), or `edge_attention` over the batch's block-diagonal complete graph (`graphs.complete_per_graph`).
+Either way the plan of a batch vector (its graph sizes, the padded slot of each node, or the Graph) is
+made once per batch and shared by every layer that receives the same tensor (`graphs.memo`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from ..graphs import Graph
 from ..graphs.memo import recall
 from ..graphs.pyg import complete_per_graph
 from .auto import choose_padding
-from .padded import PaddedBatch, graph_sizes, padded_attention, plan_padding
+from .contract import AttentionInputs
+from .guard import checked
+from .padded import PaddedBatch, graph_sizes, padded_attention, plan_padding, rows_cost
 
 
 def padded_batch(batch: Optional[Tensor], ptr: Optional[Tensor], n: int, dtype: torch.dtype) -> Optional[PaddedBatch]:
@@ -28,11 +30,11 @@ def padded_batch(batch: Optional[Tensor], ptr: Optional[Tensor], n: int, dtype: 
     sizes = graph_sizes(batch, ptr, n)
     if sizes is None:
         return None
-    stats = torch.stack([sizes.min(), sizes.max(), sizes.sum(), (sizes * sizes).sum()]).tolist()
-    smallest, length, total, edges = stats
-    if smallest < 0 or total != n or length == 0 or not choose_padding(sizes.numel(), length, edges):
+    smallest, total, edges = torch.stack([sizes.min(), sizes.sum(), (sizes * sizes).sum()]).tolist()
+    if smallest < 0 or total != n or n == 0:
         return None
-    return plan_padding(sizes, n, length, dtype)
+    plan = plan_padding(sizes, dtype)
+    return plan if choose_padding(rows_cost(plan.rows, plan.length), edges) else None
 
 
 def attention_within_graphs(
@@ -61,7 +63,7 @@ def attention_within_graphs(
     if padded_ok and given is not None:
         plan = recall(given, key, lambda: padded_batch(batch, ptr, n, q.dtype))
         if plan is not None:
-            return padded_attention(q, k, v, plan, dropout_p)
+            return _padded(q, k, v, plan, dropout_p)
     # traced: built eagerly (its sizes come from host reads), as torch.compiler.disable does; wrapped
     # here, not at import, which would import torch._dynamo into every eager process
     build = torch.compiler.disable(within_graphs_graph) if tracing() else within_graphs_graph
@@ -69,6 +71,24 @@ def attention_within_graphs(
     return edge_attention(
         q, k, v, graph, clamp=clamp, dropout_p=dropout_p, bias=bias, backend=backend, return_weights=return_weights
     )
+
+
+def _padded(q: Tensor, k: Tensor, v: Tensor, plan: PaddedBatch, dropout_p: float) -> Tensor:
+    """`padded.padded_attention` over the plan; where a row packs several graphs, its result checked
+    (`guard.checked`): an output or gradient holding a non-finite value comes from the plan with one
+    graph per row, so that a NaN of one graph reaches no other, as over the block graph."""
+    if not plan.packed:
+        return padded_attention(q, k, v, plan, dropout_p)
+
+    def packed(inputs: AttentionInputs) -> Tuple[Tensor, None]:
+        return padded_attention(inputs.q, inputs.k, inputs.v, plan, dropout_p), None
+
+    def alone(inputs: AttentionInputs) -> Tuple[Tensor, None]:
+        return padded_attention(inputs.q, inputs.k, inputs.v, plan.alone(), dropout_p), None
+
+    # the guard reads q, k, v (and bias: None) of the inputs; the graph is the plan's
+    inputs = AttentionInputs(q, k, v, None, 1.0, None, None, None, False)  # type: ignore[arg-type]
+    return checked(packed, alone)(inputs)[0]
 
 
 def within_graphs_graph(batch: Optional[Tensor], ptr: Optional[Tensor], n: int) -> Graph:

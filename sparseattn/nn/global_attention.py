@@ -34,8 +34,8 @@ class GlobalAttention(NotScriptable, nn.MultiheadAttention):
         batch_first: the layout of the nn.MultiheadAttention-style call: (B, L, E), else (L, B, E).
         clamp: None for exact softmax (nn.MultiheadAttention's), or (lo, hi) for clamp mode.
         backend: kernel backend for `edge_attention`; with "auto" the kernels decide how a batch
-            runs (`kernels.within_graphs`: padded to its largest graph in one SDPA where that wastes
-            little, else over the batch's block-diagonal complete graph), planned once per batch
+            runs (`kernels.within_graphs`: its graphs packed into padded rows for one SDPA where
+            that wastes little, else over the batch's block-diagonal complete graph), planned once per batch
             tensor and shared by every layer given the same `batch` or `ptr`.
 
     Shapes:

@@ -9,7 +9,7 @@ from torch import nn
 
 import sparseattn
 from sparseattn.kernels import choose_auto
-from sparseattn.kernels.padded import PADDED_MAX_WASTE
+from sparseattn.kernels.padded import PADDED_MAX_WASTE, pack, plan_padding, rows_cost
 from sparseattn.kernels.within_graphs import padded_batch
 from sparseattn.nn import GlobalAttention, complete_per_graph
 
@@ -225,7 +225,8 @@ def test_the_padded_path_equals_the_graph_path_and_trains_alike(sizes):
     ptr = torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()])
     batch = batch_of(sizes)
     x = torch.randn(batch.numel(), EMBED, dtype=torch.float64, requires_grad=True)
-    assert padded_batch(batch, None, x.shape[0], x.dtype) is not None
+    plan = padded_batch(batch, None, x.shape[0], x.dtype)
+    assert plan is not None and plan.packed == (len(sizes) > 1)  # several graphs per row
     assert padded_batch(None, ptr, x.shape[0], x.dtype) is not None
     got = ours(x, batch)
     assert torch.equal(ours(x, ptr=ptr), got)
@@ -240,26 +241,79 @@ def test_the_padded_path_equals_the_graph_path_and_trains_alike(sizes):
 
 
 def test_the_padded_path_is_left_for_wasteful_or_unusual_batches():
-    """None (the graph path) when padding would cost more than PADDED_MAX_WASTE times the edges, for an
-    unsorted batch, a ptr not starting at 0, clamp mode or need_weights."""
+    """None (the graph path) when the packed rows would cost more than PADDED_MAX_WASTE times the
+    edges, for an unsorted batch, a ptr not starting at 0, clamp mode or need_weights."""
     _, ours = make_pair()
-    sizes = [1] * 12 + [8]
-    batch = batch_of(sizes)
-    assert len(sizes) * 64 > PADDED_MAX_WASTE * sum(n * n for n in sizes)
-    x = torch.randn(batch.numel(), EMBED, dtype=torch.float64)
-    assert padded_batch(batch, None, x.shape[0], x.dtype) is None
+    sizes = [1] * 600  # rows of 32 single nodes: each row's overhead buys one edge per node
+    plan = plan_padding(torch.tensor(sizes), torch.float64)
+    assert rows_cost(plan.rows, plan.length) > PADDED_MAX_WASTE * sum(n * n for n in sizes)
+    x = torch.randn(len(sizes), EMBED, dtype=torch.float64)
+    assert padded_batch(batch_of(sizes), None, x.shape[0], x.dtype) is None
     assert padded_batch(torch.tensor([0, 1, 0, 1]), None, 4, x.dtype) is None
     assert padded_batch(None, torch.tensor([1, 3, 5]), 4, x.dtype) is None
-    small = batch_of([2, 2])
-    assert padded_batch(small, None, 4, x.dtype) is not None
-    out, weights = ours(x[:4], small, need_weights=True)  # weights per edge: the graph path
-    assert weights is not None and weights.shape == (8, HEADS)
-    exact = ours(x[:4], small)
+    small = batch_of([4, 4])
+    assert padded_batch(small, None, 8, x.dtype) is not None
+    out, weights = ours(x[:8], small, need_weights=True)  # weights per edge: the graph path
+    assert weights is not None and weights.shape == (32, HEADS)
+    exact = ours(x[:8], small)
     ours.clamp = (-0.01, 0.01)  # binds: clamp mode runs on the graph, not in SDPA
-    clamped = ours(x[:4], small)
+    clamped = ours(x[:8], small)
     assert not torch.allclose(clamped, exact)
     ours.backend = "csr"
-    assert_close(clamped, ours(x[:4], small), torch.float64, "clamp mode on auto vs csr")
+    assert_close(clamped, ours(x[:8], small), torch.float64, "clamp mode on auto vs csr")
+
+
+@pytest.mark.parametrize("length", [8, 11, 32])
+def test_packing_places_each_graph_once_within_its_row(length):
+    """First-fit decreasing: every non-empty graph in exactly one row, no row past its length, the
+    largest graphs first, no two rows that one row could hold; empty graphs take no slot."""
+    sizes = [3, 8, 0, 1, 3, 8, 5, 2, 0, 7, 1]
+    rows = pack(sizes, length)
+    placed = sorted(i for row in rows for i in row)
+    assert placed == [i for i, n in enumerate(sizes) if n > 0]
+    fills = [sum(sizes[i] for i in row) for row in rows]
+    assert max(fills) <= length
+    assert all(a + b > length for j, a in enumerate(fills) for b in fills[j + 1 :])  # first fit merges
+    assert len(rows) >= -(-sum(sizes) // length)
+    plan = plan_padding(torch.tensor(sizes), torch.float32)
+    assert plan.packed and plan.rows < sum(n > 0 for n in sizes)
+    assert plan.slot.unique().numel() == sum(sizes) and int(plan.slot.max()) < plan.rows * plan.length
+    alone = plan.alone()
+    assert not alone.packed and alone.rows == len(sizes) and alone.length == max(sizes)
+
+
+@pytest.mark.parametrize("where", ["x", "grad"])
+def test_a_nan_in_one_graph_of_a_packed_row_stays_in_that_graph(where):
+    """Several graphs share a padded row (packed), but a NaN in one graph's input, or in the incoming
+    gradient at one of its nodes, reaches that graph's rows only, forward and backward, as on csr:
+    the packed rows' result is checked and recomputed with one graph per row."""
+    _, ours = make_pair()
+    sizes = [3, 8, 1, 3, 8]
+    batch = batch_of(sizes)
+    plan = padded_batch(batch, None, batch.numel(), torch.float64)
+    assert plan is not None and plan.packed
+    x = torch.randn(batch.numel(), EMBED, dtype=torch.float64)
+    w = torch.randn(batch.numel(), EMBED, dtype=torch.float64)
+    if where == "x":
+        x[4, 2] = float("nan")  # node 4: graph 1 (nodes 3-10)
+    else:
+        w[5, 0] = float("nan")
+    results = {}
+    for backend in ("auto", "csr"):
+        ours.backend = backend
+        xg = x.clone().requires_grad_()
+        out = ours(xg, batch)
+        (out * w).sum().backward()
+        results[backend] = (out.detach(), xg.grad)
+    graph1 = batch == 1
+    for name, got, expected in zip(("out", "grad of x"), results["auto"], results["csr"]):
+        bad = ~torch.isfinite(got).all(1)
+        if name == "out":
+            assert bad[graph1].all() if where == "x" else not bad.any()
+        else:
+            assert bad[graph1].any()
+        assert not bad[~graph1].any(), f"{name}: a NaN reached another graph"
+        assert_close(got[~graph1], expected[~graph1], torch.float64, f"{name} outside the NaN's graph", "packed vs csr")
 
 
 def test_attn_bias_per_edge_and_head_equals_mha_with_that_additive_mask():
