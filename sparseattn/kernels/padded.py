@@ -145,16 +145,18 @@ def _plan(
     return PaddedBatch(len(rows), length, slot, mask, counts, any(len(g) > 1 for g in rows))
 
 
-def padded_attention(q: Tensor, k: Tensor, v: Tensor, plan: PaddedBatch, dropout_p: float) -> Tensor:
-    """q, k, v (N, H, D) -> (N, H, D): one SDPA over the plan's (rows, H, length, D) padding."""
-    rows, length, slot = plan.rows, plan.length, plan.slot
-    n, h, d = q.shape
+def padded_attention(q: Tensor, k: Tensor, v: Tensor, slot: Tensor, mask: Tensor, dropout_p: float) -> Tensor:
+    """q, k, v (N, H, D) -> (N, H, D): one SDPA over a plan's (rows, H, length, D) padding, given its
+    slot (N,) and mask (rows, 1, length, length) (`PaddedBatch`; the sizes are read from the mask's
+    shape, so that traced code takes them as dynamic sizes)."""
+    rows, length = mask.shape[0], mask.shape[-1]
+    h = q.shape[1]
 
     def dense(t: Tensor) -> Tensor:  # (N, H, D) -> (rows, H, length, D), padding slots 0
         padded = t.new_zeros(rows * length, h, t.shape[2]).index_copy_(0, slot, t)
         return padded.view(rows, length, h, t.shape[2]).transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(dense(q), dense(k), dense(v), attn_mask=plan.mask, dropout_p=dropout_p)
+    out = F.scaled_dot_product_attention(dense(q), dense(k), dense(v), attn_mask=mask, dropout_p=dropout_p)
     return out.transpose(1, 2).reshape(rows * length, h, v.shape[2]).index_select(0, slot)  # (N, H, Dv)
 
 

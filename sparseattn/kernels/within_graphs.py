@@ -57,15 +57,19 @@ def attention_within_graphs(
     from ..functional import edge_attention
 
     n = q.shape[0]
-    key = ("padded batch", n, q.dtype, q.device)
-    padded_ok = backend == "auto" and clamp is None and bias is None and not return_weights and not tracing()
-    given = ptr if ptr is not None else batch
-    if padded_ok and given is not None:
-        plan = recall(given, key, lambda: padded_batch(batch, ptr, n, q.dtype))
-        if plan is not None:
-            return _padded(q, k, v, plan, dropout_p)
-    # traced: built eagerly (its sizes come from host reads), as torch.compiler.disable does; wrapped
-    # here, not at import, which would import torch._dynamo into every eager process
+    padded_ok = backend == "auto" and clamp is None and bias is None and not return_weights
+    if padded_ok and (ptr is not None or batch is not None):
+        if tracing():  # the plan made eagerly (host reads), one graph per row: no check can run here
+            # wrapped here, not at import, which would import torch._dynamo into every eager process
+            rows = torch.compiler.disable(padded_rows)(batch, ptr, n, q.dtype, q.device)
+            if rows is not None:
+                return padded_attention(q, k, v, rows[0], rows[1], dropout_p)
+        else:
+            given: Tensor = ptr if ptr is not None else batch  # type: ignore[assignment]
+            plan = recall(given, ("padded batch", n, q.dtype, q.device), lambda: padded_batch(batch, ptr, n, q.dtype))
+            if plan is not None:
+                return _padded(q, k, v, plan, dropout_p)
+    # traced: built eagerly (its sizes come from host reads), as torch.compiler.disable does
     build = torch.compiler.disable(within_graphs_graph) if tracing() else within_graphs_graph
     graph = build(batch, ptr, n)
     return edge_attention(
@@ -73,18 +77,40 @@ def attention_within_graphs(
     )
 
 
+def padded_rows(
+    batch: Optional[Tensor], ptr: Optional[Tensor], n: int, dtype: torch.dtype, device: torch.device
+) -> Optional[Tuple[Tensor, Tensor]]:
+    """For traced code, run eagerly: the (slot, mask) of the batch's plan with one graph per row
+    (`PaddedBatch.alone`: a trace cannot check a packed row's result, and one graph per row keeps a
+    NaN in its graph without a check), where `auto.choose_padding` takes that plan, else None. Made
+    once per batch tensor, as the eager plan is; tensors only, so that the trace takes their sizes as
+    dynamic and a batch of new sizes does not recompile."""
+
+    def plan() -> Optional[Tuple[Tensor, Tensor]]:
+        packed = padded_batch(batch, ptr, n, dtype)
+        if packed is None:
+            return None
+        alone = packed.alone()
+        edges = int((alone.sizes * alone.sizes).sum())
+        return (alone.slot, alone.mask) if choose_padding(rows_cost(alone.rows, alone.length), edges) else None
+
+    given = ptr if ptr is not None else batch
+    return recall(given, ("padded rows, one graph each", n, dtype, device), plan)  # type: ignore[arg-type]
+
+
 def _padded(q: Tensor, k: Tensor, v: Tensor, plan: PaddedBatch, dropout_p: float) -> Tensor:
     """`padded.padded_attention` over the plan; where a row packs several graphs, its result checked
     (`guard.checked`): an output or gradient holding a non-finite value comes from the plan with one
     graph per row, so that a NaN of one graph reaches no other, as over the block graph."""
     if not plan.packed:
-        return padded_attention(q, k, v, plan, dropout_p)
+        return padded_attention(q, k, v, plan.slot, plan.mask, dropout_p)
 
     def packed(inputs: AttentionInputs) -> Tuple[Tensor, None]:
-        return padded_attention(inputs.q, inputs.k, inputs.v, plan, dropout_p), None
+        return padded_attention(inputs.q, inputs.k, inputs.v, plan.slot, plan.mask, dropout_p), None
 
     def alone(inputs: AttentionInputs) -> Tuple[Tensor, None]:
-        return padded_attention(inputs.q, inputs.k, inputs.v, plan.alone(), dropout_p), None
+        separate = plan.alone()
+        return padded_attention(inputs.q, inputs.k, inputs.v, separate.slot, separate.mask, dropout_p), None
 
     # the guard reads q, k, v (and bias: None) of the inputs; the graph is the plan's
     inputs = AttentionInputs(q, k, v, None, 1.0, None, None, None, False)  # type: ignore[arg-type]
@@ -102,4 +128,4 @@ def within_graphs_graph(batch: Optional[Tensor], ptr: Optional[Tensor], n: int) 
     return build() if given is None else recall(given, ("complete per graph", n, ptr is not None), build)
 
 
-__all__ = ["attention_within_graphs", "padded_batch", "within_graphs_graph"]
+__all__ = ["attention_within_graphs", "padded_batch", "padded_rows", "within_graphs_graph"]
