@@ -1,6 +1,6 @@
 """Attention within each graph of a batch as one SDPA over rows of packed graphs: the plan of a batch
 (each node's slot in a (rows, C) padding, the mask that keeps each graph to its own keys) and the
-kernel. Graphs are packed several to a row (best-fit decreasing into rows of C slots), so a batch of
+kernel. Graphs are packed several to a row (first-fit decreasing into rows of C slots), so a batch of
 molecules of 3-22 atoms runs as 9 rows of 32 rather than 32 rows of 22: CPU SDPA pays per (row, head)
 about as much as for 600 more scores, so fewer rows beat less padding. `kernels.auto.choose_padding`
 decides when it runs (PADDED_MAX_WASTE); `kernels.within_graphs` runs it, checked where a row holds
