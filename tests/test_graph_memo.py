@@ -5,6 +5,7 @@ tensor is edited in place, and never keeps the tensor alive."""
 import gc
 import weakref
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -96,9 +97,15 @@ def _model_step(layers: int, x, edge_index, edge_attr, batch) -> int:
     return reads.count
 
 
-def test_host_reads_of_a_step_do_not_grow_with_the_layers():
+@pytest.mark.parametrize("packing", [False, True])
+def test_host_reads_of_a_step_do_not_grow_with_the_layers(packing, monkeypatch):
     """A mini-batch of small graphs (the "small" backend) given as PyG gives it, a raw edge_index and a
-    batch vector to every layer: the first layer checks and plans them, the others read nothing back."""
+    batch vector to every layer: the first layer checks and plans them, the others read nothing back,
+    as on a GPU (one graph per padded row). Where the global attention packs several graphs into a
+    row (the CPU), each call checks its result, forward and backward: two reads per layer more."""
+    import sparseattn.kernels.within_graphs as within_graphs
+
+    monkeypatch.setattr(within_graphs, "choose_packing", lambda device: packing)
     sizes = [5, 9, 7, 12]
     batch = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
     n = batch.numel()
@@ -106,4 +113,4 @@ def test_host_reads_of_a_step_do_not_grow_with_the_layers():
     x, edge_attr = torch.randn(n, 16, requires_grad=True), torch.randn(edge_index.shape[1], 3)
     one, three = (_model_step(layers, x, edge_index.clone(), edge_attr, batch.clone()) for layers in (1, 3))
     assert one > 0  # the first layer's checks do read
-    assert three == one
+    assert three == one + (2 * 2 if packing else 0)

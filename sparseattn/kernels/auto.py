@@ -1,14 +1,15 @@
 """The "auto" rule, in one place: which backend runs a call (`choose_auto`) and whether it runs in the
 graph's locality order (`choose_order`), decided from the graph, the tensors and whether code is being
-traced, and how attention within the graphs of a batch runs (`choose_padding`). Each threshold
-lives beside the kernel it was measured for (dense/plan.py, local/plan.py, small.py, padded.py);
-layers never choose (they pass "auto" or what their caller named).
+traced, and how attention within the graphs of a batch runs (`choose_padding`, `choose_packing`).
+Each threshold lives beside the kernel it was measured for (dense/plan.py, local/plan.py, small.py,
+padded.py); layers never choose (they pass "auto" or what their caller named).
 """
 
 from __future__ import annotations
 
 from typing import FrozenSet, Mapping, Optional
 
+import torch
 from torch import Tensor
 
 from .._tracing import exporting, tracing
@@ -109,6 +110,16 @@ def choose_padding(cost: int, edges: int) -> bool:
     return cost <= PADDED_MAX_WASTE * edges
 
 
+def choose_packing(device: torch.device) -> bool:
+    """Whether attention within the graphs of a batch packs several graphs into a padded row
+    (`kernels.padded`) rather than one per row: on the CPU, whose SDPA pays per row and head about
+    as much as for PACK_ROW_SCORES more scores (where that was measured). Elsewhere one graph per
+    row: a packed row's result must be checked for a NaN of one graph reaching another (two host
+    reads per call, which a GPU step captured in a CUDA graph cannot make), and GPU SDPA kernels were
+    not measured to pay per row."""
+    return device.type == "cpu"
+
+
 def _local_pays(graph: Graph) -> bool:
     """The "local" part of the rule: enough edges per destination first (O(1)), then the tiles'
     density (O(E) once, cached on the graph): of tiles of 16 rows first, which bounds that of any
@@ -141,4 +152,11 @@ def choose_order(graph: Graph, node_order: Optional[str], backend: str) -> bool:
     return locality_pays(graph)
 
 
-__all__ = ["choose_auto", "choose_order", "choose_padding", "factor_edge_projection", "ORDER_MIN_NODES"]
+__all__ = [
+    "choose_auto",
+    "choose_order",
+    "choose_packing",
+    "choose_padding",
+    "factor_edge_projection",
+    "ORDER_MIN_NODES",
+]

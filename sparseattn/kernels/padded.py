@@ -3,8 +3,9 @@
 kernel. Graphs are packed several to a row (first-fit decreasing into rows of C slots), so a batch of
 molecules of 3-22 atoms runs as 9 rows of 32 rather than 32 rows of 22: CPU SDPA pays per (row, head)
 about as much as for 600 more scores, so fewer rows beat less padding. `kernels.auto.choose_padding`
-decides when it runs (PADDED_MAX_WASTE); `kernels.within_graphs` runs it, checked where a row holds
-more than one graph (`kernels.guard`: a NaN in one graph would otherwise reach the others of its row)."""
+decides when it runs (PADDED_MAX_WASTE) and `choose_packing` where rows hold several graphs (the CPU);
+`kernels.within_graphs` runs it, checked where a row holds more than one graph (`kernels.guard`: a
+NaN in one graph would otherwise reach the others of its row)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from .._tracing import tracing
 from ..graphs import Graph
 from ..graphs.memo import recall
 from ..graphs.pyg import complete_per_graph
-from .auto import choose_padding
+from .auto import choose_packing, choose_padding
 from .contract import AttentionInputs
 from .guard import checked
 from .padded import PaddedBatch, graph_sizes, padded_attention, plan_padding, rows_cost
@@ -34,6 +34,7 @@ def padded_batch(batch: Optional[Tensor], ptr: Optional[Tensor], n: int, dtype: 
     if smallest < 0 or total != n or n == 0:
         return None
     plan = plan_padding(sizes, dtype)
+    plan = plan if choose_packing(sizes.device) else plan.alone()
     return plan if choose_padding(rows_cost(plan.rows, plan.length), edges) else None
 
 
