@@ -55,10 +55,7 @@ class PaddedBatch:
         if not self.packed:
             return self
         if not self._alone:
-            sizes = self.sizes.tolist()
-            self._alone.append(
-                _plan([[i] for i in range(len(sizes))], sizes, max(sizes), self.mask.dtype, self.slot.device)
-            )
+            self._alone.append(plan_padding(self.sizes, self.mask.dtype, packing=False))
         return self._alone[0]
 
 
@@ -102,11 +99,14 @@ def rows_cost(rows: int, length: int) -> int:
     return rows * (length * length + PACK_ROW_SCORES)
 
 
-def plan_padding(sizes: Tensor, dtype: torch.dtype) -> PaddedBatch:
-    """The plan of B graphs of `sizes` (B,) nodes: packed in rows of the largest graph's
-    length or of PACK_LENGTHS, whichever `rows_cost` finds cheapest."""
+def plan_padding(sizes: Tensor, dtype: torch.dtype, packing: bool = True) -> PaddedBatch:
+    """The plan of B graphs of `sizes` (B,) nodes: packed in rows of the largest graph's length or of
+    PACK_LENGTHS, whichever `rows_cost` finds cheapest; without packing, one graph per row of the
+    largest graph's length."""
     counts = sizes.tolist()
     longest, total = max(max(counts, default=1), 1), sum(counts)
+    if not packing:
+        return _plan([[i] for i in range(len(counts))], counts, longest, dtype, sizes.device)
 
     def bound(length: int) -> int:  # the cost with every row full: no packing does better
         return rows_cost(-(-total // length), length)

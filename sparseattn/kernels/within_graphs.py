@@ -23,18 +23,20 @@ from .guard import checked
 from .padded import PaddedBatch, graph_sizes, padded_attention, plan_padding, rows_cost
 
 
-def padded_batch(batch: Optional[Tensor], ptr: Optional[Tensor], n: int, dtype: torch.dtype) -> Optional[PaddedBatch]:
+def padded_batch(
+    batch: Optional[Tensor], ptr: Optional[Tensor], n: int, dtype: torch.dtype, packing: bool = True
+) -> Optional[PaddedBatch]:
     """The padded plan of a batch of n nodes where `auto.choose_padding` takes it, else None (also for a
     batch that is not a valid sorted one, or a ptr that does not span the n nodes: the graph path then
-    names what is wrong)."""
+    names what is wrong); graphs packed several to a row where `auto.choose_packing` says so and
+    `packing` allows it, else one per row."""
     sizes = graph_sizes(batch, ptr, n)
     if sizes is None:
         return None
     smallest, total, edges = torch.stack([sizes.min(), sizes.sum(), (sizes * sizes).sum()]).tolist()
     if smallest < 0 or total != n or n == 0:
         return None
-    plan = plan_padding(sizes, dtype)
-    plan = plan if choose_packing(sizes.device) else plan.alone()
+    plan = plan_padding(sizes, dtype, packing=packing and choose_packing(sizes.device))
     return plan if choose_padding(rows_cost(plan.rows, plan.length), edges) else None
 
 
@@ -81,19 +83,15 @@ def attention_within_graphs(
 def padded_rows(
     batch: Optional[Tensor], ptr: Optional[Tensor], n: int, dtype: torch.dtype, device: torch.device
 ) -> Optional[Tuple[Tensor, Tensor]]:
-    """For traced code, run eagerly: the (slot, mask) of the batch's plan with one graph per row
-    (`PaddedBatch.alone`: a trace cannot check a packed row's result, and one graph per row keeps a
-    NaN in its graph without a check), where `auto.choose_padding` takes that plan, else None. Made
+    """For traced code, run eagerly: the (slot, mask) of the batch's plan with one graph per row (a
+    trace cannot check a packed row's result, and one graph per row keeps a NaN in its graph without
+    a check), where `auto.choose_padding` takes that plan, else None. Made
     once per batch tensor, as the eager plan is; tensors only, so that the trace takes their sizes as
     dynamic and a batch of new sizes does not recompile."""
 
     def plan() -> Optional[Tuple[Tensor, Tensor]]:
-        packed = padded_batch(batch, ptr, n, dtype)
-        if packed is None:
-            return None
-        alone = packed.alone()
-        edges = int((alone.sizes * alone.sizes).sum())
-        return (alone.slot, alone.mask) if choose_padding(rows_cost(alone.rows, alone.length), edges) else None
+        alone = padded_batch(batch, ptr, n, dtype, packing=False)
+        return None if alone is None else (alone.slot, alone.mask)
 
     given = ptr if ptr is not None else batch
     return recall(given, ("padded rows, one graph each", n, dtype, device), plan)  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ from torch import nn
 
 import sparseattn
 from sparseattn.kernels import choose_auto
+from sparseattn.kernels.auto import choose_packing
 from sparseattn.kernels.padded import PADDED_MAX_WASTE, pack, plan_padding, rows_cost
 from sparseattn.kernels.within_graphs import padded_batch
 from sparseattn.nn import GlobalAttention, complete_per_graph
@@ -230,6 +231,7 @@ def test_the_padded_path_equals_the_graph_path_and_trains_alike(sizes):
     assert padded_batch(None, ptr, x.shape[0], x.dtype) is not None
     got = ours(x, batch)
     assert torch.equal(ours(x, ptr=ptr), got)
+    assert torch.equal(ours(x, batch.int()), got)  # int32 graph ids, as some loaders give them
     ours.backend = "csr"
     expected = ours(x, batch)
     assert_close(got, expected, torch.float64, "padded path vs csr")
@@ -280,6 +282,10 @@ def test_packing_places_each_graph_once_within_its_row(length):
     assert plan.slot.unique().numel() == sum(sizes) and int(plan.slot.max()) < plan.rows * plan.length
     alone = plan.alone()
     assert not alone.packed and alone.rows == len(sizes) and alone.length == max(sizes)
+    # packing is the CPU's (its SDPA's per-row cost); elsewhere one graph per row, no checks to make
+    assert choose_packing(torch.device("cpu")) and not choose_packing(torch.device("meta"))
+    batch = batch_of(sizes)
+    assert padded_batch(batch, None, batch.numel(), torch.float32, packing=False).rows == len(sizes)
 
 
 @pytest.mark.parametrize("where", ["x", "grad"])
