@@ -104,7 +104,7 @@ def factor_edge_projection(num_edges: int, heads: int, channels: int, edge_dim: 
 
 def choose_padding(cost: int, edges: int) -> bool:
     """Whether attention within each graph of a batch (`kernels.within_graphs`, exact softmax without
-    bias or returned weights, backend "auto", eager) runs as one SDPA over the batch's graphs packed in
+    bias or returned weights, backend "auto") runs as one SDPA over the batch's graphs packed in
     padded rows (`kernels.padded`) rather than over its block graph: when the padded plan's cost in
     scores (`padded.rows_cost`) is at most PADDED_MAX_WASTE times the graphs' sum_b n_b^2 edges."""
     return cost <= PADDED_MAX_WASTE * edges
