@@ -32,14 +32,21 @@ PACK_ROW_SCORES = 600
 # batches of 32 molecules (largest 17-22 atoms) packed in rows of 32 ran fwd+bwd 1.8x faster than one
 # molecule per row of 22 (48: 1.6x, 64: 1.5x); 32 graphs of 5-60 nodes in rows of the largest, 1.4x.
 PACK_LENGTHS = (16, 32, 48, 64)
+# Packing is taken only where it cuts that cost to at most this fraction of one graph per row's: a
+# packed row costs a full (L, L) mask and the result check (kernels.guard; together ~0.5 ms a call
+# fwd+bwd on FreeSolv's batches, 1 thread), which 128 graphs of 20-40 nodes (one pair packed: 127
+# rows of 40 for 128) paid for nothing. Packing cut the cost to 0.42 on FreeSolv and 0.78 on 32
+# graphs of 5-60 nodes, and ran their SDPA 1.8x and 1.4x faster.
+PACK_MAX_COST_RATIO = 0.9
 
 
 @dataclass(frozen=True)
 class PaddedBatch:
     """A batch of graphs in `rows` rows of `length` slots: slot (N,) each node's slot in (rows * length),
-    mask (rows, 1, length, length) 0 where a slot's key is of the same graph and -inf elsewhere (a
-    padding slot sees itself only, so no row of the softmax is empty); sizes (B,) the graphs' node
-    counts; packed: whether some row holds more than one graph."""
+    mask 0 where a slot's key is of the query's graph and -inf elsewhere, so that no row of the
+    softmax is empty: (rows, 1, length, length) when packed (a padding slot sees itself only), else
+    (rows, 1, 1, length), the row's graph's keys (an empty graph's row keeps its first slot); sizes
+    (B,) the graphs' node counts; packed: whether some row holds more than one graph."""
 
     rows: int
     length: int
@@ -76,20 +83,23 @@ def graph_sizes(batch: Optional[Tensor], ptr: Optional[Tensor], n: int) -> Optio
 def pack(sizes: List[int], length: int) -> List[List[int]]:
     """Graph ids in rows of `length` slots, first-fit decreasing: largest graph first, each into the
     first row it fits (length >= max(sizes)); empty graphs take no row."""
+    order = [i for i in sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True) if sizes[i] > 0]
+    smallest = sizes[order[-1]] if order else 0
     rows: List[List[int]] = []
-    left: List[int] = []  # slots left per row
-    for i in sorted(range(len(sizes)), key=sizes.__getitem__, reverse=True):
+    open_rows: List[List[int]] = []  # [row, slots left] of the rows the smallest graph still fits, in row order
+    for i in order:
         n = sizes[i]
-        if n == 0:
-            break
-        for r, free in enumerate(left):
+        for at, (r, free) in enumerate(open_rows):
             if free >= n:
                 rows[r].append(i)
-                left[r] = free - n
+                open_rows[at][1] = free - n
+                if free - n < smallest:  # full for every graph: never scanned again
+                    del open_rows[at]
                 break
         else:
             rows.append([i])
-            left.append(length - n)
+            if length - n >= smallest:
+                open_rows.append([len(rows) - 1, length - n])
     return rows or [[]]
 
 
@@ -101,12 +111,14 @@ def rows_cost(rows: int, length: int) -> int:
 
 def plan_padding(sizes: Tensor, dtype: torch.dtype, packing: bool = True) -> PaddedBatch:
     """The plan of B graphs of `sizes` (B,) nodes: packed in rows of the largest graph's length or of
-    PACK_LENGTHS, whichever `rows_cost` finds cheapest; without packing, one graph per row of the
-    largest graph's length."""
+    PACK_LENGTHS, whichever `rows_cost` finds cheapest, where that is at most PACK_MAX_COST_RATIO of
+    one graph per row's cost; else, and without packing, one graph per row of the largest graph's
+    length."""
     counts = sizes.tolist()
     longest, total = max(max(counts, default=1), 1), sum(counts)
+    alone = [[i] for i in range(len(counts))]
     if not packing:
-        return _plan([[i] for i in range(len(counts))], counts, longest, dtype, sizes.device)
+        return _plan(alone, counts, longest, dtype, sizes.device)
 
     def bound(length: int) -> int:  # the cost with every row full: no packing does better
         return rows_cost(-(-total // length), length)
@@ -119,6 +131,8 @@ def plan_padding(sizes: Tensor, dtype: torch.dtype, packing: bool = True) -> Pad
         if best is None or rows_cost(len(rows), length) < best[0]:
             best = (rows_cost(len(rows), length), length, rows)
     assert best is not None
+    if best[0] > PACK_MAX_COST_RATIO * rows_cost(len(alone), longest):
+        return _plan(alone, counts, longest, dtype, sizes.device)
     return _plan(best[2], counts, best[1], dtype, sizes.device)
 
 
@@ -139,16 +153,21 @@ def _plan(
     graph_id = torch.repeat_interleave(torch.arange(len(sizes), device=device), counts, output_size=n)
     offset = torch.tensor([f - s for f, s in zip(first_slot, starts)], dtype=torch.long, device=device)
     slot = torch.arange(n, device=device) + offset[graph_id]  # (N,)
-    owner = -1 - torch.arange(len(rows) * length, device=device)  # padding: its own slot only
-    owner = owner.index_copy_(0, slot, graph_id).view(len(rows), length)
-    apart = (owner.unsqueeze(2) != owner.unsqueeze(1)).unsqueeze(1)  # (rows, 1, length, length)
+    packed = any(len(g) > 1 for g in rows)
+    if packed:  # (rows, 1, length, length): the keys of the query's own graph; padding: its own slot only
+        owner = -1 - torch.arange(len(rows) * length, device=device)
+        owner = owner.index_copy_(0, slot, graph_id).view(len(rows), length)
+        apart = (owner.unsqueeze(2) != owner.unsqueeze(1)).unsqueeze(1)
+    else:  # (rows, 1, 1, length): the row's own graph's keys (an empty graph keeps its first slot)
+        filled = torch.tensor([sum(sizes[i] for i in g) for g in rows], dtype=torch.long, device=device)
+        apart = (torch.arange(length, device=device) >= filled.clamp(min=1).unsqueeze(1))[:, None, None]
     mask = torch.zeros(apart.shape, dtype=dtype, device=device).masked_fill_(apart, float("-inf"))
-    return PaddedBatch(len(rows), length, slot, mask, counts, any(len(g) > 1 for g in rows))
+    return PaddedBatch(len(rows), length, slot, mask, counts, packed)
 
 
 def padded_attention(q: Tensor, k: Tensor, v: Tensor, slot: Tensor, mask: Tensor, dropout_p: float) -> Tensor:
     """q, k, v (N, H, D) -> (N, H, D): one SDPA over a plan's (rows, H, length, D) padding, given its
-    slot (N,) and mask (rows, 1, length, length) (`PaddedBatch`; the sizes are read from the mask's
+    slot (N,) and mask (rows, 1, length or 1, length) (`PaddedBatch`; the sizes are read from the mask's
     shape, so that traced code takes them as dynamic sizes)."""
     rows, length = mask.shape[0], mask.shape[-1]
     h = q.shape[1]
@@ -163,6 +182,7 @@ def padded_attention(q: Tensor, k: Tensor, v: Tensor, slot: Tensor, mask: Tensor
 
 __all__ = [
     "PACK_LENGTHS",
+    "PACK_MAX_COST_RATIO",
     "PACK_ROW_SCORES",
     "PADDED_MAX_WASTE",
     "PaddedBatch",

@@ -282,6 +282,10 @@ def test_packing_places_each_graph_once_within_its_row(length):
     assert plan.slot.unique().numel() == sum(sizes) and int(plan.slot.max()) < plan.rows * plan.length
     alone = plan.alone()
     assert not alone.packed and alone.rows == len(sizes) and alone.length == max(sizes)
+    # packing that saves little (11 rows for 12) is not worth its (L, L) mask and its checks
+    barely = plan_padding(torch.tensor([40] * 10 + [20, 20]), torch.float32)
+    assert not barely.packed and barely.rows == 12 and barely.mask.shape == (12, 1, 1, 40)
+    assert plan_padding(torch.tensor([40, 20, 20]), torch.float32).packed  # 2 rows for 3
     # packing is the CPU's (its SDPA's per-row cost); elsewhere one graph per row, no checks to make
     assert choose_packing(torch.device("cpu")) and not choose_packing(torch.device("meta"))
     batch = batch_of(sizes)
