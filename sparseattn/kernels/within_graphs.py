@@ -62,16 +62,14 @@ def attention_within_graphs(
     n = q.shape[0]
     padded_ok = backend == "auto" and clamp is None and bias is None and not return_weights
     if padded_ok and (ptr is not None or batch is not None):
-        if tracing():  # the plan made eagerly (host reads), one graph per row: no check can run here
-            # wrapped here, not at import, which would import torch._dynamo into every eager process
-            rows = torch.compiler.disable(padded_rows)(batch, ptr, n, q.dtype, q.device)
-            if rows is not None:
-                return padded_attention(q, k, v, rows[0], rows[1], dropout_p)
-        else:
-            given: Tensor = ptr if ptr is not None else batch  # type: ignore[assignment]
-            plan = recall(given, ("padded batch", n, q.dtype, q.device), lambda: padded_batch(batch, ptr, n, q.dtype))
-            if plan is not None:
-                return _padded(q, k, v, plan, dropout_p)
+        # traced, run eagerly as a whole: its plan comes from host reads, and a packed row's check
+        # (`guard.checked`) reads its result back, neither of which a trace can hold; the compiled
+        # code around it keeps the projections (wrapped here, not at import, which would import
+        # torch._dynamo into every eager process)
+        padded = torch.compiler.disable(padded_within_graphs) if tracing() else padded_within_graphs
+        out = padded(q, k, v, batch, ptr, dropout_p)
+        if out is not None:
+            return out
     # traced: built eagerly (its sizes come from host reads), as torch.compiler.disable does
     build = torch.compiler.disable(within_graphs_graph) if tracing() else within_graphs_graph
     graph = build(batch, ptr, n)
@@ -80,21 +78,15 @@ def attention_within_graphs(
     )
 
 
-def padded_rows(
-    batch: Optional[Tensor], ptr: Optional[Tensor], n: int, dtype: torch.dtype, device: torch.device
-) -> Optional[Tuple[Tensor, Tensor]]:
-    """For traced code, run eagerly: the (slot, mask) of the batch's plan with one graph per row (a
-    trace cannot check a packed row's result, and one graph per row keeps a NaN in its graph without
-    a check), where `auto.choose_padding` takes that plan, else None. Made
-    once per batch tensor, as the eager plan is; tensors only, so that the trace takes their sizes as
-    dynamic and a batch of new sizes does not recompile."""
-
-    def plan() -> Optional[Tuple[Tensor, Tensor]]:
-        alone = padded_batch(batch, ptr, n, dtype, packing=False)
-        return None if alone is None else (alone.slot, alone.mask)
-
-    given = ptr if ptr is not None else batch
-    return recall(given, ("padded rows, one graph each", n, dtype, device), plan)  # type: ignore[arg-type]
+def padded_within_graphs(
+    q: Tensor, k: Tensor, v: Tensor, batch: Optional[Tensor], ptr: Optional[Tensor], dropout_p: float
+) -> Optional[Tensor]:
+    """`attention_within_graphs` over the batch's padded plan (made once per batch or ptr tensor),
+    or None where `auto.choose_padding` does not take it."""
+    n = q.shape[0]
+    given: Tensor = ptr if ptr is not None else batch  # type: ignore[assignment]
+    plan = recall(given, ("padded batch", n, q.dtype, q.device), lambda: padded_batch(batch, ptr, n, q.dtype))
+    return None if plan is None else _padded(q, k, v, plan, dropout_p)
 
 
 def _padded(q: Tensor, k: Tensor, v: Tensor, plan: PaddedBatch, dropout_p: float) -> Tensor:
@@ -127,4 +119,4 @@ def within_graphs_graph(batch: Optional[Tensor], ptr: Optional[Tensor], n: int) 
     return build() if given is None else recall(given, ("complete per graph", n, ptr is not None), build)
 
 
-__all__ = ["attention_within_graphs", "padded_batch", "padded_rows", "within_graphs_graph"]
+__all__ = ["attention_within_graphs", "padded_batch", "padded_within_graphs", "within_graphs_graph"]

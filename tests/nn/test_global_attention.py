@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 import sparseattn
-from sparseattn.kernels import choose_auto
+from sparseattn.kernels import choose_auto, within_graphs
 from sparseattn.kernels.auto import choose_packing
-from sparseattn.kernels.padded import PADDED_MAX_WASTE, pack, plan_padding, rows_cost
+from sparseattn.kernels.padded import PADDED_MAX_WASTE, pack, padded_attention, plan_padding, rows_cost
 from sparseattn.kernels.within_graphs import padded_batch
 from sparseattn.nn import GlobalAttention, complete_per_graph
 
@@ -292,12 +292,22 @@ def test_packing_places_each_graph_once_within_its_row(length):
     assert padded_batch(batch, None, batch.numel(), torch.float32, packing=False).rows == len(sizes)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("where", ["x", "grad"])
-def test_a_nan_in_one_graph_of_a_packed_row_stays_in_that_graph(where):
+def test_a_nan_in_one_graph_of_a_packed_row_stays_in_that_graph(where, compiled, monkeypatch):
     """Several graphs share a padded row (packed), but a NaN in one graph's input, or in the incoming
     gradient at one of its nodes, reaches that graph's rows only, forward and backward, as on csr:
-    the packed rows' result is checked and recomputed with one graph per row."""
+    the packed rows' result is checked and recomputed with one graph per row. Under torch.compile
+    too, where the attention runs eagerly between the compiled projections, packed rows included."""
+    masks = []
+
+    def recorded(q, k, v, slot, mask, dropout_p):
+        masks.append(tuple(mask.shape))
+        return padded_attention(q, k, v, slot, mask, dropout_p)
+
+    monkeypatch.setattr(within_graphs, "padded_attention", recorded)
     _, ours = make_pair()
+    run = torch.compile(ours, dynamic=True) if compiled else ours
     sizes = [3, 8, 1, 3, 8]
     batch = batch_of(sizes)
     plan = padded_batch(batch, None, batch.numel(), torch.float64)
@@ -312,9 +322,11 @@ def test_a_nan_in_one_graph_of_a_packed_row_stays_in_that_graph(where):
     for backend in ("auto", "csr"):
         ours.backend = backend
         xg = x.clone().requires_grad_()
-        out = ours(xg, batch)
+        out = (run if backend == "auto" else ours)(xg, batch)
         (out * w).sum().backward()
         results[backend] = (out.detach(), xg.grad)
+    # the packed rows ran (a (rows, 1, L, L) mask), and their fallback with one graph per row
+    assert masks[0] == (plan.rows, 1, plan.length, plan.length) and masks[1][2] == 1
     graph1 = batch == 1
     for name, got, expected in zip(("out", "grad of x"), results["auto"], results["csr"]):
         bad = ~torch.isfinite(got).all(1)
