@@ -168,7 +168,7 @@ def _plan(
 def padded_attention(q: Tensor, k: Tensor, v: Tensor, slot: Tensor, mask: Tensor, dropout_p: float) -> Tensor:
     """q, k, v (N, H, D) -> (N, H, D): one SDPA over a plan's (rows, H, length, D) padding, given its
     slot (N,) and mask (rows, 1, length or 1, length) (`PaddedBatch`; the sizes are read from the mask's
-    shape, so that traced code takes them as dynamic sizes)."""
+    shape)."""
     rows, length = mask.shape[0], mask.shape[-1]
     h = q.shape[1]
 
