@@ -23,20 +23,18 @@ from .guard import checked
 from .padded import PaddedBatch, graph_sizes, padded_attention, plan_padding, rows_cost
 
 
-def padded_batch(
-    batch: Optional[Tensor], ptr: Optional[Tensor], n: int, dtype: torch.dtype, packing: bool = True
-) -> Optional[PaddedBatch]:
+def padded_batch(batch: Optional[Tensor], ptr: Optional[Tensor], n: int, dtype: torch.dtype) -> Optional[PaddedBatch]:
     """The padded plan of a batch of n nodes where `auto.choose_padding` takes it, else None (also for a
     batch that is not a valid sorted one, or a ptr that does not span the n nodes: the graph path then
-    names what is wrong); graphs packed several to a row where `auto.choose_packing` says so and
-    `packing` allows it, else one per row."""
+    names what is wrong); graphs packed several to a row where `auto.choose_packing` says so, else one
+    per row."""
     sizes = graph_sizes(batch, ptr, n)
     if sizes is None:
         return None
     smallest, total, edges = torch.stack([sizes.min(), sizes.sum(), (sizes * sizes).sum()]).tolist()
     if smallest < 0 or total != n or n == 0:
         return None
-    plan = plan_padding(sizes, dtype, packing=packing and choose_packing(sizes.device))
+    plan = plan_padding(sizes, dtype, packing=choose_packing(sizes.device))
     return plan if choose_padding(rows_cost(plan.rows, plan.length), edges) else None
 
 
