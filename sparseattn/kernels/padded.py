@@ -10,7 +10,7 @@ NaN in one graph would otherwise reach the others of its row)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -46,13 +46,13 @@ class PaddedBatch:
     mask 0 where a slot's key is of the query's graph and -inf elsewhere, so that no row of the
     softmax is empty: (rows, 1, length, length) when packed (a padding slot sees itself only), else
     (rows, 1, 1, length), the row's graph's keys (an empty graph's row keeps its first slot); sizes
-    (B,) the graphs' node counts; packed: whether some row holds more than one graph."""
+    the B graphs' node counts; packed: whether some row holds more than one graph."""
 
     rows: int
     length: int
     slot: Tensor
     mask: Tensor
-    sizes: Tensor
+    sizes: Tuple[int, ...]
     packed: bool
     _alone: List["PaddedBatch"] = field(default_factory=list, repr=False, compare=False)
 
@@ -62,7 +62,7 @@ class PaddedBatch:
         if not self.packed:
             return self
         if not self._alone:
-            self._alone.append(plan_padding(self.sizes, self.mask.dtype, packing=False))
+            self._alone.append(plan_padding(self.sizes, self.mask.dtype, self.slot.device, packing=False))
         return self._alone[0]
 
 
@@ -109,16 +109,16 @@ def rows_cost(rows: int, length: int) -> int:
     return rows * (length * length + PACK_ROW_SCORES)
 
 
-def plan_padding(sizes: Tensor, dtype: torch.dtype, packing: bool = True) -> PaddedBatch:
-    """The plan of B graphs of `sizes` (B,) nodes: packed in rows of the largest graph's length or of
-    PACK_LENGTHS, whichever `rows_cost` finds cheapest, where that is at most PACK_MAX_COST_RATIO of
-    one graph per row's cost; else, and without packing, one graph per row of the largest graph's
-    length."""
-    counts = sizes.tolist()
+def plan_padding(sizes: Sequence[int], dtype: torch.dtype, device: torch.device, packing: bool = True) -> PaddedBatch:
+    """The plan, on `device`, of B graphs of `sizes` nodes (read from the host once by the caller):
+    packed in rows of the largest graph's length or of PACK_LENGTHS, whichever `rows_cost` finds
+    cheapest, where that is at most PACK_MAX_COST_RATIO of one graph per row's cost; else, and without
+    packing, one graph per row of the largest graph's length."""
+    counts = list(sizes)
     longest, total = max(max(counts, default=1), 1), sum(counts)
     alone = [[i] for i in range(len(counts))]
     if not packing:
-        return _plan(alone, counts, longest, dtype, sizes.device)
+        return _plan(alone, counts, longest, dtype, device)
 
     def bound(length: int) -> int:  # the cost with every row full: no packing does better
         return rows_cost(-(-total // length), length)
@@ -132,8 +132,8 @@ def plan_padding(sizes: Tensor, dtype: torch.dtype, packing: bool = True) -> Pad
             best = (rows_cost(len(rows), length), length, rows)
     assert best is not None
     if best[0] > PACK_MAX_COST_RATIO * rows_cost(len(alone), longest):
-        return _plan(alone, counts, longest, dtype, sizes.device)
-    return _plan(best[2], counts, best[1], dtype, sizes.device)
+        return _plan(alone, counts, longest, dtype, device)
+    return _plan(best[2], counts, best[1], dtype, device)
 
 
 def _plan(
@@ -162,7 +162,7 @@ def _plan(
         filled = torch.tensor([sum(sizes[i] for i in g) for g in rows], dtype=torch.long, device=device)
         apart = (torch.arange(length, device=device) >= filled.clamp(min=1).unsqueeze(1))[:, None, None]
     mask = torch.zeros(apart.shape, dtype=dtype, device=device).masked_fill_(apart, float("-inf"))
-    return PaddedBatch(len(rows), length, slot, mask, counts, packed)
+    return PaddedBatch(len(rows), length, slot, mask, tuple(sizes), packed)
 
 
 def padded_attention(q: Tensor, k: Tensor, v: Tensor, slot: Tensor, mask: Tensor, dropout_p: float) -> Tensor:

@@ -31,11 +31,11 @@ def padded_batch(batch: Optional[Tensor], ptr: Optional[Tensor], n: int, dtype: 
     sizes = graph_sizes(batch, ptr, n)
     if sizes is None:
         return None
-    smallest, total, edges = torch.stack([sizes.min(), sizes.sum(), (sizes * sizes).sum()]).tolist()
-    if smallest < 0 or total != n or n == 0:
+    counts = sizes.tolist()  # the one host read of the sizes; the plan and its checks use this list
+    if min(counts) < 0 or sum(counts) != n or n == 0:
         return None
-    plan = plan_padding(sizes, dtype, packing=choose_packing(sizes.device))
-    return plan if choose_padding(rows_cost(plan.rows, plan.length), edges) else None
+    plan = plan_padding(counts, dtype, sizes.device, packing=choose_packing(sizes.device))
+    return plan if choose_padding(rows_cost(plan.rows, plan.length), sum(c * c for c in counts)) else None
 
 
 def attention_within_graphs(

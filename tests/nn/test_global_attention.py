@@ -247,7 +247,7 @@ def test_the_padded_path_is_left_for_wasteful_or_unusual_batches():
     edges, for an unsorted batch, a ptr not starting at 0, clamp mode or need_weights."""
     _, ours = make_pair()
     sizes = [1] * 600  # rows of 32 single nodes: each row's overhead buys one edge per node
-    plan = plan_padding(torch.tensor(sizes), torch.float64)
+    plan = plan_padding(sizes, torch.float64, torch.device("cpu"))
     assert rows_cost(plan.rows, plan.length) > PADDED_MAX_WASTE * sum(n * n for n in sizes)
     x = torch.randn(len(sizes), EMBED, dtype=torch.float64)
     assert padded_batch(batch_of(sizes), None, x.shape[0], x.dtype) is None
@@ -277,15 +277,15 @@ def test_packing_places_each_graph_once_within_its_row(length):
     assert max(fills) <= length
     assert all(a + b > length for j, a in enumerate(fills) for b in fills[j + 1 :])  # first fit merges
     assert len(rows) >= -(-sum(sizes) // length)
-    plan = plan_padding(torch.tensor(sizes), torch.float32)
+    plan = plan_padding(sizes, torch.float32, torch.device("cpu"))
     assert plan.packed and plan.rows < sum(n > 0 for n in sizes)
     assert plan.slot.unique().numel() == sum(sizes) and int(plan.slot.max()) < plan.rows * plan.length
     alone = plan.alone()
     assert not alone.packed and alone.rows == len(sizes) and alone.length == max(sizes)
     # packing that saves little (11 rows for 12) is not worth its (L, L) mask and its checks
-    barely = plan_padding(torch.tensor([40] * 10 + [20, 20]), torch.float32)
+    barely = plan_padding([40] * 10 + [20, 20], torch.float32, torch.device("cpu"))
     assert not barely.packed and barely.rows == 12 and barely.mask.shape == (12, 1, 1, 40)
-    assert plan_padding(torch.tensor([40, 20, 20]), torch.float32).packed  # 2 rows for 3
+    assert plan_padding([40, 20, 20], torch.float32, torch.device("cpu")).packed  # 2 rows for 3
     # packing is the CPU's (its SDPA's per-row cost); elsewhere one graph per row, no checks to make
     assert choose_packing(torch.device("cpu")) and not choose_packing(torch.device("meta"))
 
