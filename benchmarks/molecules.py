@@ -72,7 +72,8 @@ class GPSModel(nn.Module):
         for conv in self.convs:
             h = conv(h, edge_index, batch, edge_attr=edge_attr)
         sums = h.new_zeros(num_graphs, h.shape[1]).index_add_(0, batch, h)
-        counts = torch.bincount(batch, minlength=num_graphs).clamp_(min=1).unsqueeze(1)
+        # summed, not bincount: CUDA's bincount reads the batch back to the host, which a captured step cannot
+        counts = h.new_zeros(num_graphs).index_add_(0, batch, h.new_ones(batch.shape[0])).clamp_(min=1).unsqueeze(1)
         return self.head(sums / counts).squeeze(1)
 
 

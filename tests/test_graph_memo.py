@@ -7,25 +7,12 @@ import weakref
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from sparseattn import edge_attention, graphs
 from sparseattn.graphs import memo
 from sparseattn.nn import GlobalAttention, TransformerConv
 
-
-class HostReads(TorchDispatchMode):
-    """Counts the ops that read a tensor's value back to the host (.item(), int(t), bool(t)), the
-    reads that synchronize a GPU step and break a CUDA graph capture."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
+from .host_reads import HostReads
 
 
 def test_recall_computes_once_per_tensor_and_version():

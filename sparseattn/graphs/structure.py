@@ -52,10 +52,29 @@ def destination_major(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> T
 
 def row_pointers(rows: Tensor, num_rows: int) -> Tensor:
     """(num_rows + 1,) int64 offsets of each row's edges once sorted by row."""
-    counts = torch.bincount(rows, minlength=num_rows) if rows.numel() else rows.new_zeros(num_rows)
+    if not reading_stalls(rows.device):
+        counts = torch.bincount(rows, minlength=num_rows) if rows.numel() else rows.new_zeros(num_rows)
+    else:
+        counts = counts_without_sync(rows, num_rows)
     ptr = torch.zeros(num_rows + 1, dtype=torch.long, device=rows.device)
     ptr[1:] = torch.cumsum(counts, 0)
     return ptr
+
+
+def reading_stalls(device: torch.device) -> bool:
+    """Whether reading a tensor's value back to the host waits for the device's queued work (every
+    device but the CPU): code that runs in a training step avoids such reads there."""
+    return device.type != "cpu"
+
+
+def counts_without_sync(rows: Tensor, num_rows: int) -> Tensor:
+    """(num_rows,) int64 number of times each id in [0, num_rows) occurs in rows, by a scatter-add: what
+    `torch.bincount(rows, minlength=num_rows)` gives, without its host read (CUDA's bincount reads the
+    ids' maximum back to size its output, a synchronisation that a step captured in a CUDA graph
+    cannot make). Integer sums: the same counts in any order of the adds."""
+    return torch.zeros(num_rows, dtype=torch.long, device=rows.device).index_add_(
+        0, rows, torch.ones(rows.shape[0], dtype=torch.long, device=rows.device)
+    )
 
 
 def _sort_key(rows: Tensor, cols: Tensor, num_rows: int, num_cols: int, cols_sorted: bool) -> Optional[Tensor]:
@@ -121,4 +140,12 @@ def _(rows, cols, num_rows, num_cols, transposed):
     return rows.new_empty(num_rows + 1), rows.new_empty(rows.shape[0]), rows.new_empty(rows.shape[0])
 
 
-__all__ = ["CSR", "compress", "compress_op", "destination_major", "row_pointers"]
+__all__ = [
+    "CSR",
+    "compress",
+    "compress_op",
+    "counts_without_sync",
+    "destination_major",
+    "reading_stalls",
+    "row_pointers",
+]

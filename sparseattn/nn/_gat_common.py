@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from .._checks import check_edge_attr
 from ..functional import edge_attention
 from ..graphs import Graph
+from ..graphs.memo import recall
 from ._common import edge_count, graph_of_adj_t
 
 PairTensor = Tuple[Tensor, Tensor]
@@ -160,22 +161,31 @@ def attention_edges(
         raise ValueError(f"edge_index must be a (2, E) integer tensor, got {index.dtype} {tuple(index.shape)}")
     num_nodes = min(num_src, num_dst)
 
-    def looped(one_call: bool) -> Tuple[Tensor, Graph]:
-        keep = index[0] != index[1]
+    def looped() -> Tuple[Tensor, Tensor]:
+        """The positions of the edges that are not loops (E_kept,) and the looped index: those edges in
+        their order, then one loop per node (2, E_kept + num_nodes)."""
+        kept = (index[0] != index[1]).nonzero().view(-1)
         loops = torch.arange(num_nodes, device=index.device, dtype=index.dtype).view(1, -1).expand(2, -1)
-        with_loops = torch.cat([index[:, keep], loops], dim=1)
-        return keep, Graph.borrowed(with_loops, num_src, num_dst, one_call=one_call)
+        return kept, torch.cat([index.index_select(1, kept), loops], dim=1)
 
     # a Graph the caller keeps keeps its looped Graph (and that one's kernel structure) too; the looped
-    # graph of a raw edge_index lives for this call only, and says so (`Graph.one_call`) to the kernels
+    # index of a raw edge_index is made by the first layer given that tensor (`graphs.memo`: the others
+    # read nothing back), its Graph lives for one call and says so (`Graph.one_call`) to the kernels
     if isinstance(graph, Graph):
-        keep, out = graph.cached(f"gat_self_loops_{num_src}_{num_dst}", lambda: looped(False))
+        kept, out = graph.cached(f"gat_self_loops_{num_src}_{num_dst}", lambda: _with_graph(looped(), num_src, num_dst))
     else:
-        keep, out = looped(True)
+        kept, with_loops = recall(index, ("gat self loops", num_src, num_dst), looped)
+        out = Graph.borrowed(with_loops, num_src, num_dst, one_call=True)
     if edge_attr is not None:
-        edge_attr = edge_attr[keep]
-        edge_attr = torch.cat([edge_attr, loop_attr(edge_attr, index[1][keep], num_nodes, fill_value)])
+        edge_attr = edge_attr.index_select(0, kept)
+        kept_dst = out.edge_index[1, : kept.shape[0]]
+        edge_attr = torch.cat([edge_attr, loop_attr(edge_attr, kept_dst, num_nodes, fill_value)])
     return out, out.edge_index, edge_attr
+
+
+def _with_graph(looped: Tuple[Tensor, Tensor], num_src: int, num_dst: int) -> Tuple[Tensor, Graph]:
+    """(kept positions, looped index) with the index as a Graph of its own."""
+    return looped[0], Graph.borrowed(looped[1], num_src, num_dst)
 
 
 def attend(

@@ -1,0 +1,123 @@
+"""A training step as it runs on a GPU reads nothing back to the host once its tensors have been seen
+(`graphs.memo`), so it can be captured in a CUDA graph (warm-up, then capture on the same tensors), and
+a step on new tensors reads only in its first layer. Checked on the CPU by counting the ops that read
+(`host_reads.HostReads`), with the decisions a GPU makes: the triton backend (in its interpreter here),
+one graph per padded row (`kernels.auto.choose_packing`) and the structure built without host reads
+(`graphs.structure.reading_stalls`). The capture itself runs in benchmarks/gpu_check.sh."""
+
+import pytest
+import torch
+
+from sparseattn import graphs
+from sparseattn.graphs import structure
+from sparseattn.nn import GATConv, GATv2Conv, GPSConv, TransformerConv
+
+from .host_reads import HostReads
+
+pytest.importorskip("triton", reason="triton is not importable (pip install triton)")
+
+SIZES = [3, 5]  # small, and one head: the triton interpreter runs each program in Python
+
+
+def _batch():
+    """A batch of two small graphs (windows of radius 1): x (N, 16), edge_index, edge_attr (E, 3), batch."""
+    torch.manual_seed(0)
+    offsets = torch.tensor([0, *SIZES]).cumsum(0).tolist()
+    edge_index = torch.cat([graphs.window(s, radius=1).edge_index + o for s, o in zip(SIZES, offsets)], dim=1)
+    batch = torch.repeat_interleave(torch.arange(len(SIZES)), torch.tensor(SIZES))
+    return torch.randn(batch.numel(), 16, requires_grad=True), edge_index, torch.randn(edge_index.shape[1], 3), batch
+
+
+LAYERS = {
+    "GPSConv(TransformerConv)": lambda: GPSConv(16, TransformerConv(16, 16, edge_dim=3, backend="triton"), heads=1),
+    "GATConv": lambda: GATConv(16, 16, edge_dim=3, backend="triton"),
+    "GATv2Conv": lambda: GATv2Conv(16, 16, edge_dim=3, backend="triton"),
+}
+
+
+def _forward(layers, x, edge_index, edge_attr, batch) -> torch.Tensor:
+    h = x
+    for layer in layers:
+        gps = isinstance(layer, GPSConv)
+        h = layer(h, edge_index, batch, edge_attr=edge_attr) if gps else layer(h, edge_index, edge_attr)
+    return h
+
+
+def _step(layers, x, edge_index, edge_attr, batch) -> None:
+    _forward(layers, x, edge_index, edge_attr, batch).sum().backward()
+
+
+@pytest.fixture
+def as_on_a_gpu(monkeypatch):
+    import sparseattn.kernels.within_graphs as within_graphs
+
+    monkeypatch.setattr(structure, "reading_stalls", lambda device: True)
+    monkeypatch.setattr(within_graphs, "choose_packing", lambda device: False)
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_a_step_on_tensors_seen_before_reads_nothing(name, as_on_a_gpu):
+    x, edge_index, edge_attr, batch = _batch()
+    layers = [LAYERS[name]() for _ in range(2)]
+    _step(layers, x, edge_index, edge_attr, batch)  # the warm-up a capture makes first
+    with HostReads() as reads:
+        _step(layers, x, edge_index, edge_attr, batch)
+    assert reads.ops == []
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_a_step_on_new_tensors_reads_in_its_first_layer_only(name, as_on_a_gpu):
+    x, edge_index, edge_attr, batch = _batch()
+    counts = []
+    for depth in (1, 2):
+        layers = [LAYERS[name]() for _ in range(depth)]
+        with HostReads() as reads:
+            _step(layers, x, edge_index.clone(), edge_attr, batch.clone())
+        counts.append(reads.count)
+    assert counts[0] > 0 and counts[1] == counts[0], counts
+
+
+@pytest.mark.parametrize("num_rows", [0, 1, 7, 300])
+def test_counts_without_sync_are_bincounts(num_rows):
+    rows = torch.randint(0, max(num_rows, 1), (0 if num_rows == 0 else 1000,))
+    expected = torch.bincount(rows, minlength=num_rows)
+    assert torch.equal(structure.counts_without_sync(rows, num_rows), expected)
+    ptr = structure.row_pointers(rows, num_rows)
+    torch.testing.assert_close(ptr[1:] - ptr[:-1], expected, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU (gpu_check.sh runs this)")
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_a_step_captured_in_a_cuda_graph_replays_the_eager_step(name):
+    x, edge_index, edge_attr, batch = (t.detach().cuda() for t in _batch())
+    layers = torch.nn.ModuleList(LAYERS[name]() for _ in range(2)).cuda()
+    params = list(layers.parameters())
+
+    def step() -> torch.Tensor:
+        for p in params:
+            if p.grad is not None:
+                p.grad.zero_()  # in place: the captured step keeps the gradients' addresses
+        loss = _forward(layers, x, edge_index, edge_attr, batch).square().mean()
+        loss.backward()
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.set_sync_debug_mode("error")  # a warm eager step: any host read raises, naming its op
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    expected, expected_grads = step(), [p.grad.clone() for p in params]
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(captured, expected)
+    for p, g in zip(params, expected_grads):
+        torch.testing.assert_close(p.grad, g)
