@@ -285,13 +285,14 @@ def _captured_gps(model: torch.nn.Module, batches: list, log: Callable[[str], No
     return {"sparseattn GPS model (CUDA graph)": epoch}
 
 
-def _gps_standalone(family: str, edges: int, threads: int, log: Callable[[str], None], rounds: int = 3) -> List[Result]:
+def _gps_standalone(family: str, edges: int, threads: int, log: Callable[[str], None], rounds: int = 5) -> List[Result]:
     """Each GPS model and form trained alone in a fresh process (benchmarks/standalone_gps.py), as a user
     writes it: rows "<model> GPS model[ compiled] (standalone)", the median of `rounds` processes per eager
     model (sparseattn's and PyG's alternating, since this machine's speed drifts) and two per compiled model
     (each from an empty Inductor cache, in the order sparseattn, PyG, PyG, sparseattn: in one process
     the model compiled second compiled faster), their first epoch (compile, after torch.compile's
-    one-time start) in the note."""
+    one-time start) in the note, and in sparseattn's notes PyG's time over ours per pair of processes
+    run one after the other (`_pair_ratios`)."""
     runs: Dict[Tuple[str, bool], List[dict]] = {}
     order = [(m, False) for _ in range(rounds) for m in ("sparseattn", "pyg")] + [
         (m, True) for m in ("sparseattn", "pyg", "pyg", "sparseattn")
@@ -304,7 +305,7 @@ def _gps_standalone(family: str, edges: int, threads: int, log: Callable[[str], 
         lines = done.stdout.strip().splitlines()
         report = json.loads(lines[-1]) if done.returncode == 0 and lines else {"error": done.stderr.strip()[-200:]}
         runs.setdefault((model, compiled), []).append(report)
-    rows = []
+    rows, ratios = [], _pair_ratios(runs)
     for (model, compiled), reports in runs.items():
         name = "sparseattn" if model == "sparseattn" else "PyG"
         r = Result(family, edges, f"{name} GPS model{' compiled' * compiled} (standalone)", "train step")
@@ -314,11 +315,29 @@ def _gps_standalone(family: str, edges: int, threads: int, log: Callable[[str], 
             r.times_ms = [x["ms_per_step"] for x in good]
             first = ", ".join(f"{x['first_epoch_s']:.0f}" for x in good)
             r.note = f"{len(good)} fresh process(es) (benchmarks/standalone_gps.py); first epoch {first} s"
+            if model == "sparseattn" and ratios.get(compiled):
+                pairs = ratios[compiled]
+                listed = ", ".join(f"{x:.2f}" for x in pairs)
+                r.note += f"; PyG / sparseattn per pair of processes run one after the other: {listed} (median "
+                r.note += f"{statistics.median(pairs):.2f})"
         else:
             r.note = f"failed: benchmarks.standalone_gps: {reports[-1]['error']}"
         log(f"gps: {r.contender}: {fmt(r.ms, '.1f')} ms per step ({r.times_ms}); {r.note}")
         rows.append(r)
     return rows
+
+
+def _pair_ratios(runs: Dict[Tuple[str, bool], List[dict]]) -> Dict[bool, List[float]]:
+    """PyG's time over sparseattn's for the i-th process of each, per form (eager: False, compiled: True):
+    processes run one after the other, so each pair shares this machine's speed of the moment better
+    than the two medians do."""
+    ratios: Dict[bool, List[float]] = {}
+    for compiled in (False, True):
+        ours, pyg = (runs.get((m, compiled), []) for m in ("sparseattn", "pyg"))
+        ratios[compiled] = [
+            p["ms_per_step"] / o["ms_per_step"] for o, p in zip(ours, pyg) if "error" not in o and "error" not in p
+        ]
+    return ratios
 
 
 def _global_cases(device: str, log: Callable[[str], None]) -> List[Result]:
