@@ -55,6 +55,7 @@ def as_on_a_gpu(monkeypatch):
     monkeypatch.setattr(within_graphs, "choose_packing", lambda device: False)
 
 
+@pytest.mark.triton
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_a_step_on_tensors_seen_before_reads_nothing(name, as_on_a_gpu):
     x, edge_index, edge_attr, batch = _batch()
@@ -65,6 +66,7 @@ def test_a_step_on_tensors_seen_before_reads_nothing(name, as_on_a_gpu):
     assert reads.ops == []
 
 
+@pytest.mark.triton
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_a_step_on_new_tensors_reads_in_its_first_layer_only(name, as_on_a_gpu):
     x, edge_index, edge_attr, batch = _batch()
@@ -86,6 +88,7 @@ def test_counts_without_sync_are_bincounts(num_rows):
     torch.testing.assert_close(ptr[1:] - ptr[:-1], expected, rtol=0, atol=0)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU (gpu_check.sh runs this)")
 @pytest.mark.parametrize("name", list(LAYERS))
 def test_a_step_captured_in_a_cuda_graph_replays_the_eager_step(name):

@@ -10,7 +10,7 @@ import torch
 
 from sparseattn import edge_attention, graphs
 from sparseattn.graphs import memo
-from sparseattn.nn import GlobalAttention, TransformerConv
+from sparseattn.nn import GATConv, GlobalAttention, TransformerConv
 
 from .host_reads import HostReads
 
@@ -65,6 +65,7 @@ def test_the_memo_does_not_keep_a_tensor_alive():
     q = torch.randn(50, 2, 8)
     edge_attention(q, q, q, ids)
     GlobalAttention(16, 2)(q.reshape(50, 16), batch)
+    GATConv(16, 4)(q.reshape(50, 16), ids)  # its self-looped index, remembered per edge_index too
     alive = [weakref.ref(ids), weakref.ref(batch)]
     del ids, batch
     gc.collect()

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_edge_attr
+from .._tracing import tracing
 from ..functional import edge_attention
 from ..graphs import Graph
 from ..graphs.memo import recall
@@ -161,26 +162,30 @@ def attention_edges(
         raise ValueError(f"edge_index must be a (2, E) integer tensor, got {index.dtype} {tuple(index.shape)}")
     num_nodes = min(num_src, num_dst)
 
-    def looped() -> Tuple[Tensor, Tensor]:
-        """The positions of the edges that are not loops (E_kept,) and the looped index: those edges in
-        their order, then one loop per node (2, E_kept + num_nodes)."""
-        kept = (index[0] != index[1]).nonzero().view(-1)
-        loops = torch.arange(num_nodes, device=index.device, dtype=index.dtype).view(1, -1).expand(2, -1)
-        return kept, torch.cat([index.index_select(1, kept), loops], dim=1)
-
     # a Graph the caller keeps keeps its looped Graph (and that one's kernel structure) too; the looped
     # index of a raw edge_index is made by the first layer given that tensor (`graphs.memo`: the others
     # read nothing back), its Graph lives for one call and says so (`Graph.one_call`) to the kernels
     if isinstance(graph, Graph):
-        kept, out = graph.cached(f"gat_self_loops_{num_src}_{num_dst}", lambda: _with_graph(looped(), num_src, num_dst))
+        looped = lambda: _with_graph(looped_index(index, num_nodes), num_src, num_dst)  # noqa: E731
+        kept, out = graph.cached(f"gat_self_loops_{num_src}_{num_dst}", looped)
     else:
-        kept, with_loops = recall(index, ("gat self loops", num_src, num_dst), looped)
+        # traced: one graph break here (the kept edges' count comes from the data) rather than one per use
+        make = torch.compiler.disable(looped_index) if tracing() else looped_index
+        kept, with_loops = recall(index, ("gat self loops", num_src, num_dst), lambda: make(index, num_nodes))
         out = Graph.borrowed(with_loops, num_src, num_dst, one_call=True)
     if edge_attr is not None:
         edge_attr = edge_attr.index_select(0, kept)
         kept_dst = out.edge_index[1, : kept.shape[0]]
         edge_attr = torch.cat([edge_attr, loop_attr(edge_attr, kept_dst, num_nodes, fill_value)])
     return out, out.edge_index, edge_attr
+
+
+def looped_index(index: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor]:
+    """The positions of index's edges that are not loops (E_kept,) and the looped index: those edges in
+    their order, then one loop per node 0..num_nodes-1 (2, E_kept + num_nodes)."""
+    kept = (index[0] != index[1]).nonzero().view(-1)
+    loops = torch.arange(num_nodes, device=index.device, dtype=index.dtype).view(1, -1).expand(2, -1)
+    return kept, torch.cat([index.index_select(1, kept), loops], dim=1)
 
 
 def _with_graph(looped: Tuple[Tensor, Tensor], num_src: int, num_dst: int) -> Tuple[Tensor, Graph]:

@@ -333,3 +333,28 @@ def test_to_hetero_treats_them_as_message_passing(name):
     assert sorted(got) == sorted(expected) == ["a", "b"]
     for node_type in expected:
         assert_close(got[node_type], expected[node_type], torch.float64, "to_hetero vs PyG")
+
+
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
+def test_compiled_layer_with_self_loops_equals_eager_over_new_sizes(name):
+    """torch.compile(dynamic=True) over a raw edge_index with self loops to remove and add: the looped
+    index (its size comes from the data) is made eagerly in one graph break, not one break per use
+    (5 graphs before), and two graphs of different sizes give eager's outputs and gradients
+    (aot_eager: the trace is what is tested, not inductor's code)."""
+    torch.manual_seed(5)
+    ours = OURS[name](N_SRC - 1, C, heads=2, edge_dim=EDGE_DIM).double()
+    compiled = torch.compile(ours, dynamic=True, backend="aot_eager")
+    bigger = torch.cat([EDGE_INDEX, torch.tensor([[3, 5, 0, 0], [3, 2, 4, 3]])], dim=1)
+    for edge_index in (EDGE_INDEX, bigger):
+        x, edge_attr, leaves = make_inputs(False, EDGE_DIM, edge_index.shape[1])
+        results = []
+        for fn in (ours, compiled):
+            out = fn(x, edge_index.clone(), edge_attr)
+            results.append((out, grads_of((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), leaves)))
+        (out_e, grads_e), (out_c, grads_c) = results
+        assert_close(out_c, out_e, torch.float64, "compiled vs eager", "GAT output")
+        for leaf in grads_e:
+            assert_close(grads_c[leaf], grads_e[leaf], torch.float64, f"compiled d/d{leaf}", "GAT gradients")
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(ours)(x, bigger.clone(), edge_attr)
+    assert explained.graph_count <= 3, explained.break_reasons
