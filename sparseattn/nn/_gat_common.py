@@ -15,6 +15,7 @@ from .._tracing import tracing
 from ..functional import edge_attention
 from ..graphs import Graph
 from ..graphs.memo import recall
+from ..graphs.structure import row_pointers
 from ._common import edge_count, graph_of_adj_t
 
 PairTensor = Tuple[Tensor, Tensor]
@@ -260,8 +261,7 @@ def sparse_weights(layout: torch.layout, index: Tensor, alpha: Tensor, num_src: 
     if layout == torch.sparse_coo:  # adj_t was coalesced, and self loops are added once: no duplicates
         return torch.sparse_coo_tensor(torch.stack([dst, src]), values, size, is_coalesced=True, check_invariants=False)
     major, minor, count = (src, dst, num_src) if by_src else (dst, src, num_dst)
-    pointers = torch.zeros(count + 1, dtype=torch.long, device=index.device)
-    pointers[1:] = torch.bincount(major, minlength=count).cumsum(0)
+    pointers = row_pointers(major, count)
     if by_src:
         return torch.sparse_csc_tensor(pointers, minor, values, size, check_invariants=False)
     return torch.sparse_csr_tensor(pointers, minor, values, size, check_invariants=False)
