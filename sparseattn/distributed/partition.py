@@ -9,6 +9,7 @@ from torch import Tensor
 
 from .._checks import check_edge_index, check_graph_tensor, edge_index_sizes
 from ..graphs import Graph
+from ..graphs.structure import row_pointers
 from .shard import Shard, local_part
 
 METHODS = ("contiguous", "metis")
@@ -151,8 +152,7 @@ def metis_parts(graph: Graph, num_parts: int, weights: Tensor) -> Tensor:
     b = torch.cat([dst[keep], src[keep]])
     key = torch.unique(a * n + b)  # sorted, no duplicates: row a, column b
     rows, cols = key // n, key % n
-    xadj = torch.zeros(n + 1, dtype=torch.long)
-    xadj[1:] = torch.cumsum(torch.bincount(rows, minlength=n), 0)
+    xadj = row_pointers(rows, n)
     # METIS takes integer vertex weights: scale so the largest is 10^6
     top = float(weights.max()) if weights.numel() else 0.0
     vweights = (weights * (1e6 / top)).round().long().clamp_(min=1) if top > 0 else torch.ones(n, dtype=torch.long)

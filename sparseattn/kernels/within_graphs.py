@@ -13,7 +13,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .._tracing import tracing
+from .._tracing import exporting, tracing
 from ..graphs import Graph
 from ..graphs.memo import recall
 from ..graphs.pyg import complete_per_graph
@@ -58,6 +58,13 @@ def attention_within_graphs(
     from ..functional import edge_attention
 
     n = q.shape[0]
+    if exporting() and (batch is not None or ptr is not None):
+        # the graphs' sizes are batch's (or ptr's) values, which an exported program cannot branch on
+        raise ValueError(
+            "torch.export cannot attend within the graphs of a batch or ptr tensor (their sizes are the "
+            "tensor's values): export with graph=graphs.complete_per_graph(batch) as an input instead (a Graph "
+            "is a pytree input; dynamic_shapes=Graph.dynamic_shapes()), built outside the exported program"
+        )
     padded_ok = backend == "auto" and clamp is None and bias is None and not return_weights
     if padded_ok and (ptr is not None or batch is not None):
         # traced, run eagerly as a whole: its plan comes from host reads, and a packed row's check

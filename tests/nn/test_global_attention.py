@@ -359,3 +359,30 @@ def test_attn_bias_per_edge_and_head_equals_mha_with_that_additive_mask():
     with pytest.raises(ValueError, match="attn_bias"):
         xd = x[:4].view(1, 4, EMBED)
         ours(xd, xd, xd, attn_bias=bias[:16])
+
+
+def test_export_with_a_batch_vector_names_the_graph_input_that_exports():
+    """torch.export cannot size the graphs of a batch vector (they are its values): the export fails
+    with one line naming graph=complete_per_graph(batch); exported with that Graph as an input, the
+    program equals the eager layer on a batch of other sizes."""
+    from torch.export import Dim
+
+    layer = GlobalAttention(16, 2, batch_first=True).eval()
+    x, batch = torch.randn(12, 16), torch.tensor([0] * 5 + [1] * 7)
+    with pytest.raises(ValueError, match=r"graph=graphs.complete_per_graph\(batch\)"):
+        torch.export.export(layer, (x, batch))
+
+    class WithGraph(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x: torch.Tensor, graph: sparseattn.Graph) -> torch.Tensor:
+            return self.layer(x, graph=graph)
+
+    shapes = ({0: Dim.AUTO}, sparseattn.Graph.dynamic_shapes())
+    program = torch.export.export(WithGraph(), (x, complete_per_graph(batch)), dynamic_shapes=shapes)
+    other = torch.tensor([0] * 3 + [1] * 4 + [2] * 2)
+    y = torch.randn(9, 16)
+    got = program.module()(y, complete_per_graph(other))
+    assert_close(got, layer(y, other), torch.float32, "exported with a Graph input vs eager with batch")
