@@ -154,10 +154,32 @@ def check_node_count(name: str, n: object) -> int:
 
 def check_node_ids(ids: Tensor, num_nodes: int, name: str, count: Optional[str] = None) -> None:
     """Raise IndexError if any id in `ids` is negative or >= num_nodes; `count` names the argument
-    that set num_nodes (such as "num_src"), which the message then names as the fix."""
+    that set num_nodes (such as "num_src"), which the message then names as the fix. One host read."""
     if ids.numel() == 0:
         return
-    lo, hi = (int(x) for x in torch.aminmax(ids))
+    lo, hi = torch.stack(torch.aminmax(ids)).tolist()
+    _check_id_range(lo, hi, num_nodes, name, count)
+
+
+def check_edge_ids(
+    edge_index: Tensor,
+    num_src: int,
+    num_dst: int,
+    counts: Tuple[Optional[str], Optional[str]] = (None, None),
+    name: str = "edge_index",
+) -> None:
+    """`check_node_ids` of both rows of edge_index (2, E), sources against num_src and destinations
+    against num_dst, in one host read (each read waits for a GPU's queued work); `counts` name the
+    arguments that set the two counts, as check_node_ids' `count`; `name` the index in messages."""
+    if edge_index.shape[1] == 0:
+        return
+    (lo_src, lo_dst), (hi_src, hi_dst) = torch.stack(torch.aminmax(edge_index, dim=1)).tolist()
+    _check_id_range(lo_src, hi_src, num_src, f"{name}[0] (sources)", counts[0])
+    _check_id_range(lo_dst, hi_dst, num_dst, f"{name}[1] (destinations)", counts[1])
+
+
+def _check_id_range(lo: int, hi: int, num_nodes: int, name: str, count: Optional[str]) -> None:
+    """IndexError naming `name` unless lo >= 0 and hi < num_nodes (check_node_ids' messages)."""
     if lo < 0:
         raise IndexError(f"{name} contains a negative node id ({lo})")
     if hi >= num_nodes:

@@ -20,11 +20,25 @@ EI = torch.tensor([[0, 4, 2], [0, 1, 2]])
         (torch.tensor([[0, -1], [0, 1]]), IndexError, r"negative node id \(-1\)"),
         (torch.tensor([[0, 5], [0, 1]]), IndexError, "sources.*node id 5.*5 nodes"),
         (torch.tensor([[0, 1], [0, 3]]), IndexError, "destinations.*node id 3.*3 nodes"),
+        (torch.tensor([[0, 9], [0, -2]]), IndexError, r"edge_index\[0\] \(sources\) contains node id 9"),
+        (
+            torch.tensor([[0, 1], [-2, 1]]),
+            IndexError,
+            r"edge_index\[1\] \(destinations\) contains a negative node id \(-2\)",
+        ),
     ],
 )
 def test_bad_edge_index(graph, exc, pattern):
     with pytest.raises(exc, match=pattern):
         edge_attention(Q, K, V, graph)
+
+
+def test_a_pyg_batch_with_an_id_beyond_num_nodes_names_the_row_and_num_nodes():
+    """graphs.from_pyg checks both rows of data.edge_index in one read and names the row and the count."""
+    pyg_data = pytest.importorskip("torch_geometric.data")
+    data = pyg_data.Data(edge_index=torch.tensor([[0, 1], [1, 4]]), num_nodes=3)
+    with pytest.raises(IndexError, match=r"data.edge_index\[1\] \(destinations\) contains node id 4.*num_nodes=5"):
+        graphs.from_pyg(data)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from .._checks import check_edge_index, check_node_count, check_node_ids, edge_index_sizes
+from .._checks import check_edge_ids, check_edge_index, check_node_count, edge_index_sizes
 from .._tracing import caching_in_trace, tracing
 from .block import Block, checked_blocks
 from .detect import find_blocks
@@ -140,8 +140,7 @@ class Graph:
         if num_dst is None:
             num_dst = int(dst.max()) + 1 if dst.numel() else 0
         num_src, num_dst = check_node_count("num_src", num_src), check_node_count("num_dst", num_dst)
-        check_node_ids(src, num_src, "edge_index[0] (sources)", "num_src" if counts_given else None)
-        check_node_ids(dst, num_dst, "edge_index[1] (destinations)", "num_dst" if counts_given else None)
+        check_edge_ids(edge_index, num_src, num_dst, ("num_src", "num_dst") if counts_given else (None, None))
         sorted_by_dst, unique = destination_major(src, dst, num_src, num_dst)
         return num_src, num_dst, None, None, None, sorted_by_dst, unique
 

@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .._checks import check_edge_index, check_node_count, check_node_ids
+from .._checks import check_edge_ids, check_edge_index, check_node_count
 from .block import BLOCK_KINDS, square_blocks_num_edges
 from .builders import from_blocks
 from .graph import Graph
@@ -43,8 +43,7 @@ def from_pyg(data: object, *, num_nodes: Optional[int] = None, self_loops: bool 
     """
     edge_index = check_edge_index(_edge_index_of(data), "data.edge_index")
     n = _num_nodes_of(data, num_nodes)
-    check_node_ids(edge_index[0], n, "data.edge_index[0] (sources)", "num_nodes")
-    check_node_ids(edge_index[1], n, "data.edge_index[1] (destinations)", "num_nodes")
+    check_edge_ids(edge_index, n, n, ("num_nodes", "num_nodes"), "data.edge_index")
     ptr = _graph_offsets(data, n)
     if self_loops:
         has_loop = torch.zeros(n, dtype=torch.bool, device=edge_index.device)

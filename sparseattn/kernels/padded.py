@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..graphs.structure import id_counts
+
 # The padded form runs when its cost in scores, rows * (C^2 + PACK_ROW_SCORES), is at most this many
 # times the graphs' sum_b n_b^2 edges (exact softmax, no bias, no weights asked for, backend "auto",
 # eager). Measured (1 thread, CPU, GlobalAttention(64, 4 heads) fwd+bwd with a plan per batch, the
@@ -74,9 +76,17 @@ def graph_sizes(batch: Optional[Tensor], ptr: Optional[Tensor], n: int) -> Optio
         if ptr.dim() == 1 and ptr.numel() > 1 and ptr.dtype in (torch.int32, torch.int64) and int(ptr[0]) == 0:
             return ptr.diff()
         return None
-    if batch is not None and batch.dim() == 1 and batch.numel() == n and batch.dtype in (torch.int32, torch.int64):
-        if n > 0 and int(batch[0]) >= 0 and not bool((batch.diff() < 0).any()):
-            return torch.bincount(batch)
+    if (
+        batch is not None
+        and batch.dim() == 1
+        and batch.numel() == n
+        and batch.dtype in (torch.int32, torch.int64)
+        and n > 0
+    ):
+        # one host read for the checks and the graph count (each read waits for a GPU's queued work)
+        first, unsorted, last = torch.stack([batch[0], (batch.diff() < 0).any().to(batch.dtype), batch[-1]]).tolist()
+        if first >= 0 and not unsorted:
+            return id_counts(batch, last + 1)
     return None
 
 

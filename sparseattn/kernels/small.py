@@ -26,7 +26,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .._checks import check_node_ids
+from .._checks import check_edge_ids
 from .._tracing import tracing
 from .contract import AttentionInputs
 from .reference import differentiable_grads, reference_attention
@@ -179,8 +179,7 @@ def checked_edge_index(edge_index: Tensor, num_src: int, num_dst: int) -> Tensor
     """edge_index (2, E) as traced code reads it: its ids checked first (eager calls check a raw index
     before any backend runs, a trace cannot read it: an IndexError naming the row, as eager raises),
     then a copy (an op may not return its input; a small graph's index is a few KB)."""
-    check_node_ids(edge_index[0], num_src, "edge_index[0] (sources)")
-    check_node_ids(edge_index[1], num_dst, "edge_index[1] (destinations)")
+    check_edge_ids(edge_index, num_src, num_dst)
     return edge_index.clone()
 
 
