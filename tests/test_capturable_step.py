@@ -8,7 +8,7 @@ one graph per padded row (`kernels.auto.choose_packing`) and the structure built
 import pytest
 import torch
 
-from sparseattn import graphs
+from sparseattn import edge_attention, graphs
 from sparseattn.graphs import structure
 from sparseattn.nn import GATConv, GATv2Conv, GPSConv, TransformerConv
 
@@ -63,6 +63,32 @@ def test_a_step_on_tensors_seen_before_reads_nothing(name, as_on_a_gpu):
     _step(layers, x, edge_index, edge_attr, batch)  # the warm-up a capture makes first
     with HostReads() as reads:
         _step(layers, x, edge_index, edge_attr, batch)
+    assert reads.ops == []
+
+
+@pytest.mark.parametrize("edges", [300, 1 << 16])
+def test_csr_on_a_raw_edge_index_reads_nothing_once_the_index_was_seen(edges, as_on_a_gpu):
+    """csr (what a GPU runs for D > 256) given a raw edge_index builds its head-interleaved index in
+    every call; for a pattern of at most _SMALL_SLOTS slots (H * E) it takes the edge count from the
+    index's shape, not from the row pointers' last value, so a warm call reads nothing. A larger
+    pattern walks its slots in chunks sized by reads (a Graph, built once, reads nothing there)."""
+    from sparseattn.kernels.csr.index import _SMALL_SLOTS
+
+    heads = 2
+    n = 400
+    edge_index = graphs.random(n, n, edges, seed=0).edge_index
+    q, k, v = (torch.randn(n, heads, 8, requires_grad=True) for _ in range(3))
+    edge_attention(q, k, v, edge_index, backend="csr").sum().backward()  # the ids checked, remembered
+    with HostReads() as reads:
+        edge_attention(q, k, v, edge_index, backend="csr").sum().backward()
+    if edges * heads <= _SMALL_SLOTS:
+        assert reads.ops == []
+    else:
+        assert reads.count > 0  # the chunked walk: documented, and what this test would notice changing
+    graph = graphs.Graph(edge_index, n, n)
+    edge_attention(q, k, v, graph, backend="csr").sum().backward()
+    with HostReads() as reads:
+        edge_attention(q, k, v, graph, backend="csr").sum().backward()
     assert reads.ops == []
 
 

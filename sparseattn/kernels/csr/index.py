@@ -141,11 +141,12 @@ def _head_slots(
         yield s0, s1, e, take(head_of, row)  # a gather beats row % H
 
 
-def _all_slots(ptr: Tensor, heads: int, itype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
+def _all_slots(ptr: Tensor, heads: int, itype: torch.dtype, nnz: int) -> Tuple[Tensor, Tensor, Tensor]:
     """Every slot of the head-interleaved CSR of row pointers ptr at once: (e, head, row), each
     (H * E,) in itype, the sorted edge, head and head row of each slot. Sorted edge e into row t,
-    head h, has slot H * ptr[t] + h * deg[t] + e - ptr[t] (`_head_slots_of`); one scatter inverts it."""
-    nnz, device = int(ptr[-1]), ptr.device
+    head h, has slot H * ptr[t] + h * deg[t] + e - ptr[t] (`_head_slots_of`); one scatter inverts it.
+    nnz: E (= ptr[-1], passed from a shape so that nothing is read back from the device)."""
+    device = ptr.device
     deg = ptr.diff()
     row = torch.repeat_interleave(torch.arange(deg.numel(), device=device), deg, output_size=nnz)  # (E,)
     heads_ = torch.arange(heads, device=device)
@@ -187,6 +188,7 @@ def _fill_slots(
     heads: int,
     itype: torch.dtype,
     fills: List[Tuple[Tensor, Tensor, Optional[Tensor]]],
+    num_edges: int,
     row_out: Optional[Tensor] = None,
 ) -> None:
     """For each (out, value, step) in fills, write out[slot] = value[e] + head * step[e] (step None:
@@ -194,8 +196,8 @@ def _fill_slots(
     it), e the sorted edge of each slot and head its head; out (H * E,), value and step (E,) in
     itype. row_out (H * E,), when given, gets the head row of each slot. Runs of rows of equal
     degree are filled by one broadcast each; otherwise by the chunked walk of `_head_slots`."""
-    if int(crow[-1]) <= _SMALL_SLOTS:
-        e, head, row = _all_slots(ptr, heads, itype)
+    if num_edges * heads <= _SMALL_SLOTS:  # E from a shape: no read of crow[-1]
+        e, head, row = _all_slots(ptr, heads, itype, num_edges)
         for out, value, step in fills:
             if step is None:
                 torch.index_select(value, 0, e, out=out).add_(head)
@@ -236,7 +238,7 @@ def interleaved_slots(ptr: Tensor, idx: Tensor, heads: int, int32: bool) -> Tupl
     it = _itype(int32)
     crow = _head_crow(ptr, heads)
     col = torch.empty(idx.numel() * heads, dtype=it, device=idx.device)
-    _fill_slots(ptr, crow, heads, it, [(col, idx.to(it) * heads, None)])  # out of place: idx may be int64 already
+    _fill_slots(ptr, crow, heads, it, [(col, idx.to(it) * heads, None)], idx.numel())  # idx.to: idx may be int64
     return crow, col
 
 
@@ -249,7 +251,7 @@ def _(ptr, idx, heads, int32):
 def interleaved_rows(ptr: Tensor, idx: Tensor, heads: int, int32: bool) -> Tensor:
     """(H * E,) head row of each slot (idx only gives E)."""
     row = torch.empty(idx.numel() * heads, dtype=_itype(int32), device=idx.device)
-    _fill_slots(ptr, _head_crow(ptr, heads), heads, _itype(int32), [], row_out=row)
+    _fill_slots(ptr, _head_crow(ptr, heads), heads, _itype(int32), [], idx.numel(), row_out=row)
     return row
 
 
@@ -264,7 +266,7 @@ def interleaved_from_caller(ptr: Tensor, perm: Tensor, heads: int, int32: bool) 
     position of each sorted edge."""
     it = _itype(int32)
     out = torch.empty(perm.numel() * heads, dtype=it, device=perm.device)
-    _fill_slots(ptr, _head_crow(ptr, heads), heads, it, [(out, perm.to(it) * heads, None)])
+    _fill_slots(ptr, _head_crow(ptr, heads), heads, it, [(out, perm.to(it) * heads, None)], perm.numel())
     return out
 
 
@@ -303,7 +305,7 @@ def interleaved_transposed(
     ccrow = _head_crow(cptr, heads)  # transposed slots: head row s * H + hh
     base, step = (t.to(it) for t in _head_slots_of(ptr, cidx, to_sorted, heads))
     ccol, to_csc = (torch.empty(cidx.numel() * heads, dtype=it, device=cidx.device) for _ in range(2))
-    _fill_slots(cptr, ccrow, heads, it, [(ccol, cidx.to(it) * heads, None), (to_csc, base, step)])
+    _fill_slots(cptr, ccrow, heads, it, [(ccol, cidx.to(it) * heads, None), (to_csc, base, step)], cidx.numel())
     return ccrow.to(it), ccol, to_csc
 
 
@@ -343,7 +345,8 @@ class InterleavedIndex:
 
     def _slot_map(self) -> Tuple[Tensor, Tensor, Tensor]:
         """(sorted edge, head, head row) of every slot, (H * E,) each (`_all_slots`); small patterns only."""
-        return self._lazy("slot_map", lambda: _all_slots(self._graph.csr().ptr, self.heads, _itype(self.int32)))
+        g, it = self._graph, _itype(self.int32)
+        return self._lazy("slot_map", lambda: _all_slots(g.csr().ptr, self.heads, it, g.num_edges))
 
     @property
     def row(self) -> Tensor:
