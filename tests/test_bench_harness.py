@@ -84,7 +84,9 @@ def test_every_json_records_commit_command_and_thread_settings(tmp_path, monkeyp
     assert data["results"][0]["ms"] == 1.0 and data["machine"]["load_average_end"] is not None
 
 
-def test_output_names_its_files_and_logs_command_and_commit_first_and_the_page_last(tmp_path, capsys):
+def test_output_names_its_files_and_logs_command_and_commit_first_and_the_page_last(tmp_path, capsys, monkeypatch):
+    for name in harness._ENV_NOTED:  # a caller's OMP_NUM_THREADS=1 would lead the command line
+        monkeypatch.delenv(name, raising=False)
     info = machine_info()
     out = harness.Output("benchmarks.bench_layers", ["--nodes", "16"], str(tmp_path), info, tag="x")
     out.log("a line")

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():  # as tests/conftest.py: before anything impor
     os.environ["TRITON_INTERPRET"] = "1"
 
 from benchmarks import bench_triton_gpu as bench
-from benchmarks import peers
+from benchmarks import harness, peers
 from benchmarks.families import random_edges
 from sparseattn import Graph, edge_attention, graphs
 
@@ -32,6 +32,8 @@ def forgets_the_last_destination(g, clamp, q, k, v):
 
 
 def test_smoke_run_writes_results_and_flags_a_wrong_contender(tmp_path, monkeypatch):
+    for name in harness._ENV_NOTED:  # a caller's OMP_NUM_THREADS=1 would lead the recorded command
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setitem(bench.CONTENDERS, "broken", forgets_the_last_destination)
     cases = ["window8", "complete512"]
     status = bench.main(
