@@ -276,6 +276,7 @@ def worker(args: argparse.Namespace) -> None:
     with open(os.path.join(args.out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(asdict(r), f)
     if world > 1:
+        del model  # DDP's reducer must not outlive the group it holds (see docs/guide/distributed.md)
         dist.destroy_process_group()
 
 

@@ -257,6 +257,7 @@ def main() -> None:
         print(f"final loss {records[-1]['loss']:.7f} | acc {records[-1]['acc']:.4f}")
         print_ranks(rows)
     if world > 1:
+        del model  # DDP's reducer must not outlive the group it holds (see docs/guide/distributed.md)
         dist.destroy_process_group()
 
 

@@ -132,15 +132,16 @@ def train_main(argv: List[str]) -> int:
             cfg = resumed_config(out / "checkpoint.pt", flags, config_file)
         elif rank0:
             check_run_dir(out, overwrite)
+        trainer: Optional[Trainer] = None
         try:
             if distributed.launched_by_torchrun():
                 distributed.init_from_env(cfg)
-                trainer: Trainer = distributed.DistributedTrainer(cfg, resume=resume, staging=staging)
+                trainer = distributed.DistributedTrainer(cfg, resume=resume, staging=staging)
             else:
                 trainer = Trainer(cfg, resume=resume, staging=staging)
             return _run(trainer)
         finally:
-            distributed.cleanup()
+            distributed.cleanup(trainer)
             if staging is not None and rank0:
                 remove_staging(out)  # a start that failed or was interrupted before it started: the old run stays
 

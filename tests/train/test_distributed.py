@@ -154,3 +154,41 @@ def test_process_device_gives_each_local_process_its_own_gpu_or_the_cpu():
     assert process_device("cpu", 1, 2, 4) == "cpu"
     with pytest.raises(ValueError, match=r"--device=cuda: 2 processes on this node but 1 GPU"):
         process_device("cuda", 1, 2, 1)
+
+
+def _release_worker(rank: int, port: int, out: str, results) -> None:
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+
+    from sparseattn.train.distributed import DistributedTrainer, cleanup
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    trainer = DistributedTrainer(make_config({**TINY, "max_steps": 1, "out": out}))
+    try:
+        assert trainer.fit() == "max_steps"  # a backward: its all-reduce ran on gloo's worker threads
+        ddp = weakref.ref(trainer.ddp)
+        held_by_ddp_alone = sys.getrefcount(trainer.ddp.reducer) == 2  # the attribute and this call's argument
+        gc.disable()  # freed by reference counting, as at the end of a run
+        cleanup(trainer)
+        results[rank] = (held_by_ddp_alone, ddp() is None, trainer.ddp, dist.is_initialized())
+    finally:
+        gc.enable()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_cleanup_frees_the_ddp_reducer_before_it_destroys_the_process_group(tmp_path):
+    """The reducer must not be the process group's last holder (see DistributedTrainer.release):
+    when cleanup returns, the DDP wrapper, the reducer's only holder, is gone, and so is the group."""
+    ctx = torch.multiprocessing.get_context("spawn")
+    results = ctx.Manager().dict()
+    port = _free_port()
+    procs = [ctx.Process(target=_release_worker, args=(r, port, str(tmp_path / "run"), results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert dict(results) == {0: (True, True, None, False), 1: (True, True, None, False)}
