@@ -80,7 +80,7 @@ class DistributedTrainer(Trainer):
         self.main_process = self.rank == 0
         super().__init__(cfg, resume=resume, staging=staging)
         ids = [self.device.index] if self.device.type == "cuda" else None
-        self.ddp = DistributedDataParallel(self.model, device_ids=ids)
+        self.ddp: Optional[DistributedDataParallel] = DistributedDataParallel(self.model, device_ids=ids)
 
     def epoch_batches(self, epoch: int) -> list:
         return shard_batches(super().epoch_batches(epoch), self.rank, self.world_size)
@@ -92,6 +92,8 @@ class DistributedTrainer(Trainer):
         return bool(t.item())
 
     def train_step(self, batch) -> dict:
+        if self.ddp is None:
+            raise RuntimeError("this rank's DDP wrapper was released (distributed.cleanup): it trains no more")
         self.optimizer.zero_grad(set_to_none=True)
         with self.autocast():
             loss, stats = self.task.loss(self.ddp, batch, self.cfg)  # per-token mean of this rank's batch
