@@ -162,15 +162,20 @@ def edge_attention(
         k, v = (t.repeat_interleave(num_heads // kv_heads, dim=1) for t in (k, v))
     dtype = q.dtype
     work = chosen.compute_dtype(dtype, q.device.type)  # half types run in float32 where a backend lacks them
-    q, k, v = (t.to(work) for t in (q, k, v))
-    bias, dropout_mask = (None if t is None else t.to(work) for t in (bias, dropout_mask))
-    terms = {name: None if t is None else t.to(work) for name, t in terms.items()}
+    if work != dtype or any(t is not None and t.dtype != work for t in (k, v, bias, dropout_mask, *terms.values())):
+        q, k, v = (t.to(work) for t in (q, k, v))
+        bias, dropout_mask = (None if t is None else t.to(work) for t in (bias, dropout_mask))
+        terms = {name: None if t is None else t.to(work) for name, t in terms.items()}
     inputs = AttentionInputs(
         q, k, v, g, scale, clamp, bias, dropout_mask, return_weights, **terms, eps=eps, options=options
     )
-    with torch.autocast(q.device.type, enabled=False):  # backends keep their own precision rules under autocast
+    if torch.is_autocast_enabled(q.device.type):  # backends keep their own precision rules under autocast
+        with torch.autocast(q.device.type, enabled=False):
+            out, weights = chosen.fn(inputs)
+    else:
         out, weights = chosen.fn(inputs)
-    out = out.to(dtype)
+    if out.dtype != dtype:
+        out = out.to(dtype)
     if not return_weights:
         return out
     assert weights is not None, f"backend {chosen.name!r} returned no weights"
