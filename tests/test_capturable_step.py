@@ -120,6 +120,19 @@ def test_counts_without_sync_are_bincounts(num_rows):
     torch.testing.assert_close(ptr[1:] - ptr[:-1], expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_sorted_id_counts_check_and_count_a_batch_vector_in_one_read(dtype, as_on_a_gpu):
+    batch = torch.tensor([0, 0, 1, 3, 3, 3], dtype=dtype)
+    with HostReads() as reads:
+        counts = structure.sorted_id_counts(batch)
+    assert reads.count == 1, reads.ops
+    assert counts.tolist() == [2, 1, 0, 3]
+    assert structure.sorted_id_counts(batch, 6).tolist() == [2, 1, 0, 3, 0, 0]  # trailing empty graphs kept
+    assert structure.sorted_id_counts(batch, 2).tolist() == [2, 1, 0, 3]
+    assert structure.sorted_id_counts(torch.tensor([1, 0], dtype=dtype)) is None  # unsorted
+    assert structure.sorted_id_counts(torch.tensor([-1, 0], dtype=dtype)) is None  # a negative id
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA graph needs a GPU (gpu_check.sh runs this)")
 @pytest.mark.parametrize("name", list(LAYERS))

@@ -12,6 +12,7 @@ from .._checks import check_edge_ids, check_edge_index, check_node_count
 from .block import BLOCK_KINDS, square_blocks_num_edges
 from .builders import from_blocks
 from .graph import Graph
+from .structure import sorted_id_counts
 
 
 def from_pyg(data: object, *, num_nodes: Optional[int] = None, self_loops: bool = False) -> Graph:
@@ -132,10 +133,9 @@ def batch_offsets(
             f"{name}batch must be a 1-D integer tensor of graph ids, one per node: ({n},) for {n} node rows, got "
             f"{shape}"
         )
-    if n and (int(batch[0]) < 0 or bool((batch.diff() < 0).any())):
+    counts = sorted_id_counts(batch, num_graphs) if n else batch.new_zeros(num_graphs)
+    if counts is None:
         raise ValueError(f"{name}batch must hold graph ids >= 0 in non-decreasing order (sorted), as a PyG Batch does")
-    num_graphs = max(int(batch[-1]) + 1 if n else 0, num_graphs)
-    counts = torch.bincount(batch, minlength=num_graphs) if n else batch.new_zeros(num_graphs)
     return (0, *(int(x) for x in torch.cumsum(counts, 0).tolist()))
 
 

@@ -65,6 +65,17 @@ def id_counts(ids: Tensor, num_ids: int) -> Tensor:
     return torch.bincount(ids, minlength=num_ids) if ids.numel() else torch.zeros(num_ids, dtype=torch.long)
 
 
+def sorted_id_counts(ids: Tensor, min_count: int = 0) -> Optional[Tensor]:
+    """(B,) occurrences of each id 0 .. B - 1 in a non-empty 1-D integer `ids` held in non-decreasing
+    order from an id >= 0 (a PyG batch vector), B = max(ids[-1] + 1, min_count); None if ids[0] < 0
+    or they are not sorted. One host read for the checks and B (each read waits for a GPU's queued
+    work), then `id_counts`."""
+    first, unsorted, last = torch.stack([ids[0], (ids.diff() < 0).any().to(ids.dtype), ids[-1]]).tolist()
+    if first < 0 or unsorted:
+        return None
+    return id_counts(ids, max(last + 1, min_count))
+
+
 def reading_stalls(device: torch.device) -> bool:
     """Whether reading a tensor's value back to the host waits for the device's queued work (every
     device but the CPU): code that runs in a training step avoids such reads there."""
@@ -151,6 +162,7 @@ __all__ = [
     "counts_without_sync",
     "destination_major",
     "reading_stalls",
-    "row_pointers",
     "id_counts",
+    "row_pointers",
+    "sorted_id_counts",
 ]

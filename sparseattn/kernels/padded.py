@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..graphs.structure import id_counts
+from ..graphs.structure import sorted_id_counts
 
 # The padded form runs when its cost in scores, rows * (C^2 + PACK_ROW_SCORES), is at most this many
 # times the graphs' sum_b n_b^2 edges (exact softmax, no bias, no weights asked for, backend "auto",
@@ -83,10 +83,7 @@ def graph_sizes(batch: Optional[Tensor], ptr: Optional[Tensor], n: int) -> Optio
         and batch.dtype in (torch.int32, torch.int64)
         and n > 0
     ):
-        # one host read for the checks and the graph count (each read waits for a GPU's queued work)
-        first, unsorted, last = torch.stack([batch[0], (batch.diff() < 0).any().to(batch.dtype), batch[-1]]).tolist()
-        if first >= 0 and not unsorted:
-            return id_counts(batch, last + 1)
+        return sorted_id_counts(batch)
     return None
 
 
