@@ -208,7 +208,7 @@ def _empty_inductor_cache() -> str:
 
 def _gps_cases(device: str, log: Callable[[str], None]) -> List[Result]:
     """A GraphGPS model's training step (`molecules.GPSModel`: 3 x GPSConv(TransformerConv(edge_dim) + global
-    multi-head attention), hidden 64, Adam) per molecule batch: sparseattn's and PyG's, one initial state
+    multi-head attention), hidden 64, torch's fused Adam) per molecule batch: sparseattn's and PyG's, one initial state
     dict, eager and under torch.compile(dynamic=True) (compile time and recompiles logged apart)."""
     from torch._dynamo.utils import counters
 
@@ -232,7 +232,7 @@ def _gps_cases(device: str, log: Callable[[str], None]) -> List[Result]:
         model.train()
         for compiled in (False, True):
             module = torch.compile(model, dynamic=True) if compiled else model
-            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)  # each model's fastest Adam
 
             def epoch(module=module, opt=opt) -> None:
                 for b in batches:

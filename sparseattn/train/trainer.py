@@ -63,6 +63,14 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def fused_adam_supported(params) -> bool:
+    """Whether torch's fused Adam takes these parameters (floating point, on CPU or CUDA): one kernel
+    updates every parameter, where the default on CPU runs a dozen ops per parameter tensor (the
+    step of the sort task's 45 tensors: 0.65 ms against 3.1, 1 thread)."""
+    params = list(params)
+    return bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+
+
 class NonFiniteLoss(ValueError):
     """Training produced a NaN or infinite loss; nothing was saved after the last good step."""
 
@@ -89,7 +97,11 @@ class Trainer:
         self.model = cfg.model_cfg.build(self.task.model_info())
         self.model.to(self.device)
         self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=1.0, betas=(run.beta1, run.beta2), eps=run.adam_eps
+            self.model.parameters(),
+            lr=1.0,
+            betas=(run.beta1, run.beta2),
+            eps=run.adam_eps,
+            fused=fused_adam_supported(self.model.parameters()),
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, NoamLambda(lr_dim(cfg), run.lr_factor, run.warmup)

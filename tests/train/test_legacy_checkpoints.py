@@ -60,6 +60,7 @@ def test_old_ema_checkpoint_resumes_with_its_average(tmp_path):
     cfg = with_overrides(config_from_dict(state["config"]), {"out": str(run), "max_steps": 0})
     t = Trainer(cfg, resume=True)
     assert t.ema.num_updates == 5
+    assert not t.optimizer.param_groups[0]["fused"]  # the run goes on with the Adam it started with
     assert_same_weights(t.ema.average(), old["average"])
     assert t.fit() == "finished" and t.position["step"] == 6  # the last step of the two epochs
     d = min(0.95, 5 / 6)

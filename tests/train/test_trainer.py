@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sparseattn.train.config import config_from_dict
-from sparseattn.train.trainer import Trainer, best_score
+from sparseattn.train.trainer import Trainer, best_score, fused_adam_supported
 
 from .helpers import assert_same_weights, tiny_config, weights
 
@@ -64,6 +64,19 @@ def test_checkpoint_holds_everything_and_writes_atomically(tmp_path):
     rebuilt = cfg.model_cfg.build(t.task.model_info())
     rebuilt.load_state_dict(state["model"])
     assert_same_weights(weights(rebuilt), weights(t.model))
+
+
+def test_adam_is_torch_s_fused_one_where_the_parameters_allow_and_a_resume_keeps_it(tmp_path):
+    t = Trainer(tiny_config(tmp_path, "fused", max_steps=2))
+    assert t.optimizer.param_groups[0]["fused"] is True
+    assert t.fit() == "max_steps"
+    resumed = Trainer(tiny_config(tmp_path, "fused"), resume=True)
+    assert resumed.optimizer.param_groups[0]["fused"] is True
+    floats = [torch.nn.Parameter(torch.zeros(2))]
+    assert fused_adam_supported(floats) and fused_adam_supported(p for p in floats)
+    assert not fused_adam_supported([])
+    assert not fused_adam_supported(floats + [torch.nn.Parameter(torch.zeros(2, device="meta"))])
+    assert not fused_adam_supported([torch.zeros(2, dtype=torch.int64)])
 
 
 def test_best_score_prefers_task_metrics_and_breaks_ties_by_loss():
