@@ -237,17 +237,18 @@ def _check_floating(t: object, name: str, shape: str) -> None:
         raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
 
 
-def check_bias(bias: Optional[Tensor], num_edges: int, num_heads: int) -> Optional[Tensor]:
-    """Check an edge bias of shape (E, H) or (E,); return it as (E, H) (a view, no copy)."""
+def check_bias(bias: Optional[Tensor], num_edges: int, num_heads: int, name: str = "bias") -> Optional[Tensor]:
+    """Check a per-edge tensor (an edge bias, or what `name` says) of shape (E, H) or (E,); return it
+    as (E, H) (a view, no copy)."""
     if bias is None:
         return None
-    _check_floating(bias, "bias", "(E, H) or (E,)")
+    _check_floating(bias, name, "(E, H) or (E,)")
     if bias.dim() == 1 and bias.shape[0] == num_edges:
         return bias.unsqueeze(1).expand(num_edges, num_heads)
     if bias.dim() == 2 and bias.shape == (num_edges, num_heads):
         return bias
     raise ValueError(
-        f"bias must have shape (E, H) = ({num_edges}, {num_heads}) or (E,) = ({num_edges},), got {tuple(bias.shape)}"
+        f"{name} must have shape (E, H) = ({num_edges}, {num_heads}) or (E,) = ({num_edges},), got {tuple(bias.shape)}"
     )
 
 

@@ -73,6 +73,7 @@ def edge_attention(
     edge_scale: Optional[Tensor] = None,
     eps: float = 0.0,
     dropout_p: float = 0.0,
+    edge_weight: Optional[Tensor] = None,
     backend: str = "auto",
     return_weights: bool = False,
     kernel_options: OptionsLike = None,
@@ -115,11 +116,15 @@ def edge_attention(
             only (ValueError with clamp=None). Default 0: a destination without edges gets 0.
         dropout_p: probability of dropping each normalized edge weight (attention dropout);
             survivors are scaled by 1/(1 - dropout_p). Deterministic under `torch.manual_seed`.
+        edge_weight: optional (E, H) or (E,) multipliers of the normalized weights, applied after the
+            softmax (and with dropout's): out[t] = sum_e edge_weight[e] p_e v[s], as PyG's explainers'
+            edge masks scale each edge's message; differentiable. Only the "reference" backend takes
+            it (the only one that differentiates it): "auto" picks it, another name is refused.
         backend: "auto" or a name from `sparseattn.kernels.backend_names()`. Edge terms and eps
             run on the backends that declare them (`registered_backend(name).edge_terms`: today
             "reference", "csr", "small", "scatter" and "triton"); the others ("dense", "local")
             refuse them naming the term, and "auto" picks only a backend that declares them.
-        return_weights: also return the normalized weights (before dropout).
+        return_weights: also return the normalized weights (before dropout and edge_weight).
         kernel_options: per-call kernel settings (`sparseattn.kernels.KernelOptions`, or a dict of
             its fields: csr_layout, dense_tile_bytes, triton_forward, triton_backward, node_order,
             local_tiles), as FlexAttention's kernel_options; None: the default in force (`kernels.kernel_options`).
@@ -139,23 +144,24 @@ def edge_attention(
     sources' dk and dv rows, its edges' bias and edge-term rows); elsewhere it equals the reference's.
     """
     terms = dict(edge_key=edge_key, edge_value=edge_value, edge_scale=edge_scale)  # EDGE_TERMS, by name
-    g, scale, clamp, bias, terms, eps, dropout_p = _checked_arguments(
-        q, k, v, graph, scale, clamp, bias, terms, eps, dropout_p, return_weights
+    g, scale, clamp, bias, terms, eps, dropout_p, edge_weight = _checked_arguments(
+        q, k, v, graph, scale, clamp, bias, terms, eps, dropout_p, return_weights, edge_weight
     )
     options = as_kernel_options(kernel_options)
     if _reorders(g, options, backend):
         return _in_locality_order(
             q, k, v, g, options, scale=scale, clamp=clamp, bias=bias, **terms, eps=eps, dropout_p=dropout_p,
-            backend=backend, return_weights=return_weights,
+            edge_weight=edge_weight, backend=backend, return_weights=return_weights,
         )  # fmt: skip
     num_heads, kv_heads = q.shape[1], k.shape[1]
     dropout_mask = None
     if dropout_p > 0.0:
         keep = torch.rand(g.num_edges, num_heads, device=q.device) >= dropout_p
         dropout_mask = keep.to(q.dtype) / (1.0 - dropout_p)
-    chosen = get_backend(
-        backend, q, g, edge_terms=extras_given(terms, eps), value_dim=v.shape[2], edge_kv=_only_key_value(terms, eps)
-    )
+    if edge_weight is not None:  # both multiply the normalized weights (`contract.EDGE_WEIGHT`)
+        dropout_mask = edge_weight if dropout_mask is None else edge_weight * dropout_mask
+    extras = extras_given(terms, eps, edge_weight is not None)
+    chosen = get_backend(backend, q, g, edge_terms=extras, value_dim=v.shape[2], edge_kv=_only_key_value(terms, eps))
     if g.num_edges == 0 or 0 in (q.shape[1], q.shape[2], v.shape[2]):
         chosen = reference_backend()  # the definition gives zeros (or empty tensors); kernels reject empty shapes
     if kv_heads != num_heads and not chosen.grouped_kv:  # this backend reads H heads of k and v: repeat them
@@ -213,11 +219,12 @@ def _only_key_value(terms: Dict[str, Optional[Tensor]], eps: float) -> bool:
 
 
 def _checked_arguments(
-    q, k, v, graph, scale, clamp, bias, terms: Dict[str, Optional[Tensor]], eps, dropout_p, return_weights
-):
+    q, k, v, graph, scale, clamp, bias, terms: Dict[str, Optional[Tensor]], eps, dropout_p, return_weights,
+    edge_weight=None,
+):  # fmt: skip
     """edge_attention's checks of its arguments (ValueError or TypeError naming the argument), terms
     the edge terms by name (`kernels.contract.EDGE_TERMS`): returns the Graph and the normalized scale,
-    clamp, bias, edge terms, eps and dropout_p."""
+    clamp, bias, edge terms, eps, dropout_p and edge_weight (as (E, H))."""
     check_qkv(q, k, v)
     if not isinstance(graph, Graph):  # a torch_geometric.EdgeIndex becomes its plain tensor; a PyG Data is refused
         graph = check_graph_tensor(graph)
@@ -226,19 +233,20 @@ def _checked_arguments(
     g = as_graph(graph, num_src=k.shape[0], num_dst=q.shape[0])
     num_heads, num_edges, d, dv, kv_heads = q.shape[1], g.num_edges, q.shape[2], v.shape[2], k.shape[1]
     bias = check_bias(bias, num_edges, num_heads)
+    edge_weight = check_bias(edge_weight, num_edges, num_heads, "edge_weight")
     widths = {"D": d, "Dv": dv}
     terms = {
         t.name: check_edge_term(terms[t.name], t.name, (num_edges, num_heads, widths[t.width]), t.width, kv_heads)
         for t in EDGE_TERMS
     }
-    check_same_device(q=q, bias=bias, **terms)
+    check_same_device(q=q, bias=bias, edge_weight=edge_weight, **terms)
     clamp = check_clamp(clamp, q.dtype)
     eps = check_eps(eps, clamp)
     scale = check_scale(scale, q.shape[2])
     dropout_p = check_dropout(dropout_p)
     if not isinstance(return_weights, bool):
         raise TypeError(f"return_weights must be a bool, got {type(return_weights).__name__}")
-    return g, scale, clamp, bias, terms, eps, dropout_p
+    return g, scale, clamp, bias, terms, eps, dropout_p, edge_weight
 
 
 @functools.cache
@@ -260,11 +268,11 @@ def check_arguments(q: Tensor, k: Tensor, v: Tensor, graph: GraphLike, **kwargs)
     given = {**defaults, **kwargs}
     checked = {name: value for name, value in given.items() if name not in ("backend", "kernel_options")}
     checked["terms"] = {t.name: checked.pop(t.name) for t in EDGE_TERMS}
-    g, _, _, _, terms, eps, _ = _checked_arguments(q, k, v, graph, **checked)
+    g, _, _, _, terms, eps, _, edge_weight = _checked_arguments(q, k, v, graph, **checked)
     as_kernel_options(given["kernel_options"])
     backend = given["backend"]
     if backend != "auto":  # a named backend resolves without the data ("auto" chooses in the call)
-        get_backend(backend, q, g, edge_terms=extras_given(terms, eps))
+        get_backend(backend, q, g, edge_terms=extras_given(terms, eps, edge_weight is not None))
 
 
 __all__ = ["edge_attention", "as_graph", "check_arguments"]

@@ -9,9 +9,11 @@ from __future__ import annotations
 import torch
 
 
-def dense_attention(q, k, v, edge_index, *, scale=None, clamp=(-5.0, 5.0), bias_table=None):
+def dense_attention(q, k, v, edge_index, *, scale=None, clamp=(-5.0, 5.0), bias_table=None, message_table=None):
     """q: (N_dst, H, D), k: (N_src, H, D), v: (N_src, H, Dv), edge_index: (2, E).
     bias_table: optional (N_dst, N_src, H) additive score per (destination, source) pair.
+    message_table: optional (N_dst, N_src, H) multiplier of each pair's normalized weight in the
+    output (the sum over the pair's edges of their multipliers; default: the pair's edge count).
     Returns (N_dst, H, Dv); destinations without in-edges get 0 (not NaN)."""
     n_dst, n_src, h = q.shape[0], k.shape[0], q.shape[1]
     if scale is None:
@@ -33,8 +35,8 @@ def dense_attention(q, k, v, edge_index, *, scale=None, clamp=(-5.0, 5.0), bias_
         row_max = masked.amax(-1, keepdim=True).detach() if n_src else masked.new_zeros(h, n_dst, 1)
         row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
         weights = torch.exp(masked - row_max)
-    weights = weights * count  # duplicates count once each; non-edges count 0
-    z = weights.sum(-1, keepdim=True)  # (H, N_dst, 1)
-    out = weights @ v.double().permute(1, 0, 2)  # (H, N_dst, Dv)
+    z = (weights * count).sum(-1, keepdim=True)  # (H, N_dst, 1): duplicates count once each; non-edges 0
+    messages = weights * (count if message_table is None else message_table.double().permute(2, 0, 1))
+    out = messages @ v.double().permute(1, 0, 2)  # (H, N_dst, Dv)
     out = out / torch.where(z == 0, torch.ones_like(z), z)
     return out.permute(1, 0, 2)  # (N_dst, H, Dv)

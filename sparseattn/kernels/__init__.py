@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ..graphs import Graph
 from . import auto, csr, scatter
-from .contract import ALL_FLOATS, EPS, EXTRAS, AttentionInputs, Backend, BackendFn, declared_terms
+from .contract import ALL_FLOATS, EDGE_WEIGHT, EPS, EXTRAS, AttentionInputs, Backend, BackendFn, declared_terms
 from .csr import csr_attention
 from .dense import DENSE_MAX_SHAPES, DENSE_MIN_EDGES_PER_BLOCK, dense_attention, plan
 from .guard import checked
@@ -158,7 +158,8 @@ register_backend(
 # tiles of consecutive destinations over their shared source span, batched matmuls (eager only)
 register_backend(Backend("local", checked(local_attention, csr_attention, takes=local_takes), grouped_kv=True))
 # small graphs in few ops: gathers and index_adds over the caller's edges, a hand-written backward
-register_backend(Backend("small", small_attention, edge_terms=EXTRAS))  # the reference's for the others
+# edge terms beyond its own run the reference's math; edge_weight, whose gradient it does not give, goes elsewhere
+register_backend(Backend("small", small_attention, edge_terms=EXTRAS - {EDGE_WEIGHT}))
 # the reference on torch_scatter
 register_backend(Backend("scatter", scatter.scatter_attention, probe=scatter.probe, edge_terms=scatter.TERMS))
 register_backend(

@@ -42,17 +42,22 @@ EDGE_TERMS: Tuple[EdgeTerm, ...] = (
 )
 
 EPS = "eps"  # the normalizer's eps (clamp mode): a backend declares it beside the edge terms it takes
-# Every name a backend can declare in `Backend.edge_terms`: the edge terms and eps.
-EXTRAS: FrozenSet[str] = frozenset(t.name for t in EDGE_TERMS) | {EPS}
+# Multipliers of the normalized weights given by the caller (edge_attention's edge_weight): they reach
+# a backend folded into dropout_mask, and only one that differentiates dropout_mask (the reference's
+# autograd) declares them, since the fast backends' backwards give it no gradient.
+EDGE_WEIGHT = "edge_weight"
+# Every name a backend can declare in `Backend.edge_terms`: the edge terms, eps and edge_weight.
+EXTRAS: FrozenSet[str] = frozenset(t.name for t in EDGE_TERMS) | {EPS, EDGE_WEIGHT}
 # What `Backend(edge_terms=True)` declares: the terms there were when it was a flag, and eps. A fixed
 # set, not "every term": a backend registered that way never receives a term added since.
 TERMS_OF_TRUE: FrozenSet[str] = frozenset({"edge_key", "edge_value", "edge_scale", EPS})
 
 
-def extras_given(terms: Mapping[str, Optional[Tensor]], eps: float) -> FrozenSet[str]:
-    """The names of the edge terms present in `terms` (by name, None when absent), and "eps" when
-    eps > 0: what a backend must take to compute the call."""
-    return frozenset(name for name, t in terms.items() if t is not None) | ({EPS} if eps else frozenset())
+def extras_given(terms: Mapping[str, Optional[Tensor]], eps: float, edge_weight: bool = False) -> FrozenSet[str]:
+    """The names of the edge terms present in `terms` (by name, None when absent), "eps" when eps > 0
+    and "edge_weight" when the caller gave one: what a backend must take to compute the call."""
+    given = frozenset(name for name, t in terms.items() if t is not None) | ({EPS} if eps else frozenset())
+    return given | {EDGE_WEIGHT} if edge_weight else given
 
 
 def declared_terms(edge_terms: Union[bool, Iterable[str]]) -> FrozenSet[str]:
@@ -75,7 +80,8 @@ class AttentionInputs(NamedTuple):
     reads kv head h // (H / H_kv)); graph: N_src
     sources into N_dst destinations along E edges; scale: score scale; clamp: (lo, hi) bounds on
     the scaled score, or None for exact softmax; bias: (E, H) additive scores or None; dropout_mask:
-    (E, H) multipliers of the normalized weights (0 or 1/(1 - p)) or None; return_weights: also
+    (E, H) multipliers of the normalized weights (0 or 1/(1 - p); times the caller's edge_weight for a
+    backend that declares EDGE_WEIGHT) or None; return_weights: also
     return the (E, H) normalized weights; edge_key: (E, H, D) added to the key of each edge's
     source, edge_value: (E, H, Dv) added to its value, edge_scale: (E, H, D) multiplied per channel
     into the query-key product (each None when absent); eps: added to each destination's

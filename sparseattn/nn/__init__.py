@@ -2,12 +2,12 @@
 names so state dicts load both ways: PyG's `TransformerConv`, `GATConv` and `GATv2Conv`,
 Exphormer's attention, anemoi's `GraphTransformerConv`, GraphGPS's global attention over
 batches of graphs (no padding) and PyG's `GPSConv` built on it; `to_hetero` for heterogeneous
-graphs and `attention_explainer` for PyG's Explainer."""
+graphs, and `attention_explainer` and `explainable` for PyG's explainers."""
 
 from ..graphs import complete_per_graph
 from .anemoi import GraphTransformerConv
 from .exphormer import ExphormerAttention
-from .explain import attention_explainer
+from .explain import attention_explainer, explainable
 from .gat import GATConv
 from .gatv2 import GATv2Conv
 from .global_attention import GlobalAttention
@@ -26,4 +26,5 @@ __all__ = [
     "GPSConv",
     "to_hetero",
     "attention_explainer",
+    "explainable",
 ]

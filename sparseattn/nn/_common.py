@@ -15,6 +15,23 @@ from ..kernels import backend_names
 SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
 
 
+# the child module `explainable` gives a layer: a PyG MessagePassing that PyG's explainers fill with their edge mask
+MASK_HOLDER = "explain_masks"
+
+
+def explained_edge_weight(layer: nn.Module, like: Tensor, num_edges: int, num_dst: int) -> Optional[Tensor]:
+    """(E',) multipliers of the layer's E' = num_edges edges' normalized weights: the edge mask PyG's
+    explainers set on the layer's `MASK_HOLDER` (`sparseattn.nn.explainable`) as PyG's
+    `MessagePassing.explain_message` applies it to messages (sigmoid where the explainer asks; the
+    masks of removed self loops dropped and ones for the loops the layer adds), in like's dtype where
+    it is floating; None outside an explanation."""
+    holder = layer._modules.get(MASK_HOLDER)
+    if holder is None or holder.explain is not True:
+        return None
+    ones = like.new_ones(num_edges, 1)
+    return holder.explain_message(ones, num_dst).view(-1)
+
+
 def check_backend(backend: str) -> str:
     """A backend name `edge_attention` takes ("auto" or a registered one); ValueError otherwise."""
     if backend not in backend_names():

@@ -16,7 +16,7 @@ from ..functional import edge_attention
 from ..graphs import Graph
 from ..graphs.memo import recall
 from ..graphs.structure import row_pointers
-from ._common import edge_count, graph_of_adj_t
+from ._common import edge_count, explained_edge_weight, graph_of_adj_t
 
 PairTensor = Tuple[Tensor, Tensor]
 OptPairTensor = Tuple[Tensor, Optional[Tensor]]
@@ -203,7 +203,8 @@ def attend(
     want_alpha: bool,
 ):
     """edge_attention with the scores as the whole per-edge score (zero queries and keys of width 1,
-    scale 0) and exact softmax. scores (E, H), values (N_src, H, C)."""
+    scale 0) and exact softmax. scores (E, H), values (N_src, H, C); under PyG's mask explainers each
+    edge's weight times its mask (`_common.explained_edge_weight`)."""
     h = values.shape[1]
     q0 = values.new_zeros(num_dst, h, 1)
     k0 = values.new_zeros(values.shape[0], h, 1)
@@ -218,6 +219,7 @@ def attend(
         dropout_p=layer.dropout if layer.training else 0.0,
         backend=layer.backend,
         return_weights=want_alpha,
+        edge_weight=explained_edge_weight(layer, values, scores.shape[0], num_dst),
     )
 
 

@@ -1,13 +1,17 @@
-"""`attention_explainer`: PyG's `AttentionExplainer` for models built with `sparseattn.nn`'s attention
-layers (TransformerConv, GATConv, GATv2Conv)."""
+"""PyG's explainers on models built with `sparseattn.nn`'s attention layers (TransformerConv, GATConv,
+GATv2Conv): `attention_explainer`, PyG's `AttentionExplainer` that reads their weights, and
+`explainable`, which lets PyG's mask explainers (GNNExplainer, PGExplainer, CaptumExplainer) and
+`Explainer`'s masked predictions reach them."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, List
 
 import torch
 from torch import Tensor, nn
 
+from ._common import MASK_HOLDER
 from .gat import GATConv
 from .gatv2 import GATv2Conv
 from .transformer_conv import TransformerConv
@@ -99,3 +103,55 @@ class _Recorder:
     def post(self, module: nn.Module, args: tuple, out: Any):
         self.alphas.append(out[1][1].detach())
         return out if self.caller_wants.pop() else out[0]
+
+
+def explainable(model: nn.Module) -> nn.Module:
+    """`model` (changed in place and returned) with each of its sparseattn TransformerConv, GATConv and
+    GATv2Conv given a child `explain_masks`: a parameterless PyG `MessagePassing`, which PyG's
+    `set_masks` finds (PyG's explainers select layers by `isinstance(module, MessagePassing)`) and
+    fills with the explainer's edge mask. The layer then multiplies each edge's normalized weight by
+    it (edge_attention's `edge_weight`), as PyG's layers multiply each message, so GNNExplainer,
+    PGExplainer, CaptumExplainer and `Explainer.get_masked_prediction` (fidelity) explain these
+    layers as PyG's: `Explainer(snn.explainable(model), algorithm=GNNExplainer(), ...)`.
+
+    Outside an explanation the layers compute as before and the state dict is unchanged; while one
+    runs, the explainer's mask is a parameter of every such child (PyG's layers hold it the same
+    way). A layer that already has the child keeps it. Needs torch_geometric, imported here only."""
+    holder = _mask_holder_class()
+    for module in list(model.modules()):
+        if type(module) in ATTENTION_LAYERS and MASK_HOLDER not in module._modules:
+            module.add_module(MASK_HOLDER, holder())
+            module.register_forward_hook(_relay_output)
+    return model
+
+
+def _relay_output(module: nn.Module, args: tuple, output: Any) -> None:
+    """A layer's forward hook: its output passes through its `explain_masks` child, so that hooks PyG
+    puts on MessagePassing modules to read layer outputs (`torch_geometric.utils.get_embeddings`,
+    which PGExplainer reads) see it."""
+    holder = module._modules[MASK_HOLDER]
+    assert holder is not None
+    holder(output)
+
+
+@functools.lru_cache(maxsize=None)
+def _mask_holder_class() -> type:
+    """`ExplainMasks`, made on first use (it subclasses PyG's MessagePassing, and torch_geometric is
+    imported only when asked for); the module's `ExplainMasks` attribute, so pickle finds it."""
+    from torch_geometric.nn import MessagePassing
+
+    class ExplainMasks(MessagePassing):
+        """Where PyG's explainers leave a sparseattn layer's edge mask (`explainable`); never propagates.
+        Called with its layer's output, which it returns (`_relay_output`)."""
+
+        def forward(self, output: Any) -> Any:
+            return output
+
+    ExplainMasks.__module__, ExplainMasks.__qualname__ = __name__, "ExplainMasks"
+    return ExplainMasks
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ExplainMasks":
+        return _mask_holder_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -17,6 +17,7 @@ from ._common import (
     check_backend,
     check_dropout,
     edge_count,
+    explained_edge_weight,
     fused_linear,
     graph_of_adj_t,
     lazy_or_linear,
@@ -149,7 +150,7 @@ class TransformerConv(NotScriptable, nn.Module):
         h, c = self.heads, self.out_channels
         dropout_p = self.dropout if self.training else 0.0
         want_alpha = isinstance(return_attention_weights, bool)
-        kwargs = dict(clamp=None, dropout_p=dropout_p, backend=self.backend, return_weights=want_alpha)
+        kwargs: Dict[str, Any] = dict(clamp=None, dropout_p=dropout_p, backend=self.backend, return_weights=want_alpha)
         if self.lin_edge is None and edge_attr is not None:
             raise ValueError("edge_attr was given but the layer was built with edge_dim=None")
         if self.lin_edge is not None and edge_attr is None:
@@ -159,6 +160,9 @@ class TransformerConv(NotScriptable, nn.Module):
         if self.lin_edge is not None and edge_attr is not None:
             edge_attr = check_edge_attr(edge_attr, edge_count(edge_index), self.lin_edge.in_features, "edge_dim")
         num_edges = edge_count(edge_index) or 0
+        edge_weight = explained_edge_weight(self, x_dst, num_edges, x_dst.shape[0])
+        if edge_weight is not None:  # under PyG's mask explainers (`sparseattn.nn.explainable`)
+            kwargs["edge_weight"] = edge_weight
         if (
             edge_attr is not None
             and self.lin_edge is not None
@@ -173,7 +177,7 @@ class TransformerConv(NotScriptable, nn.Module):
         else:
             q, k, v, x_r = self._project(x_src, x_dst)
             e = None if self.lin_edge is None else self.lin_edge(edge_attr).view(-1, h, c)  # (E, H, C)
-            result = edge_attention(q, k, v, edge_index, edge_key=e, edge_value=e, **kwargs)  # type: ignore[arg-type]
+            result = edge_attention(q, k, v, edge_index, edge_key=e, edge_value=e, **kwargs)
         out, alpha = result if isinstance(result, tuple) else (result, None)
         out = out.reshape(-1, h * c) if self.concat else out.mean(dim=1)  # (N_dst, H*C) or (N_dst, C)
         if self.root_weight:

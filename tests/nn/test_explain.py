@@ -61,3 +61,125 @@ def test_pyg_attention_explainer_finds_no_attention_in_our_layers():
     model = Net(snn.GATConv).double()
     with pytest.raises(ValueError, match="Could not collect any attention coefficients"):
         explain(model, AttentionExplainer(), None)
+
+
+class EdgeNet(torch.nn.Module):
+    """Two layers with edge features (edge_dim=3), which PyG's explainers pass through as a keyword."""
+
+    def __init__(self, conv) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = conv(6, 4, heads=2, edge_dim=3), conv(8, 3, edge_dim=3)
+
+    def forward(self, x, edge_index, edge_attr):
+        return self.conv2(self.conv1(x, edge_index, edge_attr).relu(), edge_index, edge_attr)
+
+
+def mask_explanation(model, algorithm, index, **kwargs):
+    explainer = pyg_explain.Explainer(
+        model, algorithm=algorithm, explanation_type="model", edge_mask_type="object",
+        node_mask_type="attributes", model_config=CONFIG,
+    )  # fmt: skip
+    torch.manual_seed(1)  # GNNExplainer's masks start random
+    x = torch.randn(8, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    explanation = explainer(x, EDGE_INDEX, index=index, **kwargs)
+    return explanation, pyg_explain.metric.fidelity(explainer, explanation)
+
+
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv", "TransformerConv"])
+@pytest.mark.parametrize("edge_attr", [False, True])
+@pytest.mark.parametrize("index", [2, None])
+def test_gnn_explainer_explains_explainable_layers_as_pyg_s(name, edge_attr, index):
+    """GNNExplainer trains its edge and feature masks through the layers' gradients: the same masks
+    and fidelity as on PyG's layers, self loops (GAT's) and a repeated edge included."""
+    from torch_geometric.explain.algorithm import GNNExplainer
+
+    net = EdgeNet if edge_attr else Net
+    torch.manual_seed(0)
+    theirs = net(getattr(pyg_nn, name)).double()
+    ours = net(getattr(snn, name)).double()
+    ours.load_state_dict(theirs.state_dict())
+    assert snn.explainable(ours) is ours
+    kwargs = {"edge_attr": torch.rand(EDGE_INDEX.shape[1], 3, dtype=torch.float64)} if edge_attr else {}
+    expected, expected_fidelity = mask_explanation(theirs, GNNExplainer(epochs=15), index, **kwargs)
+    got, got_fidelity = mask_explanation(ours, GNNExplainer(epochs=15), index, **kwargs)
+    assert got.edge_mask.abs().sum() > 0
+    assert_close(got.edge_mask, expected.edge_mask, torch.float64, "GNNExplainer edge mask vs PyG", "explain")
+    assert_close(got.node_mask, expected.node_mask, torch.float64, "GNNExplainer node mask vs PyG", "explain")
+    assert got_fidelity == pytest.approx(expected_fidelity, abs=1e-12)
+
+
+def test_explainable_layers_compute_as_before_outside_an_explanation():
+    import pickle
+
+    from torch_geometric.explain.algorithm.utils import clear_masks, set_masks
+
+    torch.manual_seed(0)
+    theirs = Net(pyg_nn.GATConv).double()
+    model = Net(snn.GATConv).double()
+    model.load_state_dict(theirs.state_dict())
+    x = torch.randn(8, 6, dtype=torch.float64)
+    before, keys = model(x, EDGE_INDEX), sorted(model.state_dict())
+    snn.explainable(snn.explainable(model))  # a second call adds nothing
+    assert sum(type(m).__name__ == "ExplainMasks" for m in model.modules()) == 2
+    assert sorted(model.state_dict()) == keys
+    torch.testing.assert_close(model(x, EDGE_INDEX), before, rtol=0, atol=0)
+    mask = torch.rand(EDGE_INDEX.shape[1], dtype=torch.float64)
+    for m in (model, theirs):  # PyG's own set_masks, without sigmoid: the messages times mask
+        set_masks(m, mask, EDGE_INDEX, apply_sigmoid=False)
+    masked = model(x, EDGE_INDEX)
+    assert (masked - before).abs().max() > 0.1
+    torch.testing.assert_close(masked, theirs(x, EDGE_INDEX), rtol=1e-12, atol=1e-12)
+    clear_masks(model)
+    torch.testing.assert_close(model(x, EDGE_INDEX), before, rtol=0, atol=0)
+    copy = pickle.loads(pickle.dumps(model))
+    torch.testing.assert_close(copy(x, EDGE_INDEX), before, rtol=0, atol=0)
+
+
+def test_gnn_explainer_without_explainable_names_the_edges_it_could_not_reach():
+    from torch_geometric.explain.algorithm import GNNExplainer
+
+    with pytest.raises(ValueError, match="Could not compute gradients for edges"):
+        mask_explanation(Net(snn.TransformerConv).double(), GNNExplainer(epochs=2), 2)
+
+
+@pytest.mark.parametrize("name", ["GATConv", "TransformerConv"])
+def test_pg_explainer_reads_the_layers_outputs_and_explains_as_on_pyg_s(name):
+    """PGExplainer trains on the layers' outputs (PyG's get_embeddings hooks MessagePassing modules:
+    the layers relay theirs through `explain_masks`) and masks their edges: PyG's masks."""
+    from torch_geometric.explain.algorithm import PGExplainer
+
+    torch.manual_seed(0)
+    theirs = Net(getattr(pyg_nn, name)).double()
+    ours = snn.explainable(Net(getattr(snn, name)).double())
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(8, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    masks = []
+    for model in (theirs, ours):
+        torch.manual_seed(1)
+        algorithm = PGExplainer(epochs=3, lr=0.003).double()
+        explainer = pyg_explain.Explainer(
+            model, algorithm=algorithm, explanation_type="phenomenon", edge_mask_type="object", model_config=CONFIG
+        )
+        target = model(x, EDGE_INDEX).argmax(-1)
+        for epoch in range(3):
+            algorithm.train(epoch, model, x, EDGE_INDEX, target=target, index=2)
+        masks.append(explainer(x, EDGE_INDEX, target=target, index=2).edge_mask)
+    assert masks[1].abs().sum() > 0
+    assert_close(masks[1], masks[0], torch.float64, "PGExplainer edge mask vs PyG", "explain")
+
+
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv", "TransformerConv"])
+@pytest.mark.parametrize("method", ["IntegratedGradients", "Saliency"])
+def test_captum_explainer_attributes_edges_as_on_pyg_s(name, method):
+    pytest.importorskip("captum")  # in the test extra
+    from torch_geometric.explain.algorithm import CaptumExplainer
+
+    torch.manual_seed(0)
+    theirs = Net(getattr(pyg_nn, name)).double()
+    ours = snn.explainable(Net(getattr(snn, name)).double())
+    ours.load_state_dict(theirs.state_dict())
+    expected, _ = mask_explanation(theirs, CaptumExplainer(method), 2)
+    got, _ = mask_explanation(ours, CaptumExplainer(method), 2)
+    assert got.edge_mask.abs().sum() > 0
+    assert_close(got.edge_mask, expected.edge_mask, torch.float64, "Captum edge mask vs PyG", "explain")
+    assert_close(got.node_mask, expected.node_mask, torch.float64, "Captum node mask vs PyG", "explain")
