@@ -232,7 +232,7 @@ def sharded_edge_attention(
             over it (to reuse one across layers, a group, counters).
         group: the process group, when `shard` is a Shard (default: the world).
         **edge_attention_kwargs: as `edge_attention` (scale, clamp, bias, edge_key, edge_value,
-            edge_scale, eps, dropout_p, backend, return_weights). Per-edge tensors hold one row per
+            edge_scale, eps, dropout_p, edge_weight, backend, return_weights). Per-edge tensors hold one row per
             edge of `shard.graph`, in its order (global per-edge tensors: index with `shard.edge_ids`).
 
     Returns:
