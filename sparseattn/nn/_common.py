@@ -23,8 +23,8 @@ def explained_edge_weight(layer: nn.Module, like: Tensor, num_edges: int, num_ds
     """(E',) multipliers of the layer's E' = num_edges edges' normalized weights: the edge mask PyG's
     explainers set on the layer's `MASK_HOLDER` (`sparseattn.nn.explainable`) as PyG's
     `MessagePassing.explain_message` applies it to messages (sigmoid where the explainer asks; the
-    masks of removed self loops dropped and ones for the loops the layer adds), in like's dtype where
-    it is floating; None outside an explanation."""
+    masks of removed self loops dropped and ones for the loops the layer adds); None outside an
+    explanation. like: a tensor of the layer's call (the mask's dtype and like's promote)."""
     holder = layer._modules.get(MASK_HOLDER)
     if holder is None or holder.explain is not True:
         return None
