@@ -183,3 +183,37 @@ def test_captum_explainer_attributes_edges_as_on_pyg_s(name, method):
     assert got.edge_mask.abs().sum() > 0
     assert_close(got.edge_mask, expected.edge_mask, torch.float64, "Captum edge mask vs PyG", "explain")
     assert_close(got.node_mask, expected.node_mask, torch.float64, "Captum node mask vs PyG", "explain")
+
+
+def test_gnn_explainer_explains_a_gps_model_as_pyg_s():
+    """A graph-level GPSConv model: the explainer masks the local TransformerConv's edges (PyG's
+    global attention, an nn.MultiheadAttention, takes no edge mask; ours neither)."""
+    from torch_geometric.explain.algorithm import GNNExplainer
+
+    class GPS(torch.nn.Module):
+        def __init__(self, lib) -> None:
+            super().__init__()
+            self.gps = lib.GPSConv(8, lib.TransformerConv(8, 4, heads=2), heads=2, norm=None)
+            self.head = torch.nn.Linear(8, 1)
+
+        def forward(self, x, edge_index, batch):
+            return self.head(self.gps(x, edge_index, batch).sum(0, keepdim=True))
+
+    torch.manual_seed(0)
+    theirs = GPS(pyg_nn).double().eval()
+    ours = snn.explainable(GPS(snn).double().eval())
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    config = dict(mode="regression", task_level="graph", return_type="raw")
+    masks = []
+    for model in (theirs, ours):
+        torch.manual_seed(1)
+        explainer = pyg_explain.Explainer(
+            model, algorithm=GNNExplainer(epochs=10), explanation_type="model", edge_mask_type="object",
+            node_mask_type="attributes", model_config=config,
+        )  # fmt: skip
+        explanation = explainer(x, EDGE_INDEX, batch=torch.zeros(8, dtype=torch.long))
+        masks.append((explanation.edge_mask, explanation.node_mask))
+    assert masks[1][0].abs().sum() > 0
+    assert_close(masks[1][0], masks[0][0], torch.float64, "GPS edge mask vs PyG", "explain")
+    assert_close(masks[1][1], masks[0][1], torch.float64, "GPS node mask vs PyG", "explain")
