@@ -78,3 +78,23 @@ def test_only_the_reference_takes_edge_weight_and_a_bad_one_is_named():
         check_arguments(q, k, v, EDGE_INDEX, edge_weight=weight[:5])
     with pytest.raises(TypeError, match="edge_weight"):
         edge_attention(q, k, v, EDGE_INDEX, edge_weight=weight.long())
+
+
+def test_a_nan_edge_weight_reaches_only_its_destination():
+    """The non-finite contract (tests/kernels/test_non_finite.py) for edge_weight: out is NaN only at
+    the destination of the NaN edge; gradients are NaN only in rows that destination connects."""
+    q, k, v, g = inputs(2)
+    weight = torch.rand(EDGE_INDEX.shape[1], dtype=torch.float64, generator=g)
+    bad = 5  # the edge 4 -> 5
+    weight[bad] = float("nan")
+    weight.requires_grad_()
+    out = edge_attention(q, k, v, EDGE_INDEX, clamp=None, edge_weight=weight)
+    t = int(EDGE_INDEX[1, bad])
+    assert out[t].isnan().all() and torch.isfinite(out[torch.arange(N) != t]).all()
+    dq, dk, dv, dw = torch.autograd.grad(out.sum(), (q, k, v, weight))
+    touched = EDGE_INDEX[1] == t
+    sources = EDGE_INDEX[0, touched].unique()
+    assert torch.isfinite(dq[torch.arange(N) != t]).all()
+    for grad in (dk, dv):
+        assert torch.isfinite(grad[~torch.isin(torch.arange(N), sources)]).all()
+    assert torch.isfinite(dw[~touched]).all()
