@@ -77,3 +77,40 @@ def test_pyg_to_hetero_is_left_as_it_was():
 
     out = pyg_nn.to_hetero(One(), data.metadata()).double()(data.x_dict, data.edge_index_dict)
     assert sorted(out) == sorted(data.edge_types)
+
+
+def test_gnn_explainer_on_an_explainable_hetero_model_gives_pyg_s_masks_per_edge_type():
+    """`explainable` after `to_hetero`: PyG's set_hetero_masks reaches each edge type's copy of our
+    layer; the masks of every edge type equal those on PyG's to_hetero model (float64)."""
+    explain = pytest.importorskip("torch_geometric.explain")
+    from torch_geometric.explain.algorithm import GNNExplainer
+
+    class Pick(nn.Module):
+        def __init__(self, model) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, x, edge_index, edge_attr):
+            return self.model(x, edge_index, edge_attr)["a"]
+
+    data = two_type_graph()
+    torch.manual_seed(0)
+    theirs = pyg_nn.to_hetero(Net(pyg_nn.TransformerConv), data.metadata()).double()
+    ours = snn.to_hetero(Net(snn.TransformerConv), data.metadata()).double()
+    with torch.no_grad():  # lazy widths
+        theirs(data.x_dict, data.edge_index_dict, data.edge_attr_dict)
+        ours(data.x_dict, data.edge_index_dict, data.edge_attr_dict)
+    ours.load_state_dict(theirs.state_dict())
+    snn.explainable(ours)
+    explanations = []
+    for model in (Pick(theirs), Pick(ours)):
+        torch.manual_seed(1)
+        explainer = explain.Explainer(
+            model, algorithm=GNNExplainer(epochs=10), explanation_type="model", edge_mask_type="object",
+            model_config=dict(mode="regression", task_level="node", return_type="raw"),
+        )  # fmt: skip
+        explanations.append(explainer(data.x_dict, data.edge_index_dict, edge_attr=data.edge_attr_dict, index=1))
+    for edge_type in data.edge_types:
+        expected, got = (e[edge_type].edge_mask for e in explanations)
+        assert got.abs().sum() > 0, edge_type
+        assert_close(got, expected, torch.float64, f"hetero GNNExplainer {edge_type} vs PyG", "hetero")
