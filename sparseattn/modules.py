@@ -198,6 +198,7 @@ class EdgeAttention(nn.Module):
         edge_key: Optional[Tensor] = None,
         edge_value: Optional[Tensor] = None,
         edge_scale: Optional[Tensor] = None,
+        edge_weight: Optional[Tensor] = None,
         return_weights: bool = False,
     ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
         """Attend from the sources into the destinations along `graph`'s edges.
@@ -223,7 +224,9 @@ class EdgeAttention(nn.Module):
                 projection of the module's applies to them), added to the keys, added to the
                 values, multiplied per channel into q·k (see `edge_attention`): (E, H, D), or
                 (E, embed_dim) viewed as (E, H, D).
-            return_weights: also return the normalized (E, H) weights.
+            edge_weight: (E, H) or (E,) multipliers of the normalized weights after the softmax
+                (`edge_attention`'s; the reference backend computes it).
+            return_weights: also return the normalized (E, H) weights (before edge_weight).
 
         With `dst_rows`, per-edge inputs may have a row per edge of `graph` (those of the edges
         into `dst_rows` are used) or per edge of `graph.dst_subgraph`.
@@ -234,7 +237,7 @@ class EdgeAttention(nn.Module):
         """
         check_rows("x_dst", x_dst, self.embed_dim, "embed_dim", "N_dst")
         attend, target, graph = attention_over(graph, cache=cache, dst_rows=dst_rows)
-        per_edge = [edge_bias, *(self._split_heads(t) for t in (edge_key, edge_value, edge_scale))]
+        per_edge = [edge_bias, *(self._split_heads(t) for t in (edge_key, edge_value, edge_scale)), edge_weight]
         q, kv = self._project(x_dst, x_src, x_value, kv, packed=cache is None and dst_rows is None)
         if cache is not None:
             kv = cache.update(kv, dst_rows)
@@ -251,6 +254,7 @@ class EdgeAttention(nn.Module):
             edge_key=per_edge[1],
             edge_value=per_edge[2],
             edge_scale=per_edge[3],
+            edge_weight=per_edge[4],
             eps=self.eps,
             dropout_p=self.dropout if self.training else 0.0,
             backend=self.backend,

@@ -177,6 +177,12 @@ def test_edge_terms_and_eps_pass_through_to_edge_attention():
     keep = torch.isin(g.dst, rows)
     part = ea(x[rows], g, kv=kv, dst_rows=rows, edge_bias=bias[keep], **{n: t[keep] for n, t in terms.items()})
     assert torch.allclose(part, expected[rows], atol=1e-12)
+    weight = torch.rand(e, dtype=torch.float64)  # multipliers of the normalized weights, per edge too
+    expected = ea.out_proj(edge_attention(q, k, v, g, bias=bias, eps=0.5, edge_weight=weight, **terms).reshape(7, 8))
+    assert not torch.allclose(ea(x, g, edge_bias=bias, **terms), expected, atol=1e-3)
+    assert torch.allclose(ea(x, g, edge_bias=bias, edge_weight=weight, **terms), expected, atol=1e-12)
+    part = ea(x[rows], g, kv=kv, dst_rows=rows, edge_bias=bias, edge_weight=weight, **terms)
+    assert torch.allclose(part, expected[rows], atol=1e-12)
     assert "eps=0.5" in repr(ea) and "eps" not in repr(EdgeAttention(8, 2))
     with pytest.raises(ValueError, match="eps > 0 needs clamp mode"):
         EdgeAttention(8, 2, clamp=None, eps=1e-6)
