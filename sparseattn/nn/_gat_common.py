@@ -5,7 +5,7 @@ score as its bias."""
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Tuple, Union
+from typing import Any, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -131,6 +131,18 @@ def loop_attr(edge_attr: Tensor, dst: Tensor, num_nodes: int, fill_value: FillVa
     return edge_attr.new_zeros(size).scatter_reduce_(0, index, edge_attr, reduce=reduce, include_self=False)
 
 
+class AttentionEdges(NamedTuple):
+    """What a GAT layer attends over (`attention_edges`): graph (a Graph or (2, E') tensor), its
+    edge_index (2, E'), the edge features (E', F) or None, and dropped: None, or (E',) True at the graph's own
+    self loops, kept in place under a trace where PyG removes them (their scores go to -inf in
+    `attend`, their rows out of the returned weights in `finish`)."""
+
+    graph: Union[Tensor, Graph]
+    edge_index: Tensor
+    edge_attr: Optional[Tensor]
+    dropped: Optional[Tensor] = None
+
+
 def attention_edges(
     edge_index: object,
     edge_attr: Optional[Tensor],
@@ -139,10 +151,12 @@ def attention_edges(
     fill_value: FillValue,
     num_src: int,
     num_dst: int,
-) -> Tuple[Union[Tensor, Graph], Tensor, Optional[Tensor]]:
+) -> AttentionEdges:
     """The graph to attend over, its (2, E) index and its edge features, after PyG's
     remove_self_loops + add_self_loops(fill_value, num_nodes=min(N_src, N_dst)) when add_loops:
-    the edges that are not loops in their order, then one loop per node 0..N-1."""
+    the edges that are not loops in their order, then one loop per node 0..N-1. A raw edge_index
+    under a trace keeps its edges, loops too, marked `dropped`, then one loop per node: the same
+    attention with no size that comes from the data, so no graph break (`looped_index` would be one)."""
     if edge_attr is not None and edge_dim is None:
         raise ValueError("edge_attr was given but the layer was built with edge_dim=None")
     graph = graph_of_adj_t(edge_index)
@@ -158,10 +172,12 @@ def attention_edges(
             f"edge_index must be a (2, E) tensor, a Graph or a torch.sparse adj_t, got {type(index).__name__}"
         )
     if not add_loops:
-        return graph, index, edge_attr  # type: ignore[return-value]
+        return AttentionEdges(graph, index, edge_attr)  # type: ignore[arg-type]
     if index.dim() != 2 or index.shape[0] != 2 or index.dtype.is_floating_point:
         raise ValueError(f"edge_index must be a (2, E) integer tensor, got {index.dtype} {tuple(index.shape)}")
     num_nodes = min(num_src, num_dst)
+    if tracing() and not isinstance(graph, Graph):
+        return _masked_loops(index, edge_attr, fill_value, num_nodes, num_src, num_dst)
 
     # a Graph the caller keeps keeps its looped Graph (and that one's kernel structure) too; the looped
     # index of a raw edge_index is made by the first layer given that tensor (`graphs.memo`: the others
@@ -170,15 +186,30 @@ def attention_edges(
         looped = lambda: _with_graph(looped_index(index, num_nodes), num_src, num_dst)  # noqa: E731
         kept, out = graph.cached(f"gat_self_loops_{num_src}_{num_dst}", looped)
     else:
-        # traced: one graph break here (the kept edges' count comes from the data) rather than one per use
-        make = torch.compiler.disable(looped_index) if tracing() else looped_index
-        kept, with_loops = recall(index, ("gat self loops", num_src, num_dst), lambda: make(index, num_nodes))
+        kept, with_loops = recall(index, ("gat self loops", num_src, num_dst), lambda: looped_index(index, num_nodes))
         out = Graph.borrowed(with_loops, num_src, num_dst, one_call=True)
     if edge_attr is not None:
         edge_attr = edge_attr.index_select(0, kept)
         kept_dst = out.edge_index[1, : kept.shape[0]]
         edge_attr = torch.cat([edge_attr, loop_attr(edge_attr, kept_dst, num_nodes, fill_value)])
-    return out, out.edge_index, edge_attr
+    return AttentionEdges(out, out.edge_index, edge_attr)
+
+
+def _masked_loops(
+    index: Tensor, edge_attr: Optional[Tensor], fill_value: FillValue, num_nodes: int, num_src: int, num_dst: int
+) -> AttentionEdges:
+    """`attention_edges` of a raw index under a trace: its E edges, loops marked dropped, then one loop
+    per node (2, E + num_nodes); the loops' features reduce the other edges' only (a dropped edge's
+    row goes to a spare node, num_nodes, cut off after)."""
+    is_loop = index[0] == index[1]  # (E,)
+    loops = torch.arange(num_nodes, device=index.device, dtype=index.dtype).view(1, -1).expand(2, -1)
+    looped = torch.cat([index, loops], dim=1)
+    dropped = torch.cat([is_loop, is_loop.new_zeros(num_nodes)])
+    if edge_attr is not None:
+        dst = torch.where(is_loop, torch.full_like(index[1], num_nodes), index[1])
+        filled = loop_attr(edge_attr, dst, num_nodes + 1, fill_value)[:num_nodes]
+        edge_attr = torch.cat([edge_attr, filled])
+    return AttentionEdges(Graph.borrowed(looped, num_src, num_dst, one_call=True), looped, edge_attr, dropped)
 
 
 def looped_index(index: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor]:
@@ -201,10 +232,14 @@ def attend(
     graph: Union[Tensor, Graph],
     num_dst: int,
     want_alpha: bool,
+    dropped: Optional[Tensor] = None,
 ):
     """edge_attention with the scores as the whole per-edge score (zero queries and keys of width 1,
-    scale 0) and exact softmax. scores (E, H), values (N_src, H, C); under PyG's mask explainers each
-    edge's weight times its mask (`_common.explained_edge_weight`)."""
+    scale 0) and exact softmax. scores (E, H), values (N_src, H, C); dropped (E,) edges score -inf
+    (`AttentionEdges`); under PyG's mask explainers each edge's weight times its mask
+    (`_common.explained_edge_weight`)."""
+    if dropped is not None:
+        scores = scores.masked_fill(dropped.unsqueeze(1), float("-inf"))
     h = values.shape[1]
     q0 = values.new_zeros(num_dst, h, 1)
     k0 = values.new_zeros(values.shape[0], h, 1)
@@ -232,9 +267,11 @@ def finish(
     given: object = None,
     num_src: int = 0,
     num_dst: int = 0,
+    dropped: Optional[Tensor] = None,
 ):
     """Heads concatenated or averaged, residual and bias added; when asked, (out, (edge_index,
-    alpha)), or for a torch.sparse adj_t (out, (weights, alpha)) as PyG (`sparse_weights`)."""
+    alpha)), or for a torch.sparse adj_t (out, (weights, alpha)) as PyG (`sparse_weights`), without
+    the dropped edges (`AttentionEdges`)."""
     out, alpha = result if isinstance(result, tuple) else (result, None)
     h, c = layer.heads, layer.out_channels
     out = out.reshape(-1, h * c) if layer.concat else out.mean(dim=1)
@@ -244,6 +281,8 @@ def finish(
         out = out + layer.bias
     if not want_alpha:
         return out
+    if dropped is not None:
+        index, alpha = index[:, ~dropped], alpha[~dropped]
     if isinstance(given, Tensor) and given.layout != torch.strided:
         weights = sparse_weights(given.layout, index, alpha, num_src, num_dst)
         return out, (weights, weights.values())

@@ -169,7 +169,7 @@ class GATConv(NotScriptable, nn.Module):
             xd = xs if shared else lin_dst(x_dst).view(-1, h, c)  # (N_dst, H, C)
         graph = graph_of_adj_t(edge_index)
         num_src, num_dst = node_counts(x_src, x_dst, size, graph)
-        graph, index, edge_attr = attention_edges(
+        graph, index, edge_attr, dropped = attention_edges(
             graph, edge_attr, self.edge_dim, self.add_self_loops, self.fill_value, num_src, num_dst
         )
         scores = (xs * self.att_src).sum(-1).index_select(0, index[0])  # (E, H)
@@ -183,8 +183,8 @@ class GATConv(NotScriptable, nn.Module):
             scores = scores + edge_attr @ w.t()
         scores = F.leaky_relu(scores, self.negative_slope)
         want_alpha = bool(return_attention_weights)
-        result = attend(self, scores, xs, graph, num_dst, want_alpha)
-        return finish(self, result, res, index, want_alpha, edge_index, num_src, num_dst)
+        result = attend(self, scores, xs, graph, num_dst, want_alpha, dropped)
+        return finish(self, result, res, index, want_alpha, edge_index, num_src, num_dst, dropped)
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"

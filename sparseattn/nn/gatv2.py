@@ -133,7 +133,7 @@ class GATv2Conv(NotScriptable, nn.Module):
         x_l = self.lin_l(x_src).view(-1, h, c)  # (N_src, H, C)
         x_r = x_l if self.share_weights and isinstance(x, Tensor) else self.lin_r(x_dst).view(-1, h, c)  # (N_dst, H, C)
         num_src, num_dst = x_l.shape[0], x_r.shape[0]
-        graph, index, edge_attr = attention_edges(
+        graph, index, edge_attr, dropped = attention_edges(
             edge_index, edge_attr, self.edge_dim, self.add_self_loops, self.fill_value, num_src, num_dst
         )
         if isinstance(self.lin_edge, nn.LazyLinear) and edge_attr is not None:
@@ -145,8 +145,8 @@ class GATv2Conv(NotScriptable, nn.Module):
             x_l, x_r, graph, index, att, self.negative_slope, edge_attr, edge_weight, chunk=self.edge_chunk
         )
         want_alpha = bool(return_attention_weights)
-        result = attend(self, scores, x_l, graph, num_dst, want_alpha)
-        return finish(self, result, res, index, want_alpha, edge_index, num_src, num_dst)
+        result = attend(self, scores, x_l, graph, num_dst, want_alpha, dropped)
+        return finish(self, result, res, index, want_alpha, edge_index, num_src, num_dst, dropped)
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"

@@ -336,16 +336,20 @@ def test_to_hetero_treats_them_as_message_passing(name):
 
 
 @pytest.mark.parametrize("name", ["GATConv", "GATv2Conv"])
-def test_compiled_layer_with_self_loops_equals_eager_over_new_sizes(name):
-    """torch.compile(dynamic=True) over a raw edge_index with self loops to remove and add: the looped
-    index (its size comes from the data) is made eagerly in one graph break, not one break per use
-    (5 graphs before), and two graphs of different sizes give eager's outputs and gradients
+@pytest.mark.parametrize("fill_value", ["mean", "max", "mul", 0.5])
+def test_compiled_layer_with_self_loops_equals_eager_over_new_sizes(name, fill_value):
+    """torch.compile(dynamic=True) over a raw edge_index with self loops to remove and add: traced, the
+    graph's own loops stay in place with a -inf score (`_gat_common.AttentionEdges.dropped`) and the
+    loops' features reduce the other edges' only, so nothing's size comes from the data and the layer
+    is one graph (3 before, 5 before that); two graphs of different sizes give eager's outputs,
+    gradients and returned weights (PyG's edges: the dropped ones cut out) for each fill_value
     (aot_eager: the trace is what is tested, not inductor's code)."""
     torch.manual_seed(5)
-    ours = OURS[name](N_SRC - 1, C, heads=2, edge_dim=EDGE_DIM).double()
+    ours = OURS[name](N_SRC - 1, C, heads=2, edge_dim=EDGE_DIM, fill_value=fill_value).double()
     compiled = torch.compile(ours, dynamic=True, backend="aot_eager")
     bigger = torch.cat([EDGE_INDEX, torch.tensor([[3, 5, 0, 0], [3, 2, 4, 3]])], dim=1)
     for edge_index in (EDGE_INDEX, bigger):
+        assert (edge_index[0] == edge_index[1]).any()  # loops to drop
         x, edge_attr, leaves = make_inputs(False, EDGE_DIM, edge_index.shape[1])
         results = []
         for fn in (ours, compiled):
@@ -355,6 +359,11 @@ def test_compiled_layer_with_self_loops_equals_eager_over_new_sizes(name):
         assert_close(out_c, out_e, torch.float64, "compiled vs eager", "GAT output")
         for leaf in grads_e:
             assert_close(grads_c[leaf], grads_e[leaf], torch.float64, f"compiled d/d{leaf}", "GAT gradients")
+        (_, (index_e, alpha_e)), (_, (index_c, alpha_c)) = (
+            fn(x, edge_index.clone(), edge_attr, return_attention_weights=True) for fn in (ours, compiled)
+        )
+        assert torch.equal(index_c, index_e)
+        assert_close(alpha_c, alpha_e, torch.float64, "compiled vs eager", "GAT weights")
     torch._dynamo.reset()
     explained = torch._dynamo.explain(ours)(x, bigger.clone(), edge_attr)
-    assert explained.graph_count <= 3, explained.break_reasons
+    assert explained.graph_count == 1, explained.break_reasons
