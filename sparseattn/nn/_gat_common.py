@@ -202,8 +202,7 @@ def _masked_loops(
     per node (2, E + num_nodes); the loops' features reduce the other edges' only (a dropped edge's
     row goes to a spare node, num_nodes, cut off after)."""
     is_loop = index[0] == index[1]  # (E,)
-    loops = torch.arange(num_nodes, device=index.device, dtype=index.dtype).view(1, -1).expand(2, -1)
-    looped = torch.cat([index, loops], dim=1)
+    looped = torch.cat([index, node_loops(index, num_nodes)], dim=1)
     dropped = torch.cat([is_loop, is_loop.new_zeros(num_nodes)])
     if edge_attr is not None:
         dst = torch.where(is_loop, torch.full_like(index[1], num_nodes), index[1])
@@ -216,8 +215,12 @@ def looped_index(index: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor]:
     """The positions of index's edges that are not loops (E_kept,) and the looped index: those edges in
     their order, then one loop per node 0..num_nodes-1 (2, E_kept + num_nodes)."""
     kept = (index[0] != index[1]).nonzero().view(-1)
-    loops = torch.arange(num_nodes, device=index.device, dtype=index.dtype).view(1, -1).expand(2, -1)
-    return kept, torch.cat([index.index_select(1, kept), loops], dim=1)
+    return kept, torch.cat([index.index_select(1, kept), node_loops(index, num_nodes)], dim=1)
+
+
+def node_loops(index: Tensor, num_nodes: int) -> Tensor:
+    """One self loop per node 0..num_nodes-1, (2, num_nodes) in index's dtype and device."""
+    return torch.arange(num_nodes, device=index.device, dtype=index.dtype).view(1, -1).expand(2, -1)
 
 
 def _with_graph(looped: Tuple[Tensor, Tensor], num_src: int, num_dst: int) -> Tuple[Tensor, Graph]:
