@@ -19,17 +19,23 @@ SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
 MASK_HOLDER = "explain_masks"
 
 
-def explained_edge_weight(layer: nn.Module, like: Tensor, num_edges: int, num_dst: int) -> Optional[Tensor]:
+def explained_edge_weight(
+    layer: nn.Module, like: Tensor, num_edges: int, num_dst: int, appended_loops: int = 0
+) -> Optional[Tensor]:
     """(E',) multipliers of the layer's E' = num_edges edges' normalized weights: the edge mask PyG's
     explainers set on the layer's `MASK_HOLDER` (`sparseattn.nn.explainable`) as PyG's
     `MessagePassing.explain_message` applies it to messages (sigmoid where the explainer asks; the
     masks of removed self loops dropped and ones for the loops the layer adds); None outside an
-    explanation. like: a tensor of the layer's call (the mask's dtype and like's promote)."""
+    explanation. like: a tensor of the layer's call (the mask's dtype and like's promote).
+    appended_loops: the layer attends over the explained edges in their places (its own self loops
+    kept, scored -inf, as a GAT layer does under a trace), then this many loops of its own, which
+    get 1 (PyG's mask for the loops it adds)."""
     holder = layer._modules.get(MASK_HOLDER)
     if holder is None or holder.explain is not True:
         return None
-    ones = like.new_ones(num_edges, 1)
-    return holder.explain_message(ones, num_dst).view(-1)
+    ones = like.new_ones(num_edges - appended_loops, 1)
+    mask = holder.explain_message(ones, num_dst).view(-1)
+    return torch.cat([mask, mask.new_ones(appended_loops)]) if appended_loops else mask
 
 
 def check_backend(backend: str) -> str:

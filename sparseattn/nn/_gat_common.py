@@ -240,9 +240,12 @@ def attend(
     """edge_attention with the scores as the whole per-edge score (zero queries and keys of width 1,
     scale 0) and exact softmax. scores (E, H), values (N_src, H, C); dropped (E,) edges score -inf
     (`AttentionEdges`); under PyG's mask explainers each edge's weight times its mask
-    (`_common.explained_edge_weight`)."""
+    (`_common.explained_edge_weight`; with dropped, the caller's edges keep their masks in place and
+    the appended loops get 1, PyG's mask for the loops it adds)."""
+    appended = 0  # the loops `_masked_loops` appends after the caller's edges (one per node)
     if dropped is not None:
         scores = scores.masked_fill(dropped.unsqueeze(1), float("-inf"))
+        appended = min(values.shape[0], num_dst)
     h = values.shape[1]
     q0 = values.new_zeros(num_dst, h, 1)
     k0 = values.new_zeros(values.shape[0], h, 1)
@@ -257,7 +260,7 @@ def attend(
         dropout_p=layer.dropout if layer.training else 0.0,
         backend=layer.backend,
         return_weights=want_alpha,
-        edge_weight=explained_edge_weight(layer, values, scores.shape[0], num_dst),
+        edge_weight=explained_edge_weight(layer, values, scores.shape[0], num_dst, appended),
     )
 
 

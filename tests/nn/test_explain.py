@@ -217,3 +217,34 @@ def test_gnn_explainer_explains_a_gps_model_as_pyg_s():
     assert masks[1][0].abs().sum() > 0
     assert_close(masks[1][0], masks[0][0], torch.float64, "GPS edge mask vs PyG", "explain")
     assert_close(masks[1][1], masks[0][1], torch.float64, "GPS node mask vs PyG", "explain")
+
+
+@pytest.mark.parametrize("name", ["GATConv", "GATv2Conv", "TransformerConv"])
+def test_compiled_explainable_layer_masks_edges_as_pyg_s(name):
+    """Under torch.compile a GAT layer keeps the graph's own self loops in place (scored -inf) and appends
+    its loops after them (`_gat_common.AttentionEdges.dropped`): PyG's edge mask still lands on the
+    caller's edges and the appended loops get 1, as PyG's explain_message gives them; outputs and the
+    mask's gradient (what GNNExplainer trains) equal PyG's layer's (EDGE_INDEX has a self loop, 3 -> 3;
+    aot_eager: the trace is what is tested)."""
+    from torch_geometric.explain.algorithm.utils import set_masks
+
+    torch.manual_seed(0)
+    theirs = getattr(pyg_nn, name)(6, 4, heads=2).double()
+    ours = snn.explainable(getattr(snn, name)(6, 4, heads=2).double())
+    ours.load_state_dict(theirs.state_dict())
+    compiled = torch.compile(ours, dynamic=True, backend="aot_eager")
+    x = torch.randn(8, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    logits = torch.randn(EDGE_INDEX.shape[1], dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    results = []
+    for model in (theirs, compiled):
+        mask = torch.nn.Parameter(logits.clone())
+        set_masks(model, mask, EDGE_INDEX, apply_sigmoid=True)
+        out = model(x, EDGE_INDEX.clone())
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        results.append((out, mask.grad))
+    (expected, expected_grad), (got, got_grad) = results
+    assert expected_grad.abs().sum() > 0
+    if name != "TransformerConv":  # PyG's GAT layers drop the graph's own loop with its mask
+        assert expected_grad[11] == 0 and got_grad[11] == 0
+    assert_close(got, expected, torch.float64, "compiled explained layer vs PyG", "explain")
+    assert_close(got_grad, expected_grad, torch.float64, "compiled explained layer's mask gradient vs PyG", "explain")
