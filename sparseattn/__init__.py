@@ -8,6 +8,7 @@ from ._checks import max_clamp_bound
 from .functional import edge_attention
 from .graphs import Graph
 from .kernels import backend_names
+from .kernels.projected import EdgeProjection
 from .kv import KeyValue, KVCache, KVStore, NodeKV
 from .modules import EdgeAttention
 from .recording import AttentionRecord, record_attention
@@ -16,6 +17,7 @@ __version__ = "0.1.0"
 __all__ = [
     "edge_attention",
     "EdgeAttention",
+    "EdgeProjection",
     "Graph",
     "graphs",
     "nn",

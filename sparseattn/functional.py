@@ -33,6 +33,8 @@ from .kernels.auto import choose_order
 from .kernels.contract import EDGE_TERMS, extras_given
 from .kernels.options import OptionsLike, as_kernel_options
 from .kernels.permute import permute_rows
+from .kernels.projected import EdgeProjection, check_projection, plan_projections, shape_view
+from .kernels.projected import finish as finish_projections
 
 GraphLike = Union[Graph, Tensor]
 
@@ -68,8 +70,8 @@ def edge_attention(
     scale: Optional[float] = None,
     clamp: Optional[Tuple[float, float]] = (-5.0, 5.0),
     bias: Optional[Tensor] = None,
-    edge_key: Optional[Tensor] = None,
-    edge_value: Optional[Tensor] = None,
+    edge_key: Union[Tensor, EdgeProjection, None] = None,
+    edge_value: Union[Tensor, EdgeProjection, None] = None,
     edge_scale: Optional[Tensor] = None,
     eps: float = 0.0,
     dropout_p: float = 0.0,
@@ -112,6 +114,11 @@ def edge_attention(
             Each edge term may also be (E, 1, .), one row shared by the heads: "csr" then reads it
             once per edge and returns its gradient without any (E, H, .) tensor (edge_key,
             edge_value; `sparseattn.nn.TransformerConv` builds on this).
+            edge_key and edge_value may also be given by their factors, an `EdgeProjection(features
+            (E, F), weight (H * D, F))` standing for `F.linear(features, weight).view(E, H, D)` (a
+            projection of edge features, as TransformerConv's lin_edge(edge_attr)); the kernels
+            decide whether to build that term or, where one projection is both terms, to attend
+            through the factored form that never builds it (`kernels.projected`).
         eps: added to each destination's normalizer sum_e w_e (Exphormer's 1e-6); clamp mode
             only (ValueError with clamp=None). Default 0: a destination without edges gets 0.
         dropout_p: probability of dropping each normalized edge weight (attention dropout);
@@ -143,6 +150,14 @@ def edge_attention(
     destination such a value touches, or whose incoming gradient is non-finite (its dq row, its edges'
     sources' dk and dv rows, its edges' bias and edge-term rows); elsewhere it equals the reference's.
     """
+    if isinstance(edge_key, EdgeProjection) or isinstance(edge_value, EdgeProjection):  # the kernels' form of it
+        call = plan_projections(q, k, v, edge_key, edge_value, edge_scale, eps, scale)
+        result = edge_attention(
+            call.q, call.k, call.v, graph, scale=call.scale, clamp=clamp, bias=bias, edge_key=call.edge_key,
+            edge_value=call.edge_value, edge_scale=edge_scale, eps=eps, dropout_p=dropout_p, edge_weight=edge_weight,
+            backend=backend, return_weights=return_weights, kernel_options=kernel_options,
+        )  # fmt: skip
+        return finish_projections(call, result)
     terms = dict(edge_key=edge_key, edge_value=edge_value, edge_scale=edge_scale)  # EDGE_TERMS, by name
     g, scale, clamp, bias, terms, eps, dropout_p, edge_weight = _checked_arguments(
         q, k, v, graph, scale, clamp, bias, terms, eps, dropout_p, return_weights, edge_weight
@@ -268,6 +283,13 @@ def check_arguments(q: Tensor, k: Tensor, v: Tensor, graph: GraphLike, **kwargs)
     given = {**defaults, **kwargs}
     checked = {name: value for name, value in given.items() if name not in ("backend", "kernel_options")}
     checked["terms"] = {t.name: checked.pop(t.name) for t in EDGE_TERMS}
+    projections = {name: t for name, t in checked["terms"].items() if isinstance(t, EdgeProjection)}
+    if projections:  # checked as such, then as stand-ins of their (E, H, C) terms' shape
+        check_qkv(q, k, v)
+        for name, p in projections.items():
+            width, width_name = (v.shape[2], "Dv") if name == "edge_value" else (q.shape[2], "D")
+            check_projection(p, name, q.shape[1], width, width_name)
+            checked["terms"][name] = shape_view(p, q.shape[1])
     g, _, _, _, terms, eps, _, edge_weight = _checked_arguments(q, k, v, graph, **checked)
     as_kernel_options(given["kernel_options"])
     backend = given["backend"]

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from .._checks import check_dropout as _check_dropout
 from ..graphs import Graph, from_row_pointers
 from ..kernels import backend_names
+from ..kernels.auto import fuse_projections
 
 SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc)
 
@@ -95,12 +96,12 @@ def graph_of_adj_t(edge_index: object) -> object:
 
 
 def fused_linear(x: Tensor, lins: Sequence[nn.Linear]) -> List[Tensor]:
-    """[lin(x) for lin in lins] as one matrix product over their stacked weights: the same values (to
-    rounding), one GEMM and one bias add instead of len(lins), which is what a mini-batch of small
-    graphs pays for (per-op overhead, not arithmetic). The layers' parameters and state dicts stay
-    those of the separate Linear layers. x (N, in) -> [(N, lin.out_features)], views of one output."""
-    if len(lins) == 1:
-        return [lins[0](x)]
+    """[lin(x) for lin in lins], as one matrix product over their stacked weights where the kernels say
+    it pays (`kernels.auto.fuse_projections`: a mini-batch of small graphs, where per-op overhead
+    decides), else one by one: the same values (to rounding). The layers' parameters and state dicts
+    stay those of the separate Linear layers. x (N, in) -> [(N, lin.out_features)]."""
+    if len(lins) == 1 or not fuse_projections(x.shape[0]):
+        return [lin(x) for lin in lins]
     weight = torch.cat([lin.weight for lin in lins])
     bias = None
     if any(lin.bias is not None for lin in lins):

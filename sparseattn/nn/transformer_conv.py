@@ -6,12 +6,11 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from .._checks import check_edge_attr
 from ..functional import edge_attention
 from ..graphs import Graph
-from ..kernels.auto import factor_edge_projection
+from ..kernels.projected import EdgeProjection
 from ._common import (
     NotScriptable,
     check_backend,
@@ -41,14 +40,12 @@ class TransformerConv(NotScriptable, nn.Module):
     out - x_r]))). A node without in-edges gets 0 before the skip. One `edge_attention` call with
     clamp=None.
 
-    With edge features, e_ji = W_h a_ji (W_h the head's (C, edge_dim) block of lin_edge) is never
-    built per edge and head: `<q_i, e_ji> = <W_h^T q_i, a_ji>` and sum_j alpha_ji e_ji = W_h sum_j
-    alpha_ji a_ji, so the call attends with queries [q, W_h^T q], keys [k, 0], values [v, 0] and
-    one edge row [0, a_ji] shared by the heads (edge_key = edge_value, (E, 1, C + edge_dim)), and
-    maps the last edge_dim output channels back through W_h. Memory per edge is C + edge_dim
-    values instead of PyG's several (E, H, C) tensors; the result is the same formula. Which form a
-    call takes is the kernels' decision (`kernels.auto.factor_edge_projection`: this one where the
-    row is narrower and the graph is not small; otherwise e is passed per head).
+    With edge features, e_ji = W_h a_ji (W_h the head's (C, edge_dim) block of lin_edge) reaches
+    `edge_attention` by its factors (`kernels.projected.EdgeProjection(edge_attr, lin_edge.weight)`),
+    and the kernels decide whether to build it per edge and head, as PyG does (small graphs), or to
+    attend through `<q_i, W_h a_ji> = <W_h^T q_i, a_ji>` with one (E, 1, C + edge_dim) edge row
+    shared by the heads: C + edge_dim values per edge instead of PyG's several (E, H, C) tensors,
+    the same formula.
 
     Args:
         in_channels: input width, or a (source, destination) pair for bipartite inputs; -1 (either
@@ -163,25 +160,13 @@ class TransformerConv(NotScriptable, nn.Module):
         edge_weight = explained_edge_weight(self, x_dst, num_edges, x_dst.shape[0])
         if edge_weight is not None:  # under PyG's mask explainers (`sparseattn.nn.explainable`)
             kwargs["edge_weight"] = edge_weight
-        if (
-            edge_attr is not None
-            and self.lin_edge is not None
-            and factor_edge_projection(num_edges, h, c, self.lin_edge.in_features)
-        ):
-            if isinstance(self.lin_query, nn.LazyLinear) or isinstance(self.lin_key, nn.LazyLinear):
-                self.lin_query(x_dst[:0]), self.lin_key(x_src[:0]), self.lin_value(x_src[:0])  # infer the widths
-            lins, x_r = (self.lin_query, self.lin_key, self.lin_value), None
-            result = _attend_through_edge_weight(
-                h, *lins, x_src, x_dst, edge_index, edge_attr, self.lin_edge.weight, kwargs
-            )
-        else:
-            q, k, v, x_r = self._project(x_src, x_dst)
-            e = None if self.lin_edge is None else self.lin_edge(edge_attr).view(-1, h, c)  # (E, H, C)
-            result = edge_attention(q, k, v, edge_index, edge_key=e, edge_value=e, **kwargs)
+        q, k, v, x_r = self._project(x_src, x_dst)
+        # e_ji = lin_edge(a_ji) per head, given by its factors: the kernels build it or attend around it
+        e = None if self.lin_edge is None else EdgeProjection(edge_attr, self.lin_edge.weight)  # type: ignore[arg-type]
+        result = edge_attention(q, k, v, edge_index, edge_key=e, edge_value=e, **kwargs)
         out, alpha = result if isinstance(result, tuple) else (result, None)
         out = out.reshape(-1, h * c) if self.concat else out.mean(dim=1)  # (N_dst, H*C) or (N_dst, C)
-        if self.root_weight:
-            x_r = self.lin_skip(x_dst) if x_r is None else x_r
+        if x_r is not None:  # root_weight: lin_skip(x_dst), from `_project`'s product
             if self.lin_beta is not None:
                 b = torch.sigmoid(self.lin_beta(torch.cat([out, x_r, out - x_r], dim=-1)))  # (N_dst, 1)
                 out = b * x_r + (1 - b) * out
@@ -212,40 +197,3 @@ class TransformerConv(NotScriptable, nn.Module):
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"
-
-
-def _attend_through_edge_weight(
-    heads: int,
-    lin_query: nn.Linear,
-    lin_key: nn.Linear,
-    lin_value: nn.Linear,
-    x_src: Tensor,
-    x_dst: Tensor,
-    graph: Union[Tensor, Graph],
-    edge_attr: Tensor,
-    weight: Tensor,
-    kwargs: dict,
-):
-    """edge_attention with edge_key = edge_value = (edge_attr @ weight.T) per head, without building
-    that (E, H, C) tensor (the class docstring): the augmented queries [q, W_h^T q] come from one
-    linear map (weights composed per call, (H * (C + F), in)), keys [k, 0] and values [v, 0] are
-    lin_key's and lin_value's outputs padded with zeros. x_src (N_src, in_src), x_dst (N_dst, in_dst), edge_attr
-    (E, F), weight (H * C, F). Returns what edge_attention returns, out (N_dst, H, C)."""
-    c, f = weight.shape[0] // heads, weight.shape[1]
-    w = weight.view(heads, c, f)  # (H, C, F)
-    wq = lin_query.weight.view(heads, c, -1)  # (H, C, in)
-    weight_aug = torch.cat([wq, torch.einsum("hcf,hci->hfi", w, wq)], dim=1).reshape(heads * (c + f), -1)
-    bias_aug = None
-    if lin_query.bias is not None:
-        b = lin_query.bias.view(heads, c)
-        bias_aug = torch.cat([b, torch.einsum("hcf,hc->hf", w, b)], dim=1).reshape(-1)
-    q_aug = F.linear(x_dst, weight_aug, bias_aug).view(-1, heads, c + f)  # (N_dst, H, C + F)
-    # keys and values padded with zeros after the projection (not projected through zero weights: half the FLOPs)
-    k_aug = F.pad(lin_key(x_src).view(-1, heads, c), (0, f))  # (N_src, H, C + F)
-    v_aug = F.pad(lin_value(x_src).view(-1, heads, c), (0, f))
-    edge_row = edge_attr.new_zeros(edge_attr.shape[0], 1, c + f)  # (E, 1, C + F): [0, edge_attr]
-    edge_row[:, 0, c:] = edge_attr
-    result = edge_attention(q_aug, k_aug, v_aug, graph, scale=c**-0.5, edge_key=edge_row, edge_value=edge_row, **kwargs)
-    out_aug = result[0] if isinstance(result, tuple) else result
-    out = torch.einsum("nhf,hcf->nhc", out_aug[..., c:], w).add_(out_aug[..., :c])
-    return (out, result[1]) if isinstance(result, tuple) else out

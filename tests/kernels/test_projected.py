@@ -1,0 +1,176 @@
+"""Edge terms given by their factors (`kernels.projected.EdgeProjection`): values, weights and the
+gradients of every input (the projection's features and weight included) equal to the formula with the
+term built here (`test_edge_terms.loop_attention`, independent of the library), whichever form the
+kernels take (factored where one projection is both terms, built otherwise), on the backends that take
+edge terms; which form a call takes; the errors naming the argument; torch.compile."""
+
+import pytest
+import torch
+
+import sparseattn.kernels.projected as projected
+from sparseattn import edge_attention
+from sparseattn.functional import check_arguments
+from sparseattn.kernels.projected import EdgeProjection
+
+from ..optional import backend_params
+from .test_edge_terms import MODES, _case, loop_attention
+
+BACKENDS = backend_params(["auto", "reference", "csr", "scatter"])
+FEATURES = 5
+
+
+def built(p: EdgeProjection, heads: int) -> torch.Tensor:
+    """The term a projection stands for, computed here: (E, H, C)."""
+    c = p.weight.shape[0] // heads
+    return torch.einsum("ef,hcf->ehc", p.features, p.weight.view(heads, c, -1))
+
+
+def projection(num_edges: int, heads: int, width: int, seed: int) -> EdgeProjection:
+    gen = torch.Generator().manual_seed(seed)
+    features = torch.randn(num_edges, FEATURES, generator=gen, dtype=torch.float64).requires_grad_()
+    weight = torch.randn(heads * width, FEATURES, generator=gen, dtype=torch.float64).requires_grad_()
+    return EdgeProjection(features, weight)
+
+
+@pytest.fixture
+def forms(monkeypatch):
+    """Force the kernels' choice (factored or not) and record which form each call took."""
+    taken = []
+
+    def force(factor: bool) -> None:
+        monkeypatch.setattr(projected, "factor_edge_projection", lambda *args: factor)
+
+    original = EdgeProjection.materialize
+
+    def materialize(self, heads):
+        taken.append("built")
+        return original(self, heads)
+
+    monkeypatch.setattr(EdgeProjection, "materialize", materialize)
+    return force, taken
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", ["clamp", "exact", "clamp-eps"])
+@pytest.mark.parametrize("factor", [True, False], ids=["factored", "built"])
+@pytest.mark.parametrize("roles", ["both", "key", "value"])
+def test_projection_equals_the_formula_with_its_term_built(backend, mode, factor, roles, forms):
+    force, taken = forms
+    force(factor)
+    clamp, eps = MODES[mode]
+    ei, t = _case(torch.float64, d=4, dv=4)
+    heads, c = t["q"].shape[1], t["q"].shape[2]
+    p = projection(ei.shape[1], heads, c, seed=1)
+    key = p if roles in ("both", "key") else None
+    value = p if roles in ("both", "value") else None
+    args = dict(clamp=clamp, eps=eps, bias=t["bias"], backend=backend, return_weights=True, scale=0.7)
+    out, weights = edge_attention(t["q"], t["k"], t["v"], ei, edge_key=key, edge_value=value, **args)
+    term = built(p, heads)
+    expected, expected_weights = loop_attention(
+        t["q"], t["k"], t["v"], ei, 0.7, clamp, eps, t["bias"], term if key is not None else None,
+        term if value is not None else None, None,
+    )  # fmt: skip
+    assert taken == ([] if factor and roles == "both" and not eps else ["built"])  # one projection: built once
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(weights, expected_weights, rtol=1e-10, atol=1e-12)
+    leaves = [t["q"], t["k"], t["v"], t["bias"], p.features, p.weight]
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad((out * grad).sum() + weights.sum(), leaves)
+    want = torch.autograd.grad((expected * grad).sum() + expected_weights.sum(), leaves)
+    for a, b, name in zip(got, want, ("q", "k", "v", "bias", "features", "weight")):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=name)
+
+
+def test_default_scale_is_of_the_query_width_in_the_factored_form(forms):
+    """The factored call attends with C + F channels; its scale stays 1/sqrt(C)."""
+    force, _ = forms
+    ei, t = _case(torch.float64, d=4, dv=4)
+    p = projection(ei.shape[1], 2, 4, seed=2)
+    force(True)
+    factored = edge_attention(t["q"], t["k"], t["v"], ei, edge_key=p, edge_value=p, clamp=None)
+    force(False)
+    plain = edge_attention(t["q"], t["k"], t["v"], ei, edge_key=p, edge_value=p, clamp=None)
+    torch.testing.assert_close(factored, plain, rtol=1e-12, atol=1e-12)
+
+
+def test_factored_only_where_one_projection_is_both_terms(forms):
+    force, taken = forms
+    force(True)
+    ei, t = _case(torch.float64, d=4, dv=4)
+    a, b = projection(ei.shape[1], 2, 4, seed=3), projection(ei.shape[1], 2, 4, seed=4)
+    edge_attention(t["q"], t["k"], t["v"], ei, edge_key=a, edge_value=b)  # two projections: both built
+    assert taken == ["built", "built"]
+    taken.clear()
+    edge_attention(t["q"], t["k"], t["v"], ei, edge_key=a, edge_value=a, edge_scale=t["edge_scale"][..., :4])
+    assert taken == ["built"]  # edge_scale multiplies the built key per channel; one tensor as both terms
+    taken.clear()
+    kv = t["k"][:, :1], t["v"][:, :1]  # grouped-query heads
+    edge_attention(t["q"], *kv, ei, edge_key=a, edge_value=a, backend="reference")
+    assert taken == ["built"]
+    taken.clear()
+    edge_attention(t["q"], t["k"], t["v"], ei, edge_key=a, edge_value=a)
+    assert taken == []
+
+
+def test_the_kernels_decide_by_the_graph_s_size():
+    """Unforced: a small graph attends with the built term ("small" gathers it), a large one factored."""
+    ei, t = _case(torch.float64, d=4, dv=4)
+    small = projection(ei.shape[1], 2, 4, seed=5)
+    assert not projected.factor_edge_projection(ei.shape[1], 2, 4, FEATURES)
+    assert projected.factor_edge_projection(1 << 16, 4, 16, FEATURES)  # a narrower row, many edges
+    assert not projected.factor_edge_projection(1 << 16, 2, 4, FEATURES)  # C + F wider than H * C
+    out = edge_attention(t["q"], t["k"], t["v"], ei, edge_key=small, edge_value=small)
+    term = built(small, 2)
+    torch.testing.assert_close(out, edge_attention(t["q"], t["k"], t["v"], ei, edge_key=term, edge_value=term))
+
+
+def test_errors_name_the_argument():
+    ei, t = _case(torch.float64, d=4, dv=4)
+    q, k, v = t["q"], t["k"], t["v"]
+    p = projection(ei.shape[1], 2, 4, seed=6)
+    with pytest.raises(ValueError, match=r"edge_key.weight must have shape \(H \* D, F\) = \(8, 5\)"):
+        edge_attention(q, k, v, ei, edge_key=EdgeProjection(p.features, p.weight[:6]))
+    with pytest.raises(ValueError, match=r"edge_value.weight must have shape \(H \* Dv, F\)"):
+        edge_attention(q, k, v[..., :3], ei, edge_value=p)
+    with pytest.raises(TypeError, match="edge_key.features must be a 2-D floating-point tensor"):
+        edge_attention(q, k, v, ei, edge_key=EdgeProjection(p.features[:, 0], p.weight))
+    with pytest.raises(ValueError, match="edge_key must have shape"):  # one row per edge
+        edge_attention(q, k, v, ei, edge_key=EdgeProjection(p.features[:-1], p.weight))
+    check_arguments(q, k, v, ei, edge_key=p, edge_value=p)
+    with pytest.raises(ValueError, match="edge_key must have shape"):
+        check_arguments(q, k, v, ei, edge_key=EdgeProjection(p.features[:-1], p.weight))
+    with pytest.raises(ValueError, match="edge_value.weight"):
+        check_arguments(q, k, v, ei, edge_value=EdgeProjection(p.features, p.weight[:4]))
+
+
+@pytest.mark.parametrize("factor", [True, False], ids=["factored", "built"])
+def test_compiles_as_one_graph_and_equals_eager(factor, forms):
+    force, _ = forms
+    force(factor)
+    ei, t = _case(torch.float64, d=4, dv=4)
+    p = projection(ei.shape[1], 2, 4, seed=7)
+
+    def attend(q, k, v, features, weight, edge_index):
+        term = EdgeProjection(features, weight)
+        return edge_attention(q, k, v, edge_index, edge_key=term, edge_value=term, clamp=None)
+
+    args = (t["q"], t["k"], t["v"], p.features, p.weight, ei)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(attend)(*args)
+    assert explained.graph_count == 1, explained.break_reasons
+    compiled = torch.compile(attend, dynamic=True, backend="aot_eager")
+    got, expected = compiled(*args), attend(*args)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    leaves = args[:5]
+    for a, b in zip(torch.autograd.grad(got.sum(), leaves), torch.autograd.grad(expected.sum(), leaves)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("factor", [True, False], ids=["factored", "built"])
+def test_a_graph_without_edges_gives_zeros(factor, forms):
+    force, _ = forms
+    force(factor)
+    q = torch.randn(3, 2, 4, dtype=torch.float64, requires_grad=True)
+    p = EdgeProjection(torch.randn(0, FEATURES, dtype=torch.float64), torch.randn(8, FEATURES, dtype=torch.float64))
+    out = edge_attention(q, q, q, torch.zeros(2, 0, dtype=torch.long), edge_key=p, edge_value=p)
+    assert out.shape == (3, 2, 4) and not out.any()
