@@ -108,10 +108,13 @@ class SmallAttention(torch.autograd.Function):
         else:
             index = dst.unsqueeze(1).expand(-1, heads)
             top = score.new_full((num_dst, heads), float("-inf")).scatter_reduce_(0, index, score, "amax")
-            top = torch.where(torch.isneginf(top), torch.zeros_like(top), top)  # all -inf: w = 0
+            # all -inf (every score of the destination): a finite shift, so w = exp(-inf) = 0, not NaN
+            top.clamp_(min=torch.finfo(top.dtype).min)  # (NaN stays NaN)
             w = (score - top.index_select(0, dst)).exp_()  # (E, H), <= 1
         z = w.new_zeros(num_dst, heads).index_add_(0, dst, w)
-        z = torch.where(z == 0, torch.ones_like(z), z)  # no in-edges: out = 0 (a NaN sum stays NaN)
+        # z is 0 only where every weight is (all scores -inf): p = 0 there. Elsewhere z >= 1 (exact) or
+        # z >= exp(lo) (clamp; bounds within `max_clamp_bound`), far above tiny; a NaN sum stays NaN
+        z.clamp_(min=torch.finfo(z.dtype).tiny)
         p = w.div_(z.index_select(0, dst))  # normalized weights (E, H)
         pm = p if mask is None else p * mask
         out = v_e.new_zeros(num_dst, heads, v.shape[2]).index_add_(0, dst, v_e * pm.unsqueeze(-1))

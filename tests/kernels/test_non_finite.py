@@ -329,3 +329,27 @@ def test_triton_keeps_bad_values_on_their_edges(clamp, backend):
     inputs["bias"][int(torch.nonzero(g.dst == 22)[0]), 1] = math.inf
     inputs["q"][47], inputs["k"][15], inputs["v"][31, 0, 0] = math.nan, math.nan, math.inf  # padding rows
     check_contract(g, inputs, grad_out, clamp, backend)
+
+
+@pytest.mark.parametrize("backend", backend_params(["reference", "small", "csr", "scatter"]))
+def test_a_destination_whose_every_score_is_minus_inf_gets_zero(backend):
+    """Exact softmax where every in-edge of a destination scores -inf (a -inf bias on each: masked
+    edges): that destination gets 0 and zero gradients, not NaN, and every other row is the
+    reference's (the max shift must stay finite and the zero normalizer must not divide)."""
+    gen = torch.Generator().manual_seed(3)
+    edge_index = torch.tensor([[0, 1, 2, 3, 4, 0, 2], [1, 1, 1, 2, 2, 3, 3]])
+    q, k, v = (torch.randn(5, H, D, dtype=torch.float64, generator=gen).requires_grad_() for _ in range(3))
+    bias = torch.randn(edge_index.shape[1], H, dtype=torch.float64, generator=gen)
+    bias[:3] = -math.inf  # every in-edge of destination 1
+    bias = bias.requires_grad_()
+    results = []
+    for name in ("reference", backend):
+        out = edge_attention(q, k, v, edge_index, clamp=None, bias=bias, backend=name)
+        grads = torch.autograd.grad(out, (q, k, v, bias), torch.ones_like(out))
+        results.append((out, grads))
+    (expected, expected_grads), (got, got_grads) = results
+    assert torch.isfinite(got).all() and not got[1].any()
+    assert_close(got, expected, torch.float64, f"{backend} vs reference, all -inf scores")
+    for g, e in zip(got_grads, expected_grads):
+        assert torch.isfinite(g).all()
+        assert_close(g, e, torch.float64, f"{backend} gradient vs reference, all -inf scores")
