@@ -122,8 +122,9 @@ def plan_projections(
     a, c = edge_key.features, q.shape[2]
     f = a.shape[1]
     w = edge_key.weight.view(heads, c, f)  # (H, C, F)
-    # W_h^T q_h of every head as one product with the block-diagonal (H * C, H * F) matrix of the W_h
-    w_q = (q.reshape(q.shape[0], heads * c) @ torch.block_diag(*w)).view(-1, heads, f)  # (N_dst, H, F)
+    # W_h^T q_h of every head as one batched product over the heads, (H, N_dst, C) @ (H, C, F): q's
+    # (N_dst, H, C) rows read in place (a stride of H * C), nothing multiplied by zeros
+    w_q = torch.bmm(q.transpose(0, 1), w).transpose(0, 1)  # (N_dst, H, F)
     q_aug = torch.cat([q, w_q], dim=2)  # (N_dst, H, C + F)
     k_aug, v_aug = F.pad(k, (0, f)), F.pad(v, (0, f))  # (N_src, H, C + F): zeros after, not projected
     row = a.new_zeros(a.shape[0], 1, c + f)  # (E, 1, C + F): [0, a_e]
