@@ -8,7 +8,7 @@ from ._checks import max_clamp_bound
 from .functional import edge_attention
 from .graphs import Graph
 from .kernels import backend_names
-from .kernels.projected import EdgeProjection
+from .kernels.projected import EdgeProjection, QueryProjection
 from .kv import KeyValue, KVCache, KVStore, NodeKV
 from .modules import EdgeAttention
 from .recording import AttentionRecord, record_attention
@@ -18,6 +18,7 @@ __all__ = [
     "edge_attention",
     "EdgeAttention",
     "EdgeProjection",
+    "QueryProjection",
     "Graph",
     "graphs",
     "nn",

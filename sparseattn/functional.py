@@ -33,7 +33,14 @@ from .kernels.auto import choose_order
 from .kernels.contract import EDGE_TERMS, extras_given
 from .kernels.options import OptionsLike, as_kernel_options
 from .kernels.permute import permute_rows
-from .kernels.projected import EdgeProjection, check_projection, plan_projections, shape_view
+from .kernels.projected import (
+    EdgeProjection,
+    QueryProjection,
+    check_projection,
+    plan_projections,
+    query_shape_view,
+    shape_view,
+)
 from .kernels.projected import finish as finish_projections
 
 GraphLike = Union[Graph, Tensor]
@@ -62,7 +69,7 @@ def _check_count(name: str, have: int, want: int, num_src: int, num_dst: int) ->
 
 
 def edge_attention(
-    q: Tensor,
+    q: Union[Tensor, QueryProjection],
     k: Tensor,
     v: Tensor,
     graph: GraphLike,
@@ -86,7 +93,10 @@ def edge_attention(
     out[t] = sum_e w_e (v[s] + edge_value[e]) / (sum_e w_e + eps).
 
     Args:
-        q: (N_dst, H, D) queries, one row per destination node.
+        q: (N_dst, H, D) queries, one row per destination node; or a `QueryProjection(inputs,
+            weight, bias)` standing for `F.linear(inputs, weight, bias).view(N_dst, H, D)`, which
+            lets the kernels build the queries an `EdgeProjection`'s factored form needs straight
+            from the inputs (`kernels.projected`).
         k: (N_src, H_kv, D) keys, one row per source node; H_kv = H, or any divisor of H
             (grouped-query attention: query head h reads kv head h // (H / H_kv), as SDPA's
             enable_gqa). "reference" and "csr" read each kv row once per edge for its group of
@@ -150,7 +160,7 @@ def edge_attention(
     destination such a value touches, or whose incoming gradient is non-finite (its dq row, its edges'
     sources' dk and dv rows, its edges' bias and edge-term rows); elsewhere it equals the reference's.
     """
-    if isinstance(edge_key, EdgeProjection) or isinstance(edge_value, EdgeProjection):  # the kernels' form of it
+    if isinstance(q, QueryProjection) or isinstance(edge_key, EdgeProjection) or isinstance(edge_value, EdgeProjection):
         call = plan_projections(q, k, v, edge_key, edge_value, edge_scale, eps, scale)
         result = edge_attention(
             call.q, call.k, call.v, graph, scale=call.scale, clamp=clamp, bias=bias, edge_key=call.edge_key,
@@ -283,6 +293,7 @@ def check_arguments(q: Tensor, k: Tensor, v: Tensor, graph: GraphLike, **kwargs)
     given = {**defaults, **kwargs}
     checked = {name: value for name, value in given.items() if name not in ("backend", "kernel_options")}
     checked["terms"] = {t.name: checked.pop(t.name) for t in EDGE_TERMS}
+    q = query_shape_view(q, k)  # a QueryProjection as a stand-in of its shape, checked
     projections = {name: t for name, t in checked["terms"].items() if isinstance(t, EdgeProjection)}
     if projections:  # checked as such, then as stand-ins of their (E, H, C) terms' shape
         check_qkv(q, k, v)

@@ -103,7 +103,7 @@ def factor_edge_projection(num_edges: int, heads: int, channels: int, edge_dim: 
     return channels + edge_dim < heads * channels and not small_pays(num_edges * heads * channels, False, edge_kv=True)
 
 
-# Layers that apply several Linear maps to one input (TransformerConv's query, key, value and skip)
+# Layers that apply several Linear maps to one input (TransformerConv's key, value and skip)
 # run them as one product over the stacked weights up to this many rows, separately above. Measured
 # (1 thread, 4 maps of 64 -> 64, fwd+bwd, medians of 7 interleaved): with the input's gradient, one
 # product 6% faster at 267 rows, 2% at 512, 10-16% slower from 1,024 to 20,000 (its backward joins the

@@ -43,6 +43,56 @@ class EdgeProjection(NamedTuple):
         return F.linear(self.features, self.weight).view(self.features.shape[0], heads, self.weight.shape[0] // heads)
 
 
+class QueryProjection(NamedTuple):
+    """The queries given by their factors: q = `F.linear(inputs, weight, bias).view(N_dst, H, D)`, D
+    being k's head dim and H = weight.shape[0] // D. Where a call attends through the factored form
+    of an `EdgeProjection` (the module docstring), the augmented queries [q, W_h^T q] come from the
+    inputs in one product with lin's weights composed with the W_h (H * (C + F), in), as q alone
+    would; otherwise q is computed and the call runs as with it.
+
+    inputs: (N_dst, in); weight: (H * D, in), heads major (an `nn.Linear(in, H * D)`'s weight);
+    bias: (H * D,) or None. All differentiable."""
+
+    inputs: Tensor
+    weight: Tensor
+    bias: Optional[Tensor] = None
+
+    def materialize(self, head_dim: int) -> Tensor:
+        """q itself, (N_dst, H, head_dim)."""
+        heads = self.weight.shape[0] // head_dim
+        return F.linear(self.inputs, self.weight, self.bias).view(self.inputs.shape[0], heads, head_dim)
+
+
+def check_query_projection(p: QueryProjection, head_dim: int) -> None:
+    """inputs (N_dst, in), weight (H * head_dim, in) and bias (H * head_dim,) or None, floating
+    point; ValueError or TypeError naming q.inputs, q.weight or q.bias."""
+    for part, t in (("inputs", p.inputs), ("weight", p.weight)):
+        if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() != 2:
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
+            raise TypeError(f"q.{part} must be a 2-D floating-point tensor, got {got}")
+    rows, width = p.weight.shape
+    if width != p.inputs.shape[1] or rows == 0 or rows % head_dim:
+        raise ValueError(
+            f"q.weight must have shape (H * D, in) with D={head_dim} (k's head dim) and in={p.inputs.shape[1]} "
+            f"(q.inputs' width), got {tuple(p.weight.shape)}"
+        )
+    if p.bias is not None and (not isinstance(p.bias, Tensor) or tuple(p.bias.shape) != (rows,)):
+        got = str(tuple(p.bias.shape)) if isinstance(p.bias, Tensor) else type(p.bias).__name__
+        raise ValueError(f"q.bias must have shape (H * D,) = ({rows},) or be None, got {got}")
+
+
+def query_shape_view(q: Any, k: Any) -> Any:
+    """A QueryProjection as a zero-copy (N_dst, H, D) stand-in of q (its dtype and device), checked
+    first against k's head dim D, for checks that read only those; anything else as it is."""
+    if not isinstance(q, QueryProjection):
+        return q
+    if not isinstance(k, Tensor) or k.dim() != 3:
+        raise TypeError("k must be a (N_src, H_kv, D) tensor: a QueryProjection q takes its head dim D from k")
+    d = k.shape[2]
+    check_query_projection(q, d)
+    return q.inputs[:, :1].unsqueeze(2).expand(q.inputs.shape[0], q.weight.shape[0] // d, d)
+
+
 def check_projection(p: EdgeProjection, name: str, heads: int, width: int, width_name: str) -> None:
     """features (E, F) and weight (heads * width, F), floating point; ValueError or TypeError naming
     `name` (edge_key or edge_value)."""
@@ -82,7 +132,7 @@ class ProjectedCall(NamedTuple):
 
 
 def plan_projections(
-    q: Tensor,
+    q: Union[Tensor, QueryProjection],
     k: Tensor,
     v: Tensor,
     edge_key: Union[Tensor, EdgeProjection, None],
@@ -91,17 +141,24 @@ def plan_projections(
     eps: float,
     scale: Optional[float],
 ) -> ProjectedCall:
-    """How `edge_attention` computes a call whose edge_key and/or edge_value is an `EdgeProjection`:
-    factored (the module docstring) where one projection is both terms, no edge_scale or eps, k and v
-    have q's heads and `auto.factor_edge_projection` says so; otherwise with the projections built.
-    The projections are checked first (errors name edge_key or edge_value)."""
-    check_qkv(q, k, v)
-    heads = q.shape[1]
-    for name, term, width, width_name in (
-        ("edge_key", edge_key, q.shape[2], "D"),
-        ("edge_value", edge_value, v.shape[2], "Dv"),
-    ):
-        if isinstance(term, EdgeProjection):
+    """How `edge_attention` computes a call whose q is a `QueryProjection` or whose edge_key and/or
+    edge_value is an `EdgeProjection`: factored (the module docstring) where one projection is both
+    terms, no edge_scale or eps, k and v have q's heads and `auto.factor_edge_projection` says so
+    (the augmented queries from a QueryProjection's inputs, else from q); otherwise with everything
+    built. The projections are checked first (errors name q, edge_key or edge_value)."""
+    query = q  # a tensor, or the QueryProjection the augmented queries may come from
+    if isinstance(query, QueryProjection):  # checked here; k and v by the call this plans
+        if not isinstance(k, Tensor) or k.dim() != 3:
+            raise TypeError("k must be a (N_src, H_kv, D) tensor: a QueryProjection q takes its head dim D from k")
+        d = k.shape[2]
+        check_query_projection(query, d)
+        heads = query.weight.shape[0] // d
+    else:
+        check_qkv(query, k, v)
+        heads, d = query.shape[1], query.shape[2]
+    dv = v.shape[2] if isinstance(v, Tensor) and v.dim() == 3 else None
+    for name, term, width, width_name in (("edge_key", edge_key, d, "D"), ("edge_value", edge_value, dv, "Dv")):
+        if isinstance(term, EdgeProjection) and width is not None:
             check_projection(term, name, heads, width, width_name)
     factored = (
         isinstance(edge_key, EdgeProjection)
@@ -109,23 +166,34 @@ def plan_projections(
         and edge_scale is None
         and not eps
         and k.shape[1] == heads
-        and q.shape[2] == v.shape[2]
-        and factor_edge_projection(edge_key.features.shape[0], heads, q.shape[2], edge_key.features.shape[1])
+        and d == dv
+        and factor_edge_projection(edge_key.features.shape[0], heads, d, edge_key.features.shape[1])
     )
     if not factored:
+        q = query.materialize(d) if isinstance(query, QueryProjection) else query
         key = edge_key.materialize(heads) if isinstance(edge_key, EdgeProjection) else edge_key
         # one projection as both terms: one tensor, which the backends read (and differentiate) once
         value = key if edge_value is edge_key else edge_value
         value = value.materialize(heads) if isinstance(value, EdgeProjection) else value
         return ProjectedCall(q, k, v, key, value, scale)
     assert isinstance(edge_key, EdgeProjection)
-    a, c = edge_key.features, q.shape[2]
+    a, c = edge_key.features, d
     f = a.shape[1]
     w = edge_key.weight.view(heads, c, f)  # (H, C, F)
-    # W_h^T q_h of every head as one batched product over the heads, (H, N_dst, C) @ (H, C, F): q's
-    # (N_dst, H, C) rows read in place (a stride of H * C), nothing multiplied by zeros
-    w_q = torch.bmm(q.transpose(0, 1), w).transpose(0, 1)  # (N_dst, H, F)
-    q_aug = torch.cat([q, w_q], dim=2)  # (N_dst, H, C + F)
+    if isinstance(query, QueryProjection):
+        # [q_h, W_h^T q_h] straight from the inputs: lin's rows composed with the W_h, one product
+        wq = query.weight.view(heads, c, -1)  # (H, C, in)
+        weight_aug = torch.cat([wq, torch.einsum("hcf,hci->hfi", w, wq)], dim=1).reshape(heads * (c + f), -1)
+        bias_aug = None
+        if query.bias is not None:
+            b = query.bias.view(heads, c)
+            bias_aug = torch.cat([b, torch.einsum("hcf,hc->hf", w, b)], dim=1).reshape(-1)
+        q_aug = F.linear(query.inputs, weight_aug, bias_aug).view(-1, heads, c + f)  # (N_dst, H, C + F)
+    else:
+        # W_h^T q_h of every head as one batched product over the heads, (H, N_dst, C) @ (H, C, F): q's
+        # (N_dst, H, C) rows read in place (a stride of H * C), nothing multiplied by zeros
+        w_q = torch.bmm(query.transpose(0, 1), w).transpose(0, 1)  # (N_dst, H, F)
+        q_aug = torch.cat([query, w_q], dim=2)  # (N_dst, H, C + F)
     k_aug, v_aug = F.pad(k, (0, f)), F.pad(v, (0, f))  # (N_src, H, C + F): zeros after, not projected
     row = a.new_zeros(a.shape[0], 1, c + f)  # (E, 1, C + F): [0, a_e]
     row[:, 0, c:] = a
@@ -144,4 +212,14 @@ def finish(call: ProjectedCall, result: Any) -> Any:
     return (out, result[1]) if isinstance(result, tuple) else out
 
 
-__all__ = ["EdgeProjection", "ProjectedCall", "plan_projections", "finish", "check_projection", "shape_view"]
+__all__ = [
+    "EdgeProjection",
+    "QueryProjection",
+    "ProjectedCall",
+    "plan_projections",
+    "finish",
+    "check_projection",
+    "check_query_projection",
+    "query_shape_view",
+    "shape_view",
+]

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from .._checks import check_edge_attr
 from ..functional import edge_attention
 from ..graphs import Graph
-from ..kernels.projected import EdgeProjection
+from ..kernels.projected import EdgeProjection, QueryProjection
 from ._common import (
     NotScriptable,
     check_backend,
@@ -40,12 +40,13 @@ class TransformerConv(NotScriptable, nn.Module):
     out - x_r]))). A node without in-edges gets 0 before the skip. One `edge_attention` call with
     clamp=None.
 
-    With edge features, e_ji = W_h a_ji (W_h the head's (C, edge_dim) block of lin_edge) reaches
-    `edge_attention` by its factors (`kernels.projected.EdgeProjection(edge_attr, lin_edge.weight)`),
-    and the kernels decide whether to build it per edge and head, as PyG does (small graphs), or to
-    attend through `<q_i, W_h a_ji> = <W_h^T q_i, a_ji>` with one (E, 1, C + edge_dim) edge row
-    shared by the heads: C + edge_dim values per edge instead of PyG's several (E, H, C) tensors,
-    the same formula.
+    The queries and, with edge features, e_ji = W_h a_ji (W_h the head's (C, edge_dim) block of
+    lin_edge) reach `edge_attention` by their factors (`kernels.projected.QueryProjection(x_dst,
+    lin_query.weight, lin_query.bias)`, `EdgeProjection(edge_attr, lin_edge.weight)`), and the
+    kernels decide whether to build e per edge and head, as PyG does (small graphs), or to attend
+    through `<q_i, W_h a_ji> = <W_h^T q_i, a_ji>` with one (E, 1, C + edge_dim) edge row shared by
+    the heads and queries [q, W_h^T q] from one product with composed weights: C + edge_dim values
+    per edge instead of PyG's several (E, H, C) tensors, the same formula.
 
     Args:
         in_channels: input width, or a (source, destination) pair for bipartite inputs; -1 (either
@@ -160,8 +161,10 @@ class TransformerConv(NotScriptable, nn.Module):
         edge_weight = explained_edge_weight(self, x_dst, num_edges, x_dst.shape[0])
         if edge_weight is not None:  # under PyG's mask explainers (`sparseattn.nn.explainable`)
             kwargs["edge_weight"] = edge_weight
-        q, k, v, x_r = self._project(x_src, x_dst)
-        # e_ji = lin_edge(a_ji) per head, given by its factors: the kernels build it or attend around it
+        k, v, x_r = self._project(x_src, x_dst)
+        # q = lin_query(x_dst) and e_ji = lin_edge(a_ji) per head given by their factors: the kernels
+        # build them, or attend around e (`kernels.projected`)
+        q = QueryProjection(x_dst, self.lin_query.weight, self.lin_query.bias)
         e = None if self.lin_edge is None else EdgeProjection(edge_attr, self.lin_edge.weight)  # type: ignore[arg-type]
         result = edge_attention(q, k, v, edge_index, edge_key=e, edge_value=e, **kwargs)
         out, alpha = result if isinstance(result, tuple) else (result, None)
@@ -180,20 +183,21 @@ class TransformerConv(NotScriptable, nn.Module):
         index = edge_index.edge_index if isinstance(edge_index, Graph) else edge_index
         return out, (index, alpha)
 
-    def _project(self, x_src: Tensor, x_dst: Tensor) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
-        """q (N_dst, H, C), k and v (N_src, H, C), and lin_skip(x_dst) (None without root_weight): one
-        GEMM per input (`fused_linear`), lazy widths inferred first."""
+    def _project(self, x_src: Tensor, x_dst: Tensor) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        """k and v (N_src, H, C) and lin_skip(x_dst) (None without root_weight), in one GEMM per input
+        where the kernels say it pays (`fused_linear`); lazy widths inferred first (lin_query's too:
+        the query reaches the kernels by its factors)."""
         lins = [self.lin_query, self.lin_key, self.lin_value, self.lin_skip]
         if any(isinstance(lin, nn.LazyLinear) for lin in lins):
             self.lin_query(x_dst[:0]), self.lin_key(x_src[:0]), self.lin_value(x_src[:0]), self.lin_skip(x_dst[:0])
         h, c = self.heads, self.out_channels
-        on_dst = [self.lin_query, self.lin_skip] if self.root_weight else [self.lin_query]
+        on_dst = [self.lin_skip] if self.root_weight else []
         if x_src is x_dst:
-            q, k, v, *skip = fused_linear(x_dst, [on_dst[0], self.lin_key, self.lin_value, *on_dst[1:]])
+            k, v, *skip = fused_linear(x_src, [self.lin_key, self.lin_value, *on_dst])
         else:
-            q, *skip = fused_linear(x_dst, on_dst)
             k, v = fused_linear(x_src, [self.lin_key, self.lin_value])
-        return q.view(-1, h, c), k.view(-1, h, c), v.view(-1, h, c), (skip[0] if skip else None)
+            skip = [self.lin_skip(x_dst)] if self.root_weight else []
+        return k.view(-1, h, c), v.view(-1, h, c), (skip[0] if skip else None)
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"

@@ -1,8 +1,9 @@
-"""Edge terms given by their factors (`kernels.projected.EdgeProjection`): values, weights and the
-gradients of every input (the projection's features and weight included) equal to the formula with the
-term built here (`test_edge_terms.loop_attention`, independent of the library), whichever form the
-kernels take (factored where one projection is both terms, built otherwise), on the backends that take
-edge terms; which form a call takes; the errors naming the argument; torch.compile."""
+"""Edge terms and queries given by their factors (`kernels.projected.EdgeProjection`, `QueryProjection`):
+values, weights and the gradients of every input (the projections' features, inputs, weights and bias
+included) equal to the formula with the terms built here (`test_edge_terms.loop_attention`,
+independent of the library), whichever form the kernels take (factored where one projection is both
+edge terms, built otherwise), on the backends that take edge terms; which form a call takes; the
+errors naming the argument; torch.compile."""
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch
 import sparseattn.kernels.projected as projected
 from sparseattn import edge_attention
 from sparseattn.functional import check_arguments
-from sparseattn.kernels.projected import EdgeProjection
+from sparseattn.kernels.projected import EdgeProjection, QueryProjection
 
 from ..optional import backend_params
 from .test_edge_terms import MODES, _case, loop_attention
@@ -50,11 +51,20 @@ def forms(monkeypatch):
     return force, taken
 
 
+def query_projection(n_dst: int, heads: int, width: int, seed: int) -> QueryProjection:
+    gen = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(n_dst, 6, generator=gen, dtype=torch.float64).requires_grad_()
+    weight = torch.randn(heads * width, 6, generator=gen, dtype=torch.float64).requires_grad_()
+    bias = torch.randn(heads * width, generator=gen, dtype=torch.float64).requires_grad_()
+    return QueryProjection(inputs, weight, bias)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", ["clamp", "exact", "clamp-eps"])
 @pytest.mark.parametrize("factor", [True, False], ids=["factored", "built"])
 @pytest.mark.parametrize("roles", ["both", "key", "value"])
-def test_projection_equals_the_formula_with_its_term_built(backend, mode, factor, roles, forms):
+@pytest.mark.parametrize("lazy_query", [False, True], ids=["q", "QueryProjection"])
+def test_projection_equals_the_formula_with_its_term_built(backend, mode, factor, roles, lazy_query, forms):
     force, taken = forms
     force(factor)
     clamp, eps = MODES[mode]
@@ -63,22 +73,39 @@ def test_projection_equals_the_formula_with_its_term_built(backend, mode, factor
     p = projection(ei.shape[1], heads, c, seed=1)
     key = p if roles in ("both", "key") else None
     value = p if roles in ("both", "value") else None
+    qp = query_projection(t["q"].shape[0], heads, c, seed=8)
+    q = qp if lazy_query else t["q"]
+    q_built = (torch.einsum("ni,ki->nk", qp.inputs, qp.weight) + qp.bias).view(-1, heads, c) if lazy_query else q
     args = dict(clamp=clamp, eps=eps, bias=t["bias"], backend=backend, return_weights=True, scale=0.7)
-    out, weights = edge_attention(t["q"], t["k"], t["v"], ei, edge_key=key, edge_value=value, **args)
+    out, weights = edge_attention(q, t["k"], t["v"], ei, edge_key=key, edge_value=value, **args)
     term = built(p, heads)
     expected, expected_weights = loop_attention(
-        t["q"], t["k"], t["v"], ei, 0.7, clamp, eps, t["bias"], term if key is not None else None,
+        q_built, t["k"], t["v"], ei, 0.7, clamp, eps, t["bias"], term if key is not None else None,
         term if value is not None else None, None,
     )  # fmt: skip
     assert taken == ([] if factor and roles == "both" and not eps else ["built"])  # one projection: built once
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(weights, expected_weights, rtol=1e-10, atol=1e-12)
-    leaves = [t["q"], t["k"], t["v"], t["bias"], p.features, p.weight]
+    queries = [*qp] if lazy_query else [t["q"]]
+    leaves = [*queries, t["k"], t["v"], t["bias"], p.features, p.weight]
     grad = torch.randn_like(out)
     got = torch.autograd.grad((out * grad).sum() + weights.sum(), leaves)
     want = torch.autograd.grad((expected * grad).sum() + expected_weights.sum(), leaves)
-    for a, b, name in zip(got, want, ("q", "k", "v", "bias", "features", "weight")):
+    names = (["inputs", "q.weight", "q.bias"] if lazy_query else ["q"]) + ["k", "v", "bias", "features", "weight"]
+    for a, b, name in zip(got, want, names):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=name)
+
+
+def test_a_query_projection_alone_is_its_queries():
+    ei, t = _case(torch.float64, d=4, dv=4)
+    qp = query_projection(t["q"].shape[0], 2, 4, seed=9)
+    q = qp.materialize(4)
+    torch.testing.assert_close(q, (qp.inputs @ qp.weight.T + qp.bias).view(-1, 2, 4))
+    for clamp in (None, (-5.0, 5.0)):
+        got = edge_attention(qp, t["k"], t["v"], ei, clamp=clamp)
+        torch.testing.assert_close(got, edge_attention(q, t["k"], t["v"], ei, clamp=clamp), rtol=0, atol=0)
+    gqa = edge_attention(qp, t["k"][:, :1], t["v"][:, :1], ei)  # H = 2 query heads over one kv head
+    torch.testing.assert_close(gqa, edge_attention(q, t["k"][:, :1], t["v"][:, :1], ei), rtol=0, atol=0)
 
 
 def test_default_scale_is_of_the_query_width_in_the_factored_form(forms):
@@ -136,6 +163,20 @@ def test_errors_name_the_argument():
         edge_attention(q, k, v, ei, edge_key=EdgeProjection(p.features[:, 0], p.weight))
     with pytest.raises(ValueError, match="edge_key must have shape"):  # one row per edge
         edge_attention(q, k, v, ei, edge_key=EdgeProjection(p.features[:-1], p.weight))
+    qp = query_projection(q.shape[0], 2, 4, seed=10)
+    with pytest.raises(ValueError, match=r"q.weight must have shape \(H \* D, in\) with D=4"):
+        edge_attention(QueryProjection(qp.inputs, qp.weight[:7], None), k, v, ei)
+    with pytest.raises(TypeError, match="q.inputs must be a 2-D floating-point tensor"):
+        edge_attention(QueryProjection(qp.inputs[:, 0], qp.weight, qp.bias), k, v, ei)
+    with pytest.raises(ValueError, match=r"q.bias must have shape \(H \* D,\) = \(8,\)"):
+        edge_attention(QueryProjection(qp.inputs, qp.weight, qp.bias[:4]), k, v, ei)
+    with pytest.raises(TypeError, match="k must be a \\(N_src, H_kv, D\\) tensor"):
+        edge_attention(qp, k[0], v, ei)
+    with pytest.raises(IndexError, match="destinations"):  # one row per destination, as for q itself
+        edge_attention(QueryProjection(qp.inputs[:2], qp.weight, qp.bias), k, v, ei)
+    check_arguments(qp, k, v, ei, edge_key=p, edge_value=p)
+    with pytest.raises(ValueError, match="q.weight"):
+        check_arguments(QueryProjection(qp.inputs, qp.weight[:7], None), k, v, ei)
     check_arguments(q, k, v, ei, edge_key=p, edge_value=p)
     with pytest.raises(ValueError, match="edge_key must have shape"):
         check_arguments(q, k, v, ei, edge_key=EdgeProjection(p.features[:-1], p.weight))
@@ -150,18 +191,21 @@ def test_compiles_as_one_graph_and_equals_eager(factor, forms):
     ei, t = _case(torch.float64, d=4, dv=4)
     p = projection(ei.shape[1], 2, 4, seed=7)
 
-    def attend(q, k, v, features, weight, edge_index):
+    qp = query_projection(t["q"].shape[0], 2, 4, seed=11)
+
+    def attend(inputs, q_weight, q_bias, k, v, features, weight, edge_index):
         term = EdgeProjection(features, weight)
+        q = QueryProjection(inputs, q_weight, q_bias)
         return edge_attention(q, k, v, edge_index, edge_key=term, edge_value=term, clamp=None)
 
-    args = (t["q"], t["k"], t["v"], p.features, p.weight, ei)
+    args = (*qp, t["k"], t["v"], p.features, p.weight, ei)
     torch._dynamo.reset()
     explained = torch._dynamo.explain(attend)(*args)
     assert explained.graph_count == 1, explained.break_reasons
     compiled = torch.compile(attend, dynamic=True, backend="aot_eager")
     got, expected = compiled(*args), attend(*args)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
-    leaves = args[:5]
+    leaves = args[:7]
     for a, b in zip(torch.autograd.grad(got.sum(), leaves), torch.autograd.grad(expected.sum(), leaves)):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
