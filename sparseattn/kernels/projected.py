@@ -2,7 +2,8 @@
 with one takes, decided here (`kernels.auto.factor_edge_projection`), not by the layer that passes it.
 
 An `EdgeProjection(features, weight)` stands for the term W_h a_e of each edge e and head h, with a_e
-the edge's F features and W_h the (C, F) block of head h in weight (H * C, F): TransformerConv's
+the edge's F features and W_h the (C, F) block of head h in weight (H * C, F) (a bias b_h is one
+more feature, 1 on every edge, and one more column of W_h): TransformerConv's
 lin_edge(edge_attr) before it is computed. `edge_attention` takes one as edge_key and/or edge_value and
 either builds the (E, H, C) term (`EdgeProjection.materialize`) and attends with it, or, where one
 projection is both the key and the value term, attends without ever building it:
@@ -28,19 +29,30 @@ from .auto import factor_edge_projection
 
 
 class EdgeProjection(NamedTuple):
-    """A per-edge term given by its factors: term[e, h] = weight[h * C:(h + 1) * C] @ features[e],
-    i.e. `F.linear(features, weight).view(E, H, C)`, left to the kernels to compute or to factor.
+    """A per-edge term given by its factors: term[e, h] = weight[h * C:(h + 1) * C] @ features[e]
+    (+ bias[h * C:(h + 1) * C]), i.e. `F.linear(features, weight, bias).view(E, H, C)`, left to the
+    kernels to compute or to factor.
 
     features: (E, F) per-edge features in the graph's edge order (a PyG layer's edge_attr);
-    weight: (H * C, F), heads major (an `nn.Linear(F, H * C, bias=False)`'s weight); C is q's head dim
-    D for edge_key and v's Dv for edge_value. Both differentiable."""
+    weight: (H * C, F), heads major (an `nn.Linear(F, H * C)`'s weight); bias: (H * C,) or None (its
+    bias); C is q's head dim D for edge_key and v's Dv for edge_value. All differentiable."""
 
     features: Tensor
     weight: Tensor
+    bias: Optional[Tensor] = None
 
     def materialize(self, heads: int) -> Tensor:
         """The term itself, (E, heads, C)."""
-        return F.linear(self.features, self.weight).view(self.features.shape[0], heads, self.weight.shape[0] // heads)
+        term = F.linear(self.features, self.weight, self.bias)
+        return term.view(self.features.shape[0], heads, self.weight.shape[0] // heads)
+
+    def without_bias(self) -> "EdgeProjection":
+        """The same term with the bias as one more feature, 1 on every edge (weight (H * C, F + 1))."""
+        if self.bias is None:
+            return self
+        ones = self.features.new_ones(self.features.shape[0], 1)
+        features = torch.cat([self.features, ones], dim=1)
+        return EdgeProjection(features, torch.cat([self.weight, self.bias.unsqueeze(1)], dim=1))
 
 
 class QueryProjection(NamedTuple):
@@ -106,6 +118,9 @@ def check_projection(p: EdgeProjection, name: str, heads: int, width: int, width
             f"(H={heads} heads of {width_name}={width}, F={p.features.shape[1]} features per edge), got "
             f"{tuple(p.weight.shape)}"
         )
+    if p.bias is not None and (not isinstance(p.bias, Tensor) or tuple(p.bias.shape) != (heads * width,)):
+        got = str(tuple(p.bias.shape)) if isinstance(p.bias, Tensor) else type(p.bias).__name__
+        raise ValueError(f"{name}.bias must have shape (H * {width_name},) = ({heads * width},) or be None, got {got}")
 
 
 def shape_view(term: Any, heads: int) -> Any:
@@ -167,7 +182,9 @@ def plan_projections(
         and not eps
         and k.shape[1] == heads
         and d == dv
-        and factor_edge_projection(edge_key.features.shape[0], heads, d, edge_key.features.shape[1])
+        and factor_edge_projection(
+            edge_key.features.shape[0], heads, d, edge_key.features.shape[1] + (edge_key.bias is not None)
+        )
     )
     if not factored:
         q = query.materialize(d) if isinstance(query, QueryProjection) else query
@@ -177,9 +194,10 @@ def plan_projections(
         value = value.materialize(heads) if isinstance(value, EdgeProjection) else value
         return ProjectedCall(q, k, v, key, value, scale)
     assert isinstance(edge_key, EdgeProjection)
-    a, c = edge_key.features, d
+    projection = edge_key.without_bias()  # a bias is one more feature, 1 on every edge
+    a, c = projection.features, d
     f = a.shape[1]
-    w = edge_key.weight.view(heads, c, f)  # (H, C, F)
+    w = projection.weight.view(heads, c, f)  # (H, C, F)
     if isinstance(query, QueryProjection):
         # [q_h, W_h^T q_h] straight from the inputs: lin's rows composed with the W_h, one product
         wq = query.weight.view(heads, c, -1)  # (H, C, in)

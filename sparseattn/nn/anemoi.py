@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from ..functional import edge_attention
 from ..graphs import Graph
+from ..kernels.projected import EdgeProjection
 from ._common import NotScriptable, check_backend, check_dropout
 
 
@@ -30,7 +31,10 @@ class GraphTransformerConv(NotScriptable, nn.Module):
         backend: `edge_attention`'s backend.
 
     forward(query, key, value, edge_attr, edge_index, size=None):
-        query: (N_dst, H, C); key, value: (N_src, H, C); edge_attr: (E, H, C) or None;
+        query: (N_dst, H, C); key, value: (N_src, H, C); edge_attr: (E, H, C), anemoi's flat
+        (E, H * C), or None; or, in place of the block's `lin_edge(edge_features)`, that projection by
+        its factors, `sparseattn.EdgeProjection(edge_features, lin_edge.weight, lin_edge.bias)`, which
+        lets the kernels attend without building the (E, H, C) term on large graphs (the same result);
         edge_index: (2, E) (row 0 source, row 1 destination) or a `Graph`; size: (N_src, N_dst),
         checked against the inputs when given. Returns (N_dst, H, C).
     """
@@ -50,7 +54,7 @@ class GraphTransformerConv(NotScriptable, nn.Module):
         query: Tensor,
         key: Tensor,
         value: Tensor,
-        edge_attr: Optional[Tensor],
+        edge_attr: Union[Tensor, EdgeProjection, None],
         edge_index: Union[Tensor, Graph],
         size: Optional[Tuple[int, int]] = None,
     ) -> Tensor:
@@ -65,7 +69,8 @@ class GraphTransformerConv(NotScriptable, nn.Module):
                 f"size {tuple(size)} disagrees with key ({key.shape[0]} sources) and query "
                 f"({query.shape[0]} destinations)"
             )
-        if edge_attr is not None and edge_attr.dim() == 2 and edge_attr.shape[1] == query.shape[1] * query.shape[2]:
+        width = query.shape[1] * query.shape[2]
+        if isinstance(edge_attr, Tensor) and edge_attr.dim() == 2 and edge_attr.shape[1] == width:
             edge_attr = edge_attr.view(-1, query.shape[1], query.shape[2])  # anemoi's flat (E, H * C)
         result = edge_attention(
             query,

@@ -23,14 +23,16 @@ FEATURES = 5
 def built(p: EdgeProjection, heads: int) -> torch.Tensor:
     """The term a projection stands for, computed here: (E, H, C)."""
     c = p.weight.shape[0] // heads
-    return torch.einsum("ef,hcf->ehc", p.features, p.weight.view(heads, c, -1))
+    term = torch.einsum("ef,hcf->ehc", p.features, p.weight.view(heads, c, -1))
+    return term if p.bias is None else term + p.bias.view(heads, c)
 
 
-def projection(num_edges: int, heads: int, width: int, seed: int) -> EdgeProjection:
+def projection(num_edges: int, heads: int, width: int, seed: int, bias: bool = False) -> EdgeProjection:
     gen = torch.Generator().manual_seed(seed)
     features = torch.randn(num_edges, FEATURES, generator=gen, dtype=torch.float64).requires_grad_()
     weight = torch.randn(heads * width, FEATURES, generator=gen, dtype=torch.float64).requires_grad_()
-    return EdgeProjection(features, weight)
+    b = torch.randn(heads * width, generator=gen, dtype=torch.float64).requires_grad_() if bias else None
+    return EdgeProjection(features, weight, b)
 
 
 @pytest.fixture
@@ -64,13 +66,14 @@ def query_projection(n_dst: int, heads: int, width: int, seed: int) -> QueryProj
 @pytest.mark.parametrize("factor", [True, False], ids=["factored", "built"])
 @pytest.mark.parametrize("roles", ["both", "key", "value"])
 @pytest.mark.parametrize("lazy_query", [False, True], ids=["q", "QueryProjection"])
-def test_projection_equals_the_formula_with_its_term_built(backend, mode, factor, roles, lazy_query, forms):
+@pytest.mark.parametrize("edge_bias", [False, True], ids=["", "edge-bias"])
+def test_projection_equals_the_formula_with_its_term_built(backend, mode, factor, roles, lazy_query, edge_bias, forms):
     force, taken = forms
     force(factor)
     clamp, eps = MODES[mode]
     ei, t = _case(torch.float64, d=4, dv=4)
     heads, c = t["q"].shape[1], t["q"].shape[2]
-    p = projection(ei.shape[1], heads, c, seed=1)
+    p = projection(ei.shape[1], heads, c, seed=1, bias=edge_bias)
     key = p if roles in ("both", "key") else None
     value = p if roles in ("both", "value") else None
     qp = query_projection(t["q"].shape[0], heads, c, seed=8)
@@ -87,11 +90,13 @@ def test_projection_equals_the_formula_with_its_term_built(backend, mode, factor
     torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(weights, expected_weights, rtol=1e-10, atol=1e-12)
     queries = [*qp] if lazy_query else [t["q"]]
-    leaves = [*queries, t["k"], t["v"], t["bias"], p.features, p.weight]
+    edge_leaves = [p.features, p.weight] + ([p.bias] if edge_bias else [])
+    leaves = [*queries, t["k"], t["v"], t["bias"], *edge_leaves]
     grad = torch.randn_like(out)
     got = torch.autograd.grad((out * grad).sum() + weights.sum(), leaves)
     want = torch.autograd.grad((expected * grad).sum() + expected_weights.sum(), leaves)
     names = (["inputs", "q.weight", "q.bias"] if lazy_query else ["q"]) + ["k", "v", "bias", "features", "weight"]
+    names += ["edge bias"] if edge_bias else []
     for a, b, name in zip(got, want, names):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=name)
 
@@ -159,6 +164,8 @@ def test_errors_name_the_argument():
         edge_attention(q, k, v, ei, edge_key=EdgeProjection(p.features, p.weight[:6]))
     with pytest.raises(ValueError, match=r"edge_value.weight must have shape \(H \* Dv, F\)"):
         edge_attention(q, k, v[..., :3], ei, edge_value=p)
+    with pytest.raises(ValueError, match=r"edge_key.bias must have shape \(H \* D,\) = \(8,\)"):
+        edge_attention(q, k, v, ei, edge_key=EdgeProjection(p.features, p.weight, p.weight[:, 0][:5]))
     with pytest.raises(TypeError, match="edge_key.features must be a 2-D floating-point tensor"):
         edge_attention(q, k, v, ei, edge_key=EdgeProjection(p.features[:, 0], p.weight))
     with pytest.raises(ValueError, match="edge_key must have shape"):  # one row per edge

@@ -85,3 +85,26 @@ def test_errors_name_the_argument():
         GraphTransformerConv(C)(q, k, v, e, edge_index, size=(3, 7))
     with pytest.raises(RuntimeError, match="torch.compile"):
         torch.jit.script(GraphTransformerConv(C))
+
+
+@pytest.mark.parametrize("factored", [True, False])
+def test_edge_attr_by_its_factors_equals_the_projected_edge_attr(factored, monkeypatch):
+    """anemoi's blocks hand lin_edge(edge_features); given by its factors (EdgeProjection with
+    lin_edge's weight and bias) the layer computes the same, factored (forced here: the test graph
+    is "small") or built, values and the gradients of the features and of lin_edge."""
+    import sparseattn.kernels.projected as projected
+    from sparseattn import EdgeProjection
+
+    monkeypatch.setattr(projected, "factor_edge_projection", lambda *args: factored)
+    edge_index, q, k, v, _ = inputs(2, False)
+    gen = torch.Generator().manual_seed(3)
+    features = torch.randn(40, 5, generator=gen, dtype=torch.float64).requires_grad_()
+    lin_edge = torch.nn.Linear(5, H * C).double()
+    layer = GraphTransformerConv(C)
+    ours = layer(q, k, v, EdgeProjection(features, lin_edge.weight, lin_edge.bias), edge_index)
+    want = FormulaConv(C)(q, k, v, lin_edge(features).view(-1, H, C), edge_index)
+    assert_close(ours, want, torch.float64, "anemoi formula, edge_attr by its factors", "out")
+    leaves = [q, k, v, features, lin_edge.weight, lin_edge.bias]
+    grad = torch.randn_like(want)
+    for a, b in zip(torch.autograd.grad(ours, leaves, grad), torch.autograd.grad(want, leaves, grad)):
+        assert_close(a, b, torch.float64, "anemoi formula, edge_attr by its factors", "grad")
