@@ -36,7 +36,7 @@ from .kernels.permute import permute_rows
 from .kernels.projected import (
     EdgeProjection,
     QueryProjection,
-    check_projection,
+    check_projections,
     plan_projections,
     query_shape_view,
     shape_view,
@@ -294,13 +294,11 @@ def check_arguments(q: Tensor, k: Tensor, v: Tensor, graph: GraphLike, **kwargs)
     checked = {name: value for name, value in given.items() if name not in ("backend", "kernel_options")}
     checked["terms"] = {t.name: checked.pop(t.name) for t in EDGE_TERMS}
     q = query_shape_view(q, k)  # a QueryProjection as a stand-in of its shape, checked
-    projections = {name: t for name, t in checked["terms"].items() if isinstance(t, EdgeProjection)}
-    if projections:  # checked as such, then as stand-ins of their (E, H, C) terms' shape
+    terms = checked["terms"]
+    if any(isinstance(t, EdgeProjection) for t in terms.values()):  # checked, then as their terms' shape
         check_qkv(q, k, v)
-        for name, p in projections.items():
-            width, width_name = (v.shape[2], "Dv") if name == "edge_value" else (q.shape[2], "D")
-            check_projection(p, name, q.shape[1], width, width_name)
-            checked["terms"][name] = shape_view(p, q.shape[1])
+        check_projections(terms["edge_key"], terms["edge_value"], q.shape[1], q.shape[2], v.shape[2])
+        checked["terms"] = {name: shape_view(t, q.shape[1]) for name, t in terms.items()}
     g, _, _, _, terms, eps, _, edge_weight = _checked_arguments(q, k, v, graph, **checked)
     as_kernel_options(given["kernel_options"])
     backend = given["backend"]

@@ -18,7 +18,7 @@ the last F output channels back through W_h: C + F values per edge instead of H 
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -75,52 +75,67 @@ class QueryProjection(NamedTuple):
         return F.linear(self.inputs, self.weight, self.bias).view(self.inputs.shape[0], heads, head_dim)
 
 
-def check_query_projection(p: QueryProjection, head_dim: int) -> None:
-    """inputs (N_dst, in), weight (H * head_dim, in) and bias (H * head_dim,) or None, floating
-    point; ValueError or TypeError naming q.inputs, q.weight or q.bias."""
-    for part, t in (("inputs", p.inputs), ("weight", p.weight)):
+def _check_matrices(name: str, parts: Any) -> None:
+    """Each (part, tensor) of parts a 2-D floating-point tensor; TypeError naming `name.part`."""
+    for part, t in parts:
         if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() != 2:
             got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
-            raise TypeError(f"q.{part} must be a 2-D floating-point tensor, got {got}")
-    rows, width = p.weight.shape
-    if width != p.inputs.shape[1] or rows == 0 or rows % head_dim:
+            raise TypeError(f"{name}.{part} must be a 2-D floating-point tensor, got {got}")
+
+
+def _check_bias(name: str, bias: Optional[Tensor], rows: int, rows_name: str) -> None:
+    """bias None or of shape (rows,); ValueError naming `name.bias` and the shape (rows_name,)."""
+    if bias is not None and (not isinstance(bias, Tensor) or tuple(bias.shape) != (rows,)):
+        got = str(tuple(bias.shape)) if isinstance(bias, Tensor) else type(bias).__name__
+        raise ValueError(f"{name}.bias must have shape ({rows_name},) = ({rows},) or be None, got {got}")
+
+
+def query_heads(q: QueryProjection, k: Any) -> Tuple[int, int]:
+    """(H, D) of a QueryProjection q: D is k's head dim, H = q.weight.shape[0] // D; q checked (inputs
+    (N_dst, in), weight (H * D, in), bias (H * D,) or None, floating point), errors naming q.inputs,
+    q.weight, q.bias, or k when it gives no D."""
+    if not isinstance(k, Tensor) or k.dim() != 3:
+        raise TypeError("k must be a (N_src, H_kv, D) tensor: a QueryProjection q takes its head dim D from k")
+    d = k.shape[2]
+    _check_matrices("q", (("inputs", q.inputs), ("weight", q.weight)))
+    rows, width = q.weight.shape
+    if width != q.inputs.shape[1] or rows == 0 or rows % d:
         raise ValueError(
-            f"q.weight must have shape (H * D, in) with D={head_dim} (k's head dim) and in={p.inputs.shape[1]} "
-            f"(q.inputs' width), got {tuple(p.weight.shape)}"
+            f"q.weight must have shape (H * D, in) with D={d} (k's head dim) and in={q.inputs.shape[1]} "
+            f"(q.inputs' width), got {tuple(q.weight.shape)}"
         )
-    if p.bias is not None and (not isinstance(p.bias, Tensor) or tuple(p.bias.shape) != (rows,)):
-        got = str(tuple(p.bias.shape)) if isinstance(p.bias, Tensor) else type(p.bias).__name__
-        raise ValueError(f"q.bias must have shape (H * D,) = ({rows},) or be None, got {got}")
+    _check_bias("q", q.bias, rows, "H * D")
+    return rows // d, d
 
 
 def query_shape_view(q: Any, k: Any) -> Any:
     """A QueryProjection as a zero-copy (N_dst, H, D) stand-in of q (its dtype and device), checked
-    first against k's head dim D, for checks that read only those; anything else as it is."""
+    first (`query_heads`), for checks that read only those; anything else as it is."""
     if not isinstance(q, QueryProjection):
         return q
-    if not isinstance(k, Tensor) or k.dim() != 3:
-        raise TypeError("k must be a (N_src, H_kv, D) tensor: a QueryProjection q takes its head dim D from k")
-    d = k.shape[2]
-    check_query_projection(q, d)
-    return q.inputs[:, :1].unsqueeze(2).expand(q.inputs.shape[0], q.weight.shape[0] // d, d)
+    heads, d = query_heads(q, k)
+    return q.inputs[:, :1].unsqueeze(2).expand(q.inputs.shape[0], heads, d)
 
 
 def check_projection(p: EdgeProjection, name: str, heads: int, width: int, width_name: str) -> None:
-    """features (E, F) and weight (heads * width, F), floating point; ValueError or TypeError naming
-    `name` (edge_key or edge_value)."""
-    for part, t in (("features", p.features), ("weight", p.weight)):
-        if not isinstance(t, Tensor) or not t.is_floating_point() or t.dim() != 2:
-            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
-            raise TypeError(f"{name}.{part} must be a 2-D floating-point tensor, got {got}")
+    """features (E, F), weight (heads * width, F) and bias (heads * width,) or None, floating point;
+    ValueError or TypeError naming `name` (edge_key or edge_value)."""
+    _check_matrices(name, (("features", p.features), ("weight", p.weight)))
     if p.weight.shape != (heads * width, p.features.shape[1]):
         raise ValueError(
             f"{name}.weight must have shape (H * {width_name}, F) = {(heads * width, p.features.shape[1])} "
             f"(H={heads} heads of {width_name}={width}, F={p.features.shape[1]} features per edge), got "
             f"{tuple(p.weight.shape)}"
         )
-    if p.bias is not None and (not isinstance(p.bias, Tensor) or tuple(p.bias.shape) != (heads * width,)):
-        got = str(tuple(p.bias.shape)) if isinstance(p.bias, Tensor) else type(p.bias).__name__
-        raise ValueError(f"{name}.bias must have shape (H * {width_name},) = ({heads * width},) or be None, got {got}")
+    _check_bias(name, p.bias, heads * width, f"H * {width_name}")
+
+
+def check_projections(edge_key: Any, edge_value: Any, heads: int, d: int, dv: Optional[int]) -> None:
+    """`check_projection` of edge_key (width d, q's) and edge_value (width dv, v's; None: not known,
+    left to the call) where they are EdgeProjections."""
+    for name, term, width, width_name in (("edge_key", edge_key, d, "D"), ("edge_value", edge_value, dv, "Dv")):
+        if isinstance(term, EdgeProjection) and width is not None:
+            check_projection(term, name, heads, width, width_name)
 
 
 def shape_view(term: Any, heads: int) -> Any:
@@ -163,18 +178,12 @@ def plan_projections(
     built. The projections are checked first (errors name q, edge_key or edge_value)."""
     query = q  # a tensor, or the QueryProjection the augmented queries may come from
     if isinstance(query, QueryProjection):  # checked here; k and v by the call this plans
-        if not isinstance(k, Tensor) or k.dim() != 3:
-            raise TypeError("k must be a (N_src, H_kv, D) tensor: a QueryProjection q takes its head dim D from k")
-        d = k.shape[2]
-        check_query_projection(query, d)
-        heads = query.weight.shape[0] // d
+        heads, d = query_heads(query, k)
     else:
         check_qkv(query, k, v)
         heads, d = query.shape[1], query.shape[2]
     dv = v.shape[2] if isinstance(v, Tensor) and v.dim() == 3 else None
-    for name, term, width, width_name in (("edge_key", edge_key, d, "D"), ("edge_value", edge_value, dv, "Dv")):
-        if isinstance(term, EdgeProjection) and width is not None:
-            check_projection(term, name, heads, width, width_name)
+    check_projections(edge_key, edge_value, heads, d, dv)
     factored = (
         isinstance(edge_key, EdgeProjection)
         and edge_key is edge_value
@@ -237,7 +246,8 @@ __all__ = [
     "plan_projections",
     "finish",
     "check_projection",
-    "check_query_projection",
+    "check_projections",
+    "query_heads",
     "query_shape_view",
     "shape_view",
 ]
