@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from ..graphs import Graph
 from ..kernels.scores import gatv2_edge_scores
-from ._common import NotScriptable, check_backend, check_dropout
+from ._common import NotScriptable, check_backend, check_dropout, fused_linear
 from ._gat_common import (
     FillValue,
     PairTensor,
@@ -129,9 +129,7 @@ class GATv2Conv(NotScriptable, nn.Module):
         output alone (PyG tests the value). (x_src, None) is refused (PyG asserts)."""
         x_src, x_dst = split_x(x)
         h, c = self.heads, self.out_channels
-        res = self.res(x_dst) if self.res is not None else None
-        x_l = self.lin_l(x_src).view(-1, h, c)  # (N_src, H, C)
-        x_r = x_l if self.share_weights and isinstance(x, Tensor) else self.lin_r(x_dst).view(-1, h, c)  # (N_dst, H, C)
+        x_l, x_r, res = self._project(x_src, x_dst, shared=self.share_weights and isinstance(x, Tensor))
         num_src, num_dst = x_l.shape[0], x_r.shape[0]
         graph, index, edge_attr, dropped = attention_edges(
             edge_index, edge_attr, self.edge_dim, self.add_self_loops, self.fill_value, num_src, num_dst
@@ -147,6 +145,23 @@ class GATv2Conv(NotScriptable, nn.Module):
         want_alpha = bool(return_attention_weights)
         result = attend(self, scores, x_l, graph, num_dst, want_alpha, dropped)
         return finish(self, result, res, index, want_alpha, edge_index, num_src, num_dst, dropped)
+
+    def _project(self, x_src: Tensor, x_dst: Tensor, shared: bool) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        """x_l (N_src, H, C), x_r (N_dst, H, C) (x_l itself where shared) and res(x_dst) (None without
+        residual), the maps of one input in one GEMM where the kernels say it pays (`fused_linear`);
+        lazy widths inferred first."""
+        lins = [lin for lin in (self.lin_l, None if shared else self.lin_r, self.res) if lin is not None]
+        if any(isinstance(lin, nn.LazyLinear) for lin in lins):
+            self.lin_l(x_src[:0]), self.lin_r(x_dst[:0]), self.res(x_dst[:0]) if self.res is not None else None
+        h, c = self.heads, self.out_channels
+        if x_src is x_dst:
+            x_l, *rest = fused_linear(x_src, lins)
+            x_r = x_l if shared else rest.pop(0)
+            res = rest[0] if rest else None
+        else:
+            x_l, x_r = self.lin_l(x_src), self.lin_r(x_dst)
+            res = self.res(x_dst) if self.res is not None else None
+        return x_l.view(-1, h, c), x_r.view(-1, h, c), res
 
     def __repr__(self) -> str:
         return f"{self.__class__.__name__}({self.in_channels}, {self.out_channels}, heads={self.heads})"

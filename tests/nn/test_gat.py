@@ -367,3 +367,39 @@ def test_compiled_layer_with_self_loops_equals_eager_over_new_sizes(name, fill_v
     torch._dynamo.reset()
     explained = torch._dynamo.explain(ours)(x, bigger.clone(), edge_attr)
     assert explained.graph_count == 1, explained.break_reasons
+
+
+@pytest.mark.parametrize("share_weights", [False, True])
+def test_traced_gatv2_projects_its_input_in_one_product(share_weights):
+    """Traced, GATv2Conv's maps of one input (lin_l, lin_r unless shared, res) are one product over
+    their stacked weights (`kernels.auto.fuse_projections`): the traced graph holds one linear of x,
+    and its outputs and the gradients of x, edge_attr and every parameter equal eager's (a product
+    each); state dict unchanged."""
+    torch.manual_seed(6)
+    ours = GATv2Conv(N_SRC - 1, C, heads=2, edge_dim=EDGE_DIM, residual=True, share_weights=share_weights).double()
+    keys = list(ours.state_dict())
+    traced = []
+
+    def record(gm, example_inputs):
+        traced.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(ours, dynamic=True, backend=record)
+    x, edge_attr, leaves = make_inputs(False, EDGE_DIM)
+    named = {**leaves, **dict(ours.named_parameters())}
+    results = []
+    for fn in (ours, compiled):
+        out = fn(x, EDGE_INDEX.clone(), edge_attr)
+        results.append((out, grads_of((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), named)))
+    (out_e, grads_e), (out_c, grads_c) = results
+    assert_close(out_c, out_e, torch.float64, "traced vs eager", "GATv2 output")
+    assert sorted(grads_c) == sorted(grads_e)
+    for name in grads_e:
+        assert_close(grads_c[name], grads_e[name], torch.float64, f"traced d/d{name}", "GATv2 gradients")
+    linears = [
+        n for gm in traced for n in gm.graph.nodes
+        if n.op == "call_function" and n.target in (torch._C._nn.linear, torch.nn.functional.linear)
+    ]  # fmt: skip
+    of_x = [n for n in linears if n.args[0].op == "placeholder" and n.args[0].name.startswith("l_x")]
+    assert len(of_x) == 1, [str(n.args[0]) for n in linears]
+    assert list(ours.state_dict()) == keys
