@@ -4,7 +4,7 @@ attention), and the subgraph of edges into the destinations a call gives rows fo
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -13,6 +13,7 @@ from ._checks import check_graph_tensor, check_node_ids
 from .functional import GraphLike, as_graph, edge_attention
 from .graphs import Graph
 from .graphs.kinds import graph_kind
+from .kernels.projected import EdgeProjection
 from .kv import KVStore
 
 Attend = Callable[..., Union[Tensor, Tuple[Tensor, Tensor]]]  # edge_attention, or a graph kind's
@@ -45,10 +46,21 @@ def attention_over(graph: object, cache: Optional[KVStore], dst_rows: Optional[T
     return kind.attend, graph, kind.graph(graph)
 
 
-def kept_edges(t: Optional[Tensor], kept: Tensor) -> Optional[Tensor]:
-    """A per-edge input with a row per edge of the graph: the rows of the `kept` (E,) edges; one
-    with a row per kept edge already (or a broadcast one) as it is."""
-    return t[kept] if isinstance(t, Tensor) and t.dim() and t.shape[0] == kept.shape[0] else t
+def kept_edges(per_edge: Sequence[Union[Tensor, EdgeProjection, None]], kept: Tensor) -> List[Any]:
+    """Per-edge inputs with a row per edge of the graph as the rows of the `kept` (E,) edges (an
+    `EdgeProjection`'s feature rows); one with a row per kept edge already (or a broadcast one) as
+    it is. An input given in two roles (one projection as edge_key and edge_value) stays one object,
+    as the kernels read it once."""
+    done: Dict[int, Any] = {}
+    for t in per_edge:
+        if id(t) not in done:
+            if isinstance(t, EdgeProjection):
+                done[id(t)] = t._replace(features=kept_edges([t.features], kept)[0])
+            elif isinstance(t, Tensor) and t.dim() and t.shape[0] == kept.shape[0]:
+                done[id(t)] = t[kept]
+            else:
+                done[id(t)] = t
+    return [done[id(t)] for t in per_edge]
 
 
 def select_destinations(graph: GraphLike, q: Tensor, num_src: int, dst_rows: Tensor) -> Tuple[Graph, Tensor, Tensor]:

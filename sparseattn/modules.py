@@ -223,7 +223,10 @@ class EdgeAttention(nn.Module):
             edge_key, edge_value, edge_scale: per-edge terms already projected by the caller (no
                 projection of the module's applies to them), added to the keys, added to the
                 values, multiplied per channel into q·k (see `edge_attention`): (E, H, D), or
-                (E, embed_dim) viewed as (E, H, D).
+                (E, embed_dim) viewed as (E, H, D). edge_key and edge_value may also be given by
+                their factors, an `EdgeProjection(features (E, F), weight (embed_dim, F))` (an
+                nn.Linear's weight and bias, heads major), which the kernels build or, where one
+                projection is both terms on a large graph, factor (no (E, H, D) tensor).
             edge_weight: (E, H) or (E,) multipliers of the normalized weights after the softmax
                 (`edge_attention`'s; the reference backend computes it).
             return_weights: also return the normalized (E, H) weights (before edge_weight).
@@ -243,7 +246,7 @@ class EdgeAttention(nn.Module):
             kv = cache.update(kv, dst_rows)
         if dst_rows is not None:
             graph, q, kept = select_destinations(graph, q, kv.k.shape[0], dst_rows)
-            target, per_edge = graph, [kept_edges(t, kept) for t in per_edge]
+            target, per_edge = graph, kept_edges(per_edge, kept)
         result = attend(
             q,
             kv.k,

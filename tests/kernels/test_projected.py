@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import sparseattn.kernels.projected as projected
-from sparseattn import edge_attention
+from sparseattn import EdgeAttention, edge_attention, graphs
 from sparseattn.functional import check_arguments
 from sparseattn.kernels.projected import EdgeProjection, QueryProjection
 
@@ -225,3 +225,33 @@ def test_a_graph_without_edges_gives_zeros(factor, forms):
     p = EdgeProjection(torch.randn(0, FEATURES, dtype=torch.float64), torch.randn(8, FEATURES, dtype=torch.float64))
     out = edge_attention(q, q, q, torch.zeros(2, 0, dtype=torch.long), edge_key=p, edge_value=p)
     assert out.shape == (3, 2, 4) and not out.any()
+
+
+@pytest.mark.parametrize("factor", [True, False], ids=["factored", "built"])
+@pytest.mark.parametrize("edge_bias", [False, True], ids=["", "edge-bias"])
+def test_edge_attention_module_takes_a_projection(factor, edge_bias, forms):
+    """EdgeAttention given an EdgeProjection as edge_key and edge_value equals the module given the
+    term built here ((E, embed_dim)), in either form, on the whole graph and with dst_rows (the
+    projection's feature rows of the kept edges taken), values and the gradients of x, the module's
+    parameters and the projection's factors."""
+    force, taken = forms
+    force(factor)
+    torch.manual_seed(3)
+    module = EdgeAttention(8, 2, clamp=None).double()
+    g = graphs.random(9, 9, 40, seed=2)
+    x = torch.randn(9, 8, dtype=torch.float64, requires_grad=True)
+    p = projection(g.num_edges, 2, 4, seed=4, bias=edge_bias)
+    leaves = [x, *module.parameters(), p.features, p.weight] + ([p.bias] if edge_bias else [])
+    rows = torch.tensor([0, 3, 4, 8])
+    for dst_rows in (None, rows):
+        x_dst = x if dst_rows is None else x[dst_rows]
+        got = module(x_dst, g, x, dst_rows=dst_rows, edge_key=p, edge_value=p)
+        term = built(p, 2).reshape(g.num_edges, 8)
+        assert taken == ([] if factor else ["built"])
+        taken.clear()
+        want = module(x_dst, g, x, dst_rows=dst_rows, edge_key=term, edge_value=term)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+        grad = torch.randn_like(got)
+        grads = [torch.autograd.grad((out * grad).sum(), leaves, retain_graph=True) for out in (got, want)]
+        for a, b in zip(*grads):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
