@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from ._common import NotScriptable
 from .global_attention import GlobalAttention
+from .performer import PerformerAttention
 
 PYG_EXTRA = "pip install 'sparseattn[examples]' (or torch_geometric)"
 
@@ -57,7 +58,7 @@ class GPSConv(NotScriptable, nn.Module):
     (conv, attn, mlp, norm1, norm2, norm3), init order and state-dict keys, so
     `load_state_dict(pyg_gps.state_dict())` works both ways; `attn` is a `GlobalAttention`
     (nn.MultiheadAttention's keys), which attends within each graph of `batch` without
-    `to_dense_batch`'s padding.
+    `to_dense_batch`'s padding, or with attn_type="performer" a `PerformerAttention` (PyG's keys).
 
     out = norm3(h + mlp(h)), h = norm1(x + conv(x, edge_index)) + norm2(x + attn(x, batch)), with
     dropout on conv's and attn's outputs and inside the MLP; a norm that takes `batch` (PyG's
@@ -73,8 +74,11 @@ class GPSConv(NotScriptable, nn.Module):
             (among torch.nn's activations without torch_geometric), or a module.
         norm, norm_kwargs: the three norms: a name resolved by PyG's `normalization_resolver`
             ("batch_norm", "layer_norm", "graph_norm", ...; needs torch_geometric), a module, or None.
-        attn_type: "multihead" only; PyG's "performer" is refused with a ValueError.
-        attn_kwargs: more arguments of `GlobalAttention` (dropout, bias, clamp, backend).
+        attn_type: "multihead" (`GlobalAttention`) or "performer" (`nn.performer.PerformerAttention`,
+            PyG's linear attention over the batch padded as `to_dense_batch` pads it, whose result
+            depends on that padding).
+        attn_kwargs: more arguments of the attention: `GlobalAttention`'s (dropout, bias, clamp,
+            backend) or `PerformerAttention`'s (head_channels, kernel, qkv_bias, attn_out_bias, dropout).
 
     Shapes:
         x: (N, C); edge_index: whatever conv takes; batch: (N,) sorted graph ids, or None for one
@@ -96,17 +100,21 @@ class GPSConv(NotScriptable, nn.Module):
     ) -> None:
         """Build the layer; the arguments are described in the class docstring."""
         super().__init__()
-        if attn_type != "multihead":
+        if attn_type not in ("multihead", "performer"):
             raise ValueError(
-                f"attn_type must be 'multihead' (GlobalAttention, as nn.MultiheadAttention), got {attn_type!r}: "
-                "PyG's 'performer' attention is not supported"
+                f"attn_type must be 'multihead' (GlobalAttention, as nn.MultiheadAttention) or 'performer' "
+                f"(PerformerAttention, as PyG's), got {attn_type!r}"
             )
         self.channels = channels
         self.conv = conv
         self.heads = heads
         self.dropout = dropout
         self.attn_type = attn_type
-        self.attn = GlobalAttention(channels, heads, batch_first=True, **(attn_kwargs or {}))
+        self.attn: nn.Module
+        if attn_type == "multihead":
+            self.attn = GlobalAttention(channels, heads, batch_first=True, **(attn_kwargs or {}))
+        else:
+            self.attn = PerformerAttention(channels, heads, **(attn_kwargs or {}))
         self.mlp = nn.Sequential(
             nn.Linear(channels, channels * 2),
             resolve_activation(act, **(act_kwargs or {})),

@@ -120,8 +120,84 @@ def test_state_dict_loads_both_ways_and_init_matches_pyg():
 
 
 def test_bad_attn_type_is_refused_naming_the_argument():
-    with pytest.raises(ValueError, match="attn_type must be 'multihead'.*'performer'"):
-        GPSConv(C, None, heads=HEADS, norm=None, attn_type="performer")
+    with pytest.raises(ValueError, match="attn_type must be 'multihead'.*or 'performer'.*got 'bigbird'"):
+        GPSConv(C, None, heads=HEADS, norm=None, attn_type="bigbird")
+
+
+PERFORMER_OPTIONS = [{}, {"head_channels": None, "qkv_bias": True, "attn_out_bias": False}, {"kernel": nn.GELU()}]
+
+
+@needs_module("torch_geometric")
+@pytest.mark.parametrize("options", PERFORMER_OPTIONS, ids=["default", "biases", "gelu"])
+@pytest.mark.parametrize("sizes", [None, SIZES], ids=["one-graph", "batch"])
+@pytest.mark.parametrize("norm", ["batch_norm", "layer_norm", None])
+def test_performer_matches_pyg_gps_conv(norm, sizes, options):
+    """attn_type="performer": outputs and gradients (x, every parameter) equal PyG's, whose normalizer
+    also counts the padded key slots of to_dense_batch (graphs of 5, 9, 1 and 7 nodes: L = 9)."""
+    pyg, ours = make_pair("gin", norm, attn_type="performer", attn_kwargs=options)
+    assert torch.equal(ours.attn.fast_attn.projection_matrix, pyg.attn.fast_attn.projection_matrix)
+    pyg.eval(), ours.eval()
+    assert_same_run(pyg, ours, sizes, "performer GPSConv vs PyG (eval)")
+    pyg.train(), ours.train()
+    assert_same_run(pyg, ours, sizes, "performer GPSConv vs PyG (train)")
+
+
+@needs_module("torch_geometric")
+def test_performer_padding_and_pygs_padded_call():
+    """The padded slots count as PyG counts them: a graph's output changes with the batch's largest
+    graph (as PyG's); PyG's own call (x (B, L, C), mask) equals PyG's PerformerAttention; an empty
+    graph id in the middle, an empty batch and wrong inputs."""
+    from torch_geometric.nn.attention import PerformerAttention as PyGPerformer
+    from torch_geometric.utils import to_dense_batch
+
+    from sparseattn.nn.performer import PerformerAttention
+
+    torch.manual_seed(1)
+    theirs = PyGPerformer(C, HEADS, head_channels=5).double()
+    ours = PerformerAttention(C, HEADS, head_channels=5).double()
+    assert list(ours.state_dict()) == list(theirs.state_dict()) and repr(ours) == repr(theirs)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(13, C, dtype=torch.float64)
+    batch = torch.tensor([0] * 4 + [2] * 9)  # graph 1 has no node: a row of padding
+    dense, mask = to_dense_batch(x, batch)
+    assert_close(ours(dense, mask=mask), theirs(dense, mask=mask), torch.float64, "padded call", "performer")
+    assert_close(ours(dense), theirs(dense), torch.float64, "padded call, no mask", "performer")
+    expected = theirs(dense, mask=mask)[mask]
+    assert_close(ours(x, batch), expected, torch.float64, "(N, C) call", "performer")
+    alone = ours(x[:4])  # the first graph without the 9-node one: no padding in its normalizer
+    assert not torch.allclose(alone, expected[:4])
+    assert_close(alone, theirs(x[:4].unsqueeze(0)).squeeze(0), torch.float64, "one graph", "performer")
+    assert ours(x[:0], batch[:0]).shape == (0, C)
+    with pytest.raises(ValueError, match="sorted"):
+        ours(x, batch.flip(0))
+    with pytest.raises(ValueError, match=r"mask must be a bool tensor \(3, 9\)"):
+        ours(dense, mask=mask.double())
+    with pytest.raises(ValueError, match="takes mask=, not batch"):
+        ours(dense, batch)
+    old = ours.fast_attn.projection_matrix.clone()
+    ours.redraw_projection_matrix()
+    new = ours.fast_attn.projection_matrix
+    assert new.dtype == torch.float64 and not torch.equal(new, old)
+    block = new[: ours.fast_attn.num_cols]  # orthonormal rows within a block (drawn in float32)
+    torch.testing.assert_close(block @ block.t(), torch.eye(5, dtype=torch.float64), rtol=0, atol=1e-6)
+
+
+@needs_module("torch_geometric")
+def test_performer_init_and_state_dict_equal_pygs():
+    from torch_geometric.nn import GPSConv as PyGGPSConv
+
+    torch.manual_seed(4)
+    pyg = PyGGPSConv(C, None, heads=HEADS, norm=None, attn_type="performer")
+    torch.manual_seed(4)
+    ours = GPSConv(C, None, heads=HEADS, norm=None, attn_type="performer")
+    assert list(ours.state_dict()) == list(pyg.state_dict())
+    for key, value in pyg.state_dict().items():
+        assert torch.equal(ours.state_dict()[key], value), key  # same draws in the same order
+    assert repr(ours) == repr(pyg)
+    PyGGPSConv(C, None, heads=HEADS, norm=None, attn_type="performer").load_state_dict(ours.state_dict())
+    before = ours.attn.fast_attn.projection_matrix.clone()
+    ours.reset_parameters()
+    assert not torch.equal(ours.attn.fast_attn.projection_matrix, before)
 
 
 def test_without_torch_geometric_names_resolve_in_torch_or_ask_for_the_extra(monkeypatch):
