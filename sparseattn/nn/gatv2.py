@@ -128,6 +128,7 @@ class GATv2Conv(NotScriptable, nn.Module):
         (N_dst, N_src, H) tensor in adj_t's layout and alpha its values. None or False return the
         output alone (PyG tests the value). (x_src, None) is refused (PyG asserts)."""
         x_src, x_dst = split_x(x)
+        assert x_dst is not None  # split_x refuses (x_src, None) here
         h, c = self.heads, self.out_channels
         x_l, x_r, res = self._project(x_src, x_dst, shared=self.share_weights and isinstance(x, Tensor))
         num_src, num_dst = x_l.shape[0], x_r.shape[0]

@@ -44,6 +44,9 @@ class RandomFeatures(nn.Module):
     `projection_matrix` (m, D) a buffer of m = int(D ln D) `orthogonal_rows` (PyG's
     `PerformerProjection`'s state)."""
 
+    projection_matrix: Tensor
+    kernel: Callable[[Tensor], Tensor]
+
     def __init__(self, num_cols: int, kernel: Callable[[Tensor], Tensor]) -> None:
         """num_cols: D, the head width; kernel: the elementwise map (a ReLU in GraphGPS)."""
         super().__init__()
@@ -83,6 +86,8 @@ class PerformerAttention(NotScriptable, nn.Module):
         `attn(x, mask=mask)`, PyG's call: x (B, L, C) padded, mask (B, L) bool, True at real rows
         (None: all real) -> (B, L, C).
     """
+
+    kernel: Callable[[Tensor], Tensor]
 
     def __init__(
         self,
