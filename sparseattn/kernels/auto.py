@@ -103,17 +103,22 @@ def factor_edge_projection(num_edges: int, heads: int, channels: int, edge_dim: 
     return channels + edge_dim < heads * channels and not small_pays(num_edges * heads * channels, False, edge_kv=True)
 
 
-def fuse_projections() -> bool:
-    """Whether several Linear maps of one input (TransformerConv's key, value and skip; GATv2Conv's
-    lin_l and lin_r) run as one product over their stacked weights (`nn._common.fused_linear`): inside
-    a trace, where the compiler schedules one GEMM (GATv2Conv compiled fwd+bwd on batches of 32
-    molecules 1.03-1.06x faster, 1 thread); eagerly one product each. Measured eagerly on a CPU (1
-    thread, fwd+bwd, interleaved): stacking 2-4 maps of 64 -> 64 at 267-1,040 rows with the input's
-    gradient and gathered outputs was 0.92-1.00x the separate products' speed (the stacked backward
-    joins the gradients first; the outputs are strided views); TransformerConv on FreeSolv batches
-    0.97-0.99x; 15-45% slower above 512 rows without the input's gradient. A GPU eager step (launches,
-    not arithmetic) was not measured."""
-    return tracing()
+# Off the CPU, eager layers stack their maps up to this many rows: the bound the CPU measurement once
+# set (4 maps, 6% faster at 267 rows, 2% at 512, slower above), kept where nothing was measured since.
+FUSED_PROJECTION_MAX_ROWS = 512
+
+
+def fuse_projections(rows: int, device: torch.device) -> bool:
+    """Whether several Linear maps of one (rows, in) input (TransformerConv's key, value and skip;
+    GATv2Conv's lin_l, lin_r and res) run as one product over their stacked weights
+    (`nn._common.fused_linear`): inside a trace, where the compiler schedules one GEMM (GATv2Conv
+    compiled fwd+bwd on batches of 32 molecules 1.03-1.06x faster, 1 thread); eagerly on a CPU never.
+    Measured there (1 thread, fwd+bwd, interleaved): stacking 2-4 maps of 64 -> 64 at 267-1,040 rows
+    with the input's gradient and gathered outputs ran 0.92-1.00x the separate products' speed (the
+    stacked backward joins the gradients first; the outputs are strided views), TransformerConv on
+    FreeSolv batches 0.97-0.99x, and 15-45% slower above 512 rows without the input's gradient. Off the
+    CPU (launches rather than arithmetic, not measured) eagerly up to FUSED_PROJECTION_MAX_ROWS rows."""
+    return tracing() or (device.type != "cpu" and rows <= FUSED_PROJECTION_MAX_ROWS)
 
 
 def choose_padding(cost: int, edges: int) -> bool:
@@ -173,5 +178,6 @@ __all__ = [
     "choose_padding",
     "factor_edge_projection",
     "fuse_projections",
+    "FUSED_PROJECTION_MAX_ROWS",
     "ORDER_MIN_NODES",
 ]

@@ -97,10 +97,10 @@ def graph_of_adj_t(edge_index: object) -> object:
 
 def fused_linear(x: Tensor, lins: Sequence[nn.Linear]) -> List[Tensor]:
     """[lin(x) for lin in lins], as one matrix product over their stacked weights where the kernels say
-    it pays (`kernels.auto.fuse_projections`: inside a trace), else one by one: the same values (to
-    rounding). The layers' parameters and state dicts stay those of the separate Linear layers.
-    x (N, in) -> [(N, lin.out_features)]."""
-    if len(lins) == 1 or not fuse_projections():
+    it pays (`kernels.auto.fuse_projections`: inside a trace, and eagerly on small inputs off the CPU),
+    else one by one: the same values (to rounding). The layers' parameters and state dicts stay those
+    of the separate Linear layers. x (N, in) -> [(N, lin.out_features)]."""
+    if len(lins) == 1 or not fuse_projections(x.shape[0], x.device):
         return [lin(x) for lin in lins]
     weight = torch.cat([lin.weight for lin in lins])
     bias = None

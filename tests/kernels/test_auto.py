@@ -201,3 +201,16 @@ def _inputs(q, g, **terms):
     from sparseattn.kernels import AttentionInputs
 
     return AttentionInputs(q, q, q, g, 0.5, (-5.0, 5.0), None, None, False)._replace(**terms)
+
+
+def test_stacked_projections_run_inside_a_trace_and_off_the_cpu_on_small_inputs():
+    """`fuse_projections`: eagerly on a CPU never (measured slower), inside a trace always, on another
+    device eagerly up to FUSED_PROJECTION_MAX_ROWS rows."""
+    from sparseattn.kernels.auto import FUSED_PROJECTION_MAX_ROWS, fuse_projections
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not fuse_projections(8, cpu) and not fuse_projections(100_000, cpu)
+    bound = FUSED_PROJECTION_MAX_ROWS
+    assert fuse_projections(bound, cuda) and not fuse_projections(bound + 1, cuda)
+    traced = torch.compile(lambda x: x + int(fuse_projections(100_000, cpu)), backend="eager", fullgraph=True)
+    assert traced(torch.zeros(1)).item() == 1
