@@ -81,6 +81,10 @@ class PerformerAttention(NotScriptable, nn.Module):
         attn_out_bias: a bias in the output projection.
         dropout: dropout on the output (not on weights: there are none).
 
+    The (N, C) call reads the batch's graph sizes back to the host (the padded layout's shape), as
+    PyG's `to_dense_batch` does: a step with it cannot be captured in a CUDA graph, unlike
+    attn_type="multihead".
+
     Shapes:
         `attn(x, batch)`: x (N, C), batch (N,) sorted graph ids (None: one graph) -> (N, C).
         `attn(x, mask=mask)`, PyG's call: x (B, L, C) padded, mask (B, L) bool, True at real rows
