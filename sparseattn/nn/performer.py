@@ -22,6 +22,7 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from .._tracing import tracing
 from ._common import NotScriptable
 
 # Added to every random feature, as PyG's generalized kernel does, so that no normalizer is zero.
@@ -135,7 +136,10 @@ class PerformerAttention(NotScriptable, nn.Module):
                 f"x must be (N, C) with batch (N,), or (B, L, C) with mask (B, L), got {tuple(x.shape)}"
                 + (" with mask" if mask is not None else "")
             )
-        slot, num_graphs, length = _slots(batch, x.shape[0]) if batch is not None else (None, 1, x.shape[0])
+        # traced, the slots come from host reads: one call run eagerly (a clean break) instead of a trace
+        # broken at each read
+        slots = torch.compiler.disable(_slots) if tracing() else _slots
+        slot, num_graphs, length = slots(batch, x.shape[0]) if batch is not None else (None, 1, x.shape[0])
         if slot is None or x.shape[0] == 0:  # one graph, or none: no padding
             return self._padded(x.unsqueeze(0), None).squeeze(0)
         dense = x.new_zeros(num_graphs * length, x.shape[1]).index_copy_(0, slot, x)
