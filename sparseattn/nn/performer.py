@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from .._tracing import tracing
+from ..graphs.structure import sorted_id_counts
 from ._common import NotScriptable
 
 # Added to every random feature, as PyG's generalized kernel does, so that no normalizer is zero.
@@ -191,13 +192,12 @@ def _slots(batch: Tensor, n: int) -> Tuple[Tensor, int, int]:
         raise ValueError(f"batch must be an integer tensor ({n},) of sorted graph ids, got {got}")
     if n == 0:
         return batch.new_zeros(0, dtype=torch.long), 0, 0
-    batch = batch.long()
-    if bool((batch[1:] < batch[:-1]).any()) or int(batch[0]) < 0:
+    counts = sorted_id_counts(batch)
+    if counts is None:
         raise ValueError("batch must hold sorted, non-negative graph ids (each graph's nodes together, as PyG's)")
-    counts = torch.bincount(batch)
     starts = counts.cumsum(0) - counts
     length = int(counts.max())
-    slot = torch.arange(n, device=batch.device) - starts[batch] + batch * length
+    slot = torch.arange(n, device=batch.device) - starts[batch] + batch.long() * length
     return slot, counts.shape[0], length
 
 
