@@ -145,8 +145,8 @@ def test_performer_matches_pyg_gps_conv(norm, sizes, options):
 @needs_module("torch_geometric")
 def test_performer_padding_and_pygs_padded_call():
     """The padded slots count as PyG counts them: a graph's output changes with the batch's largest
-    graph (as PyG's); PyG's own call (x (B, L, C), mask) equals PyG's PerformerAttention; an empty
-    graph id in the middle, an empty batch and wrong inputs."""
+    graph (as PyG's); PyG's own call (x (B, L, C), mask) equals PyG's PerformerAttention; a NaN in one
+    graph reaches its rows only; an empty graph id in the middle, an empty batch and wrong inputs."""
     from torch_geometric.nn.attention import PerformerAttention as PyGPerformer
     from torch_geometric.utils import to_dense_batch
 
@@ -168,6 +168,11 @@ def test_performer_padding_and_pygs_padded_call():
     assert not torch.allclose(alone, expected[:4])
     assert_close(alone, theirs(x[:4].unsqueeze(0)).squeeze(0), torch.float64, "one graph", "performer")
     assert ours(x[:0], batch[:0]).shape == (0, C)
+    poisoned = x.clone()
+    poisoned[1, 3] = float("nan")  # in graph 0: its rows only
+    out = ours(poisoned, batch)
+    assert out[:4].isnan().all() and out[4:].isfinite().all()
+    assert torch.equal(out[4:], ours(x, batch)[4:])
     with pytest.raises(ValueError, match="sorted"):
         ours(x, batch.flip(0))
     with pytest.raises(ValueError, match=r"mask must be a bool tensor \(3, 9\)"):
