@@ -232,6 +232,7 @@ def _in_locality_order(q, k, v, g: Graph, options, *, return_weights: bool, **kw
     order, rank, local = locality_view(g)
     q, k, v = (permute_rows(t, order, rank) for t in (q, k, v))
     result = edge_attention(q, k, v, local, return_weights=return_weights, kernel_options=inner, **kwargs)
+    del q, k, v  # the permuted copies' buffers (pooled, `kernels.memory`) can take the output's rows back
     if isinstance(result, tuple):
         return permute_rows(result[0], rank, order), result[1]
     return permute_rows(result, rank, order)
