@@ -72,6 +72,16 @@ def compare(theirs, ours, x, edge_attr, leaves, edge_index=EDGE_INDEX):
         assert_close(grads_o[name], grads_t[name], torch.float64, f"d/d{name} vs PyG", "GAT gradients")
 
 
+def eager_and_compiled(ours, compiled, x, edge_index, edge_attr, leaves):
+    """[(out, gradients of leaves)] of the eager layer, then the compiled one, each given a fresh copy
+    of edge_index, the output weighted by a fixed ramp."""
+    results = []
+    for fn in (ours, compiled):
+        out = fn(x, edge_index.clone(), edge_attr)
+        results.append((out, grads_of((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), leaves)))
+    return results
+
+
 GAT_CASES = list(itertools.product([1, 3], [True, False], [None, EDGE_DIM], [True, False], [False, True]))
 
 
@@ -351,11 +361,7 @@ def test_compiled_layer_with_self_loops_equals_eager_over_new_sizes(name, fill_v
     for edge_index in (EDGE_INDEX, bigger):
         assert (edge_index[0] == edge_index[1]).any()  # loops to drop
         x, edge_attr, leaves = make_inputs(False, EDGE_DIM, edge_index.shape[1])
-        results = []
-        for fn in (ours, compiled):
-            out = fn(x, edge_index.clone(), edge_attr)
-            results.append((out, grads_of((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), leaves)))
-        (out_e, grads_e), (out_c, grads_c) = results
+        (out_e, grads_e), (out_c, grads_c) = eager_and_compiled(ours, compiled, x, edge_index, edge_attr, leaves)
         assert_close(out_c, out_e, torch.float64, "compiled vs eager", "GAT output")
         for leaf in grads_e:
             assert_close(grads_c[leaf], grads_e[leaf], torch.float64, f"compiled d/d{leaf}", "GAT gradients")
@@ -387,11 +393,7 @@ def test_traced_gatv2_projects_its_input_in_one_product(share_weights):
     compiled = torch.compile(ours, dynamic=True, backend=record)
     x, edge_attr, leaves = make_inputs(False, EDGE_DIM)
     named = {**leaves, **dict(ours.named_parameters())}
-    results = []
-    for fn in (ours, compiled):
-        out = fn(x, EDGE_INDEX.clone(), edge_attr)
-        results.append((out, grads_of((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), named)))
-    (out_e, grads_e), (out_c, grads_c) = results
+    (out_e, grads_e), (out_c, grads_c) = eager_and_compiled(ours, compiled, x, EDGE_INDEX, edge_attr, named)
     assert_close(out_c, out_e, torch.float64, "traced vs eager", "GATv2 output")
     assert sorted(grads_c) == sorted(grads_e)
     for name in grads_e:
